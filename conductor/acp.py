@@ -1,0 +1,220 @@
+"""The little ACP the core must know: method names, proxy dialects, versions, envelopes.
+
+Payloads are never re-typed here. The two edits the conductor makes to a payload
+(set one top-level key, append to one list) go through `dict[str, Raw]` so every value the
+conductor does not touch keeps its bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+from msgspec import UNSET, Raw, UnsetType
+
+from conductor.jsonrpc.codes import ErrorCode
+
+INITIALIZE: Final = "initialize"
+SESSION_NEW: Final = "session/new"
+SESSION_LOAD: Final = "session/load"
+SESSION_RESUME: Final = "session/resume"
+SESSION_FORK: Final = "session/fork"
+SESSION_PROMPT: Final = "session/prompt"
+SESSION_CANCEL: Final = "session/cancel"
+SESSION_CLOSE: Final = "session/close"
+SESSION_DELETE: Final = "session/delete"
+SESSION_UPDATE: Final = "session/update"
+SESSION_REQUEST_PERMISSION: Final = "session/request_permission"
+FS_READ_TEXT_FILE: Final = "fs/read_text_file"
+FS_WRITE_TEXT_FILE: Final = "fs/write_text_file"
+CANCEL_REQUEST: Final = "$/cancel_request"
+MCP_CONNECT: Final = "mcp/connect"
+MCP_MESSAGE: Final = "mcp/message"
+MCP_DISCONNECT: Final = "mcp/disconnect"
+
+SESSION_SETUP: Final = frozenset({SESSION_NEW, SESSION_LOAD, SESSION_RESUME, SESSION_FORK})
+
+
+class Dialect(enum.StrEnum):
+    """How a proxy spells the proxy protocol."""
+
+    PROXY = "proxy"    # _proxy/initialize, _proxy/successor (the de-facto standard)
+    SPEC = "spec"      # proxy/initialize, proxy/successor, envelope `meta`
+    LEGACY = "legacy"  # initialize + _meta.proxy, _proxy/successor/request|notification
+
+    def initialize_method(self) -> str:
+        return {Dialect.PROXY: "_proxy/initialize", Dialect.SPEC: "proxy/initialize",
+                Dialect.LEGACY: INITIALIZE}[self]
+
+    def successor_method(self, *, is_request: bool) -> str:
+        if self is Dialect.LEGACY:
+            return "_proxy/successor/request" if is_request else "_proxy/successor/notification"
+        return "_proxy/successor" if self is Dialect.PROXY else "proxy/successor"
+
+    @property
+    def meta_key(self) -> str:
+        return "meta" if self is Dialect.SPEC else "_meta"
+
+
+PROXY_INITIALIZE_METHODS: Final = {"_proxy/initialize": Dialect.PROXY,
+                                   "proxy/initialize": Dialect.SPEC}
+SUCCESSOR_METHODS: Final = {
+    "_proxy/successor": Dialect.PROXY,
+    "proxy/successor": Dialect.SPEC,
+    "_proxy/successor/request": Dialect.LEGACY,
+    "_proxy/successor/notification": Dialect.LEGACY,
+}
+
+
+class Envelope(msgspec.Struct):
+    """The params of a successor envelope. Inner params stay raw."""
+
+    method: str
+    params: Raw | UnsetType = UNSET
+    meta: Raw | UnsetType = msgspec.field(default=UNSET, name="_meta")
+    spec_meta: Raw | UnsetType = msgspec.field(default=UNSET, name="meta")
+
+    @property
+    def any_meta(self) -> Raw | UnsetType:
+        return self.meta if self.meta is not UNSET else self.spec_meta
+
+
+_envelope_decoder: Final = msgspec.json.Decoder(Envelope)
+_encoder: Final = msgspec.json.Encoder()
+
+
+def decode_envelope(params: Raw | UnsetType) -> Envelope:
+    """Raises ValueError with a reason a proxy author can act on."""
+    if params is UNSET:
+        raise ValueError("the successor envelope has no params")
+    try:
+        return _envelope_decoder.decode(params)
+    except msgspec.MsgspecError as e:
+        raise ValueError(f"malformed successor envelope: {e}") from None
+
+
+def encode_envelope(method: str, params: Raw | UnsetType, meta: Raw | UnsetType,
+                    dialect: Dialect) -> Raw:
+    body: dict[str, Raw | str] = {"method": method}
+    if params is not UNSET:
+        body["params"] = params
+    if meta is not UNSET:
+        body[dialect.meta_key] = meta
+    return Raw(_encoder.encode(body))
+
+
+# -- protocol versions -------------------------------------------------------------------
+
+class _VersionProbe(msgspec.Struct):
+    protocolVersion: Raw | UnsetType = UNSET  # noqa: N815 - wire name
+
+
+class _MetaProbe(msgspec.Struct):
+    meta: Raw | UnsetType = msgspec.field(default=UNSET, name="_meta")
+
+
+@dataclass(frozen=True, slots=True)
+class VersionError(Exception):
+    code: int
+    message: str
+    data: str | None = None
+
+
+def protocol_version(params: Raw | UnsetType) -> int:
+    """Read the raw `protocolVersion`: 1 selects v1, >= 2 selects v2. Raises VersionError."""
+    bad = VersionError(ErrorCode.INVALID_PARAMS, "Invalid params",
+                       "protocolVersion must be a valid ACP protocol version (an integer 1-65535)")
+    if params is UNSET:
+        raise bad
+    try:
+        raw_version = msgspec.json.decode(params, type=_VersionProbe).protocolVersion
+        if raw_version is UNSET:
+            raise bad
+        value = msgspec.json.decode(raw_version)
+    except msgspec.MsgspecError:
+        raise bad from None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFF:
+        raise bad
+    if value == 0:
+        raise VersionError(ErrorCode.INVALID_REQUEST, "Unsupported protocol version 0",
+                           "this conductor speaks ACP protocol versions 1 and 2")
+    return 1 if value == 1 else 2
+
+
+def result_protocol_version(result: Raw | UnsetType) -> object:
+    """The raw protocolVersion an initialize result names (or None)."""
+    if result is UNSET:
+        return None
+    try:
+        probe = msgspec.json.decode(result, type=_VersionProbe)
+        return None if probe.protocolVersion is UNSET else msgspec.json.decode(probe.protocolVersion)
+    except msgspec.MsgspecError:
+        return None
+
+
+def is_legacy_proxy_initialize(params: Raw | UnsetType) -> bool:
+    """The older dialect initializes proxies with plain initialize and `_meta.proxy: true`."""
+    if params is UNSET:
+        return False
+    try:
+        meta = msgspec.json.decode(params, type=_MetaProbe).meta
+        if meta is UNSET:
+            return False
+        value = msgspec.json.decode(meta)
+    except msgspec.MsgspecError:
+        return False
+    return isinstance(value, dict) and value.get("proxy") is True
+
+
+# -- raw edits ------------------------------------------------------------------------------
+
+def _object(payload: Raw | UnsetType) -> dict[str, Raw]:
+    if payload is UNSET:
+        return {}
+    try:
+        return msgspec.json.decode(payload, type=dict[str, Raw])
+    except msgspec.MsgspecError as e:
+        raise ValueError(f"expected a JSON object: {e}") from None
+
+
+def set_key(payload: Raw | UnsetType, key: str, value: Raw) -> Raw:
+    """A copy of a JSON object with one top-level key set; other values keep their bytes."""
+    obj = _object(payload)
+    obj[key] = value
+    return Raw(_encoder.encode(obj))
+
+
+def with_legacy_proxy_meta(params: Raw | UnsetType) -> Raw:
+    """initialize params for an older-dialect proxy: `_meta.proxy = true` added."""
+    obj = _object(params)
+    meta = _object(obj["_meta"]) if "_meta" in obj else {}
+    meta["proxy"] = Raw(b"true")
+    obj["_meta"] = Raw(_encoder.encode(meta))
+    return Raw(_encoder.encode(obj))
+
+
+def append_to_list(payload: Raw | UnsetType, key: str, items: list[Raw]) -> Raw:
+    """Append to a list under `key` (created when missing); nothing else changes."""
+    obj = _object(payload)
+    current = msgspec.json.decode(obj[key], type=list[Raw]) if key in obj else []
+    obj[key] = Raw(_encoder.encode([*current, *items]))
+    return Raw(_encoder.encode(obj))
+
+
+def get_str(payload: Raw | UnsetType, key: str) -> str | None:
+    """A top-level string field, or None."""
+    try:
+        value = _object(payload).get(key)
+        decoded = None if value is None else msgspec.json.decode(value)
+    except (ValueError, msgspec.MsgspecError):
+        return None
+    return decoded if isinstance(decoded, str) else None
+
+
+def get_raw(payload: Raw | UnsetType, key: str) -> Raw | None:
+    try:
+        return _object(payload).get(key)
+    except ValueError:
+        return None

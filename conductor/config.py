@@ -1,0 +1,211 @@
+"""Chain files: TOML validated by pydantic, with errors that name the file, the field and a fix."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from conductor.acp import Dialect
+from conductor.errors import ConfigError
+from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) -> str:
+    """`${VAR}` and `${VAR:-default}`; `${PYTHON}` is the interpreter running the conductor.
+
+    Raises:
+        ConfigError: a variable is unset and has no default.
+    """
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name == "PYTHON":
+            return sys.executable
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"environment variable {name} is not set", file=file, field=where,
+                          hint=f"export {name}, or write ${{{name}:-default}}")
+    return _VAR.sub(sub, text)
+
+
+class ComponentSpec(BaseModel):
+    """One `[[proxy]]` table or the `[agent]` table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    command: Annotated[str | list[str], Field(description="a command line or an argv list")]
+    env: dict[str, str] = {}
+    inherit_env: bool = True
+    cwd: str | None = None
+    dialect: Dialect | None = None
+    shutdown_grace: float | None = Field(default=None, ge=0, le=300)
+
+    @field_validator("command")
+    @classmethod
+    def _not_empty(cls, value: str | list[str]) -> str | list[str]:
+        if (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
+            raise ValueError("command is empty")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]+", value):
+            raise ValueError("use letters, digits and _ . : - only")
+        return value
+
+    def argv(self) -> list[str]:
+        return shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
+
+
+class SettingsSpec(BaseModel):
+    """The optional `[conductor]` table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024)
+    shutdown_grace: float = Field(default=3.0, ge=0, le=300)
+
+
+class ChainConfig(BaseModel):
+    """A whole chain file."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    conductor: SettingsSpec = SettingsSpec()
+    proxy: list[ComponentSpec] = []
+    agent: ComponentSpec | None = None
+    source: str | None = Field(default=None, exclude=True)  # the file it came from
+    base_dir: str | None = Field(default=None, exclude=True)
+
+    def proxy_names(self) -> list[str]:
+        return [p.name or f"proxy:{i}" for i, p in enumerate(self.proxy)]
+
+    def agent_name(self) -> str:
+        return (self.agent.name if self.agent and self.agent.name else None) or "agent"
+
+
+_HINTS = {
+    "extra_forbidden": "remove it, or check the spelling against docs/configuration.md",
+    "missing": "add it",
+    "string_type": "write a string",
+    "list_type": "write a list",
+}
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "list[str]"):
+            continue  # union branch names from pydantic, not keys
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def config_error_from_validation(error: ValidationError, file: str | None) -> ConfigError:
+    lines = []
+    for item in error.errors():
+        where = _location(item["loc"])
+        hint = _HINTS.get(item["type"], "")
+        if item["type"] == "extra_forbidden":
+            msg = f"unknown key {where.rsplit('.', 1)[-1]!r}"
+        else:
+            msg = item["msg"]
+        lines.append(f"{where}: {msg}" + (f" (hint: {hint})" if hint else ""))
+    first = error.errors()[0]
+    return ConfigError("; ".join(lines), file=file, field=None,
+                       hint=None) if len(lines) > 1 else ConfigError(
+        lines[0].split(": ", 1)[1], file=file, field=_location(first["loc"]))
+
+
+def parse_chain(data: dict[str, Any], *, file: str | None = None,
+                base_dir: str | None = None) -> ChainConfig:
+    """Validate a decoded chain file.
+
+    Raises:
+        ConfigError: the content is not a valid chain.
+    """
+    try:
+        config = ChainConfig.model_validate(data)
+    except ValidationError as e:
+        raise config_error_from_validation(e, file) from None
+    config.source, config.base_dir = file, base_dir
+    names = [*config.proxy_names(), config.agent_name()]
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            where = f"proxy[{i}].name" if i < len(config.proxy) else "agent.name"
+            raise ConfigError(f"duplicate component name {name!r}", file=file, field=where,
+                              hint="give every component its own name")
+        seen.add(name)
+    return config
+
+
+def load_chain(path: str | os.PathLike[str]) -> ChainConfig:
+    """Read and validate a chain file.
+
+    Raises:
+        ConfigError: the file cannot be read, is not TOML, or is not a valid chain.
+    """
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found", file=file,
+                          hint="pass the path of a chain TOML file, e.g. chains/demo.toml") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", file=file) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"not valid TOML: {e}", file=file) from None
+    return parse_chain(data, file=file, base_dir=str(Path(path).resolve().parent))
+
+
+def chain_from_commands(commands: list[str], *, with_agent: bool) -> ChainConfig:
+    """The chain that `acp-conductor agent CMD...` / `proxy CMD...` describe."""
+    if with_agent:
+        data: dict[str, Any] = {"proxy": [{"command": c} for c in commands[:-1]],
+                                "agent": {"command": commands[-1]}}
+    else:
+        data = {"proxy": [{"command": c} for c in commands]}
+    return parse_chain(data, file="<command line>", base_dir=os.getcwd())
+
+
+def component_environment(spec: ComponentSpec, *, file: str | None, where: str) -> dict[str, str]:
+    """The environment a component starts with.
+
+    Raises:
+        ConfigError: an `${VAR}` names an unset variable.
+    """
+    base = dict(os.environ) if spec.inherit_env else {"PATH": os.environ.get("PATH", "")}
+    for key, value in spec.env.items():
+        base[key] = expand(value, dict(os.environ), where=f"{where}.env.{key}", file=file)
+    return base
+
+
+def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str) -> str | None:
+    if spec.cwd is None:
+        return None
+    cwd = expand(spec.cwd, dict(os.environ), where=f"{where}.cwd", file=config.source)
+    if config.base_dir and not os.path.isabs(cwd):
+        cwd = os.path.join(config.base_dir, cwd)
+    return cwd
+
+
+def component_argv(spec: ComponentSpec, *, file: str | None, where: str) -> list[str]:
+    return [expand(a, dict(os.environ), where=f"{where}.command", file=file) for a in spec.argv()]

@@ -1,0 +1,68 @@
+"""The conductor's exception tree. Every error says who broke what.
+
+    ConductorError                  base; the CLI exits with `type(e).exit_code`
+    ├── ConfigError          (2)    names the file, the field and a fix
+    ├── PluginError          (2)    a plugin could not be found, loaded or validated
+    ├── ComponentError       (3)    always carries `.component` ("proxy:redact", "agent")
+    │   ├── ComponentStartError     spawn failed (ENOENT, EACCES)
+    │   ├── ComponentExitedError    died mid-session: `.returncode`, last stderr lines
+    │   └── ProtocolViolationError  that component broke JSON-RPC
+    └── UpstreamProtocolError (4)   the client broke JSON-RPC
+
+Exit code 1 is "the run finished but failed" (used by `run`), 130/143 are signals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class ConductorError(Exception):
+    exit_code = 1
+
+
+class ConfigError(ConductorError):
+    exit_code = 2
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None,
+                 hint: str | None = None) -> None:
+        self.file, self.field, self.hint = file, field, hint
+        parts = [f"{file}: " if file else "", f"{field}: " if field else "", message]
+        if hint:
+            parts.append(f" (hint: {hint})")
+        super().__init__("".join(parts))
+
+
+class PluginError(ConductorError):
+    exit_code = 2
+
+
+class ComponentError(ConductorError):
+    exit_code = 3
+
+    def __init__(self, component: str, message: str) -> None:
+        self.component = component
+        super().__init__(f"{component}: {message}")
+
+
+class ComponentStartError(ComponentError):
+    pass
+
+
+class ComponentExitedError(ComponentError):
+    def __init__(self, component: str, returncode: int | None,
+                 stderr_tail: Sequence[str] = ()) -> None:
+        self.returncode = returncode
+        self.stderr_tail = list(stderr_tail)
+        status = "is gone" if returncode is None else f"exited with status {returncode}"
+        if returncode is not None and returncode < 0:
+            status = f"was killed by signal {-returncode}"
+        super().__init__(component, status)
+
+
+class ProtocolViolationError(ComponentError):
+    pass
+
+
+class UpstreamProtocolError(ConductorError):
+    exit_code = 4

@@ -1,0 +1,80 @@
+"""Newline-delimited frames from arbitrary chunks. No I/O, no JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class OversizedFrame:
+    """A frame that exceeded the limit and was skipped; `head` is its first bytes."""
+
+    size: int
+    limit: int
+    head: bytes
+
+
+class FrameDecoder:
+    """Splits a byte stream into frames.
+
+    A frame over the limit is not an error that ends the stream: its bytes are discarded
+    as they arrive (memory stays bounded) and one `OversizedFrame` takes its place, so the
+    connection's other traffic continues.
+    """
+
+    HEAD_BYTES = 4096
+
+    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._pending = bytearray()
+        self._max = max_frame_bytes
+        self._skipping: int | None = None  # bytes of the oversized frame seen so far
+        self._skip_head = b""
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return self._max
+
+    def feed(self, chunk: bytes) -> list[bytes | OversizedFrame]:
+        out: list[bytes | OversizedFrame] = []
+        start = 0
+        n = len(chunk)
+        while start < n:
+            nl = chunk.find(b"\n", start)
+            end = n if nl < 0 else nl
+            piece = chunk[start:end]
+            if self._skipping is not None:
+                self._skipping += len(piece)
+            elif len(self._pending) + len(piece) > self._max:
+                self._skip_head = bytes(self._pending[: self.HEAD_BYTES]) + piece[: self.HEAD_BYTES]
+                self._skipping = len(self._pending) + len(piece)
+                self._pending = bytearray()
+            elif nl >= 0 and not self._pending:
+                # Fast path: a whole frame inside this chunk, no copy into the buffer.
+                if piece.strip():
+                    out.append(piece)
+            else:
+                self._pending += piece
+            if nl < 0:
+                break
+            if self._skipping is not None:
+                out.append(OversizedFrame(self._skipping, self._max, self._skip_head[: self.HEAD_BYTES]))
+                self._skipping = None
+                self._skip_head = b""
+            elif self._pending:
+                frame = bytes(self._pending)
+                self._pending = bytearray()
+                if frame.strip():  # blank lines are not messages
+                    out.append(frame)
+            start = nl + 1
+        return out
+
+    def end(self) -> bytes | OversizedFrame | None:
+        """The stream ended: return a final unterminated frame, if any."""
+        if self._skipping is not None:
+            skipped = OversizedFrame(self._skipping, self._max, self._skip_head[: self.HEAD_BYTES])
+            self._skipping = None
+            return skipped
+        rest, self._pending = bytes(self._pending), bytearray()
+        return rest if rest.strip() else None

@@ -1,0 +1,204 @@
+"""JSON-RPC 2.0 messages that keep every payload as the exact bytes received.
+
+Only the envelope (`id`, `method`) is decoded. `params`, `result` and `error` stay
+`msgspec.Raw`: re-encoding a Message writes them back byte for byte, so whitespace, key
+order, escapes, number spellings and unknown fields survive every hop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+from msgspec import UNSET, Raw, UnsetType
+
+from conductor.jsonrpc.codes import ErrorCode
+
+JsonValue = Any  # JSON-compatible Python value; the one loose public type
+
+
+class Message(msgspec.Struct, gc=False):
+    """One JSON-RPC message. Request: method+id; notification: method; response: id+result/error."""
+
+    jsonrpc: str = "2.0"
+    id: Raw | UnsetType = UNSET
+    method: str | UnsetType = UNSET
+    params: Raw | UnsetType = UNSET
+    result: Raw | UnsetType = UNSET
+    error: Raw | UnsetType = UNSET
+
+    @property
+    def is_request(self) -> bool:
+        return self.method is not UNSET and self.id is not UNSET
+
+    @property
+    def is_notification(self) -> bool:
+        return self.method is not UNSET and self.id is UNSET
+
+    @property
+    def is_response(self) -> bool:
+        return self.method is UNSET
+
+    def params_value(self) -> JsonValue:
+        """Decode params (a copy; the message keeps its bytes)."""
+        return None if self.params is UNSET else msgspec.json.decode(self.params)
+
+    def result_value(self) -> JsonValue:
+        return None if self.result is UNSET else msgspec.json.decode(self.result)
+
+    def error_value(self) -> JsonValue:
+        return None if self.error is UNSET else msgspec.json.decode(self.error)
+
+
+class _Probe(msgspec.Struct):
+    """Loose view used to salvage the id of a message that failed validation."""
+
+    id: Raw | UnsetType = UNSET
+    method: Raw | UnsetType = UNSET
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidMessage:
+    """A frame that is JSON but not a JSON-RPC message. `id` is set when one was readable."""
+
+    reason: str
+    id: Raw | None
+    call_shaped: bool  # had a method or no result/error: deserves a -32600 answer
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A JSON array frame: each item decoded on its own."""
+
+    items: list[Message | InvalidMessage]
+
+
+_decoder: Final = msgspec.json.Decoder(Message)
+_probe: Final = msgspec.json.Decoder(_Probe)
+_batch_decoder: Final = msgspec.json.Decoder(list[Raw])
+_encoder: Final = msgspec.json.Encoder()
+NULL: Final = Raw(b"null")
+
+
+class ParseError(ValueError):
+    """The frame is not JSON at all."""
+
+
+def decode(frame: bytes) -> Message | InvalidMessage | Batch:
+    """Decode one frame. Raises ParseError when the frame is not JSON."""
+    first = frame.lstrip()[:1]
+    if first == b"[":
+        try:
+            raws = _batch_decoder.decode(frame)
+        except msgspec.DecodeError as e:
+            raise ParseError(str(e)) from None
+        return Batch([_decode_item(bytes(r)) for r in raws])
+    return _decode_item(frame)
+
+
+def _decode_item(frame: bytes) -> Message | InvalidMessage:
+    try:
+        msg = _decoder.decode(frame)
+    except msgspec.ValidationError as e:
+        return _invalid(frame, str(e))
+    except msgspec.DecodeError as e:
+        raise ParseError(str(e)) from None
+    if msg.id is not UNSET and not _valid_id(msg.id):
+        return InvalidMessage("id must be a string, a number or null", None, call_shaped=True)
+    if msg.method is UNSET:
+        if msg.id is UNSET:
+            return InvalidMessage("neither a method nor an id", None, call_shaped=True)
+        if (msg.result is UNSET) == (msg.error is UNSET):
+            return InvalidMessage("a response needs exactly one of result and error", msg.id, True)
+    elif msg.result is not UNSET or msg.error is not UNSET:
+        return InvalidMessage("a request cannot carry result or error", msg.id, True)
+    return msg
+
+
+def _valid_id(ident: Raw) -> bool:
+    first = bytes(ident)[:1]
+    return first == b'"' or first == b"-" or first.isdigit() or bytes(ident) == b"null"
+
+
+def _invalid(frame: bytes, reason: str) -> InvalidMessage:
+    try:
+        probe = _probe.decode(frame)
+    except msgspec.MsgspecError:
+        return InvalidMessage(f"not a JSON-RPC message: {reason}", None, call_shaped=True)
+    ident = None if probe.id is UNSET else probe.id
+    return InvalidMessage(f"not a JSON-RPC message: {reason}", ident, call_shaped=True)
+
+
+def encode(message: Message) -> bytes:
+    """One frame, newline included."""
+    buf = bytearray()
+    _encoder.encode_into(message, buf)
+    buf += b"\n"
+    return bytes(buf)
+
+
+def encode_batch(messages: list[Message]) -> bytes:
+    return _encoder.encode(messages) + b"\n"
+
+
+def raw(value: JsonValue) -> Raw:
+    """Encode a Python value as a Raw payload (for values the conductor itself makes)."""
+    return Raw(_encoder.encode(value))
+
+
+def request(ident: Raw, method: str, params: Raw | UnsetType = UNSET) -> Message:
+    return Message(id=ident, method=method, params=params)
+
+
+def notification(method: str, params: Raw | UnsetType = UNSET) -> Message:
+    return Message(method=method, params=params)
+
+
+def response(ident: Raw, result: Raw) -> Message:
+    return Message(id=ident, result=result)
+
+
+def error_response(
+    ident: Raw | None, code: int, message: str, data: JsonValue = None
+) -> Message:
+    err: dict[str, JsonValue] = {"code": int(code), "message": message}
+    if data is not None:
+        err["data"] = data
+    return Message(id=NULL if ident is None else ident, error=raw(err))
+
+
+def id_key(ident: Raw) -> int | str | None:
+    """A hashable key for an id the conductor allocated (ints) or matched (any scalar)."""
+    value = msgspec.json.decode(ident)
+    if isinstance(value, bool) or not isinstance(value, int | str | None):
+        raise ValueError(f"unusable id {bytes(ident)!r}")
+    return value
+
+
+def int_id(value: int) -> Raw:
+    return Raw(str(value).encode())
+
+
+__all__ = [
+    "NULL",
+    "UNSET",
+    "Batch",
+    "ErrorCode",
+    "InvalidMessage",
+    "JsonValue",
+    "Message",
+    "ParseError",
+    "Raw",
+    "UnsetType",
+    "decode",
+    "encode",
+    "encode_batch",
+    "error_response",
+    "id_key",
+    "int_id",
+    "notification",
+    "raw",
+    "request",
+    "response",
+]

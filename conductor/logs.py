@@ -1,0 +1,29 @@
+"""Where the conductor's words go: stderr or a log file, never stdout."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TextIO
+
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def configure_logging(level: str = "warning", log_file: str | None = None) -> None:
+    """Conductor logs at `level`; component stderr lines always, prefixed with the name."""
+    stream: TextIO = open(log_file, "a", encoding="utf-8", buffering=1) if log_file else sys.stderr  # noqa: SIM115
+    root = logging.getLogger("acp_conductor")
+    root.handlers.clear()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("acp-conductor %(levelname)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    root.propagate = False
+
+    component = logging.getLogger("acp_conductor.stderr")
+    component.handlers.clear()
+    comp_handler = logging.StreamHandler(stream)
+    comp_handler.setFormatter(logging.Formatter("%(component)s| %(message)s"))
+    component.addHandler(comp_handler)
+    component.setLevel(logging.INFO)
+    component.propagate = False

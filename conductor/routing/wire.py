@@ -1,0 +1,113 @@
+"""One JSON-RPC connection as the conductor sees it: ids, pending replies, batches."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import anyio
+
+from conductor.acp import Dialect
+from conductor.jsonrpc.message import Message, Raw, id_key, int_id
+
+if TYPE_CHECKING:
+    from conductor.errors import ComponentError
+    from conductor.transport.base import MessageSink
+
+ResponseHook = Callable[[Message], Awaitable[Message | None]]
+
+
+@dataclass(slots=True)
+class Pending:
+    """A request the conductor sent on a wire and owes an answer for."""
+
+    method: str
+    origin: Wire | None            # where the answer goes; None: the conductor asked itself
+    origin_id: Raw | None          # the id the origin used, echoed back exactly
+    hook: ResponseHook | None = None
+    waiter: anyio.Event | None = None
+    answer: Message | None = None
+    client_id: Raw | None = None   # the editor-side id this request belongs to, when known
+
+
+@dataclass(slots=True)
+class BatchCollector:
+    """Answers owed for one batch that arrived on a wire; sent as one array when complete."""
+
+    wanted: set[object]
+    replies: list[Message] = field(default_factory=list)
+    intake_open: bool = True
+
+    @property
+    def complete(self) -> bool:
+        return not self.intake_open and not self.wanted
+
+
+class Wire:
+    """Per-hop state. Routing writes through `send`; the sink does the I/O."""
+
+    def __init__(self, name: str, sink: MessageSink, *, dialect: Dialect | None = None) -> None:
+        self.name = name
+        self.sink = sink
+        self.dialect = dialect                 # for proxies: how they spell the envelope
+        self.dialect_forced = dialect is not None
+        self.pending: dict[object, Pending] = {}
+        self.inbound: dict[object, tuple[Wire, int]] = {}  # their request id -> our forward
+        self.failure: ComponentError | None = None
+        self._next_id = 0
+        self._lock = anyio.Lock()
+        self._batches: list[_BatchCollector] = []
+
+    def __repr__(self) -> str:
+        return f"Wire({self.name})"
+
+    def allocate(self, pending: Pending) -> tuple[int, Raw]:
+        self._next_id += 1
+        self.pending[self._next_id] = pending
+        return self._next_id, int_id(self._next_id)
+
+    async def send(self, message: Message) -> None:
+        if self._batches and message.is_response:
+            batch = self._collector_for(message)
+            if batch is not None:
+                batch.replies.append(message)
+                await self._flush_if_complete(batch)
+                return
+        async with self._lock:  # one writer per pipe, FIFO
+            await self.sink.send(message)
+
+    def open_batch(self, request_ids: list[Raw]) -> BatchCollector:
+        """Start collecting: replies to these ids are held back until `end_batch`."""
+        wanted: set[object] = set()
+        for ident in request_ids:
+            try:
+                wanted.add(id_key(ident))
+            except ValueError:
+                continue
+        batch = BatchCollector(wanted)
+        self._batches.append(batch)
+        return batch
+
+    async def end_batch(self, batch: BatchCollector) -> None:
+        batch.intake_open = False
+        await self._flush_if_complete(batch)
+
+    def _collector_for(self, message: Message) -> BatchCollector | None:
+        try:
+            key = id_key(message.id)  # type: ignore[arg-type]
+        except ValueError:
+            return None
+        for batch in self._batches:
+            if key in batch.wanted:
+                batch.wanted.discard(key)
+                return batch
+        return None
+
+    async def _flush_if_complete(self, batch: BatchCollector) -> None:
+        if not batch.complete:
+            return
+        self._batches.remove(batch)
+        if batch.replies:  # a batch of only notifications gets nothing
+            async with self._lock:
+                await self.sink.send(batch.replies)

@@ -1,0 +1,292 @@
+"""Composition root: the one module that wires supervise + transport + routing."""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import anyio
+from anyio.abc import ByteReceiveStream, ByteSendStream, TaskStatus
+
+from conductor.config import (
+    ChainConfig,
+    ComponentSpec,
+    component_argv,
+    component_cwd,
+    component_environment,
+)
+from conductor.errors import (
+    ComponentError,
+    ComponentExitedError,
+    ComponentStartError,
+    ConfigError,
+)
+from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
+from conductor.jsonrpc.message import ParseError, Raw, decode, error_response, id_key
+from conductor.routing.chain import Chain, ComponentLink, Role
+from conductor.routing.wire import Wire
+from conductor.supervise.component import Component, LaunchSpec, open_component
+from conductor.transport.pipes import PipeSink, serve_frames
+
+if TYPE_CHECKING:
+    from conductor.tracing import TraceSink
+
+log = logging.getLogger("acp_conductor")
+stderr_log = logging.getLogger("acp_conductor.stderr")
+
+_ID_IN_HEAD = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*"|null)')
+EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+@dataclass
+class RunOptions:
+    mode: str = "agent"                   # "agent": we are the editor's agent; "proxy": a proxy
+    max_frame_bytes: int | None = None    # overrides the chain file
+    tracer: TraceSink | None = None
+    handle_signals: bool = True
+
+
+@dataclass
+class _Outcome:
+    fatal: ComponentError | None = None
+    signal: int | None = None
+    reasons: list[str] = field(default_factory=list)
+
+
+def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig,
+                 grace: float) -> LaunchSpec:
+    return LaunchSpec(
+        name=name,
+        argv=component_argv(spec, file=config.source, where=where),
+        env=component_environment(spec, file=config.source, where=where),
+        cwd=component_cwd(spec, config, where=where),
+        shutdown_grace=spec.shutdown_grace if spec.shutdown_grace is not None else grace,
+    )
+
+
+def _plan(config: ChainConfig, mode: str) -> list[tuple[Role, ComponentSpec, LaunchSpec]]:
+    """Resolve every component's argv/env/cwd before anything starts.
+
+    Raises:
+        ConfigError: a variable is unset, or the chain does not fit the mode.
+    """
+    grace = config.conductor.shutdown_grace
+    plan: list[tuple[Role, ComponentSpec, LaunchSpec]] = []
+    for i, (spec, name) in enumerate(zip(config.proxy, config.proxy_names(), strict=True)):
+        plan.append((Role.PROXY, spec, _launch_spec(spec, name, f"proxy[{i}]", config, grace)))
+    if mode == "agent":
+        if config.agent is None:
+            raise ConfigError("the chain has no agent", file=config.source, field="agent",
+                              hint="add an [agent] table with a command")
+        plan.append((Role.AGENT, config.agent,
+                     _launch_spec(config.agent, config.agent_name(), "agent", config, grace)))
+    elif config.agent is not None:
+        raise ConfigError("a chain run as a proxy ends at its successor, not an agent",
+                          file=config.source, field="agent",
+                          hint="remove the [agent] table, or run without `proxy`")
+    return plan
+
+
+async def run_conductor(
+    config: ChainConfig,
+    stdin: ByteReceiveStream,
+    stdout: ByteSendStream,
+    options: RunOptions | None = None,
+) -> int:
+    """Serve one client on (stdin, stdout) until it closes, a signal, or a component fails.
+
+    Returns the exit code (see docs/exit-codes in the README).
+    Raises:
+        ConfigError: the chain cannot be planned.
+    """
+    options = options or RunOptions()
+    plan = _plan(config, options.mode)
+    max_frame = options.max_frame_bytes or config.conductor.max_frame_bytes
+    tracer = options.tracer
+    outcome = _Outcome()
+    stop = anyio.Event()
+    client_sink = PipeSink(stdout)
+    client = Wire("client", client_sink)
+    components: list[tuple[Component, Wire]] = []
+
+    def fatal(error: ComponentError) -> None:
+        if outcome.fatal is None:
+            outcome.fatal = error
+            log.error("%s", error)
+        stop.set()
+
+    def broken(wire: Wire) -> None:
+        log.debug("%s stopped reading its stdin", wire.name)
+
+    async with anyio.create_task_group() as tg:
+
+        async def supervise(role: Role, spec: ComponentSpec, launch: LaunchSpec, *,
+                            task_status: TaskStatus[tuple[Component, Wire]]) -> None:
+            def on_stderr(name: str, line: str) -> None:
+                stderr_log.info("%s", line, extra={"component": name})
+                if tracer is not None:
+                    tracer.lifecycle(name, "stderr", line=line)
+
+            async with open_component(launch, on_stderr) as comp, \
+                    anyio.create_task_group() as inner:
+                wire = Wire(launch.name, PipeSink(comp.stdin), dialect=spec.dialect)
+                components.append((comp, wire))
+                log.info("started %s (pid %s): %s", launch.name, comp.pid, " ".join(launch.argv))
+                if tracer is not None:
+                    tracer.lifecycle(launch.name, "spawned", pid=comp.pid, argv=list(launch.argv))
+                task_status.started((comp, wire))
+
+                async def read() -> None:
+                    await _serve_component(chain, comp, wire, max_frame, tracer)
+                    if stop.is_set():
+                        return
+                    code = await comp.wait_exit(timeout=2.0)
+                    error = ComponentExitedError(launch.name, code, comp.stderr_tail)
+                    if tracer is not None:
+                        tracer.lifecycle(launch.name, "exited", code=code)
+                    await chain.fail_wire(wire, error)
+                    fatal(error)
+
+                inner.start_soon(read)
+                await stop.wait()
+                # Stop while the reader still drains: a proxy may flush answers on EOF.
+                await comp.stop(launch.shutdown_grace)
+                with anyio.move_on_after(1.0):
+                    await comp.stderr_closed.wait()
+                if tracer is not None:
+                    tracer.lifecycle(launch.name, "exited", code=comp.returncode)
+                inner.cancel_scope.cancel()
+
+        async def starter() -> list[ComponentLink]:
+            links: list[ComponentLink] = []
+            for role, spec, launch in plan:
+                try:
+                    _, wire = await tg.start(supervise, role, spec, launch)
+                except ComponentStartError as e:
+                    if tracer is not None:
+                        tracer.lifecycle(launch.name, "error", message=str(e))
+                    raise
+                links.append(ComponentLink(launch.name, role, wire))
+            return links
+
+        chain = Chain(client, starter, proxy_mode=options.mode == "proxy", tracer=tracer,
+                      on_fatal=fatal, on_broken=broken)
+
+        async def serve_client() -> None:
+            await _serve_client(chain, client, stdin, max_frame)
+            log.info("client closed its input")
+            await _drain(client, config.conductor.shutdown_grace)
+            stop.set()
+
+        async def watch_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("received %s: shutting down", signal.Signals(signum).name)
+                    outcome.signal = signum
+                    stop.set()
+                    return
+
+        tg.start_soon(serve_client)
+        if options.handle_signals:
+            tg.start_soon(watch_signals)
+        await stop.wait()
+        with anyio.CancelScope(shield=True):
+            # Components are stopping in their own tasks; meanwhile answer what they owed.
+            reason: ComponentError = outcome.fatal or ComponentExitedError(
+                "conductor", None, ["the conductor is shutting down"])
+            with anyio.move_on_after(config.conductor.shutdown_grace + 5):
+                while any(c.returncode is None for c, _ in components):
+                    await anyio.sleep(0.05)
+            for _, wire in components:
+                await chain.fail_wire(wire, reason)
+            await client_sink.aclose()
+        tg.cancel_scope.cancel()
+
+    if outcome.fatal is not None:
+        return outcome.fatal.exit_code
+    if outcome.signal is not None:
+        return EXIT_SIGNAL.get(signal.Signals(outcome.signal), 1)
+    return 0
+
+
+async def _drain(client: Wire, timeout: float) -> None:
+    """After the client's EOF, give its in-flight requests a bounded time to be answered."""
+    with anyio.move_on_after(timeout):
+        while client.inbound:
+            await anyio.sleep(0.05)
+
+
+async def _serve_client(chain: Chain, client: Wire, stdin: ByteReceiveStream,
+                        max_frame: int) -> None:
+    async def handle(frame: bytes | OversizedFrame) -> None:
+        if isinstance(frame, OversizedFrame):
+            ident = _id_from_head(frame.head)
+            log.warning("client sent a frame of %d bytes, over the %d-byte limit; refused",
+                        frame.size, frame.limit)
+            if b'"method"' in frame.head or ident is None:
+                await client.send(error_response(
+                    ident, ErrorCode.INVALID_REQUEST,
+                    f"message of {frame.size} bytes exceeds the conductor's frame limit of "
+                    f"{frame.limit} bytes", "raise it with --max-frame-bytes or "
+                    "[conductor] max_frame_bytes"))
+            return
+        try:
+            item = decode(frame)
+        except ParseError as e:
+            await client.send(error_response(None, ErrorCode.PARSE_ERROR, "Parse error", str(e)))
+            return
+        await chain.receive(client, item)
+
+    await serve_frames(stdin, FrameDecoder(max_frame_bytes=max_frame), handle)
+
+
+async def _serve_component(chain: Chain, comp: Component, wire: Wire, max_frame: int,
+                           tracer: TraceSink | None) -> None:
+    async def handle(frame: bytes | OversizedFrame) -> None:
+        if isinstance(frame, OversizedFrame):
+            await _component_oversized(chain, wire, frame)
+            return
+        try:
+            item = decode(frame)
+        except ParseError:
+            # Banners and ANSI noise: never forwarded, never answered.
+            text = frame[:500].decode("utf-8", "replace")
+            log.warning("%s wrote a non-JSON line on stdout (dropped): %s", comp.name, text)
+            if tracer is not None:
+                tracer.lifecycle(comp.name, "noise", line=text)
+            return
+        await chain.receive(wire, item)
+
+    await serve_frames(comp.stdout, FrameDecoder(max_frame_bytes=max_frame), handle)
+
+
+async def _component_oversized(chain: Chain, wire: Wire, frame: OversizedFrame) -> None:
+    ident = _id_from_head(frame.head)
+    reason = (f"{wire.name} sent a message of {frame.size} bytes, over the conductor's frame "
+              f"limit of {frame.limit} bytes")
+    log.error("%s; dropped", reason)
+    if ident is None:
+        return
+    if b'"method"' in frame.head:
+        await wire.send(error_response(ident, ErrorCode.INVALID_REQUEST, reason))
+        return
+    try:
+        pending = wire.pending.pop(id_key(ident), None)
+    except ValueError:
+        pending = None
+    if pending is not None and pending.origin is not None and pending.origin_id is not None:
+        pending.origin.inbound.pop(id_key(pending.origin_id), None)
+        await pending.origin.send(error_response(pending.origin_id, ErrorCode.INTERNAL_ERROR,
+                                                 reason, {"component": wire.name}))
+
+
+def _id_from_head(head: bytes) -> Raw | None:
+    match = _ID_IN_HEAD.search(head)
+    return Raw(match.group(1)) if match else None
+
+

@@ -1,0 +1,1 @@
+"""Process lifecycle, no JSON: spawn, stderr, graceful stop, no orphans."""

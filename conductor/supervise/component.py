@@ -1,0 +1,160 @@
+"""A spawned component: its own process group, stderr read continuously, stopped gracefully."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import ByteReceiveStream, ByteSendStream, Process
+
+from conductor.errors import ComponentStartError
+
+STDERR_TAIL_LINES = 20
+_MAX_STDERR_LINE = 8192
+
+StderrCallback = Callable[[str, str], None]  # (component name, line)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """Everything needed to start one process. Built from config by the composition root."""
+
+    name: str
+    argv: Sequence[str]
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    shutdown_grace: float = 3.0
+
+
+class Component:
+    """A running child. `stdin`/`stdout` carry the protocol; stderr is pumped to a callback."""
+
+    def __init__(self, spec: LaunchSpec, process: Process, on_stderr: StderrCallback) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.process = process
+        self.pid = process.pid
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self.stderr_closed = anyio.Event()
+        self._on_stderr = on_stderr
+        assert process.stdin is not None and process.stdout is not None
+        self.stdin: ByteSendStream = process.stdin
+        self.stdout: ByteReceiveStream = process.stdout
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    async def pump_stderr(self) -> None:
+        """Read stderr line by line until EOF; an unread stderr pipe would wedge the child."""
+        stream = self.process.stderr
+        assert stream is not None
+        pending = bytearray()
+        try:
+            while True:
+                try:
+                    chunk = await stream.receive(65536)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    break
+                pending += chunk
+                *lines, rest = pending.split(b"\n")
+                pending = bytearray(rest[-_MAX_STDERR_LINE:]) if len(rest) > _MAX_STDERR_LINE \
+                    else bytearray(rest)
+                for line in lines:
+                    self._line(line)
+            if pending:
+                self._line(bytes(pending))
+        finally:
+            self.stderr_closed.set()
+
+    def _line(self, line: bytes) -> None:
+        text = line[:_MAX_STDERR_LINE].decode("utf-8", "replace").rstrip("\r")
+        self.stderr_tail.append(text)
+        self._on_stderr(self.name, text)
+
+    async def wait_exit(self, timeout: float) -> int | None:
+        """Wait (bounded) for the process to exit and its stderr to drain."""
+        with anyio.move_on_after(timeout):
+            await self.process.wait()
+        with anyio.move_on_after(0.5):
+            await self.stderr_closed.wait()
+        return self.process.returncode
+
+    async def stop(self, grace: float) -> None:
+        """EOF on stdin, wait, SIGTERM the group, wait, SIGKILL the group. Always bounded."""
+        try:
+            await self.stdin.aclose()
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        with anyio.move_on_after(grace):
+            await self.process.wait()
+        # The group is signalled even when the leader exited: npx/uvx leave grandchildren.
+        if _signal_group(self.pid, signal.SIGTERM):
+            await _wait_group_gone(self.pid, self.process, grace)
+            if _signal_group(self.pid, signal.SIGKILL):
+                await _wait_group_gone(self.pid, self.process, 2.0)
+        with anyio.move_on_after(2.0):
+            await self.process.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Signal a process group; False when nobody is left in it."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+async def _wait_group_gone(pgid: int, process: Process, timeout: float) -> None:
+    # Grandchildren are not our children: nothing to wait on but the group itself, so this
+    # checks at a short interval, bounded by `timeout`.
+    with anyio.move_on_after(timeout):
+        while True:
+            if process.returncode is None:
+                with anyio.move_on_after(0.02):
+                    await process.wait()
+            else:
+                await anyio.sleep(0.02)
+            if not _signal_group(pgid, 0):
+                return
+
+
+@asynccontextmanager
+async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIterator[Component]:
+    """Spawn `spec` in its own process group; on exit stop it, grandchildren included.
+
+    Raises:
+        ComponentStartError: the command could not be started.
+    """
+    try:
+        process = await anyio.open_process(list(spec.argv), cwd=spec.cwd, env=spec.env,
+                                           start_new_session=True)
+    except FileNotFoundError as e:
+        missing = spec.cwd if spec.cwd and not os.path.isdir(spec.cwd) else spec.argv[0]
+        what = "working directory" if missing == spec.cwd else "command"
+        raise ComponentStartError(spec.name, f"{what} not found: {missing} ({e.strerror})") from None
+    except PermissionError as e:
+        raise ComponentStartError(spec.name, f"cannot execute {spec.argv[0]}: {e.strerror}") from None
+    except OSError as e:
+        reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+        raise ComponentStartError(spec.name, f"cannot start {spec.argv[0]}: {reason}") from None
+    component = Component(spec, process, on_stderr)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(component.pump_stderr)
+        try:
+            yield component
+        finally:
+            with anyio.CancelScope(shield=True):  # cleanup must finish even when cancelled
+                await component.stop(spec.shutdown_grace)
+                with anyio.move_on_after(1.0):
+                    await component.stderr_closed.wait()
+            tg.cancel_scope.cancel()

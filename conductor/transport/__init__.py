@@ -1,0 +1,1 @@
+"""Moving Messages over byte pipes, our own stdio, or in memory."""

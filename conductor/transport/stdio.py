@@ -1,0 +1,86 @@
+"""Our own stdin and stdout as anyio byte streams, without a thread per read."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+
+import anyio
+from anyio.abc import ByteReceiveStream, ByteSendStream
+
+
+def _pollable(fd: int) -> bool:
+    """Pipes and sockets can wait in the event loop; files and terminals cannot (or should not)."""
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+class _NonBlocking:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pollable = _pollable(fd)
+        self._flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        if self.pollable:
+            fcntl.fcntl(fd, fcntl.F_SETFL, self._flags | os.O_NONBLOCK)
+
+    def restore(self) -> None:
+        if self.pollable:
+            try:
+                fcntl.fcntl(self.fd, fcntl.F_SETFL, self._flags)
+            except OSError:
+                pass
+
+
+class FdReceiveStream(ByteReceiveStream):
+    def __init__(self, fd: int) -> None:
+        self._fd = _NonBlocking(fd)
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        fd = self._fd.fd
+        while True:
+            if not self._fd.pollable:
+                data = await anyio.to_thread.run_sync(os.read, fd, max_bytes,
+                                                      abandon_on_cancel=True)
+            else:
+                try:
+                    data = os.read(fd, max_bytes)
+                except BlockingIOError:
+                    await anyio.wait_readable(fd)
+                    continue
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    async def aclose(self) -> None:
+        self._fd.restore()
+
+
+class FdSendStream(ByteSendStream):
+    def __init__(self, fd: int) -> None:
+        self._fd = _NonBlocking(fd)
+
+    async def send(self, item: bytes) -> None:
+        view = memoryview(item)
+        fd = self._fd.fd
+        while view:
+            try:
+                written = os.write(fd, view)
+            except BlockingIOError:
+                await anyio.wait_writable(fd)
+                continue
+            except (BrokenPipeError, ConnectionResetError) as e:
+                raise anyio.BrokenResourceError from e
+            view = view[written:]
+
+    async def aclose(self) -> None:
+        self._fd.restore()
+        try:
+            os.close(self._fd.fd)
+        except OSError:
+            pass
+
+
+def stdio_streams() -> tuple[ByteReceiveStream, ByteSendStream]:
+    """(stdin, stdout) of this process, by file descriptor."""
+    return FdReceiveStream(0), FdSendStream(1)

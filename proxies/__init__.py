@@ -1,0 +1,1 @@
+"""Built-in proxies for acp-conductor."""
