@@ -1,0 +1,37 @@
+"""Shared fixtures: how tests start the conductor and the repo's test components."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = REPO / "tests" / "bin"
+
+
+def conductor_argv(*args: str) -> list[str]:
+    """Run this checkout's conductor (not whatever is installed) as a subprocess."""
+    return [sys.executable, "-m", "conductor", *args]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def py(script: str, *args: str) -> str:
+    """A chain command running one of tests/bin's scripts with this interpreter."""
+    import shlex
+
+    return shlex.join([sys.executable, str(BIN / script), *args])
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
