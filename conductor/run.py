@@ -113,6 +113,7 @@ async def run_conductor(
     client_sink = PipeSink(stdout)
     client = Wire("client", client_sink)
     components: list[tuple[Component, Wire]] = []
+    stopped: list[anyio.Event] = []  # one per component, set once it is fully stopped
 
     def fatal(error: ComponentError) -> None:
         if outcome.fatal is None:
@@ -136,6 +137,8 @@ async def run_conductor(
                     anyio.create_task_group() as inner:
                 wire = Wire(launch.name, PipeSink(comp.stdin), dialect=spec.dialect)
                 components.append((comp, wire))
+                done = anyio.Event()
+                stopped.append(done)
                 log.info("started %s (pid %s): %s", launch.name, comp.pid, " ".join(launch.argv))
                 if tracer is not None:
                     tracer.lifecycle(launch.name, "spawned", pid=comp.pid, argv=list(launch.argv))
@@ -160,6 +163,7 @@ async def run_conductor(
                     await comp.stderr_closed.wait()
                 if tracer is not None:
                     tracer.lifecycle(launch.name, "exited", code=comp.returncode)
+                done.set()
                 inner.cancel_scope.cancel()
 
         async def starter() -> list[ComponentLink]:
@@ -199,9 +203,9 @@ async def run_conductor(
             # Components are stopping in their own tasks; meanwhile answer what they owed.
             reason: ComponentError = outcome.fatal or ComponentExitedError(
                 "conductor", None, ["the conductor is shutting down"])
-            with anyio.move_on_after(config.conductor.shutdown_grace + 5):
-                while any(c.returncode is None for c, _ in components):
-                    await anyio.sleep(0.05)
+            with anyio.move_on_after(2 * config.conductor.shutdown_grace + 5):
+                for done in stopped:
+                    await done.wait()
             for _, wire in components:
                 await chain.fail_wire(wire, reason)
             await client_sink.aclose()
@@ -217,8 +221,7 @@ async def run_conductor(
 async def _drain(client: Wire, timeout: float) -> None:
     """After the client's EOF, give its in-flight requests a bounded time to be answered."""
     with anyio.move_on_after(timeout):
-        while client.inbound:
-            await anyio.sleep(0.05)
+        await client.wait_quiet()
 
 
 async def _serve_client(chain: Chain, client: Wire, stdin: ByteReceiveStream,
@@ -280,7 +283,7 @@ async def _component_oversized(chain: Chain, wire: Wire, frame: OversizedFrame) 
     except ValueError:
         pending = None
     if pending is not None and pending.origin is not None and pending.origin_id is not None:
-        pending.origin.inbound.pop(id_key(pending.origin_id), None)
+        pending.origin.untrack_inbound(pending.origin_id)
         await pending.origin.send(error_response(pending.origin_id, ErrorCode.INTERNAL_ERROR,
                                                  reason, {"component": wire.name}))
 

@@ -316,10 +316,7 @@ class Chain:
         if origin_id is not UNSET:
             pending = Pending(method, origin, origin_id, _chain_hooks(hooks))
             our_id, out.id = target.wire.allocate(pending)
-            try:
-                origin.inbound[id_key(origin_id)] = (target.wire, our_id)
-            except ValueError:
-                pass  # an id we cannot key cannot be cancelled either
+            origin.track_inbound(origin_id, (target.wire, our_id))
         if (target.role is Role.PROXY and not downward) or target.role is Role.SUCCESSOR:
             dialect = (target.wire.dialect or Dialect.PROXY) if target.role is Role.PROXY \
                 else self._upstream_dialect
@@ -337,10 +334,7 @@ class Chain:
             target.wire.dialect = Dialect.LEGACY
             pending = Pending(acp.INITIALIZE, origin, origin_id, None)
             our_id, new_id = target.wire.allocate(pending)
-            try:
-                origin.inbound[id_key(origin_id)] = (target.wire, our_id)
-            except ValueError:
-                pass
+            origin.track_inbound(origin_id, (target.wire, our_id))
             await self._send(target.wire, Message(id=new_id, method=acp.INITIALIZE,
                                                   params=acp.with_legacy_proxy_meta(params)))
             return None
@@ -429,10 +423,7 @@ class Chain:
             return
         origin = pending.origin
         assert pending.origin_id is not None
-        try:
-            origin.inbound.pop(id_key(pending.origin_id), None)
-        except ValueError:
-            pass
+        origin.untrack_inbound(pending.origin_id)
         if origin.failure is not None:
             log.info("answer for %s dropped: %s is gone", pending.method, origin.name)
             return

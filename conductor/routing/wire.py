@@ -54,6 +54,8 @@ class Wire:
         self.dialect_forced = dialect is not None
         self.pending: dict[object, Pending] = {}
         self.inbound: dict[object, tuple[Wire, int]] = {}  # their request id -> our forward
+        self._quiet = anyio.Event()  # set while nothing they asked is in flight
+        self._quiet.set()
         self.failure: ComponentError | None = None
         self._next_id = 0
         self._lock = anyio.Lock()
@@ -61,6 +63,27 @@ class Wire:
 
     def __repr__(self) -> str:
         return f"Wire({self.name})"
+
+    def track_inbound(self, ident: Raw, forwarded: tuple[Wire, int]) -> None:
+        """Remember where their request went, so a cancel can follow it."""
+        try:
+            self.inbound[id_key(ident)] = forwarded
+        except ValueError:
+            return  # an id we cannot key cannot be cancelled either
+        if self._quiet.is_set():
+            self._quiet = anyio.Event()
+
+    def untrack_inbound(self, ident: Raw) -> None:
+        try:
+            self.inbound.pop(id_key(ident), None)
+        except ValueError:
+            return
+        if not self.inbound:
+            self._quiet.set()
+
+    async def wait_quiet(self) -> None:
+        """Until every request received on this wire has been answered."""
+        await self._quiet.wait()
 
     def allocate(self, pending: Pending) -> tuple[int, Raw]:
         self._next_id += 1
