@@ -8,13 +8,21 @@ import shlex
 import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from conductor.acp import Dialect
 from conductor.errors import ConfigError
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
+from conductor.routing.mcp import McpServer
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -69,6 +77,34 @@ class ComponentSpec(BaseModel):
         return shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
 
 
+class McpServerSpec(BaseModel):
+    """One `[[mcp_server]]` table: injected into every session the agent sets up."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    type: Literal["stdio", "http", "sse"] = "stdio"
+    command: str | None = None
+    args: list[str] = []
+    env: dict[str, str] = {}
+    url: str | None = None
+    headers: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _transport_fields(self) -> McpServerSpec:
+        if self.type == "stdio":
+            if not self.command:
+                raise ValueError("a stdio MCP server needs `command`")
+            if self.url or self.headers:
+                raise ValueError("`url` and `headers` are for http/sse servers; set type")
+        else:
+            if not self.url:
+                raise ValueError(f"an {self.type} MCP server needs `url`")
+            if self.command or self.args or self.env:
+                raise ValueError("`command`, `args` and `env` are for stdio servers")
+        return self
+
+
 class SettingsSpec(BaseModel):
     """The optional `[conductor]` table."""
 
@@ -86,6 +122,7 @@ class ChainConfig(BaseModel):
     conductor: SettingsSpec = SettingsSpec()
     proxy: list[ComponentSpec] = []
     agent: ComponentSpec | None = None
+    mcp_server: list[McpServerSpec] = []
     source: str | None = Field(default=None, exclude=True)  # the file it came from
     base_dir: str | None = Field(default=None, exclude=True)
 
@@ -209,3 +246,38 @@ def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str) -> st
 
 def component_argv(spec: ComponentSpec, *, file: str | None, where: str) -> list[str]:
     return [expand(a, dict(os.environ), where=f"{where}.command", file=file) for a in spec.argv()]
+
+
+def mcp_servers(config: ChainConfig) -> list[McpServer]:
+    """Resolve `[[mcp_server]]`: variables expanded, stdio commands made absolute.
+
+    Raises:
+        ConfigError: a variable is unset or a command cannot be found.
+    """
+    import shutil
+
+    env = dict(os.environ)
+    out: list[McpServer] = []
+    for i, spec in enumerate(config.mcp_server):
+        where = f"mcp_server[{i}]"
+
+        def x(text: str, key: str, where: str = where) -> str:
+            return expand(text, env, where=f"{where}.{key}", file=config.source)
+
+        if spec.type == "stdio":
+            assert spec.command is not None
+            command = x(spec.command, "command")
+            resolved = shutil.which(command) if not os.path.isabs(command) else command
+            if resolved is None:
+                raise ConfigError(f"command not found: {command}", file=config.source,
+                                  field=f"{where}.command",
+                                  hint="ACP wants an absolute path; give one, or fix PATH")
+            out.append(McpServer(spec.name, "stdio", command=resolved,
+                                 args=tuple(x(a, "args") for a in spec.args),
+                                 env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items())))
+        else:
+            assert spec.url is not None
+            out.append(McpServer(spec.name, spec.type, url=x(spec.url, "url"),
+                                 headers=tuple((k, x(v, f"headers.{k}"))
+                                               for k, v in spec.headers.items())))
+    return out

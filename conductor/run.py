@@ -18,6 +18,7 @@ from conductor.config import (
     component_argv,
     component_cwd,
     component_environment,
+    mcp_servers,
 )
 from conductor.errors import (
     ComponentError,
@@ -29,6 +30,7 @@ from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
 from conductor.jsonrpc.message import ParseError, Raw, decode, error_response, id_key
 from conductor.routing.chain import Chain, ComponentLink, Role
+from conductor.routing.mcp import McpInjection
 from conductor.routing.wire import Wire
 from conductor.supervise.component import Component, LaunchSpec, open_component
 from conductor.transport.pipes import PipeSink, serve_frames
@@ -106,6 +108,7 @@ async def run_conductor(
     """
     options = options or RunOptions()
     plan = _plan(config, options.mode)
+    injection = McpInjection(mcp_servers(config))
     max_frame = options.max_frame_bytes or config.conductor.max_frame_bytes
     tracer = options.tracer
     outcome = _Outcome()
@@ -179,7 +182,7 @@ async def run_conductor(
             return links
 
         chain = Chain(client, starter, proxy_mode=options.mode == "proxy", tracer=tracer,
-                      on_fatal=fatal, on_broken=broken)
+                      on_fatal=fatal, on_broken=broken, mcp=injection)
 
         async def serve_client() -> None:
             await _serve_client(chain, client, stdin, max_frame)

@@ -29,6 +29,7 @@ from conductor.jsonrpc.message import (
     id_key,
     int_id,
 )
+from conductor.routing.mcp import McpInjection
 from conductor.routing.sessions import SessionTable
 from conductor.routing.wire import Pending, ResponseHook, Wire
 
@@ -94,6 +95,7 @@ class Chain:
         tracer: TraceSink | None = None,
         on_fatal: Callable[[ComponentError], None] | None = None,
         on_broken: Callable[[Wire], None] | None = None,
+        mcp: McpInjection | None = None,
     ) -> None:
         self.client = client
         self.proxy_mode = proxy_mode
@@ -106,6 +108,7 @@ class Chain:
         self._on_broken = on_broken
         self._node_of: dict[Wire, Node] = {client: self.nodes[0]}
         self._upstream_dialect = Dialect.PROXY
+        self._mcp = mcp if mcp is not None and mcp.servers else None
 
     @property
     def started(self) -> bool:
@@ -298,12 +301,18 @@ class Chain:
                     out_params = acp.with_legacy_proxy_meta(params)
                 elif not target.wire.dialect_forced and origin_id is not UNSET:
                     hooks.append(self._legacy_fallback(origin, origin_id, params, target))
-            elif target.role is Role.AGENT:
+            elif target.role in (Role.AGENT, Role.SUCCESSOR):
                 try:
-                    if acp.protocol_version(params) == 2:
-                        hooks.append(self._require_v2(target))
+                    version = acp.protocol_version(params)
                 except acp.VersionError:
-                    pass  # the agent judges a proxy's bad params itself
+                    version = None  # the agent judges a proxy's bad params itself
+                if version == 2 and target.role is Role.AGENT:
+                    hooks.append(self._require_v2(target))
+                if version is not None and self._mcp is not None:
+                    hooks.append(self._learn_mcp_support(version))
+        if (self._mcp is not None and method in acp.SESSION_SETUP
+                and target.role in (Role.AGENT, Role.SUCCESSOR)):
+            out_params = self._mcp.apply(out_params)
         session_hook = self._track_session(method, params, source, target)
         if session_hook is not None:
             hooks.append(session_hook)
@@ -338,6 +347,15 @@ class Chain:
             await self._send(target.wire, Message(id=new_id, method=acp.INITIALIZE,
                                                   params=acp.with_legacy_proxy_meta(params)))
             return None
+        return hook
+
+    def _learn_mcp_support(self, version: int) -> ResponseHook:
+        mcp = self._mcp
+        assert mcp is not None
+
+        async def hook(answer: Message) -> Message | None:
+            mcp.learn_initialize(version, answer.result)
+            return answer
         return hook
 
     def _require_v2(self, agent: Node) -> ResponseHook:

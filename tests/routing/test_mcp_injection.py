@@ -1,0 +1,113 @@
+"""Global [[mcp_server]] declarations are appended to session setup, shaped per version."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from conductor.config import ConfigError, load_chain, mcp_servers
+from conductor.routing.mcp import McpInjection, McpServer
+from tests.conftest import child_env, conductor_argv
+
+STDIO = McpServer("files", "stdio", command="/usr/bin/files", args=("--x",), env=(("A", "1"),))
+HTTP = McpServer("web", "http", url="http://127.0.0.1:1/mcp", headers=(("Authorization", "t"),))
+
+
+def test_v1_stdio_servers_have_no_type_and_env_as_name_value_pairs() -> None:
+    inj = McpInjection([STDIO])
+    out = json.loads(bytes(inj.apply(msgspec.Raw(b'{"cwd":"/w","mcpServers":[]}'))))
+    assert out["mcpServers"] == [{"name": "files", "command": "/usr/bin/files", "args": ["--x"],
+                                  "env": [{"name": "A", "value": "1"}]}]
+
+
+def test_v2_stdio_servers_carry_a_type() -> None:
+    inj = McpInjection([STDIO])
+    inj.learn_initialize(2, msgspec.Raw(b'{"protocolVersion":2}'))
+    out = json.loads(bytes(inj.apply(msgspec.Raw(b'{"cwd":"/w"}'))))
+    assert out["mcpServers"][0]["type"] == "stdio"
+
+
+def test_injection_creates_mcp_servers_and_keeps_every_other_value_verbatim() -> None:
+    inj = McpInjection([STDIO])
+    out = bytes(inj.apply(msgspec.Raw(b'{"cwd" : "/w", "n": 1e2, "big": 123456789012345678901}')))
+    assert b'"n":1e2' in out and b'"big":123456789012345678901' in out
+    assert json.loads(out)["mcpServers"][0]["name"] == "files"
+
+
+def test_a_server_the_client_already_declared_is_not_added_twice() -> None:
+    inj = McpInjection([HTTP])
+    params = msgspec.Raw(b'{"mcpServers":[{"type":"http","name":"web","url":"u","headers":[]}]}')
+    assert inj.apply(params) is params
+
+
+def test_http_servers_are_skipped_when_the_v1_agent_lacks_http_support() -> None:
+    inj = McpInjection([STDIO, HTTP])
+    inj.learn_initialize(1, msgspec.Raw(b'{"agentCapabilities":{"mcpCapabilities":{"http":false}}}'))
+    out = json.loads(bytes(inj.apply(msgspec.Raw(b"{}"))))
+    assert [s["name"] for s in out["mcpServers"]] == ["files"]
+
+
+def test_v2_support_is_read_from_capabilities_session_mcp_markers() -> None:
+    inj = McpInjection([STDIO, HTTP])
+    inj.learn_initialize(2, msgspec.Raw(b'{"capabilities":{"session":{"mcp":{"http":{}}}}}'))
+    out = json.loads(bytes(inj.apply(msgspec.Raw(b"{}"))))
+    assert [s["name"] for s in out["mcpServers"]] == ["web"]
+
+
+def test_a_stdio_server_needs_a_command_and_the_error_names_the_field(tmp_path: Path) -> None:
+    chain = tmp_path / "c.toml"
+    chain.write_text('[[mcp_server]]\nname = "x"\n[agent]\ncommand = "a"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"c\.toml: mcp_server\[0\].*needs `command`"):
+        load_chain(chain)
+
+
+def test_a_relative_stdio_command_is_resolved_to_an_absolute_path(tmp_path: Path) -> None:
+    chain = tmp_path / "c.toml"
+    chain.write_text('[[mcp_server]]\nname = "x"\ncommand = "sh"\n[agent]\ncommand = "a"\n',
+                     encoding="utf-8")
+    (server,) = mcp_servers(load_chain(chain))
+    assert Path(server.command).is_absolute()
+
+
+AGENT = textwrap.dedent("""
+    import json, sys
+    for line in sys.stdin:
+        m = json.loads(line)
+        if m.get("method") == "initialize":
+            r = {"protocolVersion": 1, "agentCapabilities": {"mcpCapabilities": {"http": True}}}
+        else:
+            r = {"raw": line.strip()}
+        print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": r}), flush=True)
+""")
+
+
+def test_the_agent_receives_the_chain_files_servers_in_session_new(tmp_path: Path) -> None:
+    (tmp_path / "agent.py").write_text(AGENT, encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(textwrap.dedent(f"""
+        [[mcp_server]]
+        name = "web"
+        type = "http"
+        url = "http://127.0.0.1:1/mcp"
+        [agent]
+        command = [{json.dumps(sys.executable)}, "agent.py"]
+        cwd = "."
+    """), encoding="utf-8")
+    frames = [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}},
+        {"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {"cwd": "/w"}},
+    ]
+    stdin = "".join(json.dumps(f) + "\n" for f in frames)
+    done = subprocess.run(conductor_argv("--chain", str(chain)), input=stdin, text=True,
+                          capture_output=True, env=child_env(), timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    seen = json.loads(answers[1]["result"]["raw"])["params"]
+    assert seen["mcpServers"] == [{"type": "http", "name": "web", "url": "http://127.0.0.1:1/mcp",
+                                   "headers": []}]
