@@ -204,12 +204,14 @@ async def run_conductor(
         await stop.wait()
         with anyio.CancelScope(shield=True):
             # Components are stopping in their own tasks; meanwhile answer what they owed.
-            reason: ComponentError = outcome.fatal or ComponentExitedError(
-                "conductor", None, ["the conductor is shutting down"])
-            with anyio.move_on_after(2 * config.conductor.shutdown_grace + 5):
+            why = ("a signal" if outcome.signal is not None else "the client closing its input")
+            longest = max((c.spec.shutdown_grace for c, _ in components), default=0.0)
+            with anyio.move_on_after(2 * longest + 5):  # each stop is bounded; this is a backstop
                 for done in stopped:
                     await done.wait()
             for _, wire in components:
+                reason = outcome.fatal or ComponentError(
+                    wire.name, f"was stopped before answering: the conductor shut down after {why}")
                 await chain.fail_wire(wire, reason)
             await client_sink.aclose()
         tg.cancel_scope.cancel()
