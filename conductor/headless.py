@@ -356,6 +356,7 @@ class _Turn:
     result: dict[str, Any] | None = None
     error: RpcError | None = None
     closed: bool = False
+    usage_error: ConfigError | None = None
     stop: anyio.Event = field(default_factory=anyio.Event)
     done: anyio.Event = field(default_factory=anyio.Event)
 
@@ -419,6 +420,8 @@ async def run_headless(config: ChainConfig, options: HeadlessOptions, events: Ru
 
     if conductor_error is not None:
         raise conductor_error
+    if turn.usage_error is not None:
+        raise turn.usage_error
     code = _exit_code(turn, editor, conductor_code)
     if turn.error is not None:
         record["error"] = turn.error.to_json()
@@ -461,6 +464,12 @@ async def _converse(conn: Any, editor: HeadlessEditor, options: HeadlessOptions,
                            "version": _package_version()}})
         caps = (init or {}).get("agentCapabilities") or {}
         cwd = str(editor.root)
+
+        def announce(sid: str, how: str) -> None:
+            record["sessionId"] = sid
+            events.session({"type": "session", "sessionId": sid, "how": how,
+                            "protocolVersion": (init or {}).get("protocolVersion"),
+                            "agentInfo": (init or {}).get("agentInfo"), "cwd": cwd})
         if options.session_id is None:
             opened = await conn.request("session/new", {"cwd": cwd, "mcpServers": []})
             sid, how = (opened or {}).get("sessionId"), "new"
@@ -472,18 +481,20 @@ async def _converse(conn: Any, editor: HeadlessEditor, options: HeadlessOptions,
                     caps["sessionCapabilities"].get("resume") is not None:
                 how = "resume"
             else:
-                raise ConfigError(f"the agent cannot reopen session {sid!r}: it advertises "
-                                  "neither loadSession nor sessionCapabilities.resume",
-                                  field="--session-id", hint="drop --session-id")
+                turn.usage_error = ConfigError(
+                    f"the agent cannot reopen session {sid!r}: it advertises neither "
+                    "loadSession nor sessionCapabilities.resume", field="--session-id",
+                    hint="drop --session-id")
+                return
+            # Announced before the request: the replayed history arrives before its answer.
+            announce(sid, how)
             await conn.request(f"session/{how}", {"sessionId": sid, "cwd": cwd,
                                                  "mcpServers": []})
+        if how == "new":
+            announce(sid, how)
     except RpcError as e:
         turn.error = e
         return
-    record["sessionId"] = sid
-    events.session({"type": "session", "sessionId": sid, "how": how,
-                    "protocolVersion": (init or {}).get("protocolVersion"),
-                    "agentInfo": (init or {}).get("agentInfo"), "cwd": cwd})
 
     async with anyio.create_task_group() as tg:
         async def prompt() -> None:
