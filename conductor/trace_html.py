@@ -169,4 +169,6 @@ def render_html(trace: Trace, title: str) -> str:
     data = msgspec.json.encode({"header": trace.header, "lanes": trace.lanes,
                                 "events": trace.events})
     safe = data.replace(b"</", b"<\\/").replace(b"<!--", b"<\\!--").decode()
-    return _PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", safe)
+    before, after = _PAGE.split("__DATA__")
+    title = html.escape(title)
+    return before.replace("__TITLE__", title) + safe + after.replace("__TITLE__", title)
