@@ -15,6 +15,7 @@ from conductor.config import ChainConfig, chain_from_commands, load_chain
 from conductor.errors import ConductorError
 from conductor.logs import LEVELS, configure_logging
 from conductor.run import RunOptions, run_conductor
+from conductor.tracing import open_trace_sink
 from conductor.transport.stdio import stdio_streams
 
 log = logging.getLogger("acp_conductor")
@@ -57,8 +58,9 @@ def handle_errors(func: F) -> F:
 def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
     obj = ctx.obj
     stdin, stdout = stdio_streams()
-    options = RunOptions(mode=mode, max_frame_bytes=obj["max_frame_bytes"])
-    code = anyio.run(run_conductor, config, stdin, stdout, options)
+    with open_trace_sink(obj["trace"], config, unredacted=obj["trace_unredacted"]) as tracer:
+        options = RunOptions(mode=mode, max_frame_bytes=obj["max_frame_bytes"], tracer=tracer)
+        code = anyio.run(run_conductor, config, stdin, stdout, options)
     sys.exit(code)
 
 
@@ -72,11 +74,16 @@ def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
               help="Write logs and component stderr here instead of stderr.")
 @click.option("--max-frame-bytes", type=click.IntRange(min=1024),
               help="Largest JSON-RPC message accepted on any hop [default: 64 MiB].")
+@click.option("--trace", "trace_file", type=click.Path(dir_okay=False),
+              help="Write every message on every hop, and component lifecycle, to this JSONL "
+                   "file (created 0600; see docs/tracing.md).")
+@click.option("--trace-unredacted", is_flag=True,
+              help="Do not redact secrets (secret_env values, patterns, Authorization) in the trace.")
 @click.version_option(package_name="acp-conductor")
 @click.pass_context
 @handle_errors
 def main(ctx: click.Context, chain_file: str | None, log_level: str, log_file: str | None,
-         max_frame_bytes: int | None) -> None:
+         max_frame_bytes: int | None, trace_file: str | None, trace_unredacted: bool) -> None:
     """Run a chain of ACP proxies and an agent that an editor sees as one agent.
 
     \b
@@ -89,7 +96,8 @@ def main(ctx: click.Context, chain_file: str | None, log_level: str, log_file: s
     """
     configure_logging(log_level, log_file)
     ctx.ensure_object(dict)
-    ctx.obj.update(chain_file=chain_file, max_frame_bytes=max_frame_bytes, log_level=log_level)
+    ctx.obj.update(chain_file=chain_file, max_frame_bytes=max_frame_bytes, log_level=log_level,
+                   trace=trace_file, trace_unredacted=trace_unredacted)
     if ctx.invoked_subcommand is not None:
         return
     if chain_file is None:

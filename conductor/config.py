@@ -58,6 +58,7 @@ class ComponentSpec(BaseModel):
     cwd: str | None = None
     dialect: Dialect | None = None
     shutdown_grace: float | None = Field(default=None, ge=0, le=300)
+    secret_env: list[str] = Field(default=[], description="env names whose values traces redact")
 
     @field_validator("command")
     @classmethod
@@ -112,6 +113,17 @@ class SettingsSpec(BaseModel):
 
     max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024)
     shutdown_grace: float = Field(default=3.0, ge=0, le=300)
+    redact: list[str] = Field(default=[], description="regexes whose matches traces redact")
+
+    @field_validator("redact")
+    @classmethod
+    def _valid_patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"bad regular expression {pattern!r}: {e}") from None
+        return value
 
 
 class ChainConfig(BaseModel):

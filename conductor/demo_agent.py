@@ -2,6 +2,13 @@
 
 It streams a short answer word by word, and asks for permission first when the prompt
 mentions "permission" (or "write"); a denied permission ends the turn with `refusal`.
+Words in the prompt drive the rest, for demos of `run` and for tests:
+  plan          a thought chunk, a plan, and a usage update before the answer
+  read:PATH     reads PATH through the client's fs/read_text_file and quotes it
+  writefile:PATH writes a line to PATH through fs/write_text_file
+  terminal:CMD  runs `sh -c CMD` through terminal/* and quotes its output
+  hang          streams one word, then waits for session/cancel (answers `cancelled`)
+  stop:REASON   ends the turn with stopReason REASON
 """
 
 from __future__ import annotations
@@ -121,12 +128,79 @@ class DemoAgent:
                               "status": "completed" if allowed else "failed"})
             if not allowed:
                 return {"stopReason": "refusal"}
+        words = text.split()
+        if "plan" in words:
+            self.update(sid, {"sessionUpdate": "agent_thought_chunk",
+                              "content": {"type": "text", "text": "Thinking about the plan."}})
+            self.update(sid, {"sessionUpdate": "plan", "entries": [
+                {"content": "Read the prompt", "priority": "high", "status": "completed"},
+                {"content": "Answer it", "priority": "medium", "status": "in_progress"}]})
+            self.update(sid, {"sessionUpdate": "usage_update", "used": 42, "size": 1000,
+                              "cost": {"amount": 0.01, "currency": "USD"}})
+        for word in words:
+            done = self.client_duty(sid, word)
+            if done is not None:
+                return done
+        if "hang" in words:
+            self.update(sid, {"sessionUpdate": "agent_message_chunk",
+                              "content": {"type": "text", "text": "waiting "}})
+            self.wait_for_cancel(sid)
+            return {"stopReason": "cancelled"}
         for word in ANSWER.format(prompt=text).split(" "):
             if sid in self.cancelled:
                 return {"stopReason": "cancelled"}
             self.update(sid, {"sessionUpdate": "agent_message_chunk",
                               "content": {"type": "text", "text": word + " "}})
-        return {"stopReason": "end_turn"}
+        reason = next((w.split(":", 1)[1] for w in words if w.startswith("stop:")), "end_turn")
+        return {"stopReason": reason}
+
+    def say(self, sid: str, text: str) -> None:
+        self.update(sid, {"sessionUpdate": "agent_message_chunk",
+                          "content": {"type": "text", "text": text}})
+
+    def client_duty(self, sid: str, word: str) -> dict[str, Any] | None:
+        """read:/writefile:/terminal: words; returns a result only when the turn must end."""
+        op, _, arg = word.partition(":")
+        if not arg or op not in ("read", "writefile", "terminal"):
+            return None
+        if op == "read":
+            answer = self.ask("fs/read_text_file", {"sessionId": sid, "path": arg})
+            if "error" in answer:
+                self.say(sid, f"read failed: {answer['error'].get('message')}\n")
+            else:
+                self.say(sid, f"Read: {answer['result'].get('content', '')}\n")
+        elif op == "writefile":
+            answer = self.ask("fs/write_text_file", {"sessionId": sid, "path": arg,
+                                                     "content": "written by the demo agent\n"})
+            self.say(sid, f"write failed: {answer['error'].get('message')}\n"
+                     if "error" in answer else f"Wrote {arg}\n")
+        else:
+            created = self.ask("terminal/create", {"sessionId": sid, "command": "sh",
+                                                   "args": ["-c", arg.replace("_", " ")]})
+            if "error" in created:
+                self.say(sid, f"terminal failed: {created['error'].get('message')}\n")
+                return None
+            tid = created["result"]["terminalId"]
+            exited = self.ask("terminal/wait_for_exit", {"sessionId": sid, "terminalId": tid})
+            output = self.ask("terminal/output", {"sessionId": sid, "terminalId": tid})
+            self.ask("terminal/release", {"sessionId": sid, "terminalId": tid})
+            self.say(sid, f"Ran: {output['result']['output']!r} exit "
+                     f"{exited['result'].get('exitCode')}\n")
+        return None
+
+    def wait_for_cancel(self, sid: str) -> None:
+        while sid not in self.cancelled:
+            msg = None
+            for line in self.inp:
+                if line.strip():
+                    msg = json.loads(line)
+                    break
+            if msg is None:
+                return
+            if msg.get("method") == "session/cancel":
+                self.on_session_cancel(msg.get("params") or {})
+            else:
+                self.queue.append(msg)
 
 
 def serve_stdio(protocol_version: int | None = None) -> None:

@@ -144,8 +144,10 @@ async def run_conductor(
                 stopped.append(done)
                 log.info("started %s (pid %s): %s", launch.name, comp.pid, " ".join(launch.argv))
                 if tracer is not None:
-                    tracer.lifecycle(launch.name, "spawned", pid=comp.pid, argv=list(launch.argv))
+                    tracer.lifecycle(launch.name, "spawned", pid=comp.pid, argv=list(launch.argv),
+                                     role=str(role))
                 task_status.started((comp, wire))
+                exit_traced = anyio.Event()
 
                 async def read() -> None:
                     await _serve_component(chain, comp, wire, max_frame, tracer)
@@ -154,7 +156,8 @@ async def run_conductor(
                     code = await comp.wait_exit(timeout=2.0)
                     error = ComponentExitedError(launch.name, code, comp.stderr_tail)
                     if tracer is not None:
-                        tracer.lifecycle(launch.name, "exited", code=code)
+                        tracer.lifecycle(launch.name, "exited", code=code, expected=False)
+                        exit_traced.set()
                     await chain.fail_wire(wire, error)
                     fatal(error)
 
@@ -164,8 +167,8 @@ async def run_conductor(
                 await comp.stop(launch.shutdown_grace)
                 with anyio.move_on_after(1.0):
                     await comp.stderr_closed.wait()
-                if tracer is not None:
-                    tracer.lifecycle(launch.name, "exited", code=comp.returncode)
+                if tracer is not None and not exit_traced.is_set():
+                    tracer.lifecycle(launch.name, "exited", code=comp.returncode, expected=True)
                 done.set()
                 inner.cancel_scope.cancel()
 

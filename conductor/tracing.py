@@ -1,22 +1,312 @@
-"""Trace hooks: the router reports every message on every hop, in causal order."""
+"""Trace hooks: the router reports every message on every hop, in causal order.
+
+`JsonlTraceSink` writes them as JSON lines (schema: docs/tracing.md). It is called from
+routing tasks, so it never awaits: each event is encoded, redacted and appended to an
+in-memory buffer that is written out when it passes 64 KiB or 50 ms old (a plain `write`
+to a regular file; measured in docs/tracing.md), and on close.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import msgspec
+from msgspec import UNSET, Raw
+
+from conductor import acp
 
 if TYPE_CHECKING:
+    from conductor.config import ChainConfig
     from conductor.jsonrpc.message import Message
 
 Direction = Literal["in", "out"]  # in: component -> conductor; out: conductor -> component
+
+TRACE_FORMAT_VERSION = 1
+REDACTED = "[redacted]"
 
 
 class TraceSink(Protocol):
     """Receives trace events. Must not block: called from routing tasks."""
 
-    def message(self, hop: str, direction: Direction, message: Message | list[Message]) -> None:
-        """A message crossed the hop between the conductor and `hop`."""
+    def message(self, hop: str, direction: Direction, message: Message | list[Message], *,
+                peer: str | None = None, origin: tuple[str, Raw] | None = None) -> None:
+        """A message crossed the hop between the conductor and `hop`.
+
+        `peer` is the logical other end: for "in" the component it is addressed to, for
+        "out" the one it comes from ("conductor" when the conductor itself speaks).
+        `origin` (for forwarded requests) is the (hop, id) of the request this one forwards.
+        """
         ...
 
     def lifecycle(self, component: str, event: str, **fields: object) -> None:
         """spawned / stderr / exited / error / ..."""
         ...
+
+
+# -- redaction --------------------------------------------------------------------------------
+
+_AUTH_JSON_KEY = re.compile(rb'("(?i:authorization)"\s*:\s*)"(?:[^"\\]|\\.)*"')
+_AUTH_NAME_VALUE = re.compile(
+    rb'("name"\s*:\s*"(?i:authorization)"\s*,\s*"value"\s*:\s*)"(?:[^"\\]|\\.)*"')
+_AUTH_HEADER_TEXT = re.compile(
+    rb'((?i:authorization)\s*:\s*)(?:(?i:bearer|basic|token)\s+)?[^\s"\\,}]+')
+_MIN_SECRET = 4  # shorter values would blank out ordinary text
+
+
+class Redactor:
+    """Replaces secrets in an encoded trace line, keeping it valid JSON."""
+
+    def __init__(self, secrets: Iterable[str] = (), patterns: Iterable[str] = ()) -> None:
+        forms: set[bytes] = set()
+        for secret in secrets:
+            if len(secret) < _MIN_SECRET:
+                continue
+            forms.add(secret.encode())
+            # the same value as it appears inside a JSON string (quotes, backslashes, unicode)
+            forms.add(msgspec.json.encode(secret)[1:-1])
+        self._secrets = sorted(forms, key=len, reverse=True)
+        self._patterns = [re.compile(p.encode()) for p in patterns]
+
+    def __call__(self, line: bytes) -> bytes:
+        for form in self._secrets:
+            if form in line:
+                line = line.replace(form, REDACTED.encode())
+        if b"authorization" in line.lower():  # cheap test first: the regexes cost ~10x more
+            line = _AUTH_JSON_KEY.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
+            line = _AUTH_NAME_VALUE.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
+            line = _AUTH_HEADER_TEXT.sub(rb"\1" + REDACTED.encode(), line)
+        for pattern in self._patterns:
+            line = pattern.sub(REDACTED.encode(), line)
+        return line
+
+    @classmethod
+    def from_config(cls, config: ChainConfig) -> Redactor:
+        """Secrets: values of each component's `secret_env` names; patterns: `[conductor] redact`."""
+        from conductor.config import component_environment
+        from conductor.errors import ConfigError
+
+        secrets: list[str] = []
+        specs = [*config.proxy, *([config.agent] if config.agent else [])]
+        for i, spec in enumerate(specs):
+            names = getattr(spec, "secret_env", [])
+            if not names:
+                continue
+            try:
+                env = component_environment(spec, file=config.source, where=f"component[{i}]")
+            except ConfigError:
+                env = dict(os.environ)  # the run itself will report the unset variable
+            secrets.extend(env[n] for n in names if env.get(n))
+        return cls(secrets, getattr(config.conductor, "redact", []))
+
+
+# -- the JSONL sink ---------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class _Flow:
+    """One logical request as it crosses hops (same object on every hop it is seen on)."""
+
+    number: int
+    method: str
+    session: str | None
+    client_id: Any = None
+
+
+def _key(ident: Raw | Any) -> Any:
+    return bytes(ident) if isinstance(ident, Raw) else ident
+
+
+class JsonlTraceSink:
+    """Appends one JSON object per line. Create with `open_trace_file` semantics (0600)."""
+
+    FLUSH_BYTES = 64 * 1024
+    FLUSH_SECONDS = 0.05
+
+    def __init__(self, path: str | os.PathLike[str], *, redactor: Redactor | None = None) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)  # the file may have existed with wider permissions
+        self._fd = fd
+        self._buffer = bytearray()
+        self._last_flush = time.monotonic()
+        self._redact = redactor
+        self._seq = 0
+        self._flows = 0
+        self._out: dict[tuple[str, Any], _Flow] = {}      # requests the conductor sent on a hop
+        self._in: dict[tuple[str, Any], _Flow] = {}       # requests the conductor received
+        self._unclaimed: dict[str, deque[_Flow]] = {}     # forwarded to a proxy, not yet re-sent
+        self._closed = False
+        self._write({"type": "trace", "version": TRACE_FORMAT_VERSION, "time": time.time(),
+                     "redacted": redactor is not None, "pid": os.getpid()})
+
+    # -- TraceSink -----------------------------------------------------------------------------
+
+    def message(self, hop: str, direction: Direction, message: Message | list[Message], *,
+                peer: str | None = None, origin: tuple[str, Raw] | None = None) -> None:
+        if self._closed:
+            return
+        items = message if isinstance(message, list) else [message]
+        for item in items:
+            self._message(hop, direction, item, peer, origin, batch=isinstance(message, list))
+
+    def lifecycle(self, component: str, event: str, **fields: object) -> None:
+        if self._closed:
+            return
+        self._write({"type": "lifecycle", "component": component, "event": event, **fields},
+                    urgent=event in ("exited", "error"))
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _message(self, hop: str, direction: Direction, msg: Message, peer: str | None,
+                 origin: tuple[str, Raw] | None, *, batch: bool) -> None:
+        from conductor.jsonrpc.message import encode
+
+        sender, receiver = (hop, peer or "conductor") if direction == "in" \
+            else (peer or "conductor", hop)
+        event: dict[str, Any] = {"type": "message", "hop": hop, "dir": direction,
+                                 "from": sender, "to": receiver}
+        flow: _Flow | None = None
+        envelope: str | None = None
+        if msg.method is not UNSET:
+            method: str = msg.method  # type: ignore[assignment]
+            params = msg.params
+            if method in acp.SUCCESSOR_METHODS:
+                envelope = method
+                try:
+                    env = acp.decode_envelope(params)
+                    method, params = env.method, env.params
+                except ValueError:
+                    pass
+            session = acp.get_str(params, "sessionId")
+            if msg.id is not UNSET:
+                event["kind"] = "request"
+                flow = self._request_flow(hop, direction, msg.id, method, session, origin)
+            else:
+                event["kind"] = "notification"
+            event["method"] = method
+            event["session"] = session
+        else:
+            event["kind"] = "error" if msg.error is not UNSET else "response"
+            table = self._out if direction == "in" else self._in
+            flow = table.pop((hop, _key(msg.id)), None)
+            event["method"] = flow.method if flow else None
+            session = flow.session if flow else None
+            if session is None and msg.result is not UNSET:
+                session = acp.get_str(msg.result, "sessionId")
+            event["session"] = session
+        event["id"] = None if msg.id is UNSET else Raw(bytes(msg.id))
+        event["client_id"] = flow.client_id if flow else None
+        event["flow"] = flow.number if flow else None
+        if envelope is not None:
+            event["envelope"] = envelope
+        if batch:
+            event["batch"] = True
+        event["payload"] = Raw(encode(msg)[:-1])
+        self._write(event)
+
+    def _request_flow(self, hop: str, direction: Direction, ident: Raw, method: str,
+                      session: str | None, origin: tuple[str, Raw] | None) -> _Flow:
+        flow: _Flow | None = None
+        if direction == "out":
+            if origin is not None:
+                flow = self._in.get((origin[0], _key(origin[1])))
+            if flow is None:
+                flow = self._new_flow(method, session)
+            if hop == "client":  # the editor answers this id: that is the flow's editor-side id
+                flow.client_id = Raw(bytes(ident))
+            self._out[(hop, _key(ident))] = flow
+            self._unclaimed.setdefault(hop, deque(maxlen=256)).append(flow)
+        else:
+            if hop == "client":
+                flow = self._new_flow(method, session)
+                flow.client_id = Raw(bytes(ident))
+            else:
+                flow = self._claim(hop, method, session)
+            self._in[(hop, _key(ident))] = flow
+        return flow
+
+    def _claim(self, hop: str, method: str, session: str | None) -> _Flow:
+        """A component sent a request: most likely it forwards one we gave it (same method)."""
+        waiting = self._unclaimed.get(hop)
+        if waiting:
+            for flow in waiting:
+                same_method = flow.method == method or (
+                    flow.method == acp.INITIALIZE and method == acp.INITIALIZE)
+                if same_method and (session is None or flow.session in (None, session)):
+                    waiting.remove(flow)
+                    return flow
+        return self._new_flow(method, session)
+
+    def _new_flow(self, method: str, session: str | None) -> _Flow:
+        self._flows += 1
+        return _Flow(self._flows, method, session)
+
+    def _write(self, event: dict[str, Any], *, urgent: bool = False) -> None:
+        self._seq += 1
+        event = {"seq": self._seq, "time": round(time.time(), 6), **event}
+        line = msgspec.json.encode(event)
+        if self._redact is not None:
+            line = self._redact(line)
+        self._buffer += line
+        self._buffer += b"\n"
+        now = time.monotonic()
+        if urgent or len(self._buffer) >= self.FLUSH_BYTES or \
+                now - self._last_flush >= self.FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        data, self._buffer = self._buffer, bytearray()
+        with memoryview(data) as view:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        os.close(self._fd)
+
+    def __enter__(self) -> JsonlTraceSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class FanoutTraceSink:
+    """Several sinks as one (e.g. `check`'s recorder plus `--trace FILE`)."""
+
+    def __init__(self, *sinks: TraceSink) -> None:
+        self.sinks = [s for s in sinks if s is not None]
+
+    def message(self, hop: str, direction: Direction, message: Message | list[Message], *,
+                peer: str | None = None, origin: tuple[str, Raw] | None = None) -> None:
+        for sink in self.sinks:
+            sink.message(hop, direction, message, peer=peer, origin=origin)
+
+    def lifecycle(self, component: str, event: str, **fields: object) -> None:
+        for sink in self.sinks:
+            sink.lifecycle(component, event, **fields)
+
+
+@contextmanager
+def open_trace_sink(path: str | None, config: ChainConfig | None, *,
+                    unredacted: bool = False) -> Iterator[JsonlTraceSink | None]:
+    """The `--trace FILE` sink for a run (None without a path); flushed and closed on exit."""
+    if path is None:
+        yield None
+        return
+    redactor = None if unredacted else (Redactor.from_config(config) if config else Redactor())
+    sink = JsonlTraceSink(path, redactor=redactor)
+    try:
+        yield sink
+    finally:
+        sink.close()

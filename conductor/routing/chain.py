@@ -152,7 +152,7 @@ class Chain:
 
     async def _receive_message(self, wire: Wire, msg: Message) -> None:
         if self._tracer is not None:
-            self._tracer.message(wire.name, "in", msg)
+            self._tracer.message(wire.name, "in", msg, peer=self._addressee(wire, msg))
         if msg.is_response:
             await self._on_response(wire, msg)
             return
@@ -331,7 +331,8 @@ class Chain:
                 else self._upstream_dialect
             out = Message(id=out.id, method=dialect.successor_method(is_request=out.id is not UNSET),
                           params=acp.encode_envelope(out_method, out_params, meta, dialect))
-        await self._send(target.wire, out)
+        await self._send(target.wire, out, source=source.name,
+                         origin=None if origin_id is UNSET else (origin.name, origin_id))
 
     def _legacy_fallback(self, origin: Wire, origin_id: Raw, params: Raw | UnsetType,
                          target: Node) -> ResponseHook:
@@ -345,7 +346,9 @@ class Chain:
             our_id, new_id = target.wire.allocate(pending)
             origin.track_inbound(origin_id, (target.wire, our_id))
             await self._send(target.wire, Message(id=new_id, method=acp.INITIALIZE,
-                                                  params=acp.with_legacy_proxy_meta(params)))
+                                                  params=acp.with_legacy_proxy_meta(params)),
+                             source=self.nodes[target.index - 1].name,
+                             origin=(origin.name, origin_id))
             return None
         return hook
 
@@ -431,9 +434,9 @@ class Chain:
             answer = await pending.hook(msg)
             if answer is None:
                 return
-        await self._settle(pending, answer)
+        await self._settle(pending, answer, source=wire.name)
 
-    async def _settle(self, pending: Pending, answer: Message) -> None:
+    async def _settle(self, pending: Pending, answer: Message, *, source: str = "conductor") -> None:
         if pending.origin is None:
             pending.answer = answer
             if pending.waiter is not None:
@@ -446,7 +449,7 @@ class Chain:
             log.info("answer for %s dropped: %s is gone", pending.method, origin.name)
             return
         await self._send(origin, Message(id=pending.origin_id, result=answer.result,
-                                         error=answer.error))
+                                         error=answer.error), source=source)
 
     async def _on_cancel(self, wire: Wire, params: Raw | UnsetType) -> None:
         """Re-issue a cancel on the hop the cancelled request was forwarded to, with its id."""
@@ -464,16 +467,18 @@ class Chain:
         if target.failure is not None:
             return
         await self._send(target, Message(method=acp.CANCEL_REQUEST,
-                                         params=acp.set_key(params, "requestId", int_id(our_id))))
+                                         params=acp.set_key(params, "requestId", int_id(our_id))),
+                         source=wire.name)
 
     # -- I/O and failure ---------------------------------------------------------------------
 
     async def _reply(self, wire: Wire, msg: Message) -> None:
         await self._send(wire, msg)
 
-    async def _send(self, wire: Wire, msg: Message) -> None:
+    async def _send(self, wire: Wire, msg: Message, *, source: str = "conductor",
+                    origin: tuple[str, Raw] | None = None) -> None:
         if self._tracer is not None:
-            self._tracer.message(wire.name, "out", msg)
+            self._tracer.message(wire.name, "out", msg, peer=source, origin=origin)
         try:
             await wire.send(msg)
         except _GONE:
@@ -481,6 +486,25 @@ class Chain:
             log.debug("could not write to %s", wire.name)
             if self._on_broken is not None:
                 self._on_broken(wire)
+
+    def _addressee(self, wire: Wire, msg: Message) -> str:
+        """For traces: the component a message arriving on `wire` is addressed to."""
+        if msg.is_response:
+            try:
+                pending = wire.pending.get(id_key(msg.id))  # type: ignore[arg-type]
+            except ValueError:
+                pending = None
+            return pending.origin.name if pending is not None and pending.origin is not None \
+                else "conductor"
+        node = self._node_of.get(wire)
+        if not self._started or node is None or len(self.nodes) < 2:
+            return "conductor"
+        wrapped = msg.method in acp.SUCCESSOR_METHODS
+        if node.role is Role.CLIENT:
+            return self.nodes[-2].name if self.proxy_mode and wrapped else self.nodes[1].name
+        if node.role is Role.PROXY and wrapped:
+            return self.nodes[node.index + 1].name
+        return self.nodes[node.index - 1].name
 
     def _failure_response(self, ident: Raw, error: ComponentError) -> Message:
         return error_response(ident, ErrorCode.INTERNAL_ERROR, component_error_message(error),

@@ -1,0 +1,207 @@
+"""`acp-conductor check`: start a chain, initialize it, report each component, shut down.
+
+Per-component facts come from the conductor's own trace hooks: each component's answer to
+the initialize (or `_proxy/initialize`) the conductor sent it on its hop — what that
+component itself said, not what the chain as a whole returned to the editor.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+from msgspec import UNSET
+
+from conductor import acp
+from conductor.client import ConnectionClosed, RpcError, open_client_connection
+from conductor.errors import ConductorError
+from conductor.run import RunOptions, run_conductor
+from conductor.tracing import FanoutTraceSink
+from conductor.transport.memory import memory_pipe
+
+if TYPE_CHECKING:
+    from msgspec import Raw
+
+    from conductor.config import ChainConfig
+    from conductor.jsonrpc.message import Message
+    from conductor.tracing import Direction, TraceSink
+
+_INITIALIZE = {acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS}
+
+
+@dataclass
+class ComponentReport:
+    name: str
+    role: str = "?"
+    argv: list[str] = field(default_factory=list)
+    pid: int | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    exit_code: int | None = None
+    stderr: deque[str] = field(default_factory=lambda: deque(maxlen=20))
+    asked: bool = False
+
+    def summary(self) -> dict[str, Any]:
+        result = self.result or {}
+        caps = result.get("agentCapabilities") or result.get("capabilities") or {}
+        return {"name": self.name, "role": self.role, "command": self.argv, "pid": self.pid,
+                "protocolVersion": result.get("protocolVersion"),
+                "agentInfo": result.get("agentInfo") or result.get("info"),
+                "capabilities": caps, "mcpTransports": mcp_transports(caps),
+                "authMethods": [m.get("id", m.get("name")) if isinstance(m, dict) else m
+                                for m in result.get("authMethods") or []],
+                "error": self.error, "exitCode": self.exit_code}
+
+
+def mcp_transports(caps: dict[str, Any]) -> list[str]:
+    """v1: mcpCapabilities booleans (stdio is implied); v2: capabilities.session.mcp markers."""
+    out = ["stdio"]
+    v1 = caps.get("mcpCapabilities")
+    if isinstance(v1, dict):
+        out += [k for k, v in v1.items() if v is True and k != "_meta"]
+    session = caps.get("session")
+    if isinstance(session, dict) and isinstance(session.get("mcp"), dict):
+        out += [k for k in session["mcp"] if k not in out and not k.startswith("_")]
+    return out
+
+
+class _Recorder:
+    """A TraceSink keeping what `check` reports: pids, initialize answers, stderr tails."""
+
+    def __init__(self) -> None:
+        self.components: dict[str, ComponentReport] = {}
+        self._asked: dict[tuple[str, bytes], str] = {}
+
+    def get(self, name: str) -> ComponentReport:
+        return self.components.setdefault(name, ComponentReport(name))
+
+    def message(self, hop: str, direction: Direction, message: Message | list[Message], *,
+                peer: str | None = None, origin: tuple[str, Raw] | None = None) -> None:
+        for msg in message if isinstance(message, list) else [message]:
+            if hop == "client" or msg.id is UNSET:
+                continue
+            if direction == "out" and msg.method in _INITIALIZE:
+                self._asked[(hop, bytes(msg.id))] = hop
+                self.get(hop).asked = True
+            elif direction == "in" and msg.method is UNSET and \
+                    self._asked.pop((hop, bytes(msg.id)), None):
+                report = self.get(hop)
+                if msg.result is not UNSET:
+                    value = msgspec.json.decode(msg.result)
+                    report.result = value if isinstance(value, dict) else {"result": value}
+                else:
+                    report.error = msgspec.json.decode(msg.error)
+
+    def lifecycle(self, component: str, event: str, **fields: object) -> None:
+        report = self.get(component)
+        if event == "spawned":
+            report.pid = fields.get("pid")  # type: ignore[assignment]
+            report.argv = list(fields.get("argv") or [])  # type: ignore[call-overload]
+            report.role = str(fields.get("role", "?"))
+        elif event == "stderr":
+            report.stderr.append(str(fields.get("line", "")))
+        elif event == "exited":
+            report.exit_code = fields.get("code")  # type: ignore[assignment]
+        elif event == "error":
+            report.error = {"message": fields.get("message")}
+
+    def waiting_on(self) -> ComponentReport | None:
+        """The component deepest in the chain that was asked and has not answered."""
+        waiting = [r for r in self.components.values()
+                   if r.asked and r.result is None and r.error is None]
+        return waiting[-1] if waiting else None
+
+
+@dataclass
+class CheckReport:
+    ok: bool
+    components: list[ComponentReport]
+    reason: str | None = None
+    failed: str | None = None          # the component to blame
+    stderr_tail: list[str] = field(default_factory=list)
+    exit_code: int = 0
+    initialize: dict[str, Any] | None = None  # what the editor would have seen
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "reason": self.reason, "failedComponent": self.failed,
+                "stderrTail": self.stderr_tail, "exitCode": self.exit_code,
+                "components": [c.summary() for c in self.components]}
+
+
+async def check_chain(config: ChainConfig, *, timeout: float = 30.0,
+                      tracer: TraceSink | None = None) -> CheckReport:
+    """Start, initialize and stop `config`'s chain.
+
+    Raises:
+        ConfigError: the chain cannot be planned.
+    """
+    recorder = _Recorder()
+    names = [*config.proxy_names(), *([config.agent_name()] if config.agent else [])]
+    for name in names:
+        recorder.get(name)  # keep chain order in the report
+    to_conductor, conductor_in = memory_pipe()
+    conductor_out, from_conductor = memory_pipe()
+    done = anyio.Event()
+    code: int | None = None
+    error: ConductorError | None = None
+    reason: str | None = None
+    blame: str | None = None
+    tail: list[str] = []
+    result: dict[str, Any] | None = None
+
+    async with anyio.create_task_group() as tg:
+        async def conductor() -> None:
+            nonlocal code, error
+            try:
+                code = await run_conductor(config, conductor_in, conductor_out, RunOptions(
+                    tracer=FanoutTraceSink(recorder, tracer) if tracer else recorder,
+                    handle_signals=False))
+            except ConductorError as e:
+                error = e
+                await conductor_out.aclose()
+            finally:
+                done.set()
+
+        tg.start_soon(conductor)
+        async with open_client_connection(from_conductor, to_conductor) as conn:
+            try:
+                with anyio.fail_after(timeout):
+                    result = await conn.request("initialize", {
+                        "protocolVersion": 1,
+                        "clientCapabilities": {"fs": {"readTextFile": True,
+                                                      "writeTextFile": True},
+                                               "terminal": True},
+                        "clientInfo": {"name": "acp-conductor-check", "version": "1"}})
+            except TimeoutError:
+                stuck = recorder.waiting_on()
+                blame = stuck.name if stuck else None
+                reason = f"no answer to initialize within {timeout:g}s" + (
+                    f" (waiting on {blame})" if blame else "")
+            except RpcError as e:
+                data = e.data if isinstance(e.data, dict) else {}
+                blame = data.get("component")
+                tail = list(data.get("stderrTail") or [])
+                reason = e.message
+            except ConnectionClosed:
+                reason = "the conductor stopped before answering initialize"
+        with anyio.move_on_after(config.conductor.shutdown_grace + 10):
+            await done.wait()
+        tg.cancel_scope.cancel()
+
+    if error is not None:
+        raise error
+    components = [recorder.components[n] for n in recorder.components]
+    if reason is None:
+        for report in components:
+            if report.error is not None:
+                reason, blame = f"{report.name} answered initialize with an error", report.name
+                break
+    if blame is not None and not tail and blame in recorder.components:
+        tail = list(recorder.components[blame].stderr)
+    if reason is not None:
+        return CheckReport(False, components, reason, blame, tail,
+                           3 if blame is not None or code == 3 else 1, result)
+    return CheckReport(True, components, exit_code=code or 0, initialize=result)

@@ -1,0 +1,545 @@
+"""`acp-conductor run`: the conductor as its own editor, for terminals and CI.
+
+The chain runs in-process (`run_conductor` over in-memory byte pipes, the same code path
+an editor gets; components are real subprocesses). `HeadlessEditor` answers the agent's
+client-side requests by policy; `run_headless` drives one turn and maps its outcome to an
+exit code (`RunExit`, documented in the README and docs/run.md).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+from anyio.abc import Process
+
+from conductor.client import ConnectionClosed, EditorHandler, RpcError, open_client_connection
+from conductor.errors import ConductorError, ConfigError
+from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.message import JsonValue
+from conductor.run import RunOptions, run_conductor
+from conductor.transport.memory import memory_pipe
+
+if TYPE_CHECKING:
+    from conductor.config import ChainConfig
+    from conductor.tracing import TraceSink
+
+log = logging.getLogger("acp_conductor.run")
+
+REFUSED = -32010  # the run's policy refused a client request (fs outside --cwd, terminal, ...)
+NOT_FOUND = -32002  # ACP's resource-not-found
+
+
+class RunExit(enum.IntEnum):
+    """Exit codes of `run` (README and docs/run.md have the same table)."""
+
+    END_TURN = 0
+    FAILED = 1          # the agent answered the prompt with an error, or an unknown stop reason
+    CONFIG = 2          # bad chain file or usage (also: --session-id but the agent cannot load)
+    COMPONENT = 3       # a component failed to start or exited
+    REFUSAL = 5         # stopReason refusal
+    LIMIT = 6           # stopReason max_tokens or max_turn_requests
+    CANCELLED = 7       # stopReason cancelled, not asked for by --timeout / Ctrl-C
+    POLICY = 8          # --approve fail was hit, or a request was refused by the sandbox
+    TIMEOUT = 124       # --timeout passed; the turn was cancelled
+    INTERRUPTED = 130   # Ctrl-C; the turn was cancelled
+
+
+STOP_REASON_EXIT = {"end_turn": RunExit.END_TURN, "refusal": RunExit.REFUSAL,
+                    "max_tokens": RunExit.LIMIT, "max_turn_requests": RunExit.LIMIT,
+                    "cancelled": RunExit.CANCELLED}
+
+APPROVE_CHOICES = ("all", "reads", "none", "fail", "ask")
+READ_KINDS = frozenset({"read", "search", "think"})
+
+
+class RunEvents(Protocol):
+    """What a renderer (rich, plain, JSON lines) is told about the turn."""
+
+    def session(self, record: dict[str, Any]) -> None: ...
+    def update(self, session_id: str | None, update: dict[str, Any]) -> None: ...
+    def decision(self, record: dict[str, Any]) -> None: ...
+    def notice(self, text: str) -> None: ...
+    def result(self, record: dict[str, Any]) -> None: ...
+    async def ask_permission(self, tool_call: dict[str, Any],
+                             options: list[dict[str, Any]]) -> str | None: ...
+
+
+@dataclass
+class HeadlessOptions:
+    prompt: str
+    cwd: Path
+    session_id: str | None = None
+    approve: str = "none"
+    allow_write: bool = False
+    allow_terminal: bool = False
+    timeout: float | None = None
+    cancel_grace: float = 10.0
+    tracer: TraceSink | None = None
+    max_frame_bytes: int | None = None
+    handle_signals: bool = True
+
+
+def _package_version() -> str:
+    try:
+        return version("acp-conductor")
+    except PackageNotFoundError:
+        return "0"
+
+
+# -- the editor's side ---------------------------------------------------------------------
+
+@dataclass
+class _Terminal:
+    process: Process
+    limit: int | None
+    output: bytearray = field(default_factory=bytearray)
+    truncated: bool = False
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+    def add(self, chunk: bytes) -> None:
+        self.output += chunk
+        if self.limit is not None and len(self.output) > self.limit:
+            # Keep the end (the spec truncates from the beginning), at a character boundary.
+            cut = len(self.output) - self.limit
+            while cut < len(self.output) and (self.output[cut] & 0xC0) == 0x80:
+                cut += 1
+            del self.output[:cut]
+            self.truncated = True
+
+    def status(self) -> dict[str, Any] | None:
+        code = self.process.returncode
+        if code is None or not self.done.is_set():
+            return None
+        if code < 0:
+            return {"exitCode": None, "signal": signal.Signals(-code).name}
+        return {"exitCode": code, "signal": None}
+
+
+class HeadlessEditor(EditorHandler):
+    """Answers the agent's requests by the run's policy; reports every decision."""
+
+    def __init__(self, options: HeadlessOptions, events: RunEvents,
+                 on_policy_failure: Callable[[], None], spawn: Callable[..., Awaitable[None]]):
+        self.options = options
+        self.events = events
+        self.root = Path(os.path.realpath(options.cwd))
+        self.violations: list[dict[str, Any]] = []
+        self.cancelling = False
+        self._on_policy_failure = on_policy_failure
+        self._spawn = spawn  # starts a task in the run's task group (terminal readers)
+        self._asking: set[anyio.CancelScope] = set()
+        self._terminals: dict[str, _Terminal] = {}
+        self.last_usage: dict[str, Any] | None = None
+
+    # dispatch ------------------------------------------------------------------------------
+
+    async def handle_notification(self, method: str, params: JsonValue) -> None:
+        if method == "session/update" and isinstance(params, dict):
+            update = params.get("update")
+            if isinstance(update, dict):
+                if update.get("sessionUpdate") == "usage_update":
+                    self.last_usage = update
+                self.events.update(params.get("sessionId"), update)
+
+    async def handle_request(self, method: str, params: JsonValue) -> JsonValue:
+        p = params if isinstance(params, dict) else {}
+        if method == "session/request_permission":
+            return await self._permission(p)
+        if method == "fs/read_text_file":
+            return await self._read(p)
+        if method == "fs/write_text_file":
+            return await self._write(p)
+        if method.startswith("terminal/"):
+            return await self._terminal(method, p)
+        return await super().handle_request(method, params)
+
+    def cancel_pending(self) -> None:
+        """The turn is being cancelled: open questions get the `cancelled` outcome (ACP rule)."""
+        self.cancelling = True
+        for scope in list(self._asking):
+            scope.cancel()
+
+    # permissions ---------------------------------------------------------------------------
+
+    async def _permission(self, p: dict[str, Any]) -> JsonValue:
+        tool = p.get("toolCall") if isinstance(p.get("toolCall"), dict) else {}
+        options = [o for o in p.get("options") or [] if isinstance(o, dict)]
+        policy = self.options.approve
+        chosen: str | None = None
+        if not self.cancelling:
+            if policy == "all":
+                chosen = _pick(options, ("allow_once", "allow_always"))
+            elif policy == "reads":
+                chosen = _pick(options, ("allow_once", "allow_always")
+                               if tool.get("kind") in READ_KINDS else ("reject_once", "reject_always"))
+            elif policy == "none":
+                chosen = _pick(options, ("reject_once", "reject_always"))
+            elif policy == "ask":
+                scope = anyio.CancelScope()
+                self._asking.add(scope)
+                try:
+                    with scope:
+                        chosen = await self.events.ask_permission(tool, options)
+                finally:
+                    self._asking.discard(scope)
+            elif policy == "fail":
+                self._violation("permission", "--approve fail: the agent asked for permission",
+                                tool=tool)
+                self._on_policy_failure()
+        kind = next((o.get("kind") for o in options if o.get("optionId") == chosen), None)
+        self.events.decision({"type": "permission", "sessionId": p.get("sessionId"),
+                              "toolCall": tool, "policy": policy,
+                              "outcome": "selected" if chosen is not None else "cancelled",
+                              "optionId": chosen, "optionKind": kind})
+        if chosen is None:
+            return {"outcome": {"outcome": "cancelled"}}
+        return {"outcome": {"outcome": "selected", "optionId": chosen}}
+
+    # file system ---------------------------------------------------------------------------
+
+    def _inside(self, op: str, raw_path: object) -> Path:
+        if not isinstance(raw_path, str) or not raw_path:
+            raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params", "path must be a string")
+        path = Path(raw_path)
+        if not path.is_absolute():
+            path = self.root / path
+        resolved = Path(os.path.realpath(path))
+        if resolved != self.root and self.root not in resolved.parents:
+            self._refuse(op, str(path), f"{path} is outside the run's --cwd {self.root}")
+        return resolved
+
+    def _refuse(self, op: str, target: str, reason: str) -> None:
+        self._violation(op, reason, path=target)
+        self.events.decision({"type": "access", "op": op, "target": target, "allowed": False,
+                              "reason": reason})
+        raise RpcError(REFUSED, f"refused by acp-conductor run: {reason}",
+                       {"op": op, "target": target})
+
+    def _violation(self, op: str, reason: str, **extra: Any) -> None:
+        self.violations.append({"op": op, "reason": reason, **extra})
+
+    async def _read(self, p: dict[str, Any]) -> JsonValue:
+        path = self._inside("read", p.get("path"))
+        try:
+            text = await anyio.Path(path).read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            raise RpcError(NOT_FOUND, f"file not found: {path}", {"path": str(path)}) from None
+        except OSError as e:
+            raise RpcError(ErrorCode.INTERNAL_ERROR, f"cannot read {path}: {e.strerror}") from None
+        line, limit = p.get("line"), p.get("limit")
+        if isinstance(line, int) or isinstance(limit, int):
+            lines = text.splitlines(keepends=True)
+            start = max((line or 1) - 1, 0)
+            end = start + limit if isinstance(limit, int) else None
+            text = "".join(lines[start:end])
+        self.events.decision({"type": "access", "op": "read", "target": str(path),
+                              "allowed": True})
+        return {"content": text}
+
+    async def _write(self, p: dict[str, Any]) -> JsonValue:
+        target = p.get("path")
+        if not self.options.allow_write:
+            self._refuse("write", str(target), "writing files needs --allow-write")
+        path = self._inside("write", target)
+        content = p.get("content")
+        if not isinstance(content, str):
+            raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params", "content must be a string")
+        try:
+            await anyio.Path(path.parent).mkdir(parents=True, exist_ok=True)
+            await anyio.Path(path).write_text(content, encoding="utf-8")
+        except OSError as e:
+            raise RpcError(ErrorCode.INTERNAL_ERROR, f"cannot write {path}: {e.strerror}") from None
+        self.events.decision({"type": "access", "op": "write", "target": str(path),
+                              "allowed": True})
+        return {}
+
+    # terminals -----------------------------------------------------------------------------
+
+    async def _terminal(self, method: str, p: dict[str, Any]) -> JsonValue:
+        if not self.options.allow_terminal:
+            command = " ".join([str(p.get("command", "")), *map(str, p.get("args") or [])])
+            self._refuse("terminal", command.strip() or method,
+                         "running commands needs --allow-terminal")
+        if method == "terminal/create":
+            return await self._create_terminal(p)
+        term = self._terminals.get(str(p.get("terminalId")))
+        if term is None:
+            raise RpcError(NOT_FOUND, f"unknown terminal {p.get('terminalId')!r}")
+        if method == "terminal/output":
+            return {"output": term.output.decode("utf-8", "replace"),
+                    "truncated": term.truncated, "exitStatus": term.status()}
+        if method == "terminal/wait_for_exit":
+            await term.done.wait()
+            return term.status() or {"exitCode": None, "signal": None}
+        if method in ("terminal/kill", "terminal/release"):
+            if term.process.returncode is None:
+                try:
+                    os.killpg(term.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if method == "terminal/release":
+                self._terminals.pop(str(p.get("terminalId")), None)
+            return {}
+        raise RpcError(ErrorCode.METHOD_NOT_FOUND, "Method not found", {"method": method})
+
+    async def _create_terminal(self, p: dict[str, Any]) -> JsonValue:
+        command = p.get("command")
+        if not isinstance(command, str) or not command:
+            raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params", "command must be a string")
+        cwd = self._inside("terminal", p.get("cwd") or str(self.root))
+        env = dict(os.environ)
+        for item in p.get("env") or []:
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                env[item["name"]] = str(item.get("value", ""))
+        argv = [command, *map(str, p.get("args") or [])]
+        try:
+            process = await anyio.open_process(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                               stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            raise RpcError(ErrorCode.INTERNAL_ERROR, f"cannot start {command}: {e.strerror}") from None
+        limit = p.get("outputByteLimit")
+        term = _Terminal(process, limit if isinstance(limit, int) else None)
+        ident = f"term-{len(self._terminals) + 1}-{process.pid}"
+        self._terminals[ident] = term
+        self.events.decision({"type": "access", "op": "terminal", "target": " ".join(argv),
+                              "allowed": True, "terminalId": ident})
+
+        async def pump() -> None:
+            assert process.stdout is not None
+            try:
+                async for chunk in process.stdout:
+                    term.add(chunk)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+            await process.wait()
+            term.done.set()
+
+        await self._spawn(pump)
+        return {"terminalId": ident}
+
+    async def aclose(self) -> None:
+        """Kill what the agent left running."""
+        for term in self._terminals.values():
+            if term.process.returncode is None:
+                try:
+                    os.killpg(term.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                with anyio.move_on_after(2):
+                    await term.process.wait()
+
+
+def _pick(options: list[dict[str, Any]], kinds: tuple[str, ...]) -> str | None:
+    for kind in kinds:
+        for option in options:
+            if option.get("kind") == kind and isinstance(option.get("optionId"), str):
+                return option["optionId"]
+    return None
+
+
+# -- one turn ------------------------------------------------------------------------------
+
+@dataclass
+class _Turn:
+    trigger: str | None = None     # "timeout" | "interrupt" | "policy"
+    result: dict[str, Any] | None = None
+    error: RpcError | None = None
+    closed: bool = False
+    usage_error: ConfigError | None = None
+    stop: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+    def interrupt(self, why: str) -> None:
+        if self.trigger is None and not self.done.is_set():
+            self.trigger = why
+        self.stop.set()
+
+
+async def run_headless(config: ChainConfig, options: HeadlessOptions, events: RunEvents) -> int:
+    """Run one prompt turn through the chain; returns a `RunExit` code.
+
+    Raises:
+        ConfigError: the chain cannot be planned, or the agent cannot load --session-id.
+    """
+    started = time.monotonic()
+    to_conductor, conductor_in = memory_pipe()
+    conductor_out, from_conductor = memory_pipe()
+    conductor_code: int | None = None
+    conductor_error: ConductorError | None = None
+    conductor_done = anyio.Event()
+    turn = _Turn()
+    record: dict[str, Any] = {"type": "result"}
+
+    async with anyio.create_task_group() as tg:
+
+        async def conductor() -> None:
+            nonlocal conductor_code, conductor_error
+            try:
+                conductor_code = await run_conductor(
+                    config, conductor_in, conductor_out,
+                    RunOptions(mode="agent", max_frame_bytes=options.max_frame_bytes,
+                               tracer=options.tracer, handle_signals=False))
+            except ConductorError as e:
+                conductor_error = e
+                await conductor_out.aclose()  # the client sees EOF instead of waiting forever
+            finally:
+                conductor_done.set()
+
+        async def spawn(func: Callable[[], Awaitable[None]]) -> None:
+            tg.start_soon(func)
+
+        def policy_failure() -> None:
+            turn.interrupt("policy")
+
+        editor = HeadlessEditor(options, events, policy_failure, spawn)
+        tg.start_soon(conductor)
+        if options.handle_signals:
+            tg.start_soon(_watch_sigint, turn, events)
+        try:
+            async with open_client_connection(from_conductor, to_conductor, editor) as conn:
+                await _converse(conn, editor, options, events, turn, record)
+        except ConnectionClosed:
+            turn.closed = True
+        finally:
+            with anyio.CancelScope(shield=True):
+                await editor.aclose()
+                with anyio.move_on_after(config.conductor.shutdown_grace + 10):
+                    await conductor_done.wait()
+        tg.cancel_scope.cancel()
+
+    if conductor_error is not None:
+        raise conductor_error
+    if turn.usage_error is not None:
+        raise turn.usage_error
+    code = _exit_code(turn, editor, conductor_code)
+    if turn.error is not None:
+        record["error"] = turn.error.to_json()
+    record.update(stopReason=(turn.result or {}).get("stopReason"),
+                  usage=(turn.result or {}).get("usage") or _usage_of(editor.last_usage),
+                  exitCode=int(code), exitReason=code.name.lower(), cancelledBy=turn.trigger,
+                  violations=editor.violations,
+                  durationMs=round((time.monotonic() - started) * 1000, 1))
+    events.result(record)
+    return int(code)
+
+
+def _usage_of(update: dict[str, Any] | None) -> dict[str, Any] | None:
+    if update is None:
+        return None
+    return {k: v for k, v in update.items() if k in ("used", "size", "cost")}
+
+
+async def _watch_sigint(turn: _Turn, events: RunEvents) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT) as signals:
+        count = 0
+        async for _ in signals:
+            count += 1
+            if count == 1:
+                events.notice("interrupted: cancelling the turn (Ctrl-C again to stop now)")
+                turn.interrupt("interrupt")
+            else:
+                raise KeyboardInterrupt
+
+
+async def _converse(conn: Any, editor: HeadlessEditor, options: HeadlessOptions,
+                    events: RunEvents, turn: _Turn, record: dict[str, Any]) -> None:
+    try:
+        init = await conn.request("initialize", {
+            "protocolVersion": 1,
+            "clientCapabilities": {"fs": {"readTextFile": True,
+                                          "writeTextFile": options.allow_write},
+                                   "terminal": options.allow_terminal},
+            "clientInfo": {"name": "acp-conductor-run", "title": "acp-conductor run",
+                           "version": _package_version()}})
+        caps = (init or {}).get("agentCapabilities") or {}
+        cwd = str(editor.root)
+
+        def announce(sid: str, how: str) -> None:
+            record["sessionId"] = sid
+            events.session({"type": "session", "sessionId": sid, "how": how,
+                            "protocolVersion": (init or {}).get("protocolVersion"),
+                            "agentInfo": (init or {}).get("agentInfo"), "cwd": cwd})
+        if options.session_id is None:
+            opened = await conn.request("session/new", {"cwd": cwd, "mcpServers": []})
+            sid, how = (opened or {}).get("sessionId"), "new"
+        else:
+            sid = options.session_id
+            if caps.get("loadSession"):
+                how = "load"
+            elif isinstance(caps.get("sessionCapabilities"), dict) and \
+                    caps["sessionCapabilities"].get("resume") is not None:
+                how = "resume"
+            else:
+                turn.usage_error = ConfigError(
+                    f"the agent cannot reopen session {sid!r}: it advertises neither "
+                    "loadSession nor sessionCapabilities.resume", field="--session-id",
+                    hint="drop --session-id")
+                return
+            # Announced before the request: the replayed history arrives before its answer.
+            announce(sid, how)
+            await conn.request(f"session/{how}", {"sessionId": sid, "cwd": cwd,
+                                                 "mcpServers": []})
+        if how == "new":
+            announce(sid, how)
+    except RpcError as e:
+        turn.error = e
+        return
+
+    async with anyio.create_task_group() as tg:
+        async def prompt() -> None:
+            try:
+                turn.result = await conn.request("session/prompt", {
+                    "sessionId": sid, "prompt": [{"type": "text", "text": options.prompt}]})
+            except RpcError as e:
+                turn.error = e
+            except ConnectionClosed:
+                turn.closed = True
+            finally:
+                turn.done.set()
+                turn.stop.set()
+
+        tg.start_soon(prompt)
+        with anyio.move_on_after(options.timeout if options.timeout else float("inf")):
+            await turn.stop.wait()
+        if not turn.stop.is_set():
+            turn.interrupt("timeout")
+            events.notice(f"timeout after {options.timeout:g}s: cancelling the turn")
+        if not turn.done.is_set():
+            editor.cancel_pending()
+            await conn.notify("session/cancel", {"sessionId": sid})
+            with anyio.move_on_after(options.cancel_grace):
+                await turn.done.wait()
+            if not turn.done.is_set():
+                events.notice(f"the agent did not answer the cancel within "
+                              f"{options.cancel_grace:g}s; giving up on the turn")
+                tg.cancel_scope.cancel()
+
+
+def _exit_code(turn: _Turn, editor: HeadlessEditor, conductor_code: int | None) -> RunExit:
+    error = turn.error
+    component_failed = conductor_code == RunExit.COMPONENT or (
+        error is not None and error.code == ErrorCode.INTERNAL_ERROR
+        and isinstance(error.data, dict) and "component" in error.data)
+    if component_failed or (turn.closed and turn.result is None):
+        return RunExit.COMPONENT
+    if turn.trigger == "policy" or editor.violations:
+        return RunExit.POLICY
+    if turn.trigger == "timeout":
+        return RunExit.TIMEOUT
+    if turn.trigger == "interrupt":
+        return RunExit.INTERRUPTED
+    if turn.error is not None or turn.result is None:
+        return RunExit.FAILED
+    return STOP_REASON_EXIT.get(str(turn.result.get("stopReason")), RunExit.FAILED)
+

@@ -1,0 +1,317 @@
+"""How `run` shows a turn: rich on a terminal, plain text in a pipe, or JSON lines.
+
+In `run`, stdout is the user's: the agent's text (or the JSON events) goes there and
+everything else (tool calls, plans, thoughts, notices) goes to stderr in plain mode.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+import anyio
+import msgspec
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.markup import escape
+from rich.text import Text
+
+STATUS_MARK = {"pending": "○", "in_progress": "◐", "completed": "✓", "failed": "✗"}
+STATUS_STYLE = {"pending": "yellow", "in_progress": "cyan", "completed": "green",
+                "failed": "red"}
+PLAN_MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]"}
+
+
+def _content_text(update: dict[str, Any]) -> str:
+    content = update.get("content")
+    if isinstance(content, dict):
+        if content.get("type") == "text":
+            return str(content.get("text", ""))
+        return f"[{content.get('type', 'content')}]"
+    return ""
+
+
+def _usage_line(usage: dict[str, Any] | None) -> str | None:
+    if not usage:
+        return None
+    parts = []
+    if "used" in usage and "size" in usage:
+        parts.append(f"context {usage['used']}/{usage['size']} tokens")
+    for key, label in (("inputTokens", "in"), ("outputTokens", "out"),
+                       ("thoughtTokens", "thought"), ("totalTokens", "total")):
+        if usage.get(key) is not None:
+            parts.append(f"{label} {usage[key]}")
+    cost = usage.get("cost")
+    if isinstance(cost, dict) and "amount" in cost:
+        parts.append(f"cost {cost['amount']} {cost.get('currency', '')}".rstrip())
+    return ", ".join(parts) or None
+
+
+class _Tools:
+    """Tool calls by id, with the latest kind/title/status merged in."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, dict[str, Any]] = {}
+
+    def merge(self, update: dict[str, Any]) -> dict[str, Any]:
+        ident = str(update.get("toolCallId"))
+        call = self.calls.setdefault(ident, {"toolCallId": ident, "status": "pending"})
+        for key in ("title", "kind", "status"):
+            if update.get(key) is not None:
+                call[key] = update[key]
+        return call
+
+
+class JsonEvents:
+    """One JSON object per line on stdout; the schema is in docs/run.md."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        self.out.write(msgspec.json.encode(record).decode() + "\n")
+        self.out.flush()
+
+    def session(self, record: dict[str, Any]) -> None:
+        self._emit(record)
+
+    def update(self, session_id: str | None, update: dict[str, Any]) -> None:
+        self._emit({"type": "update", "sessionId": session_id, "update": update})
+
+    def decision(self, record: dict[str, Any]) -> None:
+        self._emit(record)
+
+    def notice(self, text: str) -> None:
+        self._emit({"type": "notice", "message": text})
+
+    def result(self, record: dict[str, Any]) -> None:
+        self._emit(record)
+
+    async def ask_permission(self, tool_call: dict[str, Any],
+                             options: list[dict[str, Any]]) -> str | None:
+        return None  # --json never asks (the CLI refuses --approve ask with --json)
+
+
+class PlainEvents:
+    """No escape codes: agent text to stdout as it streams, the rest as lines on stderr."""
+
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.out, self.err = out or sys.stdout, err or sys.stderr
+        self.tools = _Tools()
+        self._text_open = False   # stdout has text without a final newline
+        self._thought_open = False
+
+    def _line(self, text: str) -> None:
+        if self._thought_open:
+            self.err.write("\n")
+            self._thought_open = False
+        self.err.write(text + "\n")
+        self.err.flush()
+
+    def session(self, record: dict[str, Any]) -> None:
+        info = record.get("agentInfo") or {}
+        self._line(f"[session] {record.get('sessionId')} ({record.get('how')}) with "
+                   f"{info.get('name', 'the agent')} {info.get('version', '')}".rstrip())
+
+    def update(self, session_id: str | None, update: dict[str, Any]) -> None:
+        kind = update.get("sessionUpdate")
+        if kind == "agent_message_chunk":
+            text = _content_text(update)
+            self.out.write(text)
+            self.out.flush()
+            self._text_open = bool(text) and not text.endswith("\n") or \
+                (self._text_open and not text)
+        elif kind == "agent_thought_chunk":
+            if not self._thought_open:
+                self.err.write("[thought] ")
+                self._thought_open = True
+            self.err.write(_content_text(update))
+            self.err.flush()
+        elif kind in ("tool_call", "tool_call_update"):
+            call = self.tools.merge(update)
+            self._line(f"[tool] {call.get('kind', 'other')}: {call.get('title', call['toolCallId'])}"
+                       f" ({call['status']})")
+        elif kind == "plan":
+            self._line("[plan]")
+            for entry in update.get("entries") or []:
+                mark = PLAN_MARK.get(entry.get("status", "pending"), "[ ]")
+                self._line(f"  {mark} {entry.get('content', '')}")
+        elif kind == "usage_update":
+            line = _usage_line(update)
+            if line:
+                self._line(f"[usage] {line}")
+        elif kind == "user_message_chunk":
+            self._line(f"[user] {_content_text(update)}")
+
+    def decision(self, record: dict[str, Any]) -> None:
+        if record["type"] == "permission":
+            tool = record.get("toolCall") or {}
+            self._line(f"[permission] {tool.get('title', 'tool call')}: "
+                       f"{record.get('optionId') or record['outcome']} "
+                       f"(--approve {record['policy']})")
+        elif not record.get("allowed"):
+            self._line(f"[refused] {record['op']} {record['target']}: {record.get('reason')}")
+
+    def notice(self, text: str) -> None:
+        self._line(f"[notice] {text}")
+
+    def result(self, record: dict[str, Any]) -> None:
+        if self._text_open:
+            self.out.write("\n")
+            self.out.flush()
+            self._text_open = False
+        usage = _usage_line(record.get("usage"))
+        if usage:
+            self._line(f"[usage] {usage}")
+        if record.get("error"):
+            self._line(f"[error] {record['error'].get('message')}")
+        self._line(f"[stop] {record.get('stopReason') or record['exitReason']} "
+                   f"(exit {record['exitCode']})")
+
+    async def ask_permission(self, tool_call: dict[str, Any],
+                             options: list[dict[str, Any]]) -> str | None:
+        return None
+
+
+class RichEvents:
+    """Live view on a terminal: streaming text, dim thoughts, tool calls updating in place."""
+
+    def __init__(self, console: Console | None = None, err: Console | None = None) -> None:
+        self.console = console or Console()
+        self.err = err or Console(stderr=True)
+        self.tools = _Tools()
+        self.open_tools: list[str] = []
+        self.text = Text()
+        self.text_kind: str | None = None
+        self.plan: list[dict[str, Any]] = []
+        self.usage: dict[str, Any] | None = None
+        self.live = Live(console=self.console, refresh_per_second=12, transient=True,
+                         get_renderable=self._render, redirect_stderr=False)
+        self.live.start()
+
+    def _render(self) -> RenderableType:
+        parts: list[RenderableType] = []
+        if self.text:
+            parts.append(self.text)
+        for ident in self.open_tools:
+            parts.append(self._tool_line(self.tools.calls[ident]))
+        if self.plan:
+            parts.append(self._plan())
+        line = _usage_line(self.usage)
+        if line:
+            parts.append(Text(line, style="dim"))
+        return Group(*parts)
+
+    def _tool_line(self, call: dict[str, Any]) -> Text:
+        status = call.get("status", "pending")
+        text = Text(f"{STATUS_MARK.get(status, '?')} ", style=STATUS_STYLE.get(status, ""))
+        text.append(f"{call.get('kind', 'other')} ", style="bold")
+        text.append(str(call.get("title", call["toolCallId"])))
+        text.append(f"  {status}", style=STATUS_STYLE.get(status, "dim"))
+        return text
+
+    def _plan(self) -> Text:
+        text = Text("Plan\n", style="bold")
+        for entry in self.plan:
+            status = entry.get("status", "pending")
+            text.append(f"  {PLAN_MARK.get(status, '[ ]')} {entry.get('content', '')}\n",
+                        style="dim strike" if status == "completed" else "")
+        text.rstrip()
+        return text
+
+    def _commit_text(self) -> None:
+        if self.text:
+            self.console.print(self.text)
+        self.text = Text()
+        self.text_kind = None
+
+    def _refresh(self) -> None:
+        self.live.refresh()
+
+    def session(self, record: dict[str, Any]) -> None:
+        info = record.get("agentInfo") or {}
+        self.err.print(f"[dim]session {escape(str(record.get('sessionId')))} "
+                       f"({record.get('how')}), agent {escape(str(info.get('name', '?')))}[/dim]")
+
+    def update(self, session_id: str | None, update: dict[str, Any]) -> None:
+        kind = update.get("sessionUpdate")
+        if kind in ("agent_message_chunk", "agent_thought_chunk", "user_message_chunk"):
+            if self.text_kind != kind:
+                self._commit_text()
+                self.text_kind = kind
+            style = {"agent_thought_chunk": "dim italic", "user_message_chunk": "blue"}.get(kind, "")
+            self.text.append(_content_text(update), style=style)
+        elif kind in ("tool_call", "tool_call_update"):
+            self._commit_text()
+            call = self.tools.merge(update)
+            ident = call["toolCallId"]
+            if call["status"] in ("completed", "failed"):
+                if ident in self.open_tools:
+                    self.open_tools.remove(ident)
+                self.console.print(self._tool_line(call))
+            elif ident not in self.open_tools:
+                self.open_tools.append(ident)
+        elif kind == "plan":
+            self.plan = [e for e in update.get("entries") or [] if isinstance(e, dict)]
+        elif kind == "usage_update":
+            self.usage = update
+        self._refresh()
+
+    def decision(self, record: dict[str, Any]) -> None:
+        if record["type"] == "permission":
+            tool = record.get("toolCall") or {}
+            choice = record.get("optionId") or record["outcome"]
+            style = "green" if (record.get("optionKind") or "").startswith("allow") else "red"
+            self.console.print(Text.assemble(("permission ", "bold"),
+                                             str(tool.get("title", "tool call")), ": ",
+                                             (str(choice), style),
+                                             (f"  (--approve {record['policy']})", "dim")))
+        elif not record.get("allowed"):
+            self.console.print(Text.assemble(("refused ", "bold red"),
+                                             f"{record['op']} {record['target']}: ",
+                                             (str(record.get("reason")), "red")))
+
+    def notice(self, text: str) -> None:
+        self.err.print(f"[yellow]{escape(text)}[/yellow]")
+
+    def result(self, record: dict[str, Any]) -> None:
+        self._commit_text()
+        for ident in self.open_tools:
+            self.console.print(self._tool_line(self.tools.calls[ident]))
+        self.open_tools.clear()
+        if self.plan:
+            self.console.print(self._plan())
+            self.plan = []
+        usage = _usage_line(record.get("usage") or self.usage)
+        self.usage = None
+        self.live.stop()
+        if usage:
+            self.console.print(Text(usage, style="dim"))
+        if record.get("error"):
+            self.err.print(f"[red]error:[/red] {escape(str(record['error'].get('message')))}")
+        ok = record["exitCode"] == 0
+        self.console.print(Text.assemble(
+            ("■ ", "green" if ok else "red"),
+            (str(record.get("stopReason") or record["exitReason"]), "bold"),
+            (f"  exit {record['exitCode']}, {record['durationMs'] / 1000:.1f}s", "dim")))
+
+    async def ask_permission(self, tool_call: dict[str, Any],
+                             options: list[dict[str, Any]]) -> str | None:
+        self.live.stop()
+        try:
+            self.err.print(Text.assemble(("The agent asks: ", "bold"),
+                                         str(tool_call.get("title", "a tool call")),
+                                         (f" ({tool_call.get('kind', 'other')})", "dim")))
+            for i, option in enumerate(options, 1):
+                self.err.print(f"  {i}. {escape(str(option.get('name', option.get('optionId'))))}")
+
+            def ask() -> str:
+                self.err.print("choose a number (empty: cancel): ", end="")
+                return sys.stdin.readline()
+
+            answer = (await anyio.to_thread.run_sync(ask, abandon_on_cancel=True)).strip()
+            if answer.isdigit() and 1 <= int(answer) <= len(options):
+                return options[int(answer) - 1].get("optionId")
+            return None
+        finally:
+            self.live.start()

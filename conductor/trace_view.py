@@ -1,0 +1,182 @@
+"""Reading a JSONL trace: filters, request/response pairing, and the terminal timeline."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.text import Text
+
+from conductor.errors import ConfigError
+
+LANE_WIDTH = 14
+KIND_STYLE = {"request": "cyan", "response": "green", "notification": "dim",
+              "error": "bold red"}
+
+
+@dataclass
+class Trace:
+    header: dict[str, Any]
+    events: list[dict[str, Any]]
+    lanes: list[str]
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Parse a trace file, pair requests with responses, and order the lanes.
+
+    Raises:
+        ConfigError: the file is missing or is not a trace.
+    """
+    try:
+        lines = Path(path).read_bytes().splitlines()
+    except OSError as e:
+        raise ConfigError(f"cannot read trace: {e.strerror}", file=str(path)) from None
+    header: dict[str, Any] = {}
+    events: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            event = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            raise ConfigError(f"line {number} is not JSON", file=str(path),
+                              hint="pass a file written by --trace") from None
+        if not isinstance(event, dict):
+            continue
+        if event.get("type") == "trace":
+            header = event
+        else:
+            events.append(event)
+    if not header and events and "seq" not in events[0]:
+        raise ConfigError("not an acp-conductor trace", file=str(path))
+    pair(events)
+    return Trace(header, events, lanes_of(events))
+
+
+def pair(events: list[dict[str, Any]]) -> None:
+    """Link each response to its request on the same hop: `pair` (seq) and `ms` on both."""
+    open_requests: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for event in events:
+        if event.get("type") != "message":
+            continue
+        ident = msgspec.json.encode(event.get("id")).decode()
+        if event.get("kind") == "request":
+            open_requests[(event["hop"], event["dir"], ident)] = event
+        elif event.get("kind") in ("response", "error"):
+            other = "out" if event["dir"] == "in" else "in"
+            request = open_requests.pop((event["hop"], other, ident), None)
+            if request is not None:
+                ms = round((event["time"] - request["time"]) * 1000, 3)
+                request["pair"], event["pair"] = event["seq"], request["seq"]
+                request["ms"] = event["ms"] = ms
+
+
+def lanes_of(events: list[dict[str, Any]]) -> list[str]:
+    """client, conductor, then components in the order they were spawned (then any others)."""
+    lanes = ["client", "conductor"]
+    for event in events:
+        if event.get("type") == "lifecycle" and event.get("event") == "spawned":
+            if event["component"] not in lanes:
+                lanes.append(event["component"])
+    for event in events:
+        for name in (event.get("hop"), event.get("component")):
+            if isinstance(name, str) and name not in lanes:
+                lanes.append(name)
+    return lanes
+
+
+def select(trace: Trace, *, session: str | None = None, method: str | None = None,
+           component: str | None = None) -> list[dict[str, Any]]:
+    """Events matching every given filter (method is a glob; component matches any end)."""
+    out = []
+    for event in trace.events:
+        if event.get("type") == "message":
+            if session is not None and event.get("session") != session:
+                continue
+            if method is not None and not fnmatch.fnmatchcase(str(event.get("method")), method):
+                continue
+            if component is not None and component not in (event.get("hop"), event.get("from"),
+                                                           event.get("to")):
+                continue
+        else:
+            if session is not None or method is not None:
+                continue
+            if component is not None and event.get("component") != component:
+                continue
+        out.append(event)
+    return out
+
+
+def _arrow(lanes: list[str], src: str, dst: str, style: str) -> Text:
+    width = LANE_WIDTH * len(lanes)
+    cells = [" "] * width
+    centers = {name: i * LANE_WIDTH + LANE_WIDTH // 2 for i, name in enumerate(lanes)}
+    for c in centers.values():
+        cells[c] = "│"
+    a, b = centers.get(src, 0), centers.get(dst, 0)
+    lo, hi = min(a, b), max(a, b)
+    for i in range(lo, hi + 1):
+        cells[i] = "─"
+    cells[a] = "●"
+    cells[b] = "▶" if b > a else "◀"
+    text = Text("".join(cells))
+    text.stylize(style, lo, hi + 1)
+    return text
+
+
+def _marker(lanes: list[str], lane: str, style: str) -> Text:
+    cells = [" "] * (LANE_WIDTH * len(lanes))
+    for i in range(len(lanes)):
+        cells[i * LANE_WIDTH + LANE_WIDTH // 2] = "│"
+    if lane in lanes:
+        cells[lanes.index(lane) * LANE_WIDTH + LANE_WIDTH // 2] = "◆"
+    text = Text("".join(cells))
+    text.stylize(style)
+    return text
+
+
+def render(trace: Trace, events: list[dict[str, Any]], console: Console) -> None:
+    """A timeline: one row per event, one lane per component, arrows between them."""
+    start = trace.header.get("time") or (events[0]["time"] if events else 0.0)
+    lanes = trace.lanes
+    head = Text(" " * 10)
+    for name in lanes:
+        head.append(name[:LANE_WIDTH - 1].center(LANE_WIDTH), style="bold")
+    console.print(head)
+    for event in events:
+        offset = Text(f"{(event['time'] - start) * 1000:9.1f} ", style="dim")
+        if event.get("type") == "message":
+            kind = event.get("kind", "?")
+            style = KIND_STYLE.get(kind, "")
+            src, dst = (event["hop"], "conductor") if event["dir"] == "in" \
+                else ("conductor", event["hop"])
+            row = offset + _arrow(lanes, src, dst, style)
+            label = Text(f" {event.get('method') or '?'}", style=style)
+            ident = event.get("id")
+            if ident is not None:
+                label.append(f" #{ident}", style="bold")
+            label.append(f" {kind}", style="dim")
+            if event.get("ms") is not None and kind != "request":
+                label.append(f" {event['ms']:.1f} ms", style="magenta")
+            if event.get("session"):
+                label.append(f" [{event['session']}]", style="dim")
+            label.append(f"  {event.get('from')}→{event.get('to')}", style="dim")
+            if kind == "error":
+                err = (event.get("payload") or {}).get("error") or {}
+                label.append(f"  {err.get('code')}: {err.get('message')}", style="bold red")
+            console.print(row + label, overflow="ellipsis", no_wrap=True, crop=False)
+        else:
+            name, what = event.get("component", "?"), event.get("event", "?")
+            style = "red" if what in ("error", "noise") or (
+                what == "exited" and event.get("code") not in (0, None) and
+                not event.get("expected")) else "yellow"
+            detail = {k: v for k, v in event.items()
+                      if k not in ("seq", "time", "type", "component", "event")}
+            label = Text(f" {name} {what} " + " ".join(f"{k}={v}" for k, v in detail.items()),
+                         style=style if what != "stderr" else "dim")
+            console.print(offset + _marker(lanes, name, style) + label, no_wrap=True,
+                          overflow="ellipsis", crop=False)

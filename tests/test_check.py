@@ -1,0 +1,75 @@
+"""`acp-conductor check`: every shipped chain initializes; failures name the component."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, child_env, conductor_argv
+
+CHAINS = sorted((REPO / "chains").glob("*.toml"))
+
+
+def check(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(conductor_argv("check", *args), capture_output=True, text=True,
+                          env=child_env(COLUMNS="160"), timeout=60, cwd=REPO)
+
+
+@pytest.mark.parametrize("chain", CHAINS, ids=[c.name for c in CHAINS])
+def test_every_chain_in_chains_passes_check(chain: Path) -> None:
+    result = check("--chain", str(chain), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] is True
+    assert all(c["pid"] and c["protocolVersion"] for c in report["components"])
+
+
+def test_check_reports_each_component_it_started() -> None:
+    result = check("--chain", str(REPO / "chains" / "demo.toml"), "--json")
+    report = json.loads(result.stdout)
+    names = [(c["name"], c["role"]) for c in report["components"]]
+    assert names == [("passthrough", "proxy"), ("demo-agent", "agent")]
+    agent = report["components"][1]
+    assert agent["agentInfo"] == {"name": "demo-agent", "version": "0.1.0"}
+    assert agent["capabilities"]["loadSession"] is True
+    assert agent["mcpTransports"] == ["stdio"]
+    assert agent["authMethods"] == []
+    table = check("--chain", str(REPO / "chains" / "demo.toml"))
+    assert table.returncode == 0
+    for word in ("passthrough", "demo-agent", "loadSession", "stdio", "ok"):
+        assert word in table.stdout
+
+
+def test_check_fails_with_the_failing_components_stderr_tail(tmp_path: Path) -> None:
+    chain = tmp_path / "bad.toml"
+    chain.write_text(
+        '[[proxy]]\nname = "pass"\ncommand = ["${PYTHON}", "-m", "proxies.passthrough"]\n'
+        f'[agent]\nname = "broken"\ncommand = ["{sys.executable}", "-c", '
+        '"import sys; sys.stderr.write(\'missing API key\\\\n\'); sys.exit(4)"]\n',
+        encoding="utf-8")
+    result = check("--chain", str(chain))
+    assert result.returncode == 3
+    assert "broken" in result.stderr
+    assert "missing API key" in result.stderr
+    as_json = json.loads(check("--chain", str(chain), "--json").stdout)
+    assert as_json["ok"] is False
+    assert as_json["failedComponent"] == "broken"
+    assert "missing API key" in as_json["stderrTail"]
+
+
+def test_check_of_a_missing_command_names_it(tmp_path: Path) -> None:
+    chain = tmp_path / "missing.toml"
+    chain.write_text('[agent]\ncommand = "no-such-agent-binary --flag"\n', encoding="utf-8")
+    result = check("--chain", str(chain))
+    assert result.returncode == 3
+    assert "no-such-agent-binary" in result.stderr
+
+
+def test_check_of_an_invalid_file_exits_2() -> None:
+    result = check("--chain", "does/not/exist.toml")
+    assert result.returncode == 2
+    assert "file not found" in result.stderr

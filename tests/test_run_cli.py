@@ -1,0 +1,294 @@
+"""`acp-conductor run` against real agent processes: output, --json, policies, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, REPO, child_env, conductor_argv
+
+DEMO = str(REPO / "chains" / "demo.toml")
+
+
+def run(*args: str, stdin: str | None = None, cwd: Path | None = None,
+        timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(conductor_argv(*args), input=stdin, capture_output=True, text=True,
+                          env=child_env(), timeout=timeout, cwd=cwd or REPO)
+
+
+def events(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+@pytest.fixture
+def sdk_chain(tmp_path: Path) -> str:
+    path = tmp_path / "sdk.toml"
+    path.write_text(f'[agent]\nname = "sdk"\ncommand = ["{sys.executable}", '
+                    f'"{BIN / "sdk_agent.py"}"]\n', encoding="utf-8")
+    return str(path)
+
+
+def test_plain_run_streams_only_the_agents_text_to_stdout_without_escape_codes() -> None:
+    result = run("run", "--chain", DEMO, "hello")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "Hello from the demo agent. You said: hello \n"
+    assert "\x1b" not in result.stdout + result.stderr
+    assert "[stop] end_turn (exit 0)" in result.stderr
+
+
+def test_prompt_dash_reads_the_prompt_from_stdin() -> None:
+    result = run("run", "--chain", DEMO, "-", stdin="from stdin")
+    assert result.returncode == 0, result.stderr
+    assert "You said: from stdin" in result.stdout
+
+
+def test_json_mode_prints_one_event_per_line_ending_with_the_result() -> None:
+    result = run("run", "--chain", DEMO, "plan please", "--json")
+    assert result.returncode == 0, result.stderr
+    lines = events(result.stdout)
+    assert lines[0]["type"] == "session"
+    assert lines[0]["sessionId"] == "demo-session-1"
+    assert lines[0]["how"] == "new"
+    assert {e["type"] for e in lines} <= {"session", "update", "permission", "access",
+                                          "notice", "result"}
+    kinds = [e["update"]["sessionUpdate"] for e in lines if e["type"] == "update"]
+    assert kinds[:3] == ["agent_thought_chunk", "plan", "usage_update"]
+    text = "".join(e["update"]["content"]["text"] for e in lines
+                   if e["type"] == "update" and e["update"]["sessionUpdate"] == "agent_message_chunk")
+    assert text == "Hello from the demo agent. You said: plan please "
+    final = lines[-1]
+    assert final["type"] == "result"
+    assert final["stopReason"] == "end_turn"
+    assert final["exitCode"] == 0
+    assert final["usage"] == {"used": 42, "size": 1000,
+                              "cost": {"amount": 0.01, "currency": "USD"}}
+    assert set(final) >= {"sessionId", "exitReason", "cancelledBy", "violations", "durationMs"}
+
+
+@pytest.mark.parametrize(("approve", "code", "option"), [
+    ("all", 0, "allow"), ("none", 5, "reject"), ("reads", 5, "reject")])
+def test_permission_policy_answers_the_demo_agents_edit_request(approve: str, code: int,
+                                                                option: str) -> None:
+    result = run("run", "--chain", DEMO, "permission", "--json", "--approve", approve)
+    assert result.returncode == code, result.stderr
+    decisions = [e for e in events(result.stdout) if e["type"] == "permission"]
+    assert len(decisions) == 1
+    assert decisions[0]["optionId"] == option
+    assert decisions[0]["policy"] == approve
+    assert decisions[0]["toolCall"]["kind"] == "edit"
+
+
+def test_approve_fail_cancels_the_turn_and_exits_8() -> None:
+    result = run("run", "--chain", DEMO, "permission", "--json", "--approve", "fail")
+    assert result.returncode == 8, result.stderr
+    lines = events(result.stdout)
+    assert [e["outcome"] for e in lines if e["type"] == "permission"] == ["cancelled"]
+    final = lines[-1]
+    assert final["cancelledBy"] == "policy"
+    assert final["stopReason"] == "cancelled"
+    assert final["violations"][0]["op"] == "permission"
+
+
+def test_sdk_agent_streams_thoughts_and_text_through_run(sdk_chain: str) -> None:
+    result = run("run", "--chain", sdk_chain, "hi")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "SDK agent says hi \n"
+    assert "[thought] pondering" in result.stderr
+
+
+def test_sdk_agent_permission_is_answered_by_policy(sdk_chain: str) -> None:
+    allowed = run("run", "--chain", sdk_chain, "permission", "--approve", "all")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "[permission] Delete things: yes" in allowed.stderr
+    denied = run("run", "--chain", sdk_chain, "permission", "--approve", "reads")
+    assert denied.returncode == 5, denied.stderr  # a delete is not a read
+
+
+@pytest.mark.parametrize(("prompt", "code"), [
+    ("stop:max_tokens", 6), ("stop:max_turn_requests", 6), ("stop:cancelled", 7),
+    ("stop:something_new", 1)])
+def test_stop_reasons_map_to_their_exit_codes(prompt: str, code: int) -> None:
+    result = run("run", "--chain", DEMO, prompt, "--json")
+    assert result.returncode == code, result.stderr
+    assert events(result.stdout)[-1]["exitCode"] == code
+
+
+def test_a_failing_agent_exits_3_and_names_it(tmp_path: Path) -> None:
+    chain = tmp_path / "bad.toml"
+    chain.write_text(f'[agent]\nname = "crashy"\ncommand = ["{sys.executable}", "-c", '
+                     '"import sys; sys.stderr.write(\'boom happened\\\\n\'); sys.exit(7)"]\n',
+                     encoding="utf-8")
+    result = run("run", "--chain", str(chain), "hi", "--json")
+    assert result.returncode == 3, result.stderr
+    final = events(result.stdout)[-1]
+    assert final["error"]["data"]["component"] == "crashy"
+    assert "boom happened" in result.stderr
+
+
+def test_a_bad_chain_file_exits_2_with_the_key(tmp_path: Path) -> None:
+    chain = tmp_path / "typo.toml"
+    chain.write_text('[agent]\ncommand = "x"\ncomand = "y"\n', encoding="utf-8")
+    result = run("run", "--chain", str(chain), "hi")
+    assert result.returncode == 2
+    assert "comand" in result.stderr
+    assert result.stdout == ""
+
+
+def test_timeout_cancels_the_turn_and_exits_124() -> None:
+    started = time.monotonic()
+    result = run("run", "--chain", DEMO, "hang", "--json", "--timeout", "0.5")
+    assert result.returncode == 124, result.stderr
+    lines = events(result.stdout)
+    assert lines[-1]["cancelledBy"] == "timeout"
+    assert lines[-1]["stopReason"] == "cancelled"  # the agent answered the cancel
+    assert any(e["type"] == "notice" for e in lines)
+    assert time.monotonic() - started < 20
+
+
+def test_ctrl_c_cancels_the_turn_and_exits_130() -> None:
+    proc = subprocess.Popen(conductor_argv("run", "--chain", DEMO, "hang", "--json"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(),
+                            cwd=REPO)
+    try:
+        lines = _read_lines_until(proc, lambda e: e.get("type") == "update", 20)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    final = json.loads(out.decode().splitlines()[-1])
+    assert final["cancelledBy"] == "interrupt"
+    assert final["stopReason"] == "cancelled"
+    assert lines
+
+
+def _read_lines_until(proc: subprocess.Popen[bytes], done, timeout: float) -> list[dict]:
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    buffer, seen = b"", []
+    while time.monotonic() < deadline:
+        if not sel.select(deadline - time.monotonic()):
+            break
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        if not chunk:
+            break
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            seen.append(json.loads(line))
+            if done(seen[-1]):
+                return seen
+    raise AssertionError(f"not seen in {timeout}s: {seen}")
+
+
+def test_fs_reads_inside_cwd_work_and_outside_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("inside text", encoding="utf-8")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.txt"
+    outside.write_text("outside text", encoding="utf-8")
+    escape = tmp_path / "link"
+    escape.symlink_to(outside)
+    prompt = f"read:{tmp_path / 'notes.txt'} read:{outside} read:{escape}"
+    result = run("run", "--chain", DEMO, prompt, "--cwd", str(tmp_path))
+    assert result.returncode == 8, result.stderr
+    assert "Read: inside text" in result.stdout
+    assert "outside text" not in result.stdout
+    assert result.stdout.count("is outside the run's --cwd") == 2
+    assert result.stderr.count("[refused] read") == 2
+
+
+def test_writes_need_allow_write_and_stay_inside_cwd(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "out.txt"
+    refused = run("run", "--chain", DEMO, f"writefile:{target}", "--cwd", str(tmp_path),
+                  "--approve", "all", "--json")
+    assert refused.returncode == 8
+    assert not target.exists()
+    access = [e for e in events(refused.stdout) if e["type"] == "access"]
+    assert access[0]["allowed"] is False
+    assert "--allow-write" in access[0]["reason"]
+
+    allowed = run("run", "--chain", DEMO, f"writefile:{target}", "--cwd", str(tmp_path),
+                  "--approve", "all", "--allow-write")
+    assert allowed.returncode == 0, allowed.stderr
+    assert target.read_text(encoding="utf-8") == "written by the demo agent\n"
+
+    outside = tmp_path.parent / f"{tmp_path.name}-w.txt"
+    escaped = run("run", "--chain", DEMO, f"writefile:{outside}", "--cwd", str(tmp_path),
+                  "--approve", "all", "--allow-write")
+    assert escaped.returncode == 8
+    assert not outside.exists()
+
+
+def test_terminal_is_refused_unless_allowed_and_then_runs_a_real_process(tmp_path: Path) -> None:
+    refused = run("run", "--chain", DEMO, "terminal:echo_from_shell", "--cwd", str(tmp_path))
+    assert refused.returncode == 8
+    assert "needs --allow-terminal" in refused.stdout
+    allowed = run("run", "--chain", DEMO, "terminal:echo_from_shell", "--cwd", str(tmp_path),
+                  "--allow-terminal")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "Ran: 'from shell\\n' exit 0" in allowed.stdout
+
+
+def test_session_id_loads_the_session_when_the_agent_can() -> None:
+    result = run("run", "--chain", DEMO, "again", "--session-id", "old-7", "--json")
+    assert result.returncode == 0, result.stderr
+    lines = events(result.stdout)
+    assert lines[0]["how"] == "load"
+    assert lines[0]["sessionId"] == "old-7"
+    assert lines[-1]["sessionId"] == "old-7"
+
+
+def test_session_id_is_a_usage_error_when_the_agent_cannot_reopen(sdk_chain: str) -> None:
+    result = run("run", "--chain", sdk_chain, "again", "--session-id", "old-7")
+    assert result.returncode == 2
+    assert "cannot reopen session" in result.stderr
+
+
+def test_on_a_terminal_run_renders_live_with_rich() -> None:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(conductor_argv("run", "--chain", DEMO, "plan permission",
+                                           "--approve", "all"),
+                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                            env=child_env(TERM="xterm-256color", COLUMNS="100"), cwd=REPO)
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            sel = selectors.DefaultSelector()
+            sel.register(master, selectors.EVENT_READ)
+            if not sel.select(1):
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        proc.wait(timeout=10)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    text = out.decode("utf-8", "replace")
+    assert proc.returncode == 0, text
+    assert "\x1b[" in text
+    assert "Hello from the demo agent." in text
+    assert "Write notes.txt" in text
+    assert "Answer it" in text
+    assert "end_turn" in text

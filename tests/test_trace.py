@@ -1,0 +1,218 @@
+"""--trace: every message on every hop exactly once, causal order, redaction, 0600, viewers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, REPO, child_env, conductor_argv
+
+SECRET = "sk-live-0123456789abcdef"
+
+
+def _tee(log: Path, *argv: str) -> list[str]:
+    return [sys.executable, str(BIN / "tee_stdio.py"), str(log), *argv]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One run through two proxies, each component's pipes logged by a tee."""
+    tmp = tmp_path_factory.mktemp("trace")
+    logs = {name: tmp / f"{name}.log" for name in ("first", "second", "agent")}
+    proxy = [sys.executable, "-m", "proxies.passthrough"]
+    agent = [sys.executable, "-m", "conductor.demo_agent"]
+    chain = {
+        "proxy": [{"name": "first", "command": _tee(logs["first"], *proxy)},
+                  {"name": "second", "command": _tee(logs["second"], *proxy)}],
+        "agent": {"name": "agent", "command": _tee(logs["agent"], *agent),
+                  "env": {"DEMO_TOKEN": SECRET}, "secret_env": ["DEMO_TOKEN"]},
+        "conductor": {"redact": ["ticket-[0-9]+"]},
+    }
+    chain_file = tmp / "chain.toml"
+    chain_file.write_text(_toml(chain), encoding="utf-8")
+    trace = tmp / "trace.jsonl"
+    trace.write_text("old\n", encoding="utf-8")
+    trace.chmod(0o644)  # an existing file must end up owner-only too
+    prompt = f"permission plan {SECRET} ticket-4711 Authorization: Bearer abc.def"
+    result = subprocess.run(
+        conductor_argv("--trace", str(trace), "run", "--chain", str(chain_file), prompt,
+                       "--approve", "all"),
+        capture_output=True, text=True, env=child_env(PYTHONPATH=str(REPO)), timeout=60,
+        cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    unredacted = tmp / "unredacted.jsonl"
+    result = subprocess.run(
+        conductor_argv("--trace", str(unredacted), "--trace-unredacted", "run", "--chain",
+                       str(chain_file), prompt, "--approve", "all"),
+        capture_output=True, text=True, env=child_env(), timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    return {"trace": trace, "unredacted": unredacted, "tmp": tmp, **logs}
+
+
+def _toml(chain: dict) -> str:
+    def value(v: object) -> str:
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        return json.dumps(v)
+    out = []
+    for p in chain["proxy"]:
+        out.append("[[proxy]]")
+        out += [f"{k} = {value(v)}" for k, v in p.items()]
+    out.append("[agent]")
+    out += [f"{k} = {value(v)}" for k, v in chain["agent"].items()]
+    out.append("[conductor]")
+    out += [f"{k} = {value(v)}" for k, v in chain["conductor"].items()]
+    return "\n".join(out) + "\n"
+
+
+def _events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_every_message_on_every_hop_appears_exactly_once_in_order(recorded: dict) -> None:
+    events = [e for e in _events(recorded["unredacted"]) if e["type"] == "message"]
+    # the unredacted run's tee logs were overwritten by that second run: same chain, same prompt
+    for hop in ("first", "second", "agent"):
+        log = [json.loads(line) for line in recorded[hop].read_text().splitlines()]
+        received = [json.loads(e["line"]) for e in log if e["dir"] == "recv"]
+        sent = [json.loads(e["line"]) for e in log if e["dir"] == "sent"]
+        assert [e["payload"] for e in events if e["hop"] == hop and e["dir"] == "out"] == received
+        assert [e["payload"] for e in events if e["hop"] == hop and e["dir"] == "in"] == sent
+        assert len(received) >= 4
+    client = [e for e in events if e["hop"] == "client"]
+    assert [e["method"] for e in client if e["dir"] == "in" and e["kind"] == "request"] == [
+        "initialize", "session/new", "session/prompt"]
+
+
+def test_trace_events_are_in_causal_order_with_names_flows_and_sessions(recorded: dict) -> None:
+    events = _events(recorded["trace"])
+    assert events[0]["type"] == "trace"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    times = [e["time"] for e in events]
+    assert times == sorted(times)
+    messages = [e for e in events if e["type"] == "message"]
+    seen_in: set[int] = set()
+    for e in messages:
+        if e["kind"] == "request" and e["dir"] == "in":
+            seen_in.add(e["flow"])
+        if e["kind"] == "request" and e["dir"] == "out" and e["from"] != "conductor":
+            assert e["flow"] in seen_in, e  # forwarded only after it arrived
+    prompt_flow = next(e["flow"] for e in messages if e["method"] == "session/prompt")
+    hops = [(e["hop"], e["dir"], e["kind"]) for e in messages if e["flow"] == prompt_flow]
+    assert hops == [("client", "in", "request"), ("first", "out", "request"),
+                    ("first", "in", "request"), ("second", "out", "request"),
+                    ("second", "in", "request"), ("agent", "out", "request"),
+                    ("agent", "in", "response"), ("second", "out", "response"),
+                    ("second", "in", "response"), ("first", "out", "response"),
+                    ("first", "in", "response"), ("client", "out", "response")]
+    assert {e["client_id"] for e in messages if e["flow"] == prompt_flow} == {3}
+    assert all(e["session"] == "demo-session-1" for e in messages
+               if e["flow"] == prompt_flow)
+    forwarded = next(e for e in messages if e["flow"] == prompt_flow and e["hop"] == "agent")
+    assert (forwarded["from"], forwarded["to"]) == ("second", "agent")
+    ask = [e for e in messages if e["method"] == "session/request_permission"]
+    assert ask[0]["from"] == "agent" and ask[-1]["hop"] == "agent"
+    assert ask[-1]["kind"] == "response" and ask[-1]["client_id"] is not None
+    life = [(e["component"], e["event"]) for e in events if e["type"] == "lifecycle"]
+    for name in ("first", "second", "agent"):
+        assert (name, "spawned") in life
+        assert (name, "exited") in life
+    assert life.count(("agent", "exited")) == 1
+
+
+def test_secrets_are_redacted_by_default_and_kept_when_asked(recorded: dict) -> None:
+    text = recorded["trace"].read_text(encoding="utf-8")
+    assert SECRET not in text
+    assert "ticket-4711" not in text
+    # the header form is redacted where it appears whole (the demo agent's echo splits it into
+    # one chunk per word, which no pattern can recognise)
+    assert "Bearer abc.def" not in text
+    assert "Authorization: [redacted]" in text
+    assert "[redacted]" in text
+    for line in text.splitlines():
+        json.loads(line)  # still valid JSON after redaction
+    raw = recorded["unredacted"].read_text(encoding="utf-8")
+    assert SECRET in raw and "ticket-4711" in raw and "Bearer abc.def" in raw
+
+
+def test_trace_files_are_owner_only(recorded: dict) -> None:
+    for name in ("trace", "unredacted"):
+        assert stat.S_IMODE(os.stat(recorded[name]).st_mode) == 0o600
+
+
+def test_trace_show_draws_lanes_pairs_and_durations(recorded: dict) -> None:
+    result = subprocess.run(conductor_argv("trace", "show", str(recorded["trace"]),
+                                           "--method", "session/*"),
+                            capture_output=True, text=True, env=child_env(COLUMNS="200"),
+                            timeout=30)
+    assert result.returncode == 0, result.stderr
+    header = result.stdout.splitlines()[0]
+    for lane in ("client", "conductor", "first", "second", "agent"):
+        assert lane in header
+    assert "session/prompt #3 request" in result.stdout
+    assert " ms" in result.stdout
+    assert "initialize" not in result.stdout
+    only_agent = subprocess.run(conductor_argv("trace", "show", str(recorded["trace"]),
+                                               "--component", "agent", "--session",
+                                               "demo-session-1"),
+                                capture_output=True, text=True, env=child_env(COLUMNS="200"),
+                                timeout=30)
+    assert only_agent.returncode == 0
+    assert "first→second" not in only_agent.stdout
+    assert "second→agent" in only_agent.stdout
+
+
+def test_trace_show_marks_errors(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    chain = tmp_path / "bad.toml"
+    chain.write_text(f'[agent]\nname = "crashy"\ncommand = ["{sys.executable}", "-c", '
+                     '"import sys; sys.stdin.readline(); sys.exit(9)"]\n', encoding="utf-8")
+    subprocess.run(conductor_argv("--trace", str(trace), "run", "--chain", str(chain), "x"),
+                   capture_output=True, env=child_env(), timeout=30)
+    result = subprocess.run(conductor_argv("trace", "show", str(trace)), capture_output=True,
+                            text=True, env=child_env(COLUMNS="200"), timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "error" in result.stdout
+    assert "crashy exited" in result.stdout
+    assert "code=9" in result.stdout
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
+def test_trace_html_loads_in_headless_chromium_with_lanes_and_messages(recorded: dict,
+                                                                       tmp_path: Path) -> None:
+    page = tmp_path / "trace.html"
+    result = subprocess.run(conductor_argv("trace", "html", str(recorded["trace"]), "-o",
+                                           str(page)),
+                            capture_output=True, text=True, env=child_env(), timeout=30)
+    assert result.returncode == 0, result.stderr
+    html = page.read_text(encoding="utf-8")
+    assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")
+    assert "https://" not in html
+    assert CHROMIUM is not None
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=60)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    out = dom.stdout
+    assert 'data-ready="1"' in out, out[:2000]
+    assert 'data-errors="0"' in out
+    messages = [e for e in _events(recorded["trace"]) if e["type"] == "message"]
+    assert f'data-shown="{len(_events(recorded["trace"])) - 1}"' in out
+    assert out.count('class="msg ') == len(messages)
+    for lane in ("client", "conductor", "first", "second", "agent"):
+        assert f'data-lane="{lane}"' in out
+    assert "session/prompt #3" in out
+    assert out.count('class="msg error"') == 0
