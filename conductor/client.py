@@ -165,8 +165,10 @@ class ClientConnection:
                 return
             try:
                 await self._handler.handle_notification(method, params)
-            except Exception:  # a broken renderer must not kill the connection
-                log.exception("notification handler failed for %s", method)
+            except Exception as e:  # a broken renderer must not kill the connection
+                log.error("notification handler failed for %s: %s: %s", method,
+                          type(e).__name__, e)
+                log.debug("handler traceback", exc_info=True)
             return
         self._tg.start_soon(self._serve_request, msg["id"], method, params)
 
@@ -182,7 +184,9 @@ class ClientConnection:
                 except RpcError as e:
                     answer = {"id": ident, "error": e.to_json()}
                 except Exception as e:  # answer, don't die: the agent is waiting on us
-                    log.exception("request handler failed for %s", method)
+                    log.error("request handler failed for %s: %s: %s", method,
+                              type(e).__name__, e)
+                    log.debug("handler traceback", exc_info=True)
                     answer = {"id": ident, "error": {"code": ErrorCode.INTERNAL_ERROR,
                                                      "message": f"{type(e).__name__}: {e}"}}
             if scope.cancel_called:

@@ -6,6 +6,7 @@ everything else (tool calls, plans, thoughts, notices) goes to stderr in plain m
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, TextIO
 
@@ -62,11 +63,48 @@ class _Tools:
         return call
 
 
+
+class _Guarded:
+    """A text stream whose reader may go away (`| head`): then output stops, quietly."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> None:
+        if self.gone:
+            return
+        try:
+            self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+
+    def flush(self) -> None:
+        if self.gone:
+            return
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def _gone(self) -> None:
+        self.gone = True
+        # Python flushes stdout again at exit; point the fd at /dev/null so that flush is silent.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+
 class JsonEvents:
     """One JSON object per line on stdout; the schema is in docs/run.md."""
 
     def __init__(self, out: TextIO | None = None) -> None:
-        self.out = out or sys.stdout
+        self.out = _Guarded(out or sys.stdout)
 
     def _emit(self, record: dict[str, Any]) -> None:
         self.out.write(msgspec.json.encode(record).decode() + "\n")
@@ -96,7 +134,7 @@ class PlainEvents:
     """No escape codes: agent text to stdout as it streams, the rest as lines on stderr."""
 
     def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
-        self.out, self.err = out or sys.stdout, err or sys.stderr
+        self.out, self.err = _Guarded(out or sys.stdout), err or sys.stderr
         self.tools = _Tools()
         self._text_open = False   # stdout has text without a final newline
         self._thought_open = False
