@@ -512,9 +512,13 @@ def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = N
     import os
     import sys
 
+    from conductor.logs import ProxyFormatter
+
     sys.stdout.flush()
     wire_fd = os.dup(1)
     os.dup2(2, 1)
+    for handler in logging.getLogger("acp_conductor.proxy").handlers:
+        handler.setFormatter(ProxyFormatter(prefixed=False))  # the conductor adds our name
     proxy = load()
     anyio.run(_serve_fds, proxy, wire_fd, max_frame_bytes)
 
