@@ -251,7 +251,7 @@ class _EndpointSink:
 async def _pump(endpoint: _Endpoint, *, task_status: TaskStatus[_EndpointSink]) -> None:
     send, receive = anyio.create_memory_object_stream[Message | list[Message]](256)
     task_status.started(_EndpointSink(send))
-    async with receive:
+    with send, receive:
         async for item in receive:
             await endpoint.deliver(item)
 

@@ -465,6 +465,7 @@ async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Send) -> AsyncIterato
         try:
             yield _InboxSink(send)
         finally:
+            send.close()
             tg.cancel_scope.cancel()
 
 
