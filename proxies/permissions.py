@@ -40,8 +40,11 @@ class Rule(BaseModel):
     @field_validator("command")
     @classmethod
     def _regex(cls, value: str | None) -> str | None:
-        if value is not None:
-            re.compile(value)  # a bad pattern is a load-time error, naming the field
+        if value is not None:  # a bad pattern is a load-time error, naming the field
+            try:
+                re.compile(value)
+            except re.error as e:
+                raise ValueError(f"{value!r} is not a regular expression: {e}") from None
         return value
 
 

@@ -30,7 +30,10 @@ class RedactOptions(BaseModel):
     @classmethod
     def _compiles(cls, value: list[str]) -> list[str]:
         for pattern in value:
-            re.compile(pattern)
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"{pattern!r} is not a regular expression: {e}") from None
         return value
 
 
