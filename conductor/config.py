@@ -52,7 +52,11 @@ class ComponentSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = None
-    command: Annotated[str | list[str], Field(description="a command line or an argv list")]
+    command: Annotated[str | list[str] | None,
+                       Field(description="a command line or an argv list")] = None
+    use: str | None = None       # an installed plugin proxy (entry point), run in-process
+    plugin: str | None = None    # "package.module:Class" or "file.py:Class", run in-process
+    options: dict[str, Any] | None = None  # validated by the plugin's options model
     env: dict[str, str] = {}
     inherit_env: bool = True
     cwd: str | None = None
@@ -62,10 +66,28 @@ class ComponentSpec(BaseModel):
 
     @field_validator("command")
     @classmethod
-    def _not_empty(cls, value: str | list[str]) -> str | list[str]:
+    def _not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
         if (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
             raise ValueError("command is empty")
         return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ComponentSpec:
+        given = [k for k in ("command", "use", "plugin") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of command, use, plugin"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        if self.command is not None and self.options is not None:
+            raise ValueError("options are for plugin proxies (use/plugin); pass a command "
+                             "its settings on its command line or env")
+        if self.command is None and (self.env or self.cwd or self.dialect):
+            raise ValueError("env, cwd and dialect are for command components; an in-process "
+                             "plugin shares the conductor's")
+        return self
+
+    @property
+    def in_process(self) -> bool:
+        return self.command is None
 
     @field_validator("name")
     @classmethod
@@ -75,6 +97,7 @@ class ComponentSpec(BaseModel):
         return value
 
     def argv(self) -> list[str]:
+        assert self.command is not None, "in-process components have no argv"
         return shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
 
 
@@ -158,7 +181,7 @@ def _location(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("str", "list[str]"):
+        elif part in ("str", "list[str]", "function-after[_one_kind(), ComponentSpec]"):
             continue  # union branch names from pydantic, not keys
         else:
             out += f".{part}" if out else str(part)
@@ -193,6 +216,10 @@ def parse_chain(data: dict[str, Any], *, file: str | None = None,
     except ValidationError as e:
         raise config_error_from_validation(e, file) from None
     config.source, config.base_dir = file, base_dir
+    if config.agent is not None and config.agent.in_process:
+        raise ConfigError("the agent must be a command; plugins run as proxies", file=file,
+                          field="agent.use" if config.agent.use else "agent.plugin",
+                          hint="move it to a [[proxy]] table and give [agent] a command")
     names = [*config.proxy_names(), config.agent_name()]
     seen: set[str] = set()
     for i, name in enumerate(names):

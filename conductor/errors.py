@@ -3,11 +3,16 @@
     ConductorError                  base; the CLI exits with `type(e).exit_code`
     ├── ConfigError          (2)    names the file, the field and a fix
     ├── PluginError          (2)    a plugin could not be found, loaded or validated
+    │   ├── PluginNotFoundError     no entry point / module / attribute by that name
+    │   └── PluginValidationError   found, but not a Proxy (`.plugin` names it)
     ├── ComponentError       (3)    always carries `.component` ("proxy:redact", "agent")
     │   ├── ComponentStartError     spawn failed (ENOENT, EACCES)
     │   ├── ComponentExitedError    died mid-session: `.returncode`, last stderr lines
     │   └── ProtocolViolationError  that component broke JSON-RPC
     └── UpstreamProtocolError (4)   the client broke JSON-RPC
+
+RpcError(code, message, data) is not a ConductorError: it is a JSON-RPC error reply, raised
+by a plugin handler (or by `ProxyContext.request`) to answer with that error.
 
 Exit code 1 is "the run finished but failed" (used by `run`), 130/143 are signals.
 """
@@ -35,6 +40,24 @@ class ConfigError(ConductorError):
 
 class PluginError(ConductorError):
     exit_code = 2
+
+
+class PluginNotFoundError(PluginError):
+    pass
+
+
+class PluginValidationError(PluginError):
+    def __init__(self, plugin: str, message: str) -> None:
+        self.plugin = plugin
+        super().__init__(f"plugin {plugin!r}: {message}")
+
+
+class RpcError(Exception):
+    """A JSON-RPC error answer: raise it from a handler to reply with exactly this error."""
+
+    def __init__(self, code: int, message: str, data: object = None) -> None:
+        self.code, self.message, self.data = int(code), message, data
+        super().__init__(f"{message} ({code})")
 
 
 class ComponentError(ConductorError):

@@ -27,3 +27,27 @@ def configure_logging(level: str = "warning", log_file: str | None = None) -> No
     component.addHandler(comp_handler)
     component.setLevel(logging.INFO)
     component.propagate = False
+
+    # Plugin proxies speak like components: always shown, prefixed with the proxy's name
+    # (their logs are audit trails, e.g. every permission decision).
+    proxies = logging.getLogger("acp_conductor.proxy")
+    proxies.handlers.clear()
+    proxy_handler = logging.StreamHandler(stream)
+    proxy_handler.setFormatter(ProxyFormatter())
+    proxies.addHandler(proxy_handler)
+    proxies.setLevel(logging.DEBUG if level == "debug" else logging.INFO)
+    proxies.propagate = False
+
+
+class ProxyFormatter(logging.Formatter):
+    """`name| message`, or just the message when a conductor adds the name (stand-alone)."""
+
+    def __init__(self, *, prefixed: bool = True) -> None:
+        super().__init__()
+        self.prefixed = prefixed
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if not self.prefixed:
+            return text
+        return f"{record.name.removeprefix('acp_conductor.proxy.')}| {text}"

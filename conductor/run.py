@@ -7,7 +7,7 @@ import re
 import signal
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, TaskStatus
@@ -28,7 +28,11 @@ from conductor.errors import (
 )
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
-from conductor.jsonrpc.message import ParseError, Raw, decode, error_response, id_key
+from conductor.jsonrpc.message import Message, ParseError, Raw, decode, error_response, id_key
+from conductor.acp import Dialect
+from conductor.plugins.api import Proxy
+from conductor.plugins.host import open_inprocess_proxy
+from conductor.plugins.registry import load_component_proxy
 from conductor.routing.chain import Chain, ComponentLink, Role
 from conductor.routing.mcp import McpInjection
 from conductor.routing.wire import Wire
@@ -71,15 +75,22 @@ def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig
     )
 
 
-def _plan(config: ChainConfig, mode: str) -> list[tuple[Role, ComponentSpec, LaunchSpec]]:
-    """Resolve every component's argv/env/cwd before anything starts.
+def _plan(config: ChainConfig, mode: str
+          ) -> list[tuple[Role, ComponentSpec, LaunchSpec | Proxy[Any]]]:
+    """Resolve every component's argv/env/cwd, and load every plugin, before anything starts.
 
     Raises:
-        ConfigError: a variable is unset, or the chain does not fit the mode.
+        ConfigError: a variable is unset, plugin options are invalid, or the chain does not
+            fit the mode.
+        PluginError: a plugin cannot be found or is not a Proxy.
     """
     grace = config.conductor.shutdown_grace
-    plan: list[tuple[Role, ComponentSpec, LaunchSpec]] = []
+    plan: list[tuple[Role, ComponentSpec, LaunchSpec | Proxy[Any]]] = []
     for i, (spec, name) in enumerate(zip(config.proxy, config.proxy_names(), strict=True)):
+        if spec.in_process:
+            plan.append((Role.PROXY, spec, load_component_proxy(
+                spec, name, file=config.source, where=f"proxy[{i}]")))
+            continue
         plan.append((Role.PROXY, spec, _launch_spec(spec, name, f"proxy[{i}]", config, grace)))
     if mode == "agent":
         if config.agent is None:
@@ -117,6 +128,7 @@ async def run_conductor(
     client = Wire("client", client_sink)
     components: list[tuple[Component, Wire]] = []
     stopped: list[anyio.Event] = []  # one per component, set once it is fully stopped
+    hosted: list[Wire] = []  # in-process plugin proxies
 
     def fatal(error: ComponentError) -> None:
         if outcome.fatal is None:
@@ -172,9 +184,28 @@ async def run_conductor(
                 done.set()
                 inner.cancel_scope.cancel()
 
+        async def host_plugin(proxy: Proxy[Any], *, task_status: TaskStatus[Wire]) -> None:
+            # No subprocess, no encoding: the wire hands Message objects to the plugin, and
+            # what the plugin sends enters the router as if read from that wire.
+            async def deliver(message: Message) -> None:
+                await chain.receive(wire, message)
+
+            async with open_inprocess_proxy(proxy, deliver) as sink:
+                wire = Wire(proxy.name, sink, dialect=Dialect.PROXY)
+                hosted.append(wire)
+                if tracer is not None:
+                    tracer.lifecycle(proxy.name, "started", in_process=True,
+                                     plugin=type(proxy).__qualname__)
+                task_status.started(wire)
+                await stop.wait()
+
         async def starter() -> list[ComponentLink]:
             links: list[ComponentLink] = []
             for role, spec, launch in plan:
+                if isinstance(launch, Proxy):
+                    links.append(ComponentLink(launch.name, role, await tg.start(host_plugin,
+                                                                                 launch)))
+                    continue
                 try:
                     _, wire = await tg.start(supervise, role, spec, launch)
                 except ComponentStartError as e:
@@ -212,7 +243,7 @@ async def run_conductor(
             with anyio.move_on_after(2 * longest + 5):  # each stop is bounded; this is a backstop
                 for done in stopped:
                     await done.wait()
-            for _, wire in components:
+            for wire in [*(w for _, w in components), *hosted]:
                 reason = outcome.fatal or ComponentError(
                     wire.name, f"was stopped before answering: the conductor shut down after {why}")
                 await chain.fail_wire(wire, reason)

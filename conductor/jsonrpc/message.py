@@ -8,7 +8,7 @@ order, escapes, number spellings and unknown fields survive every hop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
@@ -16,6 +16,7 @@ from msgspec import UNSET, Raw, UnsetType
 from conductor.jsonrpc.codes import ErrorCode
 
 JsonValue = Any  # JSON-compatible Python value; the one loose public type
+T = TypeVar("T")
 
 
 class Message(msgspec.Struct, gc=False):
@@ -49,6 +50,39 @@ class Message(msgspec.Struct, gc=False):
 
     def error_value(self) -> JsonValue:
         return None if self.error is UNSET else msgspec.json.decode(self.error)
+
+    # Typed views are opt-in and never change the message: it keeps its bytes.
+    def params_as(self, model: type[T]) -> T:
+        """Params validated as `model` (a pydantic model, msgspec Struct or dataclass)."""
+        return _view(self.params, model)
+
+    def result_as(self, model: type[T]) -> T:
+        return _view(self.result, model)
+
+    def with_params(self, value: object) -> Message:
+        """A copy with new params: Raw as is, a pydantic model by alias, else JSON-encoded."""
+        return msgspec.structs.replace(self, params=payload(value))
+
+    def with_result(self, value: object) -> Message:
+        return msgspec.structs.replace(self, result=payload(value), error=UNSET)
+
+
+def _view(data: Raw | UnsetType, model: type[T]) -> T:
+    body = b"null" if data is UNSET else bytes(data)
+    validate = getattr(model, "model_validate_json", None)  # pydantic, without importing it here
+    if validate is not None:
+        return validate(body)  # type: ignore[no-any-return]
+    return msgspec.json.decode(body, type=model)
+
+
+def payload(value: object) -> Raw:
+    """A Raw payload from Raw (kept), a pydantic model (by alias, no nulls) or a JSON value."""
+    if isinstance(value, Raw):
+        return value
+    dump = getattr(value, "model_dump_json", None)
+    if dump is not None:
+        return Raw(dump(by_alias=True, exclude_none=True).encode())
+    return Raw(_encoder.encode(value))
 
 
 class _Probe(msgspec.Struct):
@@ -198,6 +232,7 @@ __all__ = [
     "id_key",
     "int_id",
     "notification",
+    "payload",
     "raw",
     "request",
     "response",

@@ -1,0 +1,194 @@
+"""Finding, loading and validating plugins: entry points, `module:attr` and `file.py[:attr]`.
+
+Built-in proxies are found exactly like third-party ones, through the entry-point group
+`acp_conductor.proxies`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from conductor.errors import ConfigError, PluginError, PluginNotFoundError, PluginValidationError
+from conductor.plugins.api import Proxy
+
+if TYPE_CHECKING:
+    from conductor.config import ComponentSpec
+
+GROUP = "acp_conductor.proxies"
+
+
+@dataclass(frozen=True, slots=True)
+class InstalledProxy:
+    name: str
+    value: str          # "package.module:attr"
+    distribution: str | None
+
+    def load(self) -> type[Proxy[Any]]:
+        return find_plugin(self.name)
+
+    def description(self) -> str:
+        try:
+            return self.load().description()
+        except Exception as e:  # a broken third-party plugin must not break the listing
+            return f"(cannot load: {type(e).__name__}: {e})"
+
+
+def installed() -> list[InstalledProxy]:
+    """Every proxy registered in the entry-point group, sorted by name."""
+    found: dict[str, InstalledProxy] = {}
+    for ep in entry_points(group=GROUP):
+        dist = ep.dist.name if ep.dist is not None else None
+        found.setdefault(ep.name, InstalledProxy(ep.name, ep.value, dist))
+    return sorted(found.values(), key=lambda p: p.name)
+
+
+def _entry_point(name: str) -> EntryPoint | None:
+    for ep in entry_points(group=GROUP):
+        if ep.name == name:
+            return ep
+    return None
+
+
+def find_plugin(ref: str) -> type[Proxy[Any]]:
+    """Resolve an entry-point NAME, `package.module:attr`, or `path/to/file.py[:attr]`.
+
+    Raises:
+        PluginNotFoundError: nothing by that reference.
+        PluginValidationError: found, but not a Proxy subclass.
+    """
+    module_ref, _, attr = ref.partition(":")
+    if module_ref.endswith(".py") or "/" in module_ref or module_ref.startswith("."):
+        obj = _from_file(ref, Path(module_ref), attr or None)
+    elif attr:
+        obj = _from_module(ref, module_ref, attr)
+    else:
+        ep = _entry_point(ref)
+        if ep is None:
+            names = ", ".join(p.name for p in installed()) or "none"
+            raise PluginNotFoundError(
+                f"no proxy named {ref!r} is installed (installed: {names}); give an "
+                "installed name, `package.module:Class`, or `path/to/file.py:Class`")
+        try:
+            obj = ep.load()
+        except (ImportError, AttributeError) as e:
+            raise PluginNotFoundError(f"proxy {ref!r} ({ep.value}) cannot be loaded: {e}") from e
+    return validate_plugin(ref, obj)
+
+
+def _from_module(ref: str, module_name: str, attr: str) -> object:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise PluginNotFoundError(f"cannot import {module_name!r} for plugin {ref!r}: {e}") from e
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise PluginNotFoundError(f"module {module_name!r} has no attribute {attr!r}") from None
+
+
+def _from_file(ref: str, path: Path, attr: str | None) -> object:
+    if not path.is_file():
+        raise PluginNotFoundError(f"plugin file {str(path)!r} not found")
+    name = f"acp_conductor_plugin_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise PluginNotFoundError(f"cannot load {str(path)!r} as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pydantic look their module up by name
+    spec.loader.exec_module(module)
+    if attr:
+        return _from_loaded(module, attr, ref)
+    candidates = [v for v in vars(module).values()
+                  if inspect.isclass(v) and issubclass(v, Proxy) and v is not Proxy
+                  and v.__module__ == name]
+    if len(candidates) != 1:
+        raise PluginValidationError(ref, f"{len(candidates)} Proxy subclasses in {path}; "
+                                         "name one as FILE.py:Class")
+    return candidates[0]
+
+
+def _from_loaded(module: object, attr: str, ref: str) -> object:
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise PluginNotFoundError(f"{ref!r}: no attribute {attr!r}") from None
+
+
+def validate_plugin(ref: str, obj: object) -> type[Proxy[Any]]:
+    """Raises PluginValidationError unless `obj` is a usable Proxy subclass."""
+    if not (inspect.isclass(obj) and issubclass(obj, Proxy)):
+        raise PluginValidationError(
+            ref, f"{obj!r} is not a subclass of conductor.plugins.Proxy")
+    model = obj.options_model
+    if not (inspect.isclass(model) and issubclass(model, BaseModel)):
+        raise PluginValidationError(ref, "options_model must be a pydantic BaseModel subclass")
+    return obj
+
+
+def make_proxy(cls: type[Proxy[Any]], options: dict[str, Any] | None, *, name: str,
+               file: str | None, where: str) -> Proxy[Any]:
+    """Instantiate with validated options; the proxy is renamed to its chain name.
+
+    Raises:
+        ConfigError: the options do not fit the proxy's options model.
+    """
+    prefix = f"{where}.options" if where else "options"
+    try:
+        model = cls.options_model.model_validate(options or {})
+    except ValidationError as e:
+        problems = []
+        for item in e.errors():
+            path = ".".join(str(p) for p in item["loc"])
+            msg = "unknown option" if item["type"] == "extra_forbidden" else item["msg"]
+            problems.append(f"{prefix}{'.' + path if path else ''}: {msg}")
+        first_path = ".".join(str(p) for p in e.errors()[0]["loc"])
+        raise ConfigError(f"invalid options for proxy {name!r}: " + "; ".join(problems),
+                          file=file, field=prefix + (f".{first_path}" if first_path else "")
+                          ) from None
+    proxy = cls(model)
+    proxy.rename(name)
+    return proxy
+
+
+def load_proxy(ref: str, options: dict[str, Any] | None, *, name: str | None = None,
+               file: str | None = None, where: str = "proxy") -> Proxy[Any]:
+    """find_plugin + make_proxy.
+
+    Raises:
+        PluginError: not found or not a Proxy.
+        ConfigError: bad options.
+    """
+    cls = find_plugin(ref)
+    default_name = ref.rpartition(":")[2] if ":" in ref else Path(ref).stem
+    return make_proxy(cls, options, name=name or default_name.lower(), file=file, where=where)
+
+
+def load_component_proxy(spec: ComponentSpec, name: str, *, file: str | None,
+                         where: str) -> Proxy[Any]:
+    """The proxy a `use = ...` / `plugin = ...` chain entry names, options validated.
+
+    Raises:
+        PluginError: not found or not a Proxy (the message names the file and entry).
+        ConfigError: bad options.
+    """
+    key = "use" if spec.use is not None else "plugin"
+    ref = spec.use if spec.use is not None else spec.plugin
+    assert ref is not None
+    try:
+        cls = find_plugin(ref)
+    except PluginError as e:
+        located = type(e).__new__(type(e))
+        Exception.__init__(located, f"{file or '<chain>'}: {where}.{key}: {e}")
+        if isinstance(e, PluginValidationError):
+            located.plugin = e.plugin
+        raise located from None
+    return make_proxy(cls, spec.options, name=name, file=file, where=where)

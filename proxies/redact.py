@@ -1,0 +1,88 @@
+"""redact: scrub secrets from prompts going down and from session updates coming up.
+
+Secrets are regex matches and the values of named environment variables. Messages with
+nothing to scrub keep their bytes; the log says what kind of secret was scrubbed and
+where, never the secret.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from conductor.jsonrpc.message import Message
+from conductor.plugins import Proxy, ProxyContext, on
+
+MIN_SECRET = 4  # shorter env values would scrub ordinary words
+
+
+class RedactOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    patterns: list[str] = []     # regular expressions
+    env: list[str] = []          # names of environment variables whose values are secret
+    replacement: str = "[redacted]"
+
+    @field_validator("patterns")
+    @classmethod
+    def _compiles(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"{pattern!r} is not a regular expression: {e}") from None
+        return value
+
+
+class Redact(Proxy[RedactOptions]):
+    """Scrub secrets (regexes, env var values) from prompts and from the agent's updates."""
+
+    options_model = RedactOptions
+
+    def __init__(self, options: RedactOptions | None = None) -> None:
+        super().__init__(options)
+        self._rules: list[tuple[str, re.Pattern[str]]] = [
+            (f"pattern {i + 1}", re.compile(p)) for i, p in enumerate(self.options.patterns)]
+        for name in self.options.env:
+            value = os.environ.get(name, "")
+            if len(value) >= MIN_SECRET:
+                self._rules.append((f"env {name}", re.compile(re.escape(value))))
+            elif value:
+                self.log.warning("env %s is shorter than %d characters: not scrubbed",
+                                 name, MIN_SECRET)
+
+    def scrub(self, value: Any, hits: dict[str, int]) -> Any:
+        """A copy of a JSON value with every string scrubbed (keys are left alone)."""
+        if isinstance(value, str):
+            for label, rule in self._rules:
+                value, n = rule.subn(self.options.replacement, value)
+                if n:
+                    hits[label] = hits.get(label, 0) + n
+            return value
+        if isinstance(value, list):
+            return [self.scrub(v, hits) for v in value]
+        if isinstance(value, dict):
+            return {k: self.scrub(v, hits) for k, v in value.items()}
+        return value
+
+    def _scrubbed(self, message: Message) -> Message:
+        if not self._rules:
+            return message
+        hits: dict[str, int] = {}
+        params = self.scrub(message.params_value(), hits)
+        if not hits:
+            return message  # nothing secret: the original bytes go on
+        self.log.info("scrubbed %s in %s", ", ".join(f"{n} x {label}" for label, n in
+                                                   sorted(hits.items())), message.method)
+        return message.with_params(params)
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        return await ctx.forward(self._scrubbed(message))
+
+    @on("session/update", source="successor")
+    async def update(self, ctx: ProxyContext, message: Message) -> None:
+        await ctx.forward(self._scrubbed(message))

@@ -1,0 +1,326 @@
+"""The plugin API through a real router, in memory (conductor.testing)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from msgspec import Raw
+
+from conductor.errors import RpcError
+from conductor.jsonrpc.message import Message
+from conductor.plugins import Proxy, ProxyContext, SessionScope, on
+from conductor.testing import ScriptedAgent, open_test_chain
+from proxies.passthrough import Passthrough
+
+ODD = (b'{ "sessionId":"session-1",  "prompt":[{"type":"text","text":"caf\\u00e9"}],'
+       b'"_meta":{"x":null},"unknown":[1.50, 1e3]}')
+
+
+async def test_unhandled_traffic_crosses_every_in_process_proxy_byte_identical() -> None:
+    agent = ScriptedAgent(replies={"_ext/echo": {"keep": None}})
+    async with open_test_chain([Passthrough(), Passthrough(), Passthrough()], agent) as client:
+        with anyio.fail_after(5):
+            await client.request("session/prompt", Raw(ODD))
+            await client.notify("_ext/note", Raw(b'{"a" : [ ]}'))
+            answer = await client.request("_ext/echo", Raw(b"[1,2]"))
+            await agent.wait_for("_ext/note")
+    prompt = next(m for m in agent.received if m.method == "session/prompt")
+    assert bytes(prompt.params) == ODD  # type: ignore[arg-type]
+    note = next(m for m in agent.received if m.method == "_ext/note")
+    assert bytes(note.params) == b'{"a" : [ ]}'  # type: ignore[arg-type]
+    assert bytes(answer.result) == b'{"keep":null}'  # type: ignore[arg-type]
+
+
+class Shout(Proxy):
+    """Upper-cases prompts and marks the answer."""
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        params = message.params_value()
+        params["prompt"][0]["text"] = params["prompt"][0]["text"].upper()
+        answer = await ctx.forward(message.with_params(params))
+        assert answer is not None
+        return answer.with_result({**answer.result_value(), "_meta": {"shouted": True}})
+
+
+async def test_a_handler_changes_what_it_forwards_and_the_answer_it_returns() -> None:
+    agent = ScriptedAgent()
+    async with open_test_chain([Shout()], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            result = await client.prompt(sid, "hello")
+    assert agent.received_params("session/prompt")[0]["prompt"][0]["text"] == "HELLO"
+    assert result == {"stopReason": "end_turn", "_meta": {"shouted": True}}
+
+
+class Answers(Proxy):
+    """Answers `_ext/ping` itself, after asking the editor a question of its own."""
+
+    @on("_ext/ping")
+    async def ping(self, ctx: ProxyContext, message: Message) -> object:
+        asked = await ctx.request("_ext/question", {"q": 1}, to="predecessor")
+        return {"pong": True, "editor_said": asked.result_value()}
+
+
+async def test_a_handler_answers_without_forwarding_using_its_own_request_upstream() -> None:
+    agent = ScriptedAgent()
+    async with open_test_chain([Answers()], agent) as client:
+        client.replies["_ext/question"] = {"a": 42}
+        with anyio.fail_after(5):
+            result = await client.call("_ext/ping", {})
+    assert result == {"pong": True, "editor_said": {"a": 42}}
+    assert not [m for m in agent.received if m.method == "_ext/ping"]
+
+
+class Crashes(Proxy):
+    """Fails on purpose."""
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        raise KeyError("boom")
+
+    @on("_ext/refuse")
+    async def refuse(self, ctx: ProxyContext, message: Message) -> object:
+        raise RpcError(-32042, "not today", {"why": "policy"})
+
+
+async def test_a_crashing_handler_answers_with_an_error_naming_the_plugin_and_the_chain_lives_on(
+) -> None:
+    crashes = Crashes()
+    crashes.rename("crashy")
+    async with open_test_chain([crashes]) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            answer = await client.request("session/prompt", {"sessionId": sid, "prompt": []})
+            refused = await client.request("_ext/refuse", {})
+            still = await client.call("session/new", {"cwd": "/", "mcpServers": []})
+    error = answer.error_value()
+    assert error["code"] == -32603
+    assert "crashy" in error["message"] and "KeyError" in error["message"]
+    assert error["data"]["plugin"] == "crashy"
+    assert refused.error_value() == {"code": -32042, "message": "not today",
+                                     "data": {"why": "policy"}}
+    assert "sessionId" in still
+
+
+class Slow(Proxy):
+    """Works locally on one method, forwards another after a pause it can be cancelled in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = anyio.Event()
+
+    @on("_ext/local")
+    async def local(self, ctx: ProxyContext, message: Message) -> object:
+        ctx.release()  # long work of its own: let the proxy go on dispatching meanwhile
+        self.started.set()
+        await anyio.sleep_forever()
+
+    @on("_ext/remote")
+    async def remote(self, ctx: ProxyContext, message: Message) -> object:
+        return await ctx.forward()
+
+
+async def test_cancelling_a_request_cancels_local_work_or_reaches_the_far_end_once() -> None:
+    agent_waiting = anyio.Event()
+
+    async def remote(agent: ScriptedAgent, message: Message) -> object:
+        agent_waiting.set()
+        await agent.wait_for("$/cancel_request")
+        raise RpcError(-32800, "cancelled by the agent")
+
+    agent = ScriptedAgent(replies={"_ext/remote": remote})
+    slow = Slow()
+    async with open_test_chain([slow], agent) as client:
+        with anyio.fail_after(5):
+            answers: dict[str, Message] = {}
+            async with anyio.create_task_group() as tg:
+                async def ask(method: str, ident: int) -> None:
+                    answers[method] = await client.request(method, {}, ident=ident)
+                tg.start_soon(ask, "_ext/local", 901)
+                await slow.started.wait()
+                await client.cancel(901)
+                tg.start_soon(ask, "_ext/remote", 902)
+                await agent_waiting.wait()
+                await client.cancel(902)
+    assert answers["_ext/local"].error_value()["code"] == -32800
+    assert answers["_ext/remote"].error_value()["message"] == "cancelled by the agent"
+    cancels = agent.received_params("$/cancel_request")
+    assert len(cancels) == 1
+
+
+# -- session scope ---------------------------------------------------------------------------
+
+class Watcher(Proxy):
+    """Counts updates per session with a per-session handler installed when the route is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: list[tuple[str, str]] = []
+        self.counted: list[str] = []  # session ids, one per update the session handler saw
+
+    async def session_opened(self, session: SessionScope) -> None:
+        self.opened.append((session.session_id, session.how))
+        session.state["updates"] = 0
+
+        async def count(ctx: ProxyContext, message: Message) -> None:
+            assert ctx.session is session
+            session.state["updates"] += 1
+            self.counted.append(session.session_id)
+            await ctx.forward()
+        session.on("session/update", count)
+
+    async def session_closed(self, session: SessionScope) -> None:
+        self.opened.remove((session.session_id, session.how))
+
+
+def update(sid: str, text: str) -> dict[str, object]:
+    return {"sessionId": sid, "update": {"sessionUpdate": "agent_message_chunk",
+                                         "content": {"type": "text", "text": text}}}
+
+
+async def test_an_update_right_after_the_session_new_answer_reaches_the_sessions_handler() -> None:
+    async def new_session(agent: ScriptedAgent, message: Message) -> object:
+        agent.after_reply("session/update", update("s-fast", "first"))
+        agent.after_reply("session/update", update("s-fast", "second"))
+        return {"sessionId": "s-fast"}
+
+    watcher = Watcher()
+    async with open_test_chain([watcher], ScriptedAgent({"session/new": new_session})) as client:
+        with anyio.fail_after(5):
+            await client.new_session()
+            await client.wait_for("session/update", 2)
+    assert watcher.opened == [("s-fast", "session/new")]
+    assert client.agent_text("s-fast") == "firstsecond"
+    assert watcher.counted == ["s-fast", "s-fast"]  # nothing slipped past the route
+
+
+async def test_updates_replayed_during_session_load_are_routed_before_the_answer() -> None:
+    seen_before_answer: list[int] = []
+    watcher = Watcher()
+
+    async def load(agent: ScriptedAgent, message: Message) -> object:
+        sid = message.params_value()["sessionId"]
+        await agent.notify("session/update", update(sid, "old 1 "))
+        await agent.notify("session/update", update(sid, "old 2"))
+        await client.wait_for("session/update", 2)
+        seen_before_answer.append(len(client.received_params("session/update")))
+        return None
+
+    async with open_test_chain([watcher], ScriptedAgent({"session/load": load})) as client:
+        with anyio.fail_after(5):
+            await client.call("session/load", {"sessionId": "s-old", "cwd": "/",
+                                               "mcpServers": []})
+    assert watcher.opened == [("s-old", "session/load")]
+    assert seen_before_answer == [2]
+    assert watcher.counted == ["s-old", "s-old"]
+    assert client.agent_text("s-old") == "old 1 old 2"
+
+
+async def test_the_per_session_handler_counts_only_its_sessions_updates_and_close_removes_it(
+) -> None:
+    counts: dict[str, int] = {}
+
+    class Counting(Watcher):
+        async def session_closed(self, session: SessionScope) -> None:
+            counts[session.session_id] = session.state["updates"]
+            await super().session_closed(session)
+
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        sid = message.params_value()["sessionId"]
+        for word in ("a", "b", "c")[: 1 if sid == "session-1" else 3]:
+            await agent.notify("session/update", update(sid, word))
+        return {"stopReason": "end_turn"}
+
+    watcher = Counting()
+    async with open_test_chain([watcher], ScriptedAgent({"session/prompt": prompt})) as client:
+        with anyio.fail_after(5):
+            one, two = await client.new_session(), await client.new_session()
+            await client.prompt(one, "x")
+            await client.prompt(two, "y")
+            await client.wait_for("session/update", 4)
+            await client.call("session/close", {"sessionId": one})
+            await client.call("session/close", {"sessionId": two})
+    assert counts == {"session-1": 1, "session-2": 3}
+    assert watcher.opened == []
+
+
+class Judge(Proxy):
+    """Opens its own session downstream and asks it to judge each prompt."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.verdicts: list[str] = []
+        self.asked: list[str] = []
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        judge = await ctx.open_session({"cwd": "/judge", "mcpServers": []})
+        heard: list[str] = []
+
+        async def collect(c: ProxyContext, m: Message) -> None:
+            heard.append(m.params_value()["update"]["content"]["text"])
+
+        async def permission(c: ProxyContext, m: Message) -> object:
+            self.asked.append(m.params_value()["sessionId"])
+            return {"outcome": {"outcome": "selected", "optionId": "allow"}}
+
+        judge.on("session/update", collect)
+        judge.on("session/request_permission", permission)
+        await judge.prompt("is this prompt fine?")
+        self.verdicts.append("".join(heard))
+        await judge.close()
+        return await ctx.forward()
+
+
+async def test_a_proxy_owned_sub_session_is_never_seen_by_the_editor() -> None:
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        sid = message.params_value()["sessionId"]
+        await agent.notify("session/update", update(sid, f"reply in {sid}"))
+        await agent.request("session/request_permission", {
+            "sessionId": sid, "toolCall": {"toolCallId": "t", "title": "x"},
+            "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"}]})
+        return {"stopReason": "end_turn"}
+
+    judge = Judge()
+    agent = ScriptedAgent({"session/prompt": prompt})
+    async with open_test_chain([judge], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.prompt(sid, "hello")
+    assert judge.verdicts == ["reply in session-2"]
+    assert judge.asked == ["session-2"]
+    assert client.agent_text() == f"reply in {sid}"
+    editor_sessions = {p["sessionId"] for p in client.received_params("session/update")}
+    editor_sessions |= {p["sessionId"] for p in client.received_params(
+        "session/request_permission")}
+    assert editor_sessions == {sid}
+    assert agent.received_params("session/close") == [{"sessionId": "session-2"}]
+
+
+async def test_typed_views_read_params_through_the_acp_sdk_models() -> None:
+    from acp.schema import PromptRequest
+
+    seen: list[PromptRequest] = []
+
+    class Typed(Proxy):
+        @on("session/prompt")
+        async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+            seen.append(message.params_as(PromptRequest))
+            return await ctx.forward()
+
+    agent = ScriptedAgent()
+    async with open_test_chain([Typed()], agent) as client:
+        with anyio.fail_after(5):
+            await client.request("session/prompt", Raw(ODD))
+    assert seen[0].session_id == "session-1"
+    prompt = next(m for m in agent.received if m.method == "session/prompt")
+    assert bytes(prompt.params) == ODD  # type: ignore[arg-type]
+
+
+def test_handlers_must_be_async() -> None:
+    with pytest.raises(TypeError, match="async def"):
+        class Bad(Proxy):
+            @on("session/prompt")
+            def prompt(self, ctx: ProxyContext, message: Message) -> None:  # type: ignore[misc]
+                pass

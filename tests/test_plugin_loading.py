@@ -1,0 +1,135 @@
+"""Finding plugins, validating their options, and the plugin commands of the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from conductor.config import load_chain, parse_chain
+from conductor.errors import ConfigError, PluginNotFoundError, PluginValidationError
+from conductor.plugins.registry import find_plugin, installed, load_proxy
+from conductor.run import _plan
+from conductor.testing import open_process_client
+from tests.conftest import child_env, conductor_argv
+
+BUILT_INS = {"passthrough", "permissions", "context", "redact", "transcript"}
+
+
+def test_built_in_proxies_are_found_through_the_entry_point_group() -> None:
+    assert BUILT_INS <= {p.name for p in installed()}
+    assert find_plugin("redact").__name__ == "Redact"
+
+
+def test_bad_options_in_a_chain_file_name_the_proxy_the_file_and_the_field(tmp_path: Path) -> None:
+    chain = tmp_path / "chain.toml"
+    chain.write_text(textwrap.dedent("""
+        [[proxy]]
+        name = "guard"
+        use = "permissions"
+        options = { default = "maybe", rules = [{ action = "allow", colour = "red" }] }
+
+        [agent]
+        command = "true"
+    """), encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        _plan(load_chain(chain), "agent")
+    text = str(caught.value)
+    assert str(chain) in text and "'guard'" in text
+    assert "proxy[0].options.default" in text
+    assert "proxy[0].options.rules.0.colour: unknown option" in text
+    assert caught.value.exit_code == 2
+
+
+def test_an_unknown_plugin_name_says_where_and_what_is_installed() -> None:
+    config = parse_chain({"proxy": [{"use": "nope"}], "agent": {"command": "true"}},
+                         file="x.toml")
+    with pytest.raises(PluginNotFoundError, match=r"x.toml: proxy\[0\].use: .*installed: .*redact"):
+        _plan(config, "agent")
+
+
+def test_a_plugin_that_is_not_a_proxy_is_refused() -> None:
+    with pytest.raises(PluginValidationError, match="not a subclass"):
+        find_plugin("conductor.config:ChainConfig")
+
+
+def test_a_component_needs_exactly_one_of_command_use_plugin() -> None:
+    with pytest.raises(ConfigError, match="exactly one of command, use, plugin"):
+        parse_chain({"proxy": [{"use": "redact", "command": "x"}], "agent": {"command": "a"}})
+    with pytest.raises(ConfigError, match="agent must be a command"):
+        parse_chain({"agent": {"use": "redact"}})
+
+
+def test_a_plugin_file_path_loads_its_only_proxy_class(tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text(textwrap.dedent("""
+        from conductor.plugins import Proxy
+        class Mine(Proxy):
+            '''Mine, all mine.'''
+    """), encoding="utf-8")
+    proxy = load_proxy(str(tmp_path / "mine.py"), None)
+    assert type(proxy).description() == "Mine, all mine."
+    assert proxy.name == "mine"
+
+
+def test_the_proxies_command_lists_installed_proxies_with_a_description() -> None:
+    out = subprocess.run(conductor_argv("proxies"), env=child_env(), capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert BUILT_INS <= set(lines)
+    assert "Scrub secrets" in lines["redact"]
+
+
+def test_serve_proxy_rejects_bad_options_before_serving() -> None:
+    done = subprocess.run(conductor_argv("serve-proxy", "redact", "--options",
+                                         '{"patterns": ["("]}'),
+                          env=child_env(), capture_output=True, text=True, timeout=30,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2
+    assert "--options: options.patterns" in done.stderr and done.stdout == ""
+
+
+async def test_a_stray_print_in_a_stand_alone_plugin_cannot_corrupt_the_wire(
+        tmp_path: Path) -> None:
+    plugin = tmp_path / "noisy.py"
+    plugin.write_text(textwrap.dedent("""
+        from conductor.plugins import Proxy, on
+        print("hello from import time")
+        class Noisy(Proxy):
+            '''Prints everywhere.'''
+            @on("session/prompt")
+            async def prompt(self, ctx, message):
+                print("hello from a handler", flush=True)
+                return await ctx.forward()
+    """), encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(textwrap.dedent(f"""
+        [[proxy]]
+        command = ["${{PYTHON}}", "-m", "conductor", "serve-proxy", "{plugin}:Noisy"]
+        [agent]
+        command = ["${{PYTHON}}", "-m", "conductor.demo_agent"]
+    """), encoding="utf-8")
+    log = tmp_path / "stderr.log"
+    with log.open("wb") as err:
+        async with open_process_client(conductor_argv("--chain", str(chain)), env=child_env(),
+                                       stderr=err) as client:
+            with anyio.fail_after(15):
+                sid = await client.new_session("/tmp")
+                assert await client.prompt(sid, "hi") == {"stopReason": "end_turn"}
+    assert "You said: hi" in client.agent_text()
+    assert "hello from a handler" in log.read_text(encoding="utf-8")
+    assert "non-JSON" not in log.read_text(encoding="utf-8")
+
+
+def test_python_dash_m_proxies_passthrough_still_runs_as_a_stdio_proxy() -> None:
+    lines = [
+        '{"jsonrpc":"2.0","id":1,"method":"_proxy/initialize","params":{"protocolVersion":1}}',
+    ]
+    done = subprocess.run([sys.executable, "-m", "proxies.passthrough"], env=child_env(),
+                          input="\n".join(lines) + "\n", capture_output=True, text=True,
+                          timeout=30)
+    assert done.stdout.startswith('{"jsonrpc":"2.0","id":1,"method":"_proxy/successor",'
+                                  '"params":{"method":"initialize","params":{"protocolVersion":1}}}')
