@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import sys
@@ -194,8 +195,12 @@ async def run_conductor(
                 wire = Wire(proxy.name, sink, dialect=Dialect.PROXY)
                 hosted.append(wire)
                 if tracer is not None:
-                    tracer.lifecycle(proxy.name, "started", in_process=True,
-                                     plugin=type(proxy).__qualname__)
+                    # Same event as a subprocess, so traces and `check` treat both alike; the
+                    # pid is the conductor's own, which is where the plugin runs.
+                    plugin = f"{type(proxy).__module__}:{type(proxy).__qualname__}"
+                    tracer.lifecycle(proxy.name, "spawned", pid=os.getpid(), role="proxy",
+                                     argv=[f"(in-process) {plugin}"], in_process=True,
+                                     plugin=plugin)
                 task_status.started(wire)
                 await stop.wait()
 
