@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from dataclasses import dataclass, field
+
+
+log = logging.getLogger("acp_conductor.sessions")
 
 
 class SessionState(enum.StrEnum):
@@ -48,7 +52,10 @@ class SessionTable:
             self._records[session_id] = SessionRecord(session_id, by, served_by, how,
                                                       SessionState.IDLE)
             self._rank[session_id] = rank
+            log.info("session %s: %s by %s, served by %s", session_id, how, by, served_by)
         elif rank < self._rank[session_id]:  # the answer travelled further up: that hop opened it
+            log.debug("session %s: opened by %s (seen first at %s)", session_id, by,
+                      record.opened_by)
             record.opened_by = by
             self._rank[session_id] = rank
             record.state = SessionState.IDLE if record.state is SessionState.OPENING else record.state
@@ -68,3 +75,4 @@ class SessionTable:
         record = self._records.get(session_id)
         if record is not None:
             record.state = SessionState.CLOSED
+            log.info("session %s: closed (%d prompts)", session_id, record.prompts)
