@@ -52,13 +52,18 @@ class SessionTable:
             self._records[session_id] = SessionRecord(session_id, by, served_by, how,
                                                       SessionState.IDLE)
             self._rank[session_id] = rank
-            log.info("session %s: %s by %s, served by %s", session_id, how, by, served_by)
+            self._log_opened(self._records[session_id], rank)
         elif rank < self._rank[session_id]:  # the answer travelled further up: that hop opened it
-            log.debug("session %s: opened by %s (seen first at %s)", session_id, by,
-                      record.opened_by)
             record.opened_by = by
+            self._log_opened(record, rank)
             self._rank[session_id] = rank
             record.state = SessionState.IDLE if record.state is SessionState.OPENING else record.state
+
+    @staticmethod
+    def _log_opened(record: SessionRecord, rank: int) -> None:
+        # Answers travel up hop by hop: only the client's hop (rank 0) is surely the opener.
+        log.log(logging.INFO if rank == 0 else logging.DEBUG, "session %s: %s by %s, served by %s",
+                record.session_id, record.how, record.opened_by, record.served_by)
 
     def prompting(self, session_id: str) -> None:
         record = self._records.get(session_id)
