@@ -170,7 +170,12 @@ def error_response(
 
 def id_key(ident: Raw) -> int | str | None:
     """A hashable key for an id the conductor allocated (ints) or matched (any scalar)."""
-    value = msgspec.json.decode(ident)
+    text = bytes(ident)
+    # Fast path for the ids the conductor allocates itself (every response on every hop):
+    # plain non-negative integers need no JSON decoder. Raw is valid JSON, so no leading 0s.
+    if text.isdigit():
+        return int(text)
+    value = msgspec.json.decode(text)
     if isinstance(value, bool) or not isinstance(value, int | str | None):
         raise ValueError(f"unusable id {bytes(ident)!r}")
     return value

@@ -56,7 +56,9 @@ class Wire:
         self.inbound: dict[object, tuple[Wire, int]] = {}  # their request id -> our forward
         self.failure: ComponentError | None = None
         self._next_id = 0
-        self._lock = anyio.Lock()
+        # fast_acquire: an uncontended send does not yield to the event loop, which would
+        # cost one loop iteration per message. Fairness comes from the readers instead.
+        self._lock = anyio.Lock(fast_acquire=True)
         self._batches: list[_BatchCollector] = []
 
     def __repr__(self) -> str:

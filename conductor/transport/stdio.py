@@ -33,8 +33,13 @@ class _NonBlocking:
 
 
 class FdReceiveStream(ByteReceiveStream):
+    # Reads that find data waiting do not yield; after this many in a row, yield once so a
+    # flood on this fd cannot starve the other tasks (the wire locks no longer yield).
+    YIELD_EVERY = 8
+
     def __init__(self, fd: int) -> None:
         self._fd = _NonBlocking(fd)
+        self._streak = 0
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         fd = self._fd.fd
@@ -46,8 +51,13 @@ class FdReceiveStream(ByteReceiveStream):
                 try:
                     data = os.read(fd, max_bytes)
                 except BlockingIOError:
+                    self._streak = 0
                     await anyio.wait_readable(fd)
                     continue
+                self._streak += 1
+                if self._streak >= self.YIELD_EVERY:
+                    self._streak = 0
+                    await anyio.lowlevel.checkpoint()
             if not data:
                 raise anyio.EndOfStream
             return data
