@@ -133,9 +133,14 @@ def _invalid(frame: bytes, reason: str) -> InvalidMessage:
 def encode(message: Message) -> bytes:
     """One frame, newline included."""
     buf = bytearray()
-    _encoder.encode_into(message, buf)
-    buf += b"\n"
+    encode_into(message, buf)
     return bytes(buf)
+
+
+def encode_into(message: Message, buffer: bytearray) -> None:
+    """Append one frame, newline included, to `buffer` (no intermediate copy)."""
+    _encoder.encode_into(message, buffer, -1)
+    buffer += b"\n"
 
 
 def encode_batch(messages: list[Message]) -> bytes:
@@ -199,6 +204,7 @@ __all__ = [
     "decode",
     "encode",
     "encode_batch",
+    "encode_into",
     "error_response",
     "id_key",
     "int_id",
