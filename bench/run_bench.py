@@ -53,6 +53,7 @@ class Variant:
     about: str                                  # one line for the legend
     argv: Callable[[Path], list[str]]           # workdir -> the command the editor starts
     quick: bool = True                          # also run under --quick
+    pythonpath: Path = REPO                     # which checkout's conductor runs
 
 
 VARIANTS: list[Variant] = [
@@ -108,9 +109,9 @@ class _Response(msgspec.Struct):
 _response = msgspec.json.Decoder(_Response)
 
 
-def child_env() -> dict[str, str]:
+def child_env(pythonpath: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
     return env
 
 
@@ -119,14 +120,15 @@ class Editor:
 
     profile_dir: Path | None = None
 
-    def __init__(self, argv: list[str], stderr_path: Path) -> None:
+    def __init__(self, argv: list[str], stderr_path: Path, pythonpath: Path = REPO) -> None:
         if self.profile_dir is not None and argv[1:3] == ["-m", "conductor"]:
             out = self.profile_dir / f"{stderr_path.stem}.prof"
             argv = [argv[0], "-m", "cProfile", "-o", str(out), *argv[1:]]
         self._stderr = stderr_path.open("ab")
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, bufsize=0, env=child_env(), cwd=REPO)
+                                     stderr=self._stderr, bufsize=0, env=child_env(pythonpath),
+                                     cwd=pythonpath)  # `-m` puts the cwd first on sys.path
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.wfd = self.proc.stdin.fileno()
         self.rfd = self.proc.stdout.fileno()
@@ -258,14 +260,12 @@ class Figures:
     notes: list[str] = field(default_factory=list)
 
 
-def measure_startup(variant: Variant, work: Path, sizes: Sizes) -> float:
-    times = []
-    for _ in range(sizes.startups):
-        editor = Editor(variant.argv(work), work / f"{variant.name}.stderr")
-        editor.call("initialize", INIT)
-        times.append(time.perf_counter() - editor.started)
-        editor.close()
-    return statistics.median(times)
+def measure_startup(variant: Variant, work: Path) -> float:
+    editor = Editor(variant.argv(work), work / f"{variant.name}.stderr", variant.pythonpath)
+    editor.call("initialize", INIT)
+    elapsed = time.perf_counter() - editor.started
+    editor.close()
+    return elapsed
 
 
 def stream(editor: Editor, count: int, size: int, burst: bool = False) -> tuple[float, int]:
@@ -284,10 +284,10 @@ def round_trip(editor: Editor, size: int) -> tuple[float, int]:
     """Send a prompt of `size` text bytes; the agent echoes it back in one update."""
     text = "y" * size
     params = prompt({"op": "echo"}, text)
-    t0 = time.perf_counter()
     editor.ids += 1
     ident = editor.ids
     frame = b'{"jsonrpc":"2.0","id":%d,"method":"session/prompt","params":%s}\n' % (ident, params)
+    t0 = time.perf_counter()
     writer = threading.Thread(target=editor.write, args=(frame,))  # read while we write
     writer.start()
     echoed = editor.read_frame()
@@ -302,48 +302,85 @@ def round_trip(editor: Editor, size: int) -> tuple[float, int]:
     return elapsed, max(len(frame), len(echoed) + 1)
 
 
-def measure(variant: Variant, work: Path, sizes: Sizes) -> Figures:
-    fig = Figures()
-    fig.startup_s = measure_startup(variant, work, sizes)
-    editor = Editor(variant.argv(work), work / f"{variant.name}.stderr")
+def latencies(editor: Editor, count: int) -> list[float]:
+    ping = prompt({"op": "ping"})
+    clock = time.perf_counter
+    out = []
+    for _ in range(count):
+        t0 = clock()
+        result = editor.call("session/prompt", ping)
+        out.append(clock() - t0)
+        end_turn(result)
+    return out
+
+
+def measure_all(variants: list[Variant], work: Path, sizes: Sizes,
+                progress: Callable[[str], None]) -> dict[str, Figures]:
+    """Every phase runs each variant in turn, round after round, so that load from anything
+    else on the machine spreads over all variants instead of skewing one of them."""
+    figs = {v.name: Figures() for v in variants}
+    progress("startup")
+    starts: dict[str, list[float]] = {v.name: [] for v in variants}
+    for _ in range(sizes.startups):
+        for v in variants:
+            starts[v.name].append(measure_startup(v, work))
+    for v in variants:
+        figs[v.name].startup_s = statistics.median(starts[v.name])
+
+    editors: dict[str, Editor] = {}
     try:
-        editor.call("initialize", INIT)
-        editor.call("session/new", b'{"cwd":"/tmp","mcpServers":[]}')
-        ping = prompt({"op": "ping"})
-        for _ in range(sizes.warmup):
-            end_turn(editor.call("session/prompt", ping))
-        lat = []
-        clock = time.perf_counter
-        for _ in range(sizes.requests):
-            t0 = clock()
-            result = editor.call("session/prompt", ping)
-            lat.append(clock() - t0)
-            end_turn(result)
-        lat.sort()
-        fig.p50_s = lat[len(lat) // 2]
-        fig.p99_s = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        for v in variants:
+            editor = Editor(v.argv(work), work / f"{v.name}.stderr", v.pythonpath)
+            editors[v.name] = editor
+            editor.call("initialize", INIT)
+            editor.call("session/new", b'{"cwd":"/tmp","mcpServers":[]}')
+            latencies(editor, sizes.warmup)
 
-        runs = [stream(editor, sizes.small_count, sizes.small_text) for _ in range(sizes.reps)]
-        secs, nbytes = statistics.median(r[0] for r in runs), runs[0][1]
-        fig.small_msgs, fig.small_mbs = sizes.small_count / secs, nbytes / secs / MiB
+        progress("latency")
+        lat: dict[str, list[float]] = {v.name: [] for v in variants}
+        blocks = 4
+        for _ in range(blocks):
+            for v in variants:
+                lat[v.name] += latencies(editors[v.name], sizes.requests // blocks)
+        for v in variants:
+            xs = sorted(lat[v.name])
+            figs[v.name].p50_s = xs[len(xs) // 2]
+            figs[v.name].p99_s = xs[min(len(xs) - 1, int(len(xs) * 0.99))]
 
-        runs = [stream(editor, sizes.small_count, sizes.small_text, burst=True)
-                for _ in range(sizes.reps)]
-        secs, nbytes = statistics.median(r[0] for r in runs), runs[0][1]
-        fig.burst_msgs, fig.burst_mbs = sizes.small_count / secs, nbytes / secs / MiB
+        def rounds(run: Callable[[Editor], tuple[float, int]]) -> dict[str, tuple[float, int]]:
+            got: dict[str, list[tuple[float, int]]] = {v.name: [] for v in variants}
+            for _ in range(sizes.reps):
+                for v in variants:
+                    got[v.name].append(run(editors[v.name]))
+            return {k: (statistics.median(r[0] for r in rs), max(r[1] for r in rs))
+                    for k, rs in got.items()}
 
-        runs = [stream(editor, sizes.large_count, sizes.large_text) for _ in range(sizes.reps)]
-        secs, nbytes = statistics.median(r[0] for r in runs), runs[0][1]
-        fig.large_msgs, fig.large_mbs = sizes.large_count / secs, nbytes / secs / MiB
-        fig.largest_frame = nbytes // sizes.large_count
-
-        runs = [round_trip(editor, sizes.big_prompt) for _ in range(sizes.reps)]
-        fig.big_rt_s = statistics.median(r[0] for r in runs)
-        fig.largest_frame = max(fig.largest_frame, runs[0][1])
-        fig.peak_rss = editor.peak_rss()
+        progress("small updates")
+        for name, (secs, nbytes) in rounds(
+                lambda e: stream(e, sizes.small_count, sizes.small_text)).items():
+            figs[name].small_msgs, figs[name].small_mbs = sizes.small_count / secs, \
+                nbytes / secs / MiB
+        progress("small updates, burst-written")
+        for name, (secs, nbytes) in rounds(
+                lambda e: stream(e, sizes.small_count, sizes.small_text, burst=True)).items():
+            figs[name].burst_msgs, figs[name].burst_mbs = sizes.small_count / secs, \
+                nbytes / secs / MiB
+        progress("64 KiB updates")
+        for name, (secs, nbytes) in rounds(
+                lambda e: stream(e, sizes.large_count, sizes.large_text)).items():
+            figs[name].large_msgs, figs[name].large_mbs = sizes.large_count / secs, \
+                nbytes / secs / MiB
+            figs[name].largest_frame = nbytes // sizes.large_count
+        progress("10 MB round trip")
+        for name, (secs, nbytes) in rounds(lambda e: round_trip(e, sizes.big_prompt)).items():
+            figs[name].big_rt_s = secs
+            figs[name].largest_frame = max(figs[name].largest_frame, nbytes)
+        for v in variants:
+            figs[v.name].peak_rss = editors[v.name].peak_rss()
     finally:
-        editor.close()
-    return fig
+        for editor in editors.values():
+            editor.close()
+    return figs
 
 
 # -- report --------------------------------------------------------------------------------
@@ -418,6 +455,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller counts, one repetition")
     parser.add_argument("--only", help="comma-separated variant names (default: all)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--compare", type=Path, metavar="CHECKOUT",
+                        help="also run the conductor variants from another checkout")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="run each conductor under cProfile, writing DIR/VARIANT.prof "
                              "(the overhead distorts every figure: use for where, not how fast)")
@@ -434,22 +473,27 @@ def main() -> int:
         if unknown:
             parser.error(f"unknown variants: {', '.join(sorted(unknown))}")
 
-    results: dict[str, Figures] = {}
+    if args.compare:
+        # The same chain shapes run from another checkout (e.g. `mkdir /tmp/old && git archive
+        # HEAD~3 | tar -x -C /tmp/old`), interleaved with this one: before/after in one table.
+        for v in [v for v in chosen if v.name.startswith("conductor")]:
+            chosen.append(Variant(f"{v.name}@{args.compare.name}", f"{v.about} ({args.compare})",
+                                  v.argv, v.quick, args.compare.resolve()))
+
     t_all = time.perf_counter()
+    print(f"variants: {', '.join(v.name for v in chosen)}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="acp-bench-") as tmp:
         work = Path(tmp)
-        for variant in chosen:
-            t0 = time.perf_counter()
-            print(f"  {variant.name:<14} {variant.about} ...", end="", flush=True, file=sys.stderr)
-            try:
-                results[variant.name] = measure(variant, work, sizes)
-            except BenchError as e:
-                print(f" FAILED: {e}", file=sys.stderr)
-                log = work / f"{variant.name}.stderr"
-                if log.exists():
-                    sys.stderr.write(log.read_text(encoding="utf-8", errors="replace")[-3000:])
-                return 1
-            print(f" {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        try:
+            results = measure_all(chosen, work, sizes, lambda phase: print(
+                f"  {time.perf_counter() - t_all:5.1f}s  {phase}", file=sys.stderr))
+        except BenchError as e:
+            print(f"FAILED: {e}", file=sys.stderr)
+            for log in sorted(work.glob("*.stderr")):
+                text = log.read_text(encoding="utf-8", errors="replace")[-2000:]
+                if text.strip():
+                    sys.stderr.write(f"--- {log.name}\n{text}\n")
+            return 1
 
     nproc = os.cpu_count()
     print(f"\nacp-conductor benchmark ({'quick' if args.quick else 'full'}): "
