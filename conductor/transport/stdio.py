@@ -1,4 +1,6 @@
-"""Our own stdin and stdout as anyio byte streams, without a thread per read."""
+"""Byte streams over raw pipe fds (our stdin/stdout, a child's pipes), without a thread per
+read and without asyncio's transport/protocol layers: a write is one os.write when the pipe
+has room, a read is one os.read of whatever is waiting."""
 
 from __future__ import annotations
 
@@ -37,13 +39,17 @@ class FdReceiveStream(ByteReceiveStream):
     # flood on this fd cannot starve the other tasks (the wire locks no longer yield).
     YIELD_EVERY = 8
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, *, owns_fd: bool = False) -> None:
         self._fd = _NonBlocking(fd)
         self._streak = 0
+        self._owns_fd = owns_fd
+        self._closed = False
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         fd = self._fd.fd
         while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
             if not self._fd.pollable:
                 data = await anyio.to_thread.run_sync(os.read, fd, max_bytes,
                                                       abandon_on_cancel=True)
@@ -63,17 +69,25 @@ class FdReceiveStream(ByteReceiveStream):
             return data
 
     async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._fd.restore()
+        if self._owns_fd:
+            _close(self._fd.fd)
 
 
 class FdSendStream(ByteSendStream):
     def __init__(self, fd: int) -> None:
         self._fd = _NonBlocking(fd)
+        self._closed = False
 
-    async def send(self, item: bytes) -> None:
+    async def send(self, item: bytes | bytearray | memoryview) -> None:
         view = memoryview(item)
         fd = self._fd.fd
         while view:
+            if self._closed:  # the number may already name another file
+                raise anyio.ClosedResourceError
             try:
                 written = os.write(fd, view)
             except BlockingIOError:
@@ -84,11 +98,19 @@ class FdSendStream(ByteSendStream):
             view = view[written:]
 
     async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._fd.restore()
-        try:
-            os.close(self._fd.fd)
-        except OSError:
-            pass
+        _close(self._fd.fd)
+
+
+def _close(fd: int) -> None:
+    anyio.notify_closing(fd)  # wakes a task still waiting on it with ClosedResourceError
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def stdio_streams() -> tuple[ByteReceiveStream, ByteSendStream]:
