@@ -18,6 +18,21 @@ def _pollable(fd: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
+# Linux pipes hold 64 KiB by default: a 10 MB frame then crosses in 160 reads and as many
+# event-loop wake-ups. 1 MiB is the default limit an unprivileged process may set.
+PIPE_SIZE = 1 << 20
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", None)
+
+
+def _grow_pipe(fd: int) -> None:
+    if _F_SETPIPE_SZ is None or not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        return
+    try:
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:
+        pass  # over /proc/sys/fs/pipe-max-size, or not permitted: the default still works
+
+
 class _NonBlocking:
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -25,6 +40,7 @@ class _NonBlocking:
         self._flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         if self.pollable:
             fcntl.fcntl(fd, fcntl.F_SETFL, self._flags | os.O_NONBLOCK)
+            _grow_pipe(fd)
 
     def restore(self) -> None:
         if self.pollable:
