@@ -85,9 +85,14 @@ class ParseError(ValueError):
     """The frame is not JSON at all."""
 
 
-def decode(frame: bytes) -> Message | InvalidMessage | Batch:
-    """Decode one frame. Raises ParseError when the frame is not JSON."""
-    first = frame.lstrip()[:1]
+def decode(frame: bytes | bytearray) -> Message | InvalidMessage | Batch:
+    """Decode one frame. Raises ParseError when the frame is not JSON.
+
+    Payloads reference `frame` without copying it; it must not change afterwards.
+    """
+    first = frame[:1]
+    if first.isspace():  # rare: lstrip() copies the whole frame
+        first = frame.lstrip()[:1]
     if first == b"[":
         try:
             raws = _batch_decoder.decode(frame)
@@ -97,7 +102,7 @@ def decode(frame: bytes) -> Message | InvalidMessage | Batch:
     return _decode_item(frame)
 
 
-def _decode_item(frame: bytes) -> Message | InvalidMessage:
+def _decode_item(frame: bytes | bytearray) -> Message | InvalidMessage:
     try:
         msg = _decoder.decode(frame)
     except msgspec.ValidationError as e:
@@ -121,7 +126,7 @@ def _valid_id(ident: Raw) -> bool:
     return first == b'"' or first == b"-" or first.isdigit() or bytes(ident) == b"null"
 
 
-def _invalid(frame: bytes, reason: str) -> InvalidMessage:
+def _invalid(frame: bytes | bytearray, reason: str) -> InvalidMessage:
     try:
         probe = _probe.decode(frame)
     except msgspec.MsgspecError:

@@ -114,7 +114,7 @@ async def flush_deferred() -> None:
 async def serve_frames(
     stream: ByteReceiveStream,
     decoder: FrameDecoder,
-    handle: Callable[[bytes | OversizedFrame], Awaitable[None]],
+    handle: Callable[[bytes | bytearray | OversizedFrame], Awaitable[None]],
 ) -> None:
     """Feed every frame to `handle`, in order, until EOF."""
     deferred = _Deferral()
