@@ -89,7 +89,7 @@ class Sizes:
 
 
 FULL = Sizes(startups=3, warmup=200, requests=2000, small_count=20_000, small_text=32,
-             large_count=200, large_text=64 * 1024, big_prompt=10 * 1000 * 1000, reps=3)
+             large_count=200, large_text=64 * 1024, big_prompt=10 * 1000 * 1000, reps=5)
 QUICK = Sizes(startups=1, warmup=50, requests=300, small_count=5_000, small_text=32,
               large_count=50, large_text=64 * 1024, big_prompt=10 * 1000 * 1000, reps=1)
 
