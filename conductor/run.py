@@ -270,7 +270,7 @@ async def _drain(client: Wire, timeout: float) -> None:
 
 async def _serve_client(chain: Chain, client: Wire, stdin: ByteReceiveStream,
                         max_frame: int) -> None:
-    async def handle(frame: bytes | OversizedFrame) -> None:
+    async def handle(frame: bytes | bytearray | OversizedFrame) -> None:
         if isinstance(frame, OversizedFrame):
             ident = _id_from_head(frame.head)
             log.warning("client sent a frame of %d bytes, over the %d-byte limit; refused",
@@ -294,7 +294,7 @@ async def _serve_client(chain: Chain, client: Wire, stdin: ByteReceiveStream,
 
 async def _serve_component(chain: Chain, comp: Component, wire: Wire, max_frame: int,
                            tracer: TraceSink | None) -> None:
-    async def handle(frame: bytes | OversizedFrame) -> None:
+    async def handle(frame: bytes | bytearray | OversizedFrame) -> None:
         if isinstance(frame, OversizedFrame):
             await _component_oversized(chain, wire, frame)
             return

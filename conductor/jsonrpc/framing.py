@@ -36,26 +36,31 @@ class FrameDecoder:
     def max_frame_bytes(self) -> int:
         return self._max
 
-    def feed(self, chunk: bytes) -> list[bytes | OversizedFrame]:
-        out: list[bytes | OversizedFrame] = []
+    def feed(self, chunk: bytes) -> list[bytes | bytearray | OversizedFrame]:
+        """Frames completed by `chunk`. A frame that spanned chunks comes as the bytearray
+        it was collected in (handed over, never touched again): no copy of a large frame."""
+        out: list[bytes | bytearray | OversizedFrame] = []
+        view = memoryview(chunk)
         start = 0
         n = len(chunk)
         while start < n:
             nl = chunk.find(b"\n", start)
             end = n if nl < 0 else nl
-            piece = chunk[start:end]
+            size = end - start
             if self._skipping is not None:
-                self._skipping += len(piece)
-            elif len(self._pending) + len(piece) > self._max:
-                self._skip_head = bytes(self._pending[: self.HEAD_BYTES]) + piece[: self.HEAD_BYTES]
-                self._skipping = len(self._pending) + len(piece)
+                self._skipping += size
+            elif len(self._pending) + size > self._max:
+                self._skip_head = (bytes(self._pending[: self.HEAD_BYTES])
+                                   + chunk[start:min(end, start + self.HEAD_BYTES)])
+                self._skipping = len(self._pending) + size
                 self._pending = bytearray()
             elif nl >= 0 and not self._pending:
                 # Fast path: a whole frame inside this chunk, no copy into the buffer.
-                if piece.strip():
+                piece = chunk[start:end]
+                if piece and not piece.isspace():  # blank lines are not messages
                     out.append(piece)
             else:
-                self._pending += piece
+                self._pending += view[start:end]
             if nl < 0:
                 break
             if self._skipping is not None:
@@ -63,14 +68,13 @@ class FrameDecoder:
                 self._skipping = None
                 self._skip_head = b""
             elif self._pending:
-                frame = bytes(self._pending)
-                self._pending = bytearray()
-                if frame.strip():  # blank lines are not messages
+                frame, self._pending = self._pending, bytearray()
+                if not frame.isspace():
                     out.append(frame)
             start = nl + 1
         return out
 
-    def end(self) -> bytes | OversizedFrame | None:
+    def end(self) -> bytes | bytearray | OversizedFrame | None:
         """The stream ended: return a final unterminated frame, if any."""
         if self._skipping is not None:
             skipped = OversizedFrame(self._skipping, self._max, self._skip_head[: self.HEAD_BYTES])

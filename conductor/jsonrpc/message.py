@@ -119,9 +119,14 @@ class ParseError(ValueError):
     """The frame is not JSON at all."""
 
 
-def decode(frame: bytes) -> Message | InvalidMessage | Batch:
-    """Decode one frame. Raises ParseError when the frame is not JSON."""
-    first = frame.lstrip()[:1]
+def decode(frame: bytes | bytearray) -> Message | InvalidMessage | Batch:
+    """Decode one frame. Raises ParseError when the frame is not JSON.
+
+    Payloads reference `frame` without copying it; it must not change afterwards.
+    """
+    first = frame[:1]
+    if first.isspace():  # rare: lstrip() copies the whole frame
+        first = frame.lstrip()[:1]
     if first == b"[":
         try:
             raws = _batch_decoder.decode(frame)
@@ -131,7 +136,7 @@ def decode(frame: bytes) -> Message | InvalidMessage | Batch:
     return _decode_item(frame)
 
 
-def _decode_item(frame: bytes) -> Message | InvalidMessage:
+def _decode_item(frame: bytes | bytearray) -> Message | InvalidMessage:
     try:
         msg = _decoder.decode(frame)
     except msgspec.ValidationError as e:
@@ -155,7 +160,7 @@ def _valid_id(ident: Raw) -> bool:
     return first == b'"' or first == b"-" or first.isdigit() or bytes(ident) == b"null"
 
 
-def _invalid(frame: bytes, reason: str) -> InvalidMessage:
+def _invalid(frame: bytes | bytearray, reason: str) -> InvalidMessage:
     try:
         probe = _probe.decode(frame)
     except msgspec.MsgspecError:
@@ -167,9 +172,14 @@ def _invalid(frame: bytes, reason: str) -> InvalidMessage:
 def encode(message: Message) -> bytes:
     """One frame, newline included."""
     buf = bytearray()
-    _encoder.encode_into(message, buf)
-    buf += b"\n"
+    encode_into(message, buf)
     return bytes(buf)
+
+
+def encode_into(message: Message, buffer: bytearray) -> None:
+    """Append one frame, newline included, to `buffer` (no intermediate copy)."""
+    _encoder.encode_into(message, buffer, -1)
+    buffer += b"\n"
 
 
 def encode_batch(messages: list[Message]) -> bytes:
@@ -204,7 +214,12 @@ def error_response(
 
 def id_key(ident: Raw) -> int | str | None:
     """A hashable key for an id the conductor allocated (ints) or matched (any scalar)."""
-    value = msgspec.json.decode(ident)
+    text = bytes(ident)
+    # Fast path for the ids the conductor allocates itself (every response on every hop):
+    # plain non-negative integers need no JSON decoder. Raw is valid JSON, so no leading 0s.
+    if text.isdigit():
+        return int(text)
+    value = msgspec.json.decode(text)
     if isinstance(value, bool) or not isinstance(value, int | str | None):
         raise ValueError(f"unusable id {bytes(ident)!r}")
     return value
@@ -228,6 +243,7 @@ __all__ = [
     "decode",
     "encode",
     "encode_batch",
+    "encode_into",
     "error_response",
     "id_key",
     "int_id",

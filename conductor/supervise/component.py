@@ -14,6 +14,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 
 from conductor.errors import ComponentStartError
+from conductor.transport.stdio import FdReceiveStream, FdSendStream
 
 STDERR_TAIL_LINES = 20
 _MAX_STDERR_LINE = 8192
@@ -35,7 +36,8 @@ class LaunchSpec:
 class Component:
     """A running child. `stdin`/`stdout` carry the protocol; stderr is pumped to a callback."""
 
-    def __init__(self, spec: LaunchSpec, process: Process, on_stderr: StderrCallback) -> None:
+    def __init__(self, spec: LaunchSpec, process: Process, on_stderr: StderrCallback, *,
+                 stdin: ByteSendStream, stdout: ByteReceiveStream) -> None:
         self.spec = spec
         self.name = spec.name
         self.process = process
@@ -43,9 +45,8 @@ class Component:
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.stderr_closed = anyio.Event()
         self._on_stderr = on_stderr
-        assert process.stdin is not None and process.stdout is not None
-        self.stdin: ByteSendStream = process.stdin
-        self.stdout: ByteReceiveStream = process.stdout
+        self.stdin = stdin
+        self.stdout = stdout
 
     @property
     def returncode(self) -> int | None:
@@ -135,19 +136,22 @@ async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIt
     Raises:
         ComponentStartError: the command could not be started.
     """
+    # The protocol pipes are our own fds, not asyncio's: a write is one os.write and a read
+    # one os.read (FdSendStream/FdReceiveStream), with no transport, protocol and
+    # StreamReader layers and no event-loop yield per message in between.
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
     try:
-        process = await anyio.open_process(list(spec.argv), cwd=spec.cwd, env=spec.env,
-                                           start_new_session=True)
-    except FileNotFoundError as e:
-        missing = spec.cwd if spec.cwd and not os.path.isdir(spec.cwd) else spec.argv[0]
-        what = "working directory" if missing == spec.cwd else "command"
-        raise ComponentStartError(spec.name, f"{what} not found: {missing} ({e.strerror})") from None
-    except PermissionError as e:
-        raise ComponentStartError(spec.name, f"cannot execute {spec.argv[0]}: {e.strerror}") from None
-    except OSError as e:
-        reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
-        raise ComponentStartError(spec.name, f"cannot start {spec.argv[0]}: {reason}") from None
-    component = Component(spec, process, on_stderr)
+        process = await _spawn(spec, stdin=stdin_r, stdout=stdout_w)
+    except BaseException:
+        os.close(stdin_w)
+        os.close(stdout_r)
+        raise
+    finally:
+        os.close(stdin_r)  # the child has its own copies now
+        os.close(stdout_w)
+    component = Component(spec, process, on_stderr, stdin=FdSendStream(stdin_w),
+                          stdout=FdReceiveStream(stdout_r, owns_fd=True))
     async with anyio.create_task_group() as tg:
         tg.start_soon(component.pump_stderr)
         try:
@@ -157,4 +161,23 @@ async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIt
                 await component.stop(spec.shutdown_grace)
                 with anyio.move_on_after(1.0):
                     await component.stderr_closed.wait()
+                await component.stdout.aclose()
             tg.cancel_scope.cancel()
+
+
+async def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int) -> Process:
+    """Raises:
+        ComponentStartError: the command could not be started.
+    """
+    try:
+        return await anyio.open_process(list(spec.argv), cwd=spec.cwd, env=spec.env,
+                                        start_new_session=True, stdin=stdin, stdout=stdout)
+    except FileNotFoundError as e:
+        missing = spec.cwd if spec.cwd and not os.path.isdir(spec.cwd) else spec.argv[0]
+        what = "working directory" if missing == spec.cwd else "command"
+        raise ComponentStartError(spec.name, f"{what} not found: {missing} ({e.strerror})") from None
+    except PermissionError as e:
+        raise ComponentStartError(spec.name, f"cannot execute {spec.argv[0]}: {e.strerror}") from None
+    except OSError as e:
+        reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+        raise ComponentStartError(spec.name, f"cannot start {spec.argv[0]}: {reason}") from None

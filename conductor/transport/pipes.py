@@ -1,16 +1,47 @@
-"""Messages over byte pipes: frames in, encoded messages out."""
+"""Messages over byte pipes: frames in, encoded messages out.
+
+Write coalescing: while `serve_frames` routes the frames of one read, every PipeSink that
+is sent to only appends the encoded message to its buffer; the reader flushes those sinks,
+in the order they were first written, when the read's frames are done. A burst of small
+messages then costs one write() per pipe instead of one per message, and a single request
+still goes out as soon as its frame has been routed. Before anything could block (a buffer
+over HIGH_WATER), every deferred sink is flushed first, so no message waits behind a
+blocked pipe that it would have preceded without coalescing.
+
+The deferral list lives in a ContextVar, so tasks started while a read is being routed
+(components spawned at the first initialize) inherit it. It is only `active` while its
+reader is routing a read, and that reader flushes it when the read is done, so a send from
+such a task is at most deferred to the end of that read; otherwise it is written at once.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
 
 from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
-from conductor.jsonrpc.message import Message, encode, encode_batch
+from conductor.jsonrpc.message import Message, encode_batch, encode_into
 
 READ_CHUNK = 1 << 20
+HIGH_WATER = 256 * 1024  # deferred bytes per sink before it is written without waiting
+
+_GONE = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+
+class _Deferral:
+    """The sinks a reader deferred writes to while routing one read."""
+
+    __slots__ = ("active", "sinks")
+
+    def __init__(self) -> None:
+        self.active = False
+        self.sinks: list[PipeSink] = []
+
+
+_deferred: ContextVar[_Deferral | None] = ContextVar("deferred_sinks", default=None)
 
 
 class PipeSink:
@@ -19,34 +50,94 @@ class PipeSink:
     def __init__(self, stream: ByteSendStream) -> None:
         self._stream = stream
         self._closed = False
+        self._buffer = bytearray()
+        self._broken: BaseException | None = None
+        self._writing = anyio.Lock(fast_acquire=True)  # one write() in flight per pipe
 
     async def send(self, item: Message | list[Message]) -> None:
-        data = encode(item) if isinstance(item, Message) else encode_batch(item)
-        await self._stream.send(data)
+        if self._broken is not None:
+            raise anyio.BrokenResourceError from self._broken
+        if isinstance(item, Message):
+            encode_into(item, self._buffer)
+        else:
+            self._buffer += encode_batch(item)
+        deferred = _deferred.get()
+        if deferred is None or not deferred.active:
+            await self.flush()
+            return
+        if self not in deferred.sinks:
+            deferred.sinks.append(self)
+        if len(self._buffer) >= HIGH_WATER:
+            await flush_deferred()
+
+    async def flush(self) -> None:
+        """Write whatever is buffered. Raises anyio.BrokenResourceError when the peer is gone."""
+        async with self._writing:
+            if not self._buffer:
+                return
+            data, self._buffer = self._buffer, bytearray()
+            try:
+                await self._stream.send(data)
+            except _GONE as e:
+                self._broken = e
+                raise anyio.BrokenResourceError from e
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
+            await self.flush()
+        except anyio.BrokenResourceError:
+            pass
+        try:
             await self._stream.aclose()
-        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        except _GONE:
             pass  # the peer already went away: EOF is what we wanted
+
+
+async def flush_deferred() -> None:
+    """Write what this task deferred, first-deferred sink first. A gone peer is skipped:
+    its reader sees EOF and fails that wire."""
+    deferred = _deferred.get()
+    if deferred is None:
+        return
+    sinks = deferred.sinks
+    while sinks:
+        sink = sinks.pop(0)
+        try:
+            await sink.flush()
+        except anyio.BrokenResourceError:
+            pass
 
 
 async def serve_frames(
     stream: ByteReceiveStream,
     decoder: FrameDecoder,
-    handle: Callable[[bytes | OversizedFrame], Awaitable[None]],
+    handle: Callable[[bytes | bytearray | OversizedFrame], Awaitable[None]],
 ) -> None:
     """Feed every frame to `handle`, in order, until EOF."""
-    while True:
-        try:
-            chunk = await stream.receive(READ_CHUNK)
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            break
-        for frame in decoder.feed(chunk):
-            await handle(frame)
-    last = decoder.end()
-    if last is not None:
-        await handle(last)
+    deferred = _Deferral()
+    token = _deferred.set(deferred)
+    try:
+        while True:
+            try:
+                chunk = await stream.receive(READ_CHUNK)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                break
+            deferred.active = True
+            try:
+                for frame in decoder.feed(chunk):
+                    await handle(frame)
+            finally:
+                deferred.active = False
+            if deferred.sinks:
+                await flush_deferred()
+        last = decoder.end()
+        if last is not None:
+            await handle(last)
+    finally:
+        deferred.active = False
+        with anyio.move_on_after(1.0, shield=True):
+            await flush_deferred()  # what was routed is written, as if sent at once
+        _deferred.reset(token)

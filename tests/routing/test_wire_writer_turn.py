@@ -1,0 +1,61 @@
+"""Wire.send: one writer at a time, first come first served, even across cancellation."""
+
+from __future__ import annotations
+
+import anyio
+from anyio.lowlevel import checkpoint
+from anyio import wait_all_tasks_blocked
+
+from conductor.jsonrpc.message import Message, Raw, id_key, notification
+from conductor.routing.wire import Wire
+
+
+class SlowSink:
+    """A sink whose first send is held until `release` is set."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.release = anyio.Event()
+        self.active = 0
+
+    async def send(self, item: Message | list[Message]) -> None:
+        assert isinstance(item, Message)
+        self.active += 1
+        assert self.active == 1, "two writers at once"
+        if not self.sent:
+            await self.release.wait()
+        await checkpoint()
+        self.sent.append(bytes(item.params).decode())  # type: ignore[arg-type]
+        self.active -= 1
+
+    async def aclose(self) -> None:
+        pass
+
+
+def msg(n: int) -> Message:
+    return notification("n", Raw(str(n).encode()))
+
+
+async def test_waiting_writers_go_in_arrival_order_and_a_cancelled_one_is_skipped() -> None:
+    sink = SlowSink()
+    wire = Wire("agent", sink)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wire.send, msg(1))
+        await wait_all_tasks_blocked()
+        tg.start_soon(wire.send, msg(2))
+        await wait_all_tasks_blocked()
+        with anyio.CancelScope() as doomed:
+            doomed.cancel()
+            await wire.send(msg(99))  # queued behind 1 and cancelled while waiting
+        tg.start_soon(wire.send, msg(3))
+        await wait_all_tasks_blocked()
+        sink.release.set()
+    assert sink.sent == ["1", "2", "3"]
+
+
+def test_ids_the_conductor_allocates_key_as_ints_and_other_ids_keep_their_type() -> None:
+    assert id_key(Raw(b"17")) == 17
+    assert id_key(Raw(b"123456789012345678901234567890")) == 123456789012345678901234567890
+    assert id_key(Raw(b'"17"')) == "17"
+    assert id_key(Raw(b"-3")) == -3
+    assert id_key(Raw(b"null")) is None
