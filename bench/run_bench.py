@@ -38,8 +38,17 @@ MiB = 1024 * 1024
 # -- what the editor starts --------------------------------------------------------------
 
 AGENT = [PY, str(BENCH / "agent.py")]
-PASSTHROUGH = [PY, str(REPO / "proxies" / "passthrough.py")]        # the reference proxy (json)
+PASSTHROUGH = [PY, str(REPO / "proxies" / "passthrough_stdio.py")]  # stdlib json stdio proxy
+PLUGIN_STANDALONE = [PY, "-m", "conductor", "serve-proxy", "passthrough"]  # the plugin, as a process
 FAST_PASSTHROUGH = [PY, str(BENCH / "fast_passthrough.py")]         # msgspec, Raw payloads
+
+
+def in_process_chain(workdir: Path, n: int) -> list[str]:
+    """`acp-conductor --chain` with N in-process passthrough plugins (`use = "passthrough"`)."""
+    chain = workdir / f"inprocess-{n}.toml"
+    proxies = "".join(f'[[proxy]]\nname = "p{i}"\nuse = "passthrough"\n\n' for i in range(n))
+    chain.write_text(f"{proxies}[agent]\ncommand = {json.dumps(AGENT)}\n", encoding="utf-8")
+    return [PY, "-m", "conductor", "--chain", str(chain)]
 
 
 def conductor(*components: list[str]) -> list[str]:
@@ -62,7 +71,13 @@ VARIANTS: list[Variant] = [
             lambda _: [PY, str(BENCH / "relay.py"), *AGENT]),
     Variant("conductor+0", "acp-conductor agent AGENT",
             lambda _: conductor(AGENT)),
-    Variant("conductor+1", "one proxies/passthrough.py (json) in front of the agent",
+    Variant("conductor+1i", "one in-process passthrough plugin (use = \"passthrough\")",
+            lambda w: in_process_chain(w, 1)),
+    Variant("conductor+3i", "three in-process passthrough plugins",
+            lambda w: in_process_chain(w, 3)),
+    Variant("conductor+1p", "the passthrough plugin stand-alone (serve-proxy passthrough)",
+            lambda _: conductor(PLUGIN_STANDALONE, AGENT), quick=False),
+    Variant("conductor+1", "one proxies/passthrough_stdio.py (json) in front of the agent",
             lambda _: conductor(PASSTHROUGH, AGENT)),
     Variant("conductor+3", "three proxies/passthrough.py (json)",
             lambda _: conductor(PASSTHROUGH, PASSTHROUGH, PASSTHROUGH, AGENT), quick=False),
@@ -427,6 +442,22 @@ def table(results: dict[str, Figures]) -> str:
     return "\n".join(lines)
 
 
+def in_process_targets(results: dict[str, Figures]) -> list[tuple[str, bool, str]]:
+    """Issue 4: three in-process passthroughs cost at most 1.2x the bare conductor."""
+    zero, three = results.get(TARGET_VARIANT), results.get("conductor+3i")
+    if zero is None or three is None:
+        return []
+    return [
+        ("p50 latency ≤ 1.2× conductor+0", three.p50_s <= 1.2 * zero.p50_s,
+         f"{three.p50_s * 1e6:.0f} µs vs {zero.p50_s * 1e6:.0f} µs "
+         f"(×{three.p50_s / zero.p50_s:.2f})"),
+        ("small-message throughput ≥ 1/1.2 of conductor+0",
+         three.small_msgs * 1.2 >= zero.small_msgs,
+         f"{three.small_msgs:.0f} vs {zero.small_msgs:.0f} msg/s "
+         f"(×{zero.small_msgs / three.small_msgs:.2f} slower)"),
+    ]
+
+
 def targets(results: dict[str, Figures]) -> list[tuple[str, bool, str]]:
     base, fig = results.get(BASELINE), results.get(TARGET_VARIANT)
     if base is None or fig is None:
@@ -508,6 +539,12 @@ def main() -> int:
         print(f"\ntargets ({TARGET_VARIANT} vs {BASELINE}):")
         for label, ok, detail in checks:
             print(f"  {'PASS' if ok else 'FAIL'}  {label}: {detail}")
+    inproc = in_process_targets(results)
+    if inproc:
+        print("\ntargets (3 in-process passthroughs vs conductor+0):")
+        for label, ok, detail in inproc:
+            print(f"  {'PASS' if ok else 'FAIL'}  {label}: {detail}")
+    checks = [*checks, *inproc]
     if args.json:
         args.json.write_text(json.dumps(
             {"python": sys.version.split()[0], "cpus": nproc, "quick": args.quick,

@@ -42,6 +42,7 @@ from conductor.plugins.api import Proxy, answer_or_raise
 from conductor.plugins.host import open_inprocess_proxy
 from conductor.routing.chain import Chain, ComponentLink, Role
 from conductor.routing.wire import Wire
+from conductor.tracing import TraceSink
 from conductor.transport.pipes import PipeSink, serve_frames
 
 Script = JsonValue | Callable[["ScriptedAgent", Message], Awaitable[JsonValue]]
@@ -259,9 +260,10 @@ async def _pump(endpoint: _Endpoint, *, task_status: TaskStatus[_EndpointSink]) 
 @asynccontextmanager
 async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | None = None, *,
                           client: TestClient | None = None,
-                          initialize: bool = True) -> AsyncIterator[TestClient]:
+                          initialize: bool = True,
+                          tracer: TraceSink | None = None) -> AsyncIterator[TestClient]:
     """client -> proxies (in-process, in order) -> agent, all in memory. Yields the client,
-    initialized unless `initialize=False`."""
+    initialized unless `initialize=False`. `tracer` sees every message on every hop."""
     agent = agent if agent is not None else ScriptedAgent()
     client = client if client is not None else TestClient()
     async with anyio.create_task_group() as tg:
@@ -286,7 +288,7 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
             agent._out = to_agent_chain
             return [*links, ComponentLink("agent", Role.AGENT, agent_wire)]
 
-        chain = Chain(client_wire, starter)
+        chain = Chain(client_wire, starter, tracer=tracer)
 
         async def to_chain(message: Message) -> None:
             await chain.receive(client_wire, message)

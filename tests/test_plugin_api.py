@@ -324,3 +324,101 @@ def test_handlers_must_be_async() -> None:
             @on("session/prompt")
             def prompt(self, ctx: ProxyContext, message: Message) -> None:  # type: ignore[misc]
                 pass
+
+
+class HopRecorder:
+    """A TraceSink that keeps (hop, direction, method) for every message."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, object]] = []
+
+    def message(self, hop: str, direction: str, message: Message | list[Message], *,
+                peer: str | None = None, origin: object = None) -> None:
+        for one in message if isinstance(message, list) else [message]:
+            self.seen.append((hop, direction, one.method))
+
+    def lifecycle(self, component: str, event: str, **fields: object) -> None:
+        pass
+
+    def hops_for(self, method: str) -> set[str]:
+        return {hop for hop, _, m in self.seen if m == method}
+
+
+class PromptCounter(Proxy):
+    """Handles prompts only; everything else is none of its business."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts = 0
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        self.prompts += 1
+        return await ctx.forward()
+
+
+async def test_traffic_an_in_process_proxy_has_no_handler_for_is_routed_past_it_unchanged(
+) -> None:
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        await agent.notify("session/update", update("session-1", "hi"))
+        return {"stopReason": "end_turn"}
+
+    counter, trace = PromptCounter(), HopRecorder()
+    async with open_test_chain([counter, Passthrough()],
+                               ScriptedAgent({"session/prompt": prompt}),
+                               tracer=trace) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            answer = await client.prompt(sid, "hello")
+    assert answer == {"stopReason": "end_turn"}
+    assert client.agent_text(sid) == "hi"
+    assert counter.prompts == 1
+    # The prompt visits the proxy that handles it; the passthrough is routed past. The update
+    # crosses only the hops it must: no in-process proxy handles it.
+    assert trace.hops_for("session/update") == {"agent", "client"}
+    assert trace.hops_for("session/prompt") == {"client", "promptcounter", "agent"}
+    assert "passthrough" in trace.hops_for("session/new")  # set-up always visits
+
+
+class HoldsPermissions(Proxy):
+    """Holds every permission request until `gate` opens, without releasing dispatch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+
+    @on("session/request_permission", source="successor")
+    async def permission(self, ctx: ProxyContext, message: Message) -> object:
+        await self.gate.wait()
+        return await ctx.forward()
+
+
+async def test_a_message_routed_past_a_proxy_never_overtakes_one_it_is_still_handling() -> None:
+    holder = HoldsPermissions()
+
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        assert agent.tg is not None
+        agent.tg.start_soon(agent.request, "session/request_permission",
+                            {"sessionId": "session-1", "toolCall": {"toolCallId": "t"},
+                             "options": []})
+        await anyio.wait_all_tasks_blocked()
+        await agent.notify("session/update", update("session-1", "after"))
+        return {"stopReason": "end_turn"}
+
+    client_replies = {"session/request_permission": {"outcome": {"outcome": "cancelled"}}}
+    from conductor.testing import TestClient
+
+    async with open_test_chain([holder], ScriptedAgent({"session/prompt": prompt}),
+                               client=TestClient(client_replies)) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.prompt, sid, "go")
+                await anyio.wait_all_tasks_blocked()
+                # The proxy still holds the permission request: the update must wait behind it.
+                assert client.received_params("session/update") == []
+                holder.gate.set()
+            await client.wait_for("session/update")
+    order = [m.method for m in client.received
+             if m.method in ("session/request_permission", "session/update")]
+    assert order == ["session/request_permission", "session/update"]

@@ -49,7 +49,7 @@ from conductor.plugins.api import (
     Side,
     answer_or_raise,
 )
-from conductor.transport.pipes import PipeSink, serve_frames
+from conductor.transport.pipes import CoalescedWrites, PipeSink, serve_frames
 
 if TYPE_CHECKING:
     from conductor.transport.base import MessageSink
@@ -60,6 +60,9 @@ log = logging.getLogger("acp_conductor.plugins")
 # traffic flowing both ways at once cannot fill both inboxes and wedge each other.
 INBOX_SIZE: Final = 256
 REQUEST_CANCELLED: Final = -32800
+_ALWAYS_VISIT: Final = frozenset({acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS,
+                                  *acp.SUCCESSOR_METHODS, *acp.SESSION_SETUP,
+                                  acp.SESSION_CLOSE, acp.SESSION_DELETE, acp.CANCEL_REQUEST})
 
 Send = Callable[[Message], Awaitable[None]]
 AnswerHook = Callable[[Message], Awaitable[None]]
@@ -140,6 +143,10 @@ class ProxyHost:
         self._outgoing: dict[int, OutgoingRequest] = {}
         self._inbound: dict[object, _Inbound] = {}
         self._holding: Callable[[], None] | None = None
+        # Messages handed to this proxy and not yet fully dispatched (a held handler counts
+        # until it releases). Counted at hand-over: anyio gives an item straight to a waiting
+        # receiver without it ever showing in the buffer.
+        self.queued = 0
 
     # -- out -----------------------------------------------------------------------------
 
@@ -181,6 +188,18 @@ class ProxyHost:
         return answer_or_raise(await pending.wait())
 
     # -- in ------------------------------------------------------------------------------
+
+    def passes(self, method: str, *, from_successor: bool) -> bool:
+        """Would this proxy forward `method` untouched, with nothing earlier still in dispatch?
+
+        Then the conductor may route the message past it without waking it: same result,
+        same order, no cost. Set-up and tear-down always visit (the host tracks sessions).
+        """
+        if self.queued or self._routed or method in _ALWAYS_VISIT:
+            return False
+        side = Side.SUCCESSOR if from_successor else Side.PREDECESSOR
+        handlers = self._handlers
+        return (side, method) not in handlers and (side, "*") not in handlers
 
     async def dispatch(self, message: Message) -> None:
         """Handle one message from the conductor. A plugin's failure is answered, not raised."""
@@ -433,10 +452,16 @@ def _key(ident: Raw) -> object:
 class _InboxSink:
     """The Wire sink of an in-process proxy: hands Message objects over, encodes nothing."""
 
-    def __init__(self, send: anyio.abc.ObjectSendStream[Message | list[Message]]) -> None:
+    def __init__(self, send: anyio.abc.ObjectSendStream[Message | list[Message]],
+                 host: ProxyHost) -> None:
         self._send = send
+        self._host = host
+
+    def passes(self, method: str, *, from_successor: bool) -> bool:
+        return self._host.passes(method, from_successor=from_successor)
 
     async def send(self, item: Message | list[Message]) -> None:
+        self._host.queued += len(item) if isinstance(item, list) else 1
         try:
             self._send.send_nowait(item)  # no checkpoint: an in-process hop costs no extra yield
         except anyio.WouldBlock:
@@ -456,17 +481,35 @@ async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Send) -> AsyncIterato
         host.task_group = tg
 
         async def serve() -> None:
+            # Drain whatever is waiting in one turn of the event loop, with writes coalesced
+            # like a pipe reader's: a burst costs one wake-up and one write per pipe, not
+            # one per message.
+            writes = CoalescedWrites()
             async with receive:
-                async for item in receive:
-                    if isinstance(item, list):
-                        for message in item:
-                            await host.dispatch(message)
-                    else:
-                        await host.dispatch(item)
+                while True:
+                    try:
+                        item = await receive.receive()
+                    except anyio.EndOfStream:
+                        return
+                    writes.begin()
+                    try:
+                        while True:
+                            for message in item if isinstance(item, list) else (item,):
+                                try:
+                                    await host.dispatch(message)
+                                finally:
+                                    host.queued -= 1
+                            try:
+                                item = receive.receive_nowait()
+                            except (anyio.WouldBlock, anyio.EndOfStream):
+                                break
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await writes.flush()
 
         tg.start_soon(serve)
         try:
-            yield _InboxSink(send)
+            yield _InboxSink(send, host)
         finally:
             send.close()
             tg.cancel_scope.cancel()

@@ -91,6 +91,8 @@ class Wire:
         self.sink = sink
         self.dialect = dialect                 # for proxies: how they spell the envelope
         self.dialect_forced = dialect is not None
+        # In-process proxies may say a message would pass them untouched (see Chain._forward).
+        self.passes: Callable[..., bool] | None = getattr(sink, "passes", None)
         self.pending: dict[object, Pending] = {}
         self.inbound: dict[object, tuple[Wire, int]] = {}  # their request id -> our forward
         self._quiet = anyio.Event()  # set while nothing they asked is in flight

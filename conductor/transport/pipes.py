@@ -111,6 +111,23 @@ async def flush_deferred() -> None:
             pass
 
 
+class CoalescedWrites:
+    """Defer this task's pipe writes until `flush()`: for a task that routes a burst of
+    messages it received some other way (an in-process proxy's inbox)."""
+
+    def __init__(self) -> None:
+        self._deferral = _Deferral()
+        _deferred.set(self._deferral)  # the calling task's own context
+
+    def begin(self) -> None:
+        self._deferral.active = True
+
+    async def flush(self) -> None:
+        self._deferral.active = False
+        if self._deferral.sinks:
+            await flush_deferred()
+
+
 async def serve_frames(
     stream: ByteReceiveStream,
     decoder: FrameDecoder,
