@@ -3,6 +3,8 @@
   --dialect proxy   `_proxy/initialize`, `_proxy/successor` (default)
   --dialect spec    `proxy/initialize`, `proxy/successor`, envelope `meta`
                     (also accepts `_proxy/initialize` unless --strict)
+  _relay/wrap {"method", "params"} from the predecessor: wrap exactly that for the successor.
+
   --dialect legacy  plain `initialize` with `_meta.proxy: true`,
                     `_proxy/successor/request` / `_proxy/successor/notification`;
                     answers `_proxy/initialize` with -32601 like the old SDKs did
@@ -105,6 +107,10 @@ def main() -> None:
             if ours:
                 write(f'{{"jsonrpc":"2.0","method":"$/cancel_request",'
                       f'"params":{{"requestId":{ours[0]}}}}}')
+            continue
+        if method == "_relay/wrap":  # tests: send the successor any inner method at all
+            inner = members(m["params"])
+            forward(ident, inner["method"], inner.get("params"), wrap=True)
             continue
         if method in SUCCESSOR_IN:  # from our successor: hand it up plainly
             env = members(m["params"])
