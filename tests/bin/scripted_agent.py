@@ -10,7 +10,7 @@ can drive one agent through exactly the situation it needs:
   _test/hang        never answer until a $/cancel_request names it; then -32800
   _test/crash       {"code", "stderr"}: print stderr and exit without answering
   _test/big         {"size"}: result {"data": "x" * size}
-  _test/notify      {"sessionId", "count"}: that many session/update notifications, then {}
+  _test/notify      {"sessionId", "count", "pad"}: that many session/updates (text padded), then {}
   _test/env         {"names"}: result {"cwd", "env": {name: value}}
   _test/stderr      {"lines"}: print them on stderr, then {}
 """
@@ -196,8 +196,9 @@ class ScriptedAgent:
 
     def on__test_notify(self, params: str, ident: str | None) -> str:
         p = value(params) or {}
+        pad = "z" * int(p.get("pad", 0))  # type: ignore[union-attr]
         for i in range(int(p.get("count", 1))):  # type: ignore[union-attr]
-            self.update(str(p.get("sessionId", "")), f"note {i}")  # type: ignore[union-attr]
+            self.update(str(p.get("sessionId", "")), f"note {i}{pad}")  # type: ignore[union-attr]
         return "{}"
 
     def on__test_env(self, params: str, ident: str | None) -> str:
