@@ -8,6 +8,7 @@ can drive one agent through exactly the situation it needs:
   _test/ask         {"method", "params"}: ask the client; result {"result"|"error": <answer>}
   _test/ask_cancel  like _test/ask, but cancel the question at once ($/cancel_request)
   _test/hang        never answer until a $/cancel_request names it; then -32800
+                    (a _test/crash meanwhile is obeyed at once)
   _test/crash       {"code", "stderr"}: print stderr and exit without answering
   _test/big         {"size"}: result {"data": "x" * size}
   _test/notify      {"sessionId", "count", "pad"}: that many session/updates (text padded), then {}
@@ -182,6 +183,8 @@ class ScriptedAgent:
                     self.error(ident, -32800, "Request cancelled", {"cancel": line})
                     return None
                 continue
+            if value(m.get("method")) == "_test/crash":  # so a crash can leave this pending
+                self.dispatch(line)
             held.append(line)
 
     def on__test_crash(self, params: str, ident: str | None) -> None:
