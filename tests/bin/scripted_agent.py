@@ -7,7 +7,8 @@ can drive one agent through exactly the situation it needs:
   _test/raw         {"lines": [...]}: write each string verbatim as a stdout line, then {}
   _test/ask         {"method", "params"}: ask the client; result {"result"|"error": <answer>}
   _test/ask_cancel  like _test/ask, but cancel the question at once ($/cancel_request)
-  _test/hang        never answer until a $/cancel_request names it; then -32800
+  _test/hang        notify `_test/hanging`, then never answer until a $/cancel_request
+                    names it; then -32800
                     (a _test/crash meanwhile is obeyed at once)
   _test/crash       {"code", "stderr"}: print stderr and exit without answering
   _test/big         {"size"}: result {"data": "x" * size}
@@ -170,6 +171,8 @@ class ScriptedAgent:
 
     def on__test_hang(self, params: str, ident: str | None) -> None:
         want = value(ident)
+        # Tells a test the request is now in flight at the agent (no guessing, no sleeps).
+        self.write('{"jsonrpc":"2.0","method":"_test/hanging","params":{}}')
         held: list[str] = []
         while True:
             line = self.read()

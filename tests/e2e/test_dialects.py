@@ -147,3 +147,17 @@ async def test_as_a_proxy_the_conductor_answers_a_legacy_predecessor_in_the_lega
         assert wrapped["params"]["method"] == "initialize"
         await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
         assert (await c.response(0))["result"] == {"protocolVersion": 1}
+
+
+async def test_a_malformed_successor_envelope_is_answered_with_invalid_params() -> None:
+    async with open_conductor("proxy", proxy_cmd()) as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
+                      "params": {"protocolVersion": 1}})
+        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
+        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
+        await c.response(0)
+        await c.send({"jsonrpc": "2.0", "id": "bad", "method": "_proxy/successor",
+                      "params": {"params": {}}})
+        answer = await c.response("bad")
+        assert answer["error"]["code"] == -32602
+        assert "envelope" in answer["error"]["data"]

@@ -203,3 +203,37 @@ env = {{ ONLY = "this" }}
         await c.initialize()
         answer = await c.request("_test/env", {"names": ["ONLY", "LEAK"]})
     assert answer["result"]["env"] == {"ONLY": "this", "LEAK": None}
+
+
+# -- pending requests at shutdown --------------------------------------------------------------
+
+async def test_sigterm_answers_requests_still_in_flight_before_exiting() -> None:
+    async with open_conductor(*chain_args(1)) as c:
+        await c.initialize()
+        await c.send({"jsonrpc": "2.0", "id": "slow", "method": "_test/hang", "params": {}})
+        await c.read_until(lambda m: m.get("method") == "_test/hanging")
+        c.signal(signal.SIGTERM)
+        answer = await c.response("slow")
+        assert await c.wait() == 143
+    assert answer["error"]["code"] < 0
+    assert "shutting down" in json.dumps(answer["error"])
+
+
+async def test_editor_eof_with_a_request_in_flight_still_shuts_down_cleanly(
+        tmp_path: Path) -> None:
+    chain = write_chain(tmp_path, f"""
+[conductor]
+shutdown_grace = 0.3
+
+[agent]
+command = {json.dumps(agent_cmd())}
+""")
+    async with open_conductor("--chain", chain) as c:
+        await c.initialize()
+        await c.send({"jsonrpc": "2.0", "id": "slow", "method": "_test/hang", "params": {}})
+        await c.read_until(lambda m: m.get("method") == "_test/hanging")
+        await c.close_stdin()
+        rest = await c.read_to_end()
+        assert await c.wait() == 0
+    assert [m["id"] for m in rest] == ["slow"]  # answered, not dropped
+    assert rest[0]["error"]["code"] < 0
