@@ -9,16 +9,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from anyio.abc import Process
 
 from tests.conftest import child_env, conductor_argv, py
 
-TIMEOUT = 10.0
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from anyio.abc import Process
+
+TIMEOUT = 10.0  # every wait on the conductor is bounded by this (per ConductorProcess)
+EXIT_TIMEOUT = 20.0
 Json = Any
 
 
@@ -39,6 +43,7 @@ class ConductorProcess:
         self.stderr = bytearray()
         self._stderr_changed = anyio.Event()
         self._stderr_done = anyio.Event()
+        self.timeout = TIMEOUT  # raise it for tests that move tens of MiB
 
     @property
     def pid(self) -> int:
@@ -63,10 +68,10 @@ class ConductorProcess:
 
     # -- reading ---------------------------------------------------------------------------
 
-    async def read_raw(self, timeout: float = TIMEOUT) -> bytes:
+    async def read_raw(self) -> bytes:
         """The next stdout line (without its newline). Raises EOFError at end of output."""
         assert self.process.stdout is not None
-        with anyio.fail_after(timeout):
+        with anyio.fail_after(self.timeout):
             while True:
                 nl = self._buf.find(b"\n")
                 if nl >= 0:
@@ -81,38 +86,36 @@ class ConductorProcess:
                 except (anyio.EndOfStream, anyio.ClosedResourceError):
                     self._eof = True
 
-    async def read(self, timeout: float = TIMEOUT) -> Json:
+    async def read(self) -> Json:
         """The next message: from the inbox first, else from stdout."""
         if self.inbox:
             return self.inbox.pop(0)
-        return json.loads(await self.read_raw(timeout))
+        return json.loads(await self.read_raw())
 
-    async def read_until(self, match: Callable[[Json], bool], timeout: float = TIMEOUT) -> Json:
+    async def read_until(self, match: Callable[[Json], bool]) -> Json:
         """The first message matching; the others stay in the inbox, in order."""
         for i, msg in enumerate(self.inbox):
             if match(msg):
                 return self.inbox.pop(i)
-        with anyio.fail_after(timeout):
+        with anyio.fail_after(self.timeout):
             while True:
-                msg = json.loads(await self.read_raw(timeout))
+                msg = json.loads(await self.read_raw())
                 if match(msg):
                     return msg
                 self.inbox.append(msg)
 
-    async def response(self, ident: Json, timeout: float = TIMEOUT) -> Json:
+    async def response(self, ident: Json) -> Json:
         return await self.read_until(
-            lambda m: isinstance(m, dict) and "method" not in m and same_id(m.get("id"), ident),
-            timeout)
+            lambda m: isinstance(m, dict) and "method" not in m and same_id(m.get("id"), ident))
 
-    async def request(self, method: str, params: Json = None, ident: Json = None,
-                      timeout: float = TIMEOUT) -> Json:
+    async def request(self, method: str, params: Json = None, ident: Json = None) -> Json:
         """Send a request and return its response (the whole message)."""
         ident = ident if ident is not None else f"t-{len(self.lines)}-{method}"
         msg: dict[str, Json] = {"jsonrpc": "2.0", "id": ident, "method": method}
         if params is not None:
             msg["params"] = params
         await self.send(msg)
-        return await self.response(ident, timeout)
+        return await self.response(ident)
 
     async def initialize(self, version: int = 1) -> Json:
         answer = await self.request("initialize", {
@@ -125,24 +128,24 @@ class ConductorProcess:
         answer = await self.request("session/new", {"cwd": "/", "mcpServers": []})
         return answer["result"]["sessionId"]
 
-    async def read_to_end(self, timeout: float = TIMEOUT) -> list[Json]:
+    async def read_to_end(self) -> list[Json]:
         """Everything left on stdout until EOF."""
         out: list[Json] = []
-        with anyio.fail_after(timeout):
+        with anyio.fail_after(self.timeout):
             while True:
                 try:
-                    out.append(json.loads(await self.read_raw(timeout)))
+                    out.append(json.loads(await self.read_raw()))
                 except EOFError:
                     return out
 
     # -- process ---------------------------------------------------------------------------
 
-    async def wait(self, timeout: float = 20.0) -> int:
-        with anyio.fail_after(timeout):
+    async def wait(self) -> int:
+        with anyio.fail_after(EXIT_TIMEOUT):
             return await self.process.wait()
 
-    async def wait_stderr(self, text: str, timeout: float = TIMEOUT) -> None:
-        with anyio.fail_after(timeout):
+    async def wait_stderr(self, text: str) -> None:
+        with anyio.fail_after(self.timeout):
             while text not in self.stderr_text:
                 if self._stderr_done.is_set():
                     raise AssertionError(f"{text!r} never appeared on stderr:\n{self.stderr_text}")
@@ -164,15 +167,16 @@ class ConductorProcess:
             self._stderr_done.set()
             self._stderr_changed.set()
 
-    async def wait_stderr_closed(self, timeout: float = TIMEOUT) -> None:
-        with anyio.fail_after(timeout):
+    async def wait_stderr_closed(self) -> None:
+        with anyio.fail_after(self.timeout):
             await self._stderr_done.wait()
 
     def assert_stdout_is_pure_jsonrpc(self) -> None:
         for line in self.lines:
             decoded = json.loads(line)  # raises on anything that is not JSON
             for item in decoded if isinstance(decoded, list) else [decoded]:
-                assert isinstance(item, dict) and item.get("jsonrpc") == "2.0", line[:200]
+                assert isinstance(item, dict), line[:200]
+                assert item.get("jsonrpc") == "2.0", line[:200]
 
 
 @asynccontextmanager

@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     dialect = args.dialect
     inp, out = sys.stdin.buffer, sys.stdout.buffer
-    record = open(args.record, "ab") if args.record else None  # noqa: SIM115
+    record = open(args.record, "ab") if args.record else None
     pending: dict[int, str] = {}  # our id -> the conductor's id (raw text)
     next_id = 0
 

@@ -35,7 +35,7 @@ class ScriptedAgent:
         self.args = args
         self.inp = sys.stdin.buffer
         self.out = sys.stdout.buffer
-        self.record = open(args.record, "ab") if args.record else None  # noqa: SIM115
+        self.record = open(args.record, "ab") if args.record else None
         self.queue: list[str] = []
         self.asked = 0
         self.sessions = 0

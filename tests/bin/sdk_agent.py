@@ -7,7 +7,7 @@ through the client, and ends the turn with `end_turn` when allowed (`refusal` ot
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from acp import (
     InitializeResponse,
@@ -17,8 +17,10 @@ from acp import (
     text_block,
     update_agent_message,
 )
-from acp.interfaces import Client
 from acp.schema import AgentCapabilities, Implementation, PermissionOption, ToolCallUpdate
+
+if TYPE_CHECKING:
+    from acp.interfaces import Client
 
 
 class SdkAgent:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import child_env, conductor_argv
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 AGENT = '[agent]\ncommand = "true"\n'
 
@@ -84,4 +87,5 @@ def test_the_proxy_command_refuses_a_chain_with_an_agent(tmp_path: Path) -> None
     path.write_text(AGENT, encoding="utf-8")
     result = run("--chain", str(path), "proxy")
     assert result.returncode == 2
-    assert "agent" in result.stderr and "hint" in result.stderr
+    assert "agent" in result.stderr
+    assert "hint" in result.stderr

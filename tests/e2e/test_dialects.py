@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import conductor_argv
 from tests.wire_client import ConductorProcess, agent_cmd, open_conductor, proxy_cmd
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def methods(record: Path) -> list[str]:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.bin.rawjson import members
 from tests.wire_client import chain_args, open_conductor
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # Whitespace, key order, \u escapes (incl. a surrogate pair), 1e2, -0.0, a huge integer,
 # unknown fields, _meta, nulls and raw non-ASCII: everything a re-encoder would "normalise".

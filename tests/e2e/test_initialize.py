@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.wire_client import agent_cmd, chain_args, open_conductor, proxy_cmd
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def init(version: object, ident: object = 0) -> dict[str, object]:

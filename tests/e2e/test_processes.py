@@ -29,11 +29,16 @@ def family(c: ConductorProcess, pidfile: Path) -> list[int]:
     return pids
 
 
-async def wait_all_gone(pids: list[int], timeout: float = 10.0) -> None:
-    # The reaping of orphans by init is asynchronous: poll the process table, bounded.
-    with anyio.fail_after(timeout):
-        while not all(gone(p) for p in pids):
-            await anyio.sleep(0.02)
+async def wait_all_gone(pids: list[int]) -> None:
+    """Orphans are reaped by init asynchronously: psutil waits on the process table, bounded."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(procs, timeout=10))
+    assert all(gone(p.pid) for p in alive), [p.pid for p in alive]
 
 
 def write_chain(tmp_path: Path, body: str) -> str:

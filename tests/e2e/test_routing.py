@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.bin.rawjson import members
 from tests.wire_client import Json, chain_args, open_conductor
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
 CHAINS = pytest.mark.parametrize("proxies", [0, 1, 2])
 
 
-def is_method(name: str):  # noqa: ANN201 - a predicate for read_until
+def is_method(name: str):
     return lambda m: isinstance(m, dict) and m.get("method") == name
 
 
@@ -134,7 +137,7 @@ async def test_a_prompt_streams_updates_then_ends_the_turn() -> None:
 
 # -- batches (protocol.md §1) ------------------------------------------------------------------
 
-async def send_line(c, line: bytes) -> None:  # noqa: ANN001
+async def send_line(c, line: bytes) -> None:
     await c.send_raw(line + b"\n")
 
 

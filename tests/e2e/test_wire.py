@@ -4,11 +4,14 @@ on a component's stdout is logged and dropped, and the conductor's stdout stays 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.wire_client import agent_cmd, chain_args, open_conductor, proxy_cmd
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 MiB = 1024 * 1024
 
@@ -17,14 +20,15 @@ MiB = 1024 * 1024
 async def test_a_20_mib_frame_crosses_the_chain_each_way(proxies: int) -> None:
     data = "x" * (20 * MiB)
     async with open_conductor(*chain_args(proxies)) as c:
+        c.timeout = 30
         await c.initialize()
         await c.send_raw(b'{"jsonrpc":"2.0","id":1,"method":"_test/echo","params":{"d":"'
                          + data.encode() + b'"}}\n')
-        line = await c.read_raw(timeout=30)
+        line = await c.read_raw()
         assert line == b'{"jsonrpc":"2.0","id":1,"result":{"d":"' + data.encode() + b'"}}'
         await c.send({"jsonrpc": "2.0", "id": 2, "method": "_test/big",
                       "params": {"size": 20 * MiB}})
-        big = await c.response(2, timeout=30)
+        big = await c.response(2)
         assert len(big["result"]["data"]) == 20 * MiB
 
 

@@ -83,8 +83,10 @@ async def test_a_session_a_proxy_opens_downstream_is_recorded_as_the_proxys() ->
                             "result": {"sessionId": "P1"}})
     assert h.out["proxy"].take()["result"] == {"sessionId": "P1"}
     record = h.chain.sessions.get("P1")
-    assert record is not None and record.opened_by == "proxy"
-    assert "P1" in h.chain.sessions and "S1" not in h.chain.sessions
+    assert record is not None
+    assert record.opened_by == "proxy"
+    assert "P1" in h.chain.sessions
+    assert "S1" not in h.chain.sessions
 
 
 async def test_prompting_and_closing_move_the_session_through_its_states() -> None:
@@ -100,7 +102,8 @@ async def test_prompting_and_closing_move_the_session_through_its_states() -> No
     at_agent = h.out["agent"].take()
     record = h.chain.sessions.get("S1")
     assert record is not None
-    assert record.state is SessionState.PROMPTING and record.prompts == 1
+    assert record.state is SessionState.PROMPTING
+    assert record.prompts == 1
     await h.frame("agent", {"jsonrpc": "2.0", "id": at_agent["id"],
                             "result": {"stopReason": "end_turn"}})
     assert record.state is SessionState.IDLE

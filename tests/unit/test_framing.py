@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +15,7 @@ frame_bytes = st.binary(max_size=64).map(lambda b: b.replace(b"\n", b" "))
 def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts})
     edges = [0, *points, len(data)]
-    return [data[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(edges)]
 
 
 def decode_all(decoder: FrameDecoder, chunks: list[bytes]) -> list[bytes | OversizedFrame]:
@@ -52,7 +54,8 @@ def test_oversized_frames_are_skipped_and_reported_while_later_frames_come_throu
         if len(frame) > limit:
             assert isinstance(item, OversizedFrame)
             assert (item.size, item.limit) == (len(frame), limit)
-            assert item.head and frame.startswith(item.head)
+            assert item.head
+            assert frame.startswith(item.head)
         else:
             assert item == frame
 

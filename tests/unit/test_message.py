@@ -44,7 +44,8 @@ def test_a_request_round_trips_byte_for_byte(value: object, style: dict, ident: 
     payload = spell(value, style)
     frame = f'{{"jsonrpc":"2.0","id":{ident},"method":"x/y","params":{payload}}}'.encode()
     msg = decode(frame)
-    assert isinstance(msg, Message) and msg.is_request
+    assert isinstance(msg, Message)
+    assert msg.is_request
     assert bytes(msg.params) == payload.encode()  # type: ignore[arg-type]
     assert encode(msg) == frame + b"\n"
 
@@ -55,7 +56,8 @@ def test_results_and_errors_round_trip_byte_for_byte(value: object, style: dict)
     for key in ("result", "error"):
         frame = f'{{"jsonrpc":"2.0","id":7,"{key}":{payload}}}'.encode()
         msg = decode(frame)
-        assert isinstance(msg, Message) and msg.is_response
+        assert isinstance(msg, Message)
+        assert msg.is_response
         assert encode(msg) == frame + b"\n"
 
 
@@ -68,7 +70,8 @@ def test_envelope_key_order_and_spacing_do_not_touch_the_payload() -> None:
 
 def test_unknown_envelope_members_are_dropped_but_params_are_kept() -> None:
     msg = decode(b'{"jsonrpc":"2.0","method":"n","params":[1 ,2],"extra":true}')
-    assert isinstance(msg, Message) and msg.is_notification
+    assert isinstance(msg, Message)
+    assert msg.is_notification
     assert encode(msg) == b'{"jsonrpc":"2.0","method":"n","params":[1 ,2]}\n'
 
 
