@@ -90,6 +90,7 @@ async def test_proxy_crash_mid_request_answers_the_editor_naming_the_proxy(
         assert error["data"]["returncode"] == 7
         assert error["data"]["stderrTail"] == ["relay-proxy: crashing on _test/echo"]
         assert f"{name}: exited with status 7" in error["message"]
+    assert f"{name}| relay-proxy: crashing on _test/echo" in c.stderr_text
 
 
 @pytest.mark.parametrize("which", ["agent", "proxy"])
