@@ -37,7 +37,7 @@ from conductor.plugins.registry import load_component_proxy
 from conductor.routing.chain import Chain, ComponentLink, Role
 from conductor.routing.mcp import McpInjection
 from conductor.routing.wire import Wire
-from conductor.supervise.component import Component, LaunchSpec, open_component
+from conductor.supervise.component import EXIT_DRAIN, Component, LaunchSpec, open_component
 from conductor.transport.pipes import PipeSink, serve_frames
 
 if TYPE_CHECKING:
@@ -163,7 +163,10 @@ async def run_conductor(
                 exit_traced = anyio.Event()
 
                 async def read() -> None:
-                    await _serve_component(chain, comp, wire, max_frame, tracer)
+                    async with anyio.create_task_group() as watch:
+                        watch.start_soon(_stop_reading_after_exit, comp)
+                        await _serve_component(chain, comp, wire, max_frame, tracer)
+                        watch.cancel_scope.cancel()
                     if stop.is_set():
                         return
                     code = await comp.wait_exit(timeout=2.0)
@@ -260,6 +263,15 @@ async def run_conductor(
     if outcome.signal is not None:
         return EXIT_SIGNAL.get(signal.Signals(outcome.signal), 1)
     return 0
+
+
+async def _stop_reading_after_exit(comp: Component) -> None:
+    """A grandchild that inherited stdout keeps it open after the component died: once the
+    leader has exited, read what it wrote (bounded), then end the reader so the death is seen."""
+    await comp.wait_exited()
+    await anyio.sleep(EXIT_DRAIN)  # cancelled at once when stdout reaches EOF first
+    log.debug("%s exited but its stdout is still open (a grandchild?); closing it", comp.name)
+    await comp.stdout.aclose()
 
 
 async def _drain(client: Wire, timeout: float) -> None:

@@ -18,6 +18,8 @@ from conductor.transport.stdio import FdReceiveStream, FdSendStream
 
 STDERR_TAIL_LINES = 20
 _MAX_STDERR_LINE = 8192
+EXIT_POLL_INTERVAL = 0.05
+EXIT_DRAIN = 0.5  # after the leader exits, how long its stdout may stay open (grandchildren)
 
 StderrCallback = Callable[[str, str], None]  # (component name, line)
 
@@ -79,10 +81,18 @@ class Component:
         self.stderr_tail.append(text)
         self._on_stderr(self.name, text)
 
+    async def wait_exited(self) -> int:
+        """The leader's exit, even while a grandchild still holds its pipes open."""
+        # asyncio's process.wait() (3.11) also waits for every pipe to close, which a
+        # grandchild that inherited stdout/stderr may never do; returncode is set at exit.
+        while self.process.returncode is None:
+            await anyio.sleep(EXIT_POLL_INTERVAL)
+        return self.process.returncode
+
     async def wait_exit(self, timeout: float) -> int | None:
         """Wait (bounded) for the process to exit and its stderr to drain."""
         with anyio.move_on_after(timeout):
-            await self.process.wait()
+            await self.wait_exited()
         with anyio.move_on_after(0.5):
             await self.stderr_closed.wait()
         return self.process.returncode
@@ -94,7 +104,7 @@ class Component:
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         with anyio.move_on_after(grace):
-            await self.process.wait()
+            await self.wait_exited()
         # The group is signalled even when the leader exited: npx/uvx leave grandchildren.
         if _signal_group(self.pid, signal.SIGTERM):
             await _wait_group_gone(self.pid, self.process, grace)

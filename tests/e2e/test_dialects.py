@@ -1,0 +1,166 @@
+"""Proxies speaking the spec and the older dialect, chains nested, the conductor as a proxy."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.conftest import conductor_argv
+from tests.wire_client import ConductorProcess, agent_cmd, open_conductor, proxy_cmd
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def methods(record: Path) -> list[str]:
+    return [json.loads(x).get("method", "<response>")
+            for x in record.read_text(encoding="utf-8").splitlines()]
+
+
+async def exercise(c: ConductorProcess) -> None:
+    """A whole conversation: initialize, session, prompt, a question back, a cancel."""
+    await c.initialize()
+    sid = await c.new_session()
+    answer = await c.request("session/prompt", {"sessionId": sid, "prompt": []})
+    assert answer["result"] == {"stopReason": "end_turn"}
+    assert [m["method"] for m in c.inbox] == ["session/update", "session/update"]
+    c.inbox.clear()
+    await c.send({"jsonrpc": "2.0", "id": "q", "method": "_test/ask",
+                  "params": {"method": "session/request_permission", "params": {"n": 1}}})
+    asked = await c.read_until(lambda m: m.get("method") == "session/request_permission")
+    assert asked["params"] == {"n": 1}
+    await c.send({"jsonrpc": "2.0", "id": asked["id"], "result": {"ok": True}})
+    assert (await c.response("q"))["result"] == {"result": {"ok": True}}
+    await c.send({"jsonrpc": "2.0", "id": "h", "method": "_test/hang", "params": {}})
+    await c.send({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": "h"}})
+    assert (await c.response("h"))["error"]["code"] == -32800
+
+
+def write_chain(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "chain.toml"
+    path.write_text(body, encoding="utf-8")
+    return str(path)
+
+
+async def test_a_legacy_proxy_is_initialized_again_in_its_dialect_after_method_not_found(
+        tmp_path: Path) -> None:
+    record = tmp_path / "legacy.jsonl"
+    async with open_conductor("agent", proxy_cmd("--dialect", "legacy", "--record", str(record)),
+                              agent_cmd()) as c:
+        await exercise(c)
+    seen = methods(record)
+    assert seen[:2] == ["_proxy/initialize", "initialize"]
+    # Traffic from its successor is wrapped the legacy way.
+    assert "_proxy/successor/request" in seen
+    assert "_proxy/successor/notification" in seen
+    first_init = json.loads(record.read_text(encoding="utf-8").splitlines()[1])
+    assert first_init["params"]["_meta"]["proxy"] is True
+
+
+async def test_the_chain_file_dialect_key_forces_the_legacy_handshake(tmp_path: Path) -> None:
+    record = tmp_path / "legacy.jsonl"
+    chain = write_chain(tmp_path, f"""
+[[proxy]]
+name = "old"
+command = {json.dumps(proxy_cmd("--dialect", "legacy", "--record", str(record)))}
+dialect = "legacy"
+
+[agent]
+command = {json.dumps(agent_cmd())}
+""")
+    async with open_conductor("--chain", chain) as c:
+        await exercise(c)
+    assert methods(record)[0] == "initialize"
+
+
+async def test_a_spec_dialect_proxy_is_answered_in_its_own_spelling(tmp_path: Path) -> None:
+    record = tmp_path / "spec.jsonl"
+    async with open_conductor("agent", proxy_cmd("--dialect", "spec", "--record", str(record),
+                                                 "--envelope-meta", '{"from":"spec"}'),
+                              agent_cmd()) as c:
+        await exercise(c)
+    seen = methods(record)
+    assert "proxy/successor" in seen
+    assert "_proxy/successor" not in seen[1:]
+
+
+async def test_the_chain_file_dialect_key_forces_the_spec_handshake(tmp_path: Path) -> None:
+    record = tmp_path / "spec.jsonl"
+    chain = write_chain(tmp_path, f"""
+[[proxy]]
+command = {json.dumps(proxy_cmd("--dialect", "spec", "--strict", "--record", str(record)))}
+dialect = "spec"
+
+[agent]
+command = {json.dumps(agent_cmd())}
+""")
+    async with open_conductor("--chain", chain) as c:
+        await exercise(c)
+    assert methods(record)[0] == "proxy/initialize"
+
+
+async def test_a_chain_mixing_all_three_dialects_works() -> None:
+    async with open_conductor("agent", proxy_cmd("--dialect", "legacy"),
+                              proxy_cmd("--dialect", "spec"), proxy_cmd(), agent_cmd()) as c:
+        await exercise(c)
+
+
+@pytest.mark.parametrize("inner_proxies", [1, 2])
+async def test_a_conductor_nests_as_a_proxy_inside_another_conductor(
+        tmp_path: Path, inner_proxies: int) -> None:
+    record = tmp_path / "agent.jsonl"
+    inner = shlex.join(conductor_argv("proxy", *[proxy_cmd()] * inner_proxies))
+    odd = '{"b" : 1e2,"a":"\\u00e9", "n":null}'
+    async with open_conductor("agent", proxy_cmd(), inner,
+                              agent_cmd("--record", str(record))) as c:
+        await exercise(c)
+        await c.send_raw(f'{{"jsonrpc":"2.0","id":1,"method":"_test/echo","params":{odd}}}\n'
+                         .encode())
+        line = await c.read_raw()
+    assert line.endswith(f'"result":{odd}}}'.encode())
+    assert f'"params":{odd}}}' in record.read_text(encoding="utf-8")
+
+
+async def test_as_a_proxy_the_conductor_carries_envelope_meta_to_its_predecessor() -> None:
+    # The test plays the outer conductor: it speaks to `acp-conductor proxy` directly.
+    async with open_conductor("proxy", proxy_cmd("--envelope-meta", '{"hop":"inner"}')) as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
+                      "params": {"protocolVersion": 1}})
+        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
+        assert wrapped["params"] == {"method": "initialize", "params": {"protocolVersion": 1},
+                                     "_meta": {"hop": "inner"}}
+        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
+        assert (await c.response(0))["result"] == {"protocolVersion": 1}
+        # Our successor's messages come back wrapped to the proxy and plain from it.
+        await c.send({"jsonrpc": "2.0", "method": "_proxy/successor",
+                      "params": {"method": "session/update", "params": {"x": 1}}})
+        note = await c.read_until(lambda m: m.get("method") == "session/update")
+        assert note["params"] == {"x": 1}
+
+
+async def test_as_a_proxy_the_conductor_answers_a_legacy_predecessor_in_the_legacy_dialect(
+        ) -> None:
+    async with open_conductor("proxy", proxy_cmd()) as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                      "params": {"protocolVersion": 1, "_meta": {"proxy": True}}})
+        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor/request")
+        assert wrapped["params"]["method"] == "initialize"
+        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
+        assert (await c.response(0))["result"] == {"protocolVersion": 1}
+
+
+async def test_a_malformed_successor_envelope_is_answered_with_invalid_params() -> None:
+    async with open_conductor("proxy", proxy_cmd()) as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
+                      "params": {"protocolVersion": 1}})
+        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
+        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
+        await c.response(0)
+        await c.send({"jsonrpc": "2.0", "id": "bad", "method": "_proxy/successor",
+                      "params": {"params": {}}})
+        answer = await c.response("bad")
+        assert answer["error"]["code"] == -32602
+        assert "envelope" in answer["error"]["data"]

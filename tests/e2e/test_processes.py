@@ -1,0 +1,245 @@
+"""Supervision: failures answer every pending request with blame; nothing outlives the chain."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from tests.wire_client import ConductorProcess, agent_cmd, chain_args, open_conductor, proxy_cmd
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def family(c: ConductorProcess, pidfile: Path) -> list[int]:
+    """Every process the conductor started, grandchildren included."""
+    pids = [p.pid for p in psutil.Process(c.pid).children(recursive=True)]
+    grandchild = int(pidfile.read_text(encoding="utf-8"))
+    assert grandchild in pids  # still in the tree while the agent lives
+    return pids
+
+
+async def wait_all_gone(pids: list[int]) -> None:
+    """Orphans are reaped by init asynchronously: psutil waits on the process table, bounded."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(procs, timeout=10))
+    assert all(gone(p.pid) for p in alive), [p.pid for p in alive]
+
+
+def write_chain(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "chain.toml"
+    path.write_text(body, encoding="utf-8")
+    return str(path)
+
+
+# -- failures -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("proxies", [0, 1])
+async def test_agent_crash_mid_request_answers_every_pending_request_naming_the_agent(
+        proxies: int) -> None:
+    async with open_conductor(*chain_args(proxies)) as c:
+        await c.initialize()
+        await c.send({"jsonrpc": "2.0", "id": "waiting", "method": "_test/hang", "params": {}})
+        await c.send({"jsonrpc": "2.0", "id": "boom", "method": "_test/crash",
+                      "params": {"code": 5, "stderr": "fatal: out of tokens"}})
+        answers = [await c.response("waiting"), await c.response("boom")]
+        code = await c.wait()
+    assert code == 3
+    for answer in answers:
+        error = answer["error"]
+        assert "agent" in error["message"]
+        assert "exited with status 5" in error["message"]
+        assert "fatal: out of tokens" in error["message"]
+        assert error["data"]["component"] == "agent"
+        assert error["data"]["returncode"] == 5
+        assert "fatal: out of tokens" in error["data"]["stderrTail"]
+    assert "agent| fatal: out of tokens" in c.stderr_text
+
+
+@pytest.mark.parametrize(("proxies", "crashing"), [(1, 0), (2, 1), (2, 0)])
+async def test_proxy_crash_mid_request_answers_the_editor_naming_the_proxy(
+        proxies: int, crashing: int) -> None:
+    commands = [proxy_cmd(*(("--crash-on", "_test/echo") if i == crashing else ()))
+                for i in range(proxies)]
+    async with open_conductor("agent", *commands, agent_cmd()) as c:
+        await c.initialize()
+        await c.send({"jsonrpc": "2.0", "id": "waiting", "method": "_test/hang", "params": {}})
+        await c.send({"jsonrpc": "2.0", "id": 1, "method": "_test/echo", "params": {}})
+        answers = [await c.response(1), await c.response("waiting")]
+        code = await c.wait()
+    assert code == 3
+    name = f"proxy:{crashing}"
+    for answer in answers:
+        error = answer["error"]
+        assert error["data"]["component"] == name, error
+        assert error["data"]["returncode"] == 7
+        assert error["data"]["stderrTail"] == ["relay-proxy: crashing on _test/echo"]
+        assert f"{name}: exited with status 7" in error["message"]
+    assert f"{name}| relay-proxy: crashing on _test/echo" in c.stderr_text
+
+
+@pytest.mark.parametrize("which", ["agent", "proxy"])
+async def test_a_component_that_cannot_start_fails_initialize_naming_it(
+        tmp_path: Path, which: str) -> None:
+    missing = str(tmp_path / "no-such-agent")
+    commands = [missing, agent_cmd()] if which == "proxy" else [proxy_cmd(), missing]
+    async with open_conductor("agent", *commands) as c:
+        answer = await c.request("initialize", {"protocolVersion": 1}, ident=0)
+        code = await c.wait()
+    assert code == 3
+    name = "proxy:0" if which == "proxy" else "agent"
+    assert answer["error"]["data"]["component"] == name
+    assert name in answer["error"]["message"]
+    assert "not found" in answer["error"]["message"]
+    assert "Traceback" not in c.stderr_text
+
+
+async def test_a_missing_working_directory_is_reported_as_such(tmp_path: Path) -> None:
+    chain = write_chain(tmp_path, f"""
+[agent]
+command = {json.dumps(agent_cmd())}
+cwd = "does-not-exist"
+""")
+    async with open_conductor("--chain", chain) as c:
+        answer = await c.request("initialize", {"protocolVersion": 1}, ident=0)
+        assert await c.wait() == 3
+    assert "working directory" in answer["error"]["message"]
+
+
+# -- shutdown without orphans ---------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["eof", "sigterm", "sigint"])
+async def test_no_process_outlives_the_conductor_grandchildren_included(
+        tmp_path: Path, how: str) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    chain = write_chain(tmp_path, f"""
+[conductor]
+shutdown_grace = 0.5
+
+[[proxy]]
+command = {json.dumps(proxy_cmd())}
+
+[agent]
+command = {json.dumps(agent_cmd("--grandchild", str(pidfile)))}
+""")
+    async with open_conductor("--chain", chain) as c:
+        await c.initialize()
+        pids = family(c, pidfile)
+        assert len(pids) >= 3  # proxy, agent, grandchild
+        if how == "eof":
+            await c.close_stdin()
+        else:
+            c.signal(signal.SIGTERM if how == "sigterm" else signal.SIGINT)
+        code = await c.wait()
+    assert code == {"eof": 0, "sigterm": 143, "sigint": 130}[how]
+    await wait_all_gone(pids)
+
+
+async def test_a_component_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
+    chain = write_chain(tmp_path, f"""
+[conductor]
+shutdown_grace = 0.3
+
+[agent]
+command = {json.dumps(agent_cmd("--ignore-term", "--linger"))}
+""")
+    async with open_conductor("--chain", chain) as c:
+        await c.initialize()
+        [agent] = psutil.Process(c.pid).children()
+        started = time.monotonic()
+        await c.close_stdin()
+        assert await c.wait() == 0
+        elapsed = time.monotonic() - started
+    assert gone(agent.pid)
+    assert elapsed < 5  # grace (EOF) + grace (TERM) + the kill, not the agent's 300 s linger
+
+
+async def test_a_crashed_agents_grandchildren_are_cleaned_up_too(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    async with open_conductor(*chain_args(0, "--grandchild", str(pidfile))) as c:
+        await c.initialize()
+        pids = family(c, pidfile)
+        answer = await c.request("_test/crash", {"code": 9})
+        assert answer["error"]["data"]["returncode"] == 9
+        assert await c.wait() == 3
+    await wait_all_gone(pids)
+
+
+# -- environment ------------------------------------------------------------------------------
+
+async def test_env_and_cwd_from_the_chain_file_reach_the_component(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    chain = write_chain(tmp_path, f"""
+[agent]
+command = {json.dumps(agent_cmd())}
+cwd = "work"
+env = {{ GREETING = "hello ${{WHO}}", DEFAULTED = "${{UNSET_VAR_XYZ:-fallback}}" }}
+""")
+    async with open_conductor("--chain", chain, env={"WHO": "world"}) as c:
+        await c.initialize()
+        answer = await c.request("_test/env", {"names": ["GREETING", "DEFAULTED", "WHO"]})
+    result = answer["result"]
+    assert Path(result["cwd"]) == (tmp_path / "work").resolve()
+    assert result["env"] == {"GREETING": "hello world", "DEFAULTED": "fallback", "WHO": "world"}
+
+
+async def test_inherit_env_false_gives_the_component_only_its_own_env(tmp_path: Path) -> None:
+    chain = write_chain(tmp_path, f"""
+[agent]
+command = {json.dumps(agent_cmd())}
+inherit_env = false
+env = {{ ONLY = "this" }}
+""")
+    async with open_conductor("--chain", chain, env={"LEAK": "no"}) as c:
+        await c.initialize()
+        answer = await c.request("_test/env", {"names": ["ONLY", "LEAK"]})
+    assert answer["result"]["env"] == {"ONLY": "this", "LEAK": None}
+
+
+# -- pending requests at shutdown --------------------------------------------------------------
+
+async def test_sigterm_answers_requests_still_in_flight_before_exiting() -> None:
+    async with open_conductor(*chain_args(1)) as c:
+        await c.initialize()
+        await c.send({"jsonrpc": "2.0", "id": "slow", "method": "_test/hang", "params": {}})
+        await c.read_until(lambda m: m.get("method") == "_test/hanging")
+        c.signal(signal.SIGTERM)
+        answer = await c.response("slow")
+        assert await c.wait() == 143
+    assert answer["error"]["code"] < 0
+    assert "shutting down" in json.dumps(answer["error"])
+
+
+async def test_editor_eof_with_a_request_in_flight_still_shuts_down_cleanly(
+        tmp_path: Path) -> None:
+    chain = write_chain(tmp_path, f"""
+[conductor]
+shutdown_grace = 0.3
+
+[agent]
+command = {json.dumps(agent_cmd())}
+""")
+    async with open_conductor("--chain", chain) as c:
+        await c.initialize()
+        await c.send({"jsonrpc": "2.0", "id": "slow", "method": "_test/hang", "params": {}})
+        await c.read_until(lambda m: m.get("method") == "_test/hanging")
+        await c.close_stdin()
+        rest = await c.read_to_end()
+        assert await c.wait() == 0
+    assert [m["id"] for m in rest] == ["slow"]  # answered, not dropped
+    assert rest[0]["error"]["code"] < 0

@@ -1,0 +1,116 @@
+"""Frames: big ones pass, oversized ones are refused without ending the connection, noise
+on a component's stdout is logged and dropped, and the conductor's stdout stays pure."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.wire_client import agent_cmd, chain_args, open_conductor, proxy_cmd
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+MiB = 1024 * 1024
+
+
+@pytest.mark.parametrize("proxies", [0, 1])
+async def test_a_20_mib_frame_crosses_the_chain_each_way(proxies: int) -> None:
+    data = "x" * (20 * MiB)
+    async with open_conductor(*chain_args(proxies)) as c:
+        c.timeout = 30
+        await c.initialize()
+        await c.send_raw(b'{"jsonrpc":"2.0","id":1,"method":"_test/echo","params":{"d":"'
+                         + data.encode() + b'"}}\n')
+        line = await c.read_raw()
+        assert line == b'{"jsonrpc":"2.0","id":1,"result":{"d":"' + data.encode() + b'"}}'
+        await c.send({"jsonrpc": "2.0", "id": 2, "method": "_test/big",
+                      "params": {"size": 20 * MiB}})
+        big = await c.response(2)
+        assert len(big["result"]["data"]) == 20 * MiB
+
+
+async def test_an_oversized_editor_frame_is_refused_and_other_traffic_continues() -> None:
+    async with open_conductor("--max-frame-bytes", "65536", *chain_args(1)) as c:
+        await c.initialize()
+        await c.send_raw(b'{"jsonrpc":"2.0","id":3,"method":"_test/echo","params":{"d":"'
+                         + b"y" * 100_000 + b'"}}\n')
+        refused = await c.response(3)
+        assert refused["error"]["code"] == -32600
+        assert "65536" in refused["error"]["message"]
+        assert "--max-frame-bytes" in json.dumps(refused["error"])
+        assert (await c.request("_test/echo", {"ok": 1}))["result"] == {"ok": 1}
+    assert "over the 65536-byte limit" in c.stderr_text
+
+
+async def test_an_oversized_agent_answer_becomes_an_error_naming_the_agent() -> None:
+    async with open_conductor("--max-frame-bytes", "65536", *chain_args(0)) as c:
+        await c.initialize()
+        answer = await c.request("_test/big", {"size": 100_000})
+        assert answer["error"]["data"]["component"] == "agent"
+        assert "65536" in answer["error"]["message"]
+        # The agent's connection is still in use.
+        assert (await c.request("_test/echo", {"ok": 1}))["result"] == {"ok": 1}
+
+
+async def test_an_oversized_agent_notification_is_dropped_and_later_ones_arrive() -> None:
+    async with open_conductor("--max-frame-bytes", "65536", *chain_args(1)) as c:
+        await c.initialize()
+        await c.request("_test/notify", {"sessionId": "s", "count": 1, "pad": 100_000})
+        await c.request("_test/notify", {"sessionId": "s", "count": 1})
+        assert [m["params"]["update"]["content"]["text"] for m in c.inbox] == ["note 0"]
+    assert "agent sent a message of" in c.stderr_text
+
+
+@pytest.mark.parametrize("proxies", [0, 1])
+async def test_noise_on_a_components_stdout_is_logged_with_its_name_and_dropped(
+        tmp_path: Path, proxies: int) -> None:
+    record = tmp_path / "agent.jsonl"
+    flags = ("--banner",)
+    async with open_conductor("--log-level", "debug",
+                              "agent", *[proxy_cmd(*flags) for _ in range(proxies)],
+                              agent_cmd("--banner", "--record", str(record))) as c:
+        await c.initialize()
+        await c.request("_test/raw", {"lines": ["\x1b[31mred alert\x1b[0m", "progress: 50%"]})
+        assert not c.inbox  # nothing of it reached the editor
+        assert (await c.request("_test/echo", {"ok": 1}))["result"] == {"ok": 1}
+    err = c.stderr_text
+    assert "agent wrote a non-JSON line on stdout (dropped): Welcome to scripted-agent" in err
+    assert "agent wrote a non-JSON line on stdout (dropped): progress: 50%" in err
+    if proxies:
+        assert "proxy:0 wrote a non-JSON line on stdout (dropped): relay-proxy starting" in err
+    # Never answered either: the agent got only requests, no error replies.
+    received = [json.loads(x) for x in record.read_text(encoding="utf-8").splitlines()]
+    assert all("method" in m for m in received)
+
+
+async def test_component_stderr_reaches_the_conductors_stderr_prefixed_with_its_name(
+        tmp_path: Path) -> None:
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f"""
+[[proxy]]
+name = "relay"
+command = {json.dumps(proxy_cmd("--crash-on", "never"))}
+
+[agent]
+name = "my-agent"
+command = {json.dumps(agent_cmd("--stderr", "agent says hi"))}
+""", encoding="utf-8")
+    async with open_conductor("--chain", str(chain)) as c:
+        await c.initialize()
+        await c.request("_test/stderr", {"lines": ["first line", "second line"]})
+        await c.wait_stderr("my-agent| second line")
+    assert "my-agent| agent says hi" in c.stderr_text
+    assert "my-agent| first line" in c.stderr_text
+
+
+async def test_log_file_takes_logs_and_component_stderr_off_stderr(tmp_path: Path) -> None:
+    log = tmp_path / "conductor.log"
+    async with open_conductor("--log-file", str(log), "--log-level", "info",
+                              *chain_args(0, "--stderr", "to the log")) as c:
+        await c.initialize()
+    text = log.read_text(encoding="utf-8")
+    assert "agent| to the log" in text
+    assert "to the log" not in c.stderr_text

@@ -1,0 +1,142 @@
+"""Messages: only the envelope is decoded; every payload is re-emitted byte for byte."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conductor.jsonrpc.message import (
+    UNSET,
+    Batch,
+    InvalidMessage,
+    Message,
+    ParseError,
+    Raw,
+    decode,
+    encode,
+    encode_batch,
+    error_response,
+    id_key,
+)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+# How other encoders spell the same value: spacing, escaping, indentation.
+spellings = st.sampled_from([
+    {}, {"separators": (", ", ": ")}, {"ensure_ascii": False}, {"indent": 1},
+    {"separators": (" ,", " : "), "ensure_ascii": True}])
+
+
+def spell(value: object, style: dict) -> str:  # type: ignore[type-arg]
+    return json.dumps(value, **style).replace("\n", "\r\t ")  # no newline inside a frame
+
+
+@given(value=json_values, style=spellings, ident=st.sampled_from(
+    ['1', '"a"', '-5', '123456789012345678901234567890', '1.5', 'null', '"\\u00e9"']))
+def test_a_request_round_trips_byte_for_byte(value: object, style: dict, ident: str) -> None:  # type: ignore[type-arg]
+    payload = spell(value, style)
+    frame = f'{{"jsonrpc":"2.0","id":{ident},"method":"x/y","params":{payload}}}'.encode()
+    msg = decode(frame)
+    assert isinstance(msg, Message)
+    assert msg.is_request
+    assert bytes(msg.params) == payload.encode()  # type: ignore[arg-type]
+    assert encode(msg) == frame + b"\n"
+
+
+@given(value=json_values, style=spellings)
+def test_results_and_errors_round_trip_byte_for_byte(value: object, style: dict) -> None:  # type: ignore[type-arg]
+    payload = spell(value, style)
+    for key in ("result", "error"):
+        frame = f'{{"jsonrpc":"2.0","id":7,"{key}":{payload}}}'.encode()
+        msg = decode(frame)
+        assert isinstance(msg, Message)
+        assert msg.is_response
+        assert encode(msg) == frame + b"\n"
+
+
+def test_envelope_key_order_and_spacing_do_not_touch_the_payload() -> None:
+    frame = b'{ "params" : {"b":1, "a":1e2} , "method":"m", "id" : "x", "jsonrpc":"2.0"}'
+    msg = decode(frame)
+    assert isinstance(msg, Message)
+    assert encode(msg) == b'{"jsonrpc":"2.0","id":"x","method":"m","params":{"b":1, "a":1e2}}\n'
+
+
+def test_unknown_envelope_members_are_dropped_but_params_are_kept() -> None:
+    msg = decode(b'{"jsonrpc":"2.0","method":"n","params":[1 ,2],"extra":true}')
+    assert isinstance(msg, Message)
+    assert msg.is_notification
+    assert encode(msg) == b'{"jsonrpc":"2.0","method":"n","params":[1 ,2]}\n'
+
+
+@pytest.mark.parametrize(("frame", "call_shaped", "ident"), [
+    (b'{"jsonrpc":"2.0","id":{"x":1},"method":"m"}', True, None),
+    (b'{"jsonrpc":"2.0","id":true,"method":"m"}', True, None),
+    (b'{"jsonrpc":"2.0","id":3,"method":5}', True, b"3"),
+    (b'{"jsonrpc":"2.0","id":3}', True, b"3"),
+    (b'{"jsonrpc":"2.0","id":3,"result":1,"error":{}}', True, b"3"),
+    (b'{"jsonrpc":"2.0","id":3,"method":"m","result":1}', True, b"3"),
+    (b'{"jsonrpc":"2.0"}', True, None),
+    (b'7', True, None),
+])
+def test_json_that_is_not_json_rpc_is_an_invalid_message(
+        frame: bytes, call_shaped: bool, ident: bytes | None) -> None:
+    item = decode(frame)
+    assert isinstance(item, InvalidMessage)
+    assert item.call_shaped is call_shaped
+    assert (None if item.id is None else bytes(item.id)) == ident
+
+
+@pytest.mark.parametrize("frame", [b"nope", b'{"id":1,', b"[1,", b"\x1b[31mred\x1b[0m"])
+def test_a_frame_that_is_not_json_is_a_parse_error(frame: bytes) -> None:
+    with pytest.raises(ParseError):
+        decode(frame)
+
+
+def test_a_batch_decodes_each_item_on_its_own() -> None:
+    batch = decode(b' [{"jsonrpc":"2.0","method":"a"}, 1, {"jsonrpc":"2.0","id":2,"result":{}}]')
+    assert isinstance(batch, Batch)
+    kinds = [type(i).__name__ for i in batch.items]
+    assert kinds == ["Message", "InvalidMessage", "Message"]
+    assert decode(b"[]") == Batch([])
+
+
+def test_a_batch_encodes_as_one_array_line() -> None:
+    msgs = [Message(id=Raw(b"1"), result=Raw(b'{"a" : 1}')),
+            Message(id=Raw(b'"x"'), result=Raw(b"null"))]
+    assert encode_batch(msgs) == (b'[{"jsonrpc":"2.0","id":1,"result":{"a" : 1}},'
+                                  b'{"jsonrpc":"2.0","id":"x","result":null}]\n')
+
+
+def test_error_response_without_an_id_says_null() -> None:
+    msg = error_response(None, -32700, "Parse error", "details")
+    assert encode(msg) == (b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,'
+                           b'"message":"Parse error","data":"details"}}\n')
+    assert msg.result is UNSET
+
+
+@pytest.mark.parametrize(("ident", "key"), [(b"1", 1), (b'"1"', "1"), (b"null", None),
+                                            (b"123456789012345678901234567890",
+                                             123456789012345678901234567890)])
+def test_id_keys_keep_types_apart(ident: bytes, key: object) -> None:
+    assert id_key(Raw(ident)) == key
+    assert type(id_key(Raw(ident))) is type(key)
+
+
+@pytest.mark.parametrize("ident", [b"1.5", b"true", b"[1]"])
+def test_ids_that_cannot_be_keys_are_refused(ident: bytes) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011
+        id_key(Raw(ident))
+
+
+def test_params_value_decodes_a_copy() -> None:
+    msg = decode(b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":[1,2]}}')
+    assert isinstance(msg, Message)
+    assert msg.params_value() == {"a": [1, 2]}
+    assert msgspec.json.decode(msg.params) == {"a": [1, 2]}  # type: ignore[arg-type]

@@ -1,0 +1,123 @@
+"""The router's session table, driven in memory: who opened which session, and its state."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+
+from conductor.jsonrpc.message import Message, decode, encode
+from conductor.routing.chain import Chain, ComponentLink, Role
+from conductor.routing.sessions import SessionState
+from conductor.routing.wire import Wire
+
+
+class Outbox:
+    """A MessageSink that keeps what the router sent, decoded for assertions."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, object]] = []
+
+    async def send(self, item: Message | list[Message]) -> None:
+        for msg in item if isinstance(item, list) else [item]:
+            self.sent.append(json.loads(encode(msg)))
+
+    async def aclose(self) -> None:
+        pass
+
+    def take(self) -> dict[str, object]:
+        return self.sent.pop(0)
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.out = {name: Outbox() for name in ("client", "proxy", "agent")}
+        self.wires = {name: Wire(name, box) for name, box in self.out.items()}
+
+        async def starter() -> list[ComponentLink]:
+            return [ComponentLink("proxy", Role.PROXY, self.wires["proxy"]),
+                    ComponentLink("agent", Role.AGENT, self.wires["agent"])]
+
+        self.chain = Chain(self.wires["client"], starter)
+
+    async def frame(self, name: str, message: dict[str, object]) -> None:
+        with anyio.fail_after(5):
+            await self.chain.receive(self.wires[name], decode(json.dumps(message).encode()))
+
+    async def through(self, method: str, params: dict[str, object], result: dict[str, object],
+                      ident: object) -> dict[str, object]:
+        """The client asks; the proxy forwards in an envelope; the agent answers."""
+        await self.frame("client", {"jsonrpc": "2.0", "id": ident, "method": method,
+                                    "params": params})
+        at_proxy = self.out["proxy"].take()
+        await self.frame("proxy", {"jsonrpc": "2.0", "id": f"p-{ident}",
+                                   "method": "_proxy/successor",
+                                   "params": {"method": method, "params": params}})
+        at_agent = self.out["agent"].take()
+        assert at_agent["method"] == method
+        await self.frame("agent", {"jsonrpc": "2.0", "id": at_agent["id"], "result": result})
+        assert self.out["proxy"].take() == {"jsonrpc": "2.0", "id": f"p-{ident}",
+                                            "result": result}
+        await self.frame("proxy", {"jsonrpc": "2.0", "id": at_proxy["id"], "result": result})
+        return self.out["client"].take()
+
+
+async def test_a_session_opened_by_the_editor_is_recorded_as_the_clients() -> None:
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    answer = await h.through("session/new", {"cwd": "/"}, {"sessionId": "S1"}, 1)
+    assert answer["result"] == {"sessionId": "S1"}
+    record = h.chain.sessions.get("S1")
+    assert record is not None
+    assert (record.opened_by, record.served_by, record.how) == ("client", "agent", "session/new")
+    assert record.state is SessionState.IDLE
+
+
+async def test_a_session_a_proxy_opens_downstream_is_recorded_as_the_proxys() -> None:
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    await h.frame("proxy", {"jsonrpc": "2.0", "id": "own", "method": "_proxy/successor",
+                            "params": {"method": "session/new", "params": {"cwd": "/"}}})
+    at_agent = h.out["agent"].take()
+    await h.frame("agent", {"jsonrpc": "2.0", "id": at_agent["id"],
+                            "result": {"sessionId": "P1"}})
+    assert h.out["proxy"].take()["result"] == {"sessionId": "P1"}
+    record = h.chain.sessions.get("P1")
+    assert record is not None
+    assert record.opened_by == "proxy"
+    assert "P1" in h.chain.sessions
+    assert "S1" not in h.chain.sessions
+
+
+async def test_prompting_and_closing_move_the_session_through_its_states() -> None:
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    await h.through("session/new", {"cwd": "/"}, {"sessionId": "S1"}, 1)
+    await h.frame("client", {"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+                             "params": {"sessionId": "S1", "prompt": []}})
+    at_proxy = h.out["proxy"].take()
+    await h.frame("proxy", {"jsonrpc": "2.0", "id": "p2", "method": "_proxy/successor",
+                            "params": {"method": "session/prompt",
+                                       "params": {"sessionId": "S1", "prompt": []}}})
+    at_agent = h.out["agent"].take()
+    record = h.chain.sessions.get("S1")
+    assert record is not None
+    assert record.state is SessionState.PROMPTING
+    assert record.prompts == 1
+    await h.frame("agent", {"jsonrpc": "2.0", "id": at_agent["id"],
+                            "result": {"stopReason": "end_turn"}})
+    assert record.state is SessionState.IDLE
+    h.out["proxy"].take()
+    await h.frame("proxy", {"jsonrpc": "2.0", "id": at_proxy["id"],
+                            "result": {"stopReason": "end_turn"}})
+    assert h.out["client"].take()["result"] == {"stopReason": "end_turn"}
+    await h.through("session/close", {"sessionId": "S1"}, {}, 3)
+    assert record.state is SessionState.CLOSED
+
+
+async def test_session_load_is_recorded_before_its_answer_so_replayed_updates_route() -> None:
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    await h.frame("client", {"jsonrpc": "2.0", "id": 5, "method": "session/load",
+                             "params": {"sessionId": "OLD", "cwd": "/"}})
+    assert "OLD" in h.chain.sessions  # before anything answered
