@@ -74,9 +74,12 @@ class ComponentSpec(BaseModel):
     @model_validator(mode="after")
     def _one_kind(self) -> ComponentSpec:
         given = [k for k in ("command", "use", "plugin") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError("give exactly one of command, use, plugin"
-                             + (f" (got {', '.join(given)})" if given else ""))
+        if not given:
+            raise ValueError("command: Field required (hint: add it; an in-process proxy "
+                             "takes `use = NAME` or `plugin = \"module:attr\"` instead)")
+        if len(given) > 1:
+            raise ValueError(f"{given[1]}: give exactly one of command, use, plugin "
+                             f"(got {', '.join(given)})")
         if self.command is not None and self.options is not None:
             raise ValueError("options are for plugin proxies (use/plugin); pass a command "
                              "its settings on its command line or env")
@@ -188,7 +191,15 @@ def _location(loc: tuple[Any, ...]) -> str:
     return out
 
 
+_FIELD_PREFIX = re.compile(r"^([a-z_]+): ")
+
+
 def config_error_from_validation(error: ValidationError, file: str | None) -> ConfigError:
+    """One ConfigError naming every problem with its key path.
+
+    A model-level check names its field by starting its message with `field: `; that is
+    folded into the key path (pydantic cannot locate such errors itself).
+    """
     lines = []
     for item in error.errors():
         where = _location(item["loc"])
@@ -196,12 +207,13 @@ def config_error_from_validation(error: ValidationError, file: str | None) -> Co
         if item["type"] == "extra_forbidden":
             msg = f"unknown key {where.rsplit('.', 1)[-1]!r}"
         else:
-            msg = item["msg"]
+            msg = item["msg"].removeprefix("Value error, ")
+            field = _FIELD_PREFIX.match(msg)
+            if field:
+                where = f"{where}.{field.group(1)}" if where else field.group(1)
+                msg = msg[field.end():]
         lines.append(f"{where}: {msg}" + (f" (hint: {hint})" if hint else ""))
-    first = error.errors()[0]
-    return ConfigError("; ".join(lines), file=file, field=None,
-                       hint=None) if len(lines) > 1 else ConfigError(
-        lines[0].split(": ", 1)[1], file=file, field=_location(first["loc"]))
+    return ConfigError("; ".join(lines), file=file)
 
 
 def parse_chain(data: dict[str, Any], *, file: str | None = None,

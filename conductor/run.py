@@ -246,14 +246,15 @@ async def run_conductor(
         await stop.wait()
         with anyio.CancelScope(shield=True):
             # Components are stopping in their own tasks; meanwhile answer what they owed.
-            why = ("a signal" if outcome.signal is not None else "the client closing its input")
+            why = (signal.Signals(outcome.signal).name if outcome.signal is not None
+                   else "the client closed its input")
             longest = max((c.spec.shutdown_grace for c, _ in components), default=0.0)
             with anyio.move_on_after(2 * longest + 5):  # each stop is bounded; this is a backstop
                 for done in stopped:
                     await done.wait()
             for wire in [*(w for _, w in components), *hosted]:
                 reason = outcome.fatal or ComponentError(
-                    wire.name, f"was stopped before answering: the conductor shut down after {why}")
+                    wire.name, f"was stopped before answering: the conductor is shutting down ({why})")
                 await chain.fail_wire(wire, reason)
             await client_sink.aclose()
         tg.cancel_scope.cancel()
