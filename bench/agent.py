@@ -44,13 +44,13 @@ class PromptMeta(msgspec.Struct):
 
 
 class PromptParams(msgspec.Struct):
-    sessionId: str = "bench"  # noqa: N815 - wire name
+    sessionId: str = "bench"
     prompt: list[Raw] = []
     meta: PromptMeta | UnsetType = msgspec.field(default=UNSET, name="_meta")
 
 
 class InitParams(msgspec.Struct):
-    protocolVersion: int = 1  # noqa: N815 - wire name
+    protocolVersion: int = 1
 
 
 _envelope = msgspec.json.Decoder(Envelope)

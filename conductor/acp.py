@@ -108,7 +108,7 @@ def encode_envelope(method: str, params: Raw | UnsetType, meta: Raw | UnsetType,
 # -- protocol versions -------------------------------------------------------------------
 
 class _VersionProbe(msgspec.Struct):
-    protocolVersion: Raw | UnsetType = UNSET  # noqa: N815 - wire name
+    protocolVersion: Raw | UnsetType = UNSET
 
 
 class _MetaProbe(msgspec.Struct):

@@ -157,5 +157,5 @@ def register(command: click.Command) -> None:
 
 
 # Later modules add commands here (run, check, trace, proxies, serve-proxy).
-from conductor import cli_run as _cli_run  # noqa: E402,F401
-from conductor import cli_plugins as _cli_plugins  # noqa: E402,F401
+from conductor import cli_plugins as _cli_plugins  # noqa: F401
+from conductor import cli_run as _cli_run  # noqa: F401

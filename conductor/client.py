@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
-from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
 
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, OversizedFrame
-from conductor.jsonrpc.message import JsonValue
 from conductor.transport.pipes import serve_frames
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
+
+    from conductor.jsonrpc.message import JsonValue
 
 log = logging.getLogger("acp_conductor.client")
 

@@ -204,7 +204,7 @@ class DemoAgent:
 
 
 def serve_stdio(protocol_version: int | None = None) -> None:
-    inp = open(sys.stdin.fileno(), encoding="utf-8", closefd=False)  # noqa: SIM115
+    inp = open(sys.stdin.fileno(), encoding="utf-8", closefd=False)
     DemoAgent(sys.stdout, inp, protocol_version).serve()
 
 

@@ -19,7 +19,10 @@ Exit code 1 is "the run finished but failed" (used by `run`), 130/143 are signal
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 class ConductorError(Exception):

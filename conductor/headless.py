@@ -14,24 +14,26 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
-from anyio.abc import Process
 
 from conductor.client import ConnectionClosed, EditorHandler, RpcError, open_client_connection
 from conductor.errors import ConductorError, ConfigError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.message import JsonValue
 from conductor.run import RunOptions, run_conductor
 from conductor.transport.memory import memory_pipe
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from anyio.abc import Process
+
     from conductor.config import ChainConfig
+    from conductor.jsonrpc.message import JsonValue
     from conductor.tracing import TraceSink
 
 log = logging.getLogger("acp_conductor.run")

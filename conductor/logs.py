@@ -11,7 +11,7 @@ LEVELS = ("debug", "info", "warning", "error")
 
 def configure_logging(level: str = "warning", log_file: str | None = None) -> None:
     """Conductor logs at `level`; component stderr lines always, prefixed with the name."""
-    stream: TextIO = open(log_file, "a", encoding="utf-8", buffering=1) if log_file else sys.stderr  # noqa: SIM115
+    stream: TextIO = open(log_file, "a", encoding="utf-8", buffering=1) if log_file else sys.stderr
     root = logging.getLogger("acp_conductor")
     root.handlers.clear()
     handler = logging.StreamHandler(stream)

@@ -157,7 +157,7 @@ class PlainEvents:
             text = _content_text(update)
             self.out.write(text)
             self.out.flush()
-            self._text_open = bool(text) and not text.endswith("\n") or \
+            self._text_open = (bool(text) and not text.endswith("\n")) or \
                 (self._text_open and not text)
         elif kind == "agent_thought_chunk":
             if not self._thought_open:

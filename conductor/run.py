@@ -6,13 +6,12 @@ import logging
 import os
 import re
 import signal
-import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteSendStream, TaskStatus
 
+from conductor.acp import Dialect
 from conductor.config import (
     ChainConfig,
     ComponentSpec,
@@ -30,7 +29,6 @@ from conductor.errors import (
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
 from conductor.jsonrpc.message import Message, ParseError, Raw, decode, error_response, id_key
-from conductor.acp import Dialect
 from conductor.plugins.api import Proxy
 from conductor.plugins.host import open_inprocess_proxy
 from conductor.plugins.registry import load_component_proxy
@@ -41,6 +39,8 @@ from conductor.supervise.component import EXIT_DRAIN, Component, LaunchSpec, ope
 from conductor.transport.pipes import PipeSink, serve_frames
 
 if TYPE_CHECKING:
+    from anyio.abc import ByteReceiveStream, ByteSendStream, TaskStatus
+
     from conductor.tracing import TraceSink
 
 log = logging.getLogger("acp_conductor")

@@ -18,10 +18,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
 
 from conductor.acp import Dialect
 from conductor.errors import RpcError
@@ -42,8 +41,12 @@ from conductor.plugins.api import Proxy, answer_or_raise
 from conductor.plugins.host import open_inprocess_proxy
 from conductor.routing.chain import Chain, ComponentLink, Role
 from conductor.routing.wire import Wire
-from conductor.tracing import TraceSink
 from conductor.transport.pipes import PipeSink, serve_frames
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup, TaskStatus
+
+    from conductor.tracing import TraceSink
 
 Script = JsonValue | Callable[["ScriptedAgent", Message], Awaitable[JsonValue]]
 ClientScript = JsonValue | Callable[[Message], Awaitable[JsonValue]]

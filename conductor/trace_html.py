@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from conductor.trace_view import Trace
+if TYPE_CHECKING:
+    from conductor.trace_view import Trace
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

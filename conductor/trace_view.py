@@ -5,13 +5,15 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from rich.console import Console
 from rich.text import Text
 
 from conductor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 LANE_WIDTH = 14
 KIND_STYLE = {"request": "cyan", "response": "green", "notification": "dim",

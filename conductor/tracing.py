@@ -12,7 +12,6 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -23,6 +22,8 @@ from msgspec import UNSET, Raw
 from conductor import acp
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
     from conductor.config import ChainConfig
     from conductor.jsonrpc.message import Message
 

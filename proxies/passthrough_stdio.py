@@ -26,7 +26,7 @@ def main() -> None:
         out.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
         out.flush()
 
-    for line in open(sys.stdin.fileno(), encoding="utf-8", closefd=False):  # noqa: SIM115
+    for line in open(sys.stdin.fileno(), encoding="utf-8", closefd=False):
         if not line.strip():
             continue
         msg = json.loads(line)

@@ -13,13 +13,15 @@ import os
 import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from conductor.errors import RpcError
-from conductor.jsonrpc.message import JsonValue, Message
 from conductor.plugins import Proxy, ProxyContext, on
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import JsonValue, Message
 
 Action = Literal["allow", "deny", "ask"]
 PERMISSION_DENIED = -32001  # an application error code: the policy refused

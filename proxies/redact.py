@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from conductor.jsonrpc.message import Message
 from conductor.plugins import Proxy, ProxyContext, on
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Message
 
 MIN_SECRET = 4  # shorter env values would scrub ordinary words
 

@@ -11,13 +11,15 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
 from pydantic import BaseModel, ConfigDict
 
-from conductor.jsonrpc.message import Message
 from conductor.plugins import Proxy, ProxyContext, SessionScope, on
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Message
 
 
 class TranscriptOptions(BaseModel):

@@ -108,7 +108,7 @@ def test_an_envelope_round_trips_in_every_dialect(dialect: Dialect, params: obje
 @pytest.mark.parametrize("params", [UNSET, Raw(b"[]"), Raw(b'{"params":{}}'),
                                     Raw(b'{"method":5}')])
 def test_a_malformed_envelope_is_a_value_error(params: object) -> None:
-    with pytest.raises(ValueError):  # noqa: PT011
+    with pytest.raises(ValueError):
         acp.decode_envelope(params)  # type: ignore[arg-type]
 
 

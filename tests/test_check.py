@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import REPO, child_env, conductor_argv
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 CHAINS = sorted((REPO / "chains").glob("*.toml"))
 

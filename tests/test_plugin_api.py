@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import anyio
 import pytest
 from msgspec import Raw
 
 from conductor.errors import RpcError
-from conductor.jsonrpc.message import Message
 from conductor.plugins import Proxy, ProxyContext, SessionScope, on
 from conductor.testing import ScriptedAgent, open_test_chain
 from proxies.passthrough import Passthrough
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Message
 
 ODD = (b'{ "sessionId":"session-1",  "prompt":[{"type":"text","text":"caf\\u00e9"}],'
        b'"_meta":{"x":null},"unknown":[1.50, 1e3]}')

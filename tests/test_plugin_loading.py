@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import pytest
@@ -16,6 +16,9 @@ from conductor.plugins.registry import find_plugin, installed, load_proxy
 from conductor.run import _plan
 from conductor.testing import open_process_client
 from tests.conftest import child_env, conductor_argv
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 BUILT_INS = {"passthrough", "permissions", "context", "redact", "transcript"}
 

@@ -10,11 +10,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import BIN, REPO, child_env, conductor_argv
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 DEMO = str(REPO / "chains" / "demo.toml")
 

@@ -8,11 +8,14 @@ import shutil
 import stat
 import subprocess
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import BIN, REPO, child_env, conductor_argv
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 SECRET = "sk-live-0123456789abcdef"
 

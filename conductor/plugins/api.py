@@ -16,9 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
-
 from msgspec import UNSET, UnsetType
+from pydantic import BaseModel, ConfigDict
 
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
@@ -175,7 +174,7 @@ class ProxyContext:
         self._host = host
         self.source = source
         self.message = message                 # the message being handled
-        self._session: SessionScope | None | bool = False
+        self._session: SessionScope | bool | None = False
         self._outstanding: list[OutgoingRequest] = []
         self.released: Callable[[], None] | None = None
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup, TaskStatus
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
@@ -52,6 +51,8 @@ from conductor.plugins.api import (
 from conductor.transport.pipes import CoalescedWrites, PipeSink, serve_frames
 
 if TYPE_CHECKING:
+    from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup, TaskStatus
+
     from conductor.transport.base import MessageSink
 
 log = logging.getLogger("acp_conductor.plugins")

@@ -29,11 +29,11 @@ from conductor.jsonrpc.message import (
     id_key,
     int_id,
 )
-from conductor.routing.mcp import McpInjection
 from conductor.routing.sessions import SessionTable
 from conductor.routing.wire import Pending, ResponseHook, Wire
 
 if TYPE_CHECKING:
+    from conductor.routing.mcp import McpInjection
     from conductor.tracing import TraceSink
 
 log = logging.getLogger("acp_conductor.routing")

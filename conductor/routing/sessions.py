@@ -7,7 +7,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-
 log = logging.getLogger("acp_conductor.sessions")
 
 

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from conductor.acp import Dialect
 from conductor.jsonrpc.message import Message, Raw, id_key, int_id
 
 if TYPE_CHECKING:
+    from conductor.acp import Dialect
     from conductor.errors import ComponentError
     from conductor.transport.base import MessageSink
 

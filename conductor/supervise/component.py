@@ -9,12 +9,15 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 
 from conductor.errors import ComponentStartError
 from conductor.transport.stdio import FdReceiveStream, FdSendStream
+
+if TYPE_CHECKING:
+    from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 
 STDERR_TAIL_LINES = 20
 _MAX_STDERR_LINE = 8192

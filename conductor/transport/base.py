@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from conductor.jsonrpc.message import Message
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Message
 
 
 class MessageSink(Protocol):

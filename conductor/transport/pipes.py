@@ -16,14 +16,19 @@ such a task is at most deferred to the end of that read; otherwise it is written
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteSendStream
 
-from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
 from conductor.jsonrpc.message import Message, encode_batch, encode_into
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from anyio.abc import ByteReceiveStream, ByteSendStream
+
+    from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
 
 READ_CHUNK = 1 << 20
 HIGH_WATER = 256 * 1024  # deferred bytes per sink before it is written without waiting

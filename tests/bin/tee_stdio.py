@@ -14,7 +14,7 @@ import threading
 
 def main() -> None:
     log_path, argv = sys.argv[1], sys.argv[2:]
-    log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115
+    log = open(log_path, "w", encoding="utf-8")
     lock = threading.Lock()
     child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert child.stdin is not None and child.stdout is not None

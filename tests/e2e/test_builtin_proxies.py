@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 
-from conductor.jsonrpc.message import Message
 from conductor.testing import TestClient, open_process_client
 from tests.conftest import BIN, child_env, conductor_argv
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from conductor.jsonrpc.message import Message
 
 DEMO_AGENT = ["${PYTHON}", "-m", "conductor.demo_agent"]
 SDK_AGENT = ["${PYTHON}", str(BIN / "sdk_tool_agent.py")]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import anyio
-from anyio.lowlevel import checkpoint
 from anyio import wait_all_tasks_blocked
+from anyio.lowlevel import checkpoint
 
 from conductor.jsonrpc.message import Message, Raw, id_key, notification
 from conductor.routing.wire import Wire

@@ -6,6 +6,7 @@ import os
 import sys
 
 import anyio
+
 from conductor.supervise.component import LaunchSpec, open_component
 
 ECHO = "import sys\nfor line in sys.stdin: sys.stdout.write(line.upper()); sys.stdout.flush()"
