@@ -40,7 +40,8 @@ def main() -> int:
         return 2
     child = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              bufsize=0)
-    assert child.stdin is not None and child.stdout is not None
+    assert child.stdin is not None
+    assert child.stdout is not None
     # Keep our own references to the fds; Popen's file objects would close them twice.
     child_in = os.dup(child.stdin.fileno())
     child_out = os.dup(child.stdout.fileno())

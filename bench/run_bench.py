@@ -42,7 +42,8 @@ MiB = 1024 * 1024
 
 AGENT = [PY, str(BENCH / "agent.py")]
 PASSTHROUGH = [PY, str(REPO / "proxies" / "passthrough_stdio.py")]  # stdlib json stdio proxy
-PLUGIN_STANDALONE = [PY, "-m", "conductor", "serve-proxy", "passthrough"]  # the plugin, as a process
+# the plugin, as a process
+PLUGIN_STANDALONE = [PY, "-m", "conductor", "serve-proxy", "passthrough"]
 FAST_PASSTHROUGH = [PY, str(BENCH / "fast_passthrough.py")]         # msgspec, Raw payloads
 
 
@@ -147,7 +148,8 @@ class Editor:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, bufsize=0, env=child_env(pythonpath),
                                      cwd=pythonpath)  # `-m` puts the cwd first on sys.path
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
         self.wfd = self.proc.stdin.fileno()
         self.rfd = self.proc.stdout.fileno()
         self.buf = bytearray()
@@ -237,7 +239,8 @@ class Editor:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            raise BenchError(f"the variant did not exit within 15 s of EOF; see {self.stderr_path}")
+            raise BenchError(
+                f"the variant did not exit within 15 s of EOF; see {self.stderr_path}") from None
         finally:
             self.proc.stdout.close()  # type: ignore[union-attr]
             self._stderr.close()

@@ -149,7 +149,9 @@ def result_protocol_version(result: Raw | UnsetType) -> object:
         return None
     try:
         probe = msgspec.json.decode(result, type=_VersionProbe)
-        return None if probe.protocolVersion is UNSET else msgspec.json.decode(probe.protocolVersion)
+        if probe.protocolVersion is UNSET:
+            return None
+        return msgspec.json.decode(probe.protocolVersion)
     except msgspec.MsgspecError:
         return None
 

@@ -131,7 +131,9 @@ class CheckReport:
                 "components": [c.summary() for c in self.components]}
 
 
-async def check_chain(config: ChainConfig, *, timeout: float = 30.0,
+# The timeout is the check's subject (a report blames whoever had not answered initialize
+# in time), not a bound the caller could put around the call.
+async def check_chain(config: ChainConfig, *, timeout: float = 30.0,  # noqa: ASYNC109
                       tracer: TraceSink | None = None) -> CheckReport:
     """Start, initialize and stop `config`'s chain.
 

@@ -78,7 +78,8 @@ def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
               help="Write every message on every hop, and component lifecycle, to this JSONL "
                    "file (created 0600; see docs/tracing.md).")
 @click.option("--trace-unredacted", is_flag=True,
-              help="Do not redact secrets (secret_env values, patterns, Authorization) in the trace.")
+              help="Do not redact secrets (secret_env values, patterns, Authorization) "
+                   "in the trace.")
 @click.version_option(package_name="acp-conductor")
 @click.pass_context
 @handle_errors
@@ -156,6 +157,7 @@ def register(command: click.Command) -> None:
     main.add_command(command)
 
 
-# Later modules add commands here (run, check, trace, proxies, serve-proxy).
-from conductor import cli_plugins as _cli_plugins  # noqa: F401
-from conductor import cli_run as _cli_run  # noqa: F401
+# Later modules add commands here (run, check, trace, proxies, serve-proxy). These imports
+# stay at the bottom: the modules register their subcommands on `main`, defined above.
+from conductor import cli_plugins as _cli_plugins  # noqa: E402, F401
+from conductor import cli_run as _cli_run  # noqa: E402, F401

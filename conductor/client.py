@@ -1,4 +1,6 @@
-"""The editor side of ACP over byte streams: what `run`, `check`, tests and bench drive a chain with.
+"""The editor side of ACP over byte streams.
+
+What `run`, `check`, tests and bench drive a chain with.
 
 Unlike the router, this is an endpoint: it decodes payloads fully (it is the one reading
 them). Outgoing requests get per-connection ids; incoming requests are dispatched to an
@@ -219,7 +221,8 @@ class ClientConnection:
 
 
 def _key(ident: Any) -> Any:
-    return ident if isinstance(ident, str | int | None) and not isinstance(ident, bool) else repr(ident)
+    hashable = isinstance(ident, str | int | None) and not isinstance(ident, bool)
+    return ident if hashable else repr(ident)
 
 
 @asynccontextmanager

@@ -67,7 +67,8 @@ class ComponentSpec(BaseModel):
     @field_validator("command")
     @classmethod
     def _not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
+        if (isinstance(value, str) and not value.strip()) or (
+                isinstance(value, list) and not value):
             raise ValueError("command is empty")
         return value
 
@@ -253,8 +254,9 @@ def load_chain(path: str | os.PathLike[str]) -> ChainConfig:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError("file not found", file=file,
-                          hint="pass the path of a chain TOML file, e.g. chains/demo.toml") from None
+        raise ConfigError(
+            "file not found", file=file,
+            hint="pass the path of a chain TOML file, e.g. chains/demo.toml") from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", file=file) from None
     try:

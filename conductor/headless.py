@@ -183,8 +183,9 @@ class HeadlessEditor(EditorHandler):
             if policy == "all":
                 chosen = _pick(options, ("allow_once", "allow_always"))
             elif policy == "reads":
-                chosen = _pick(options, ("allow_once", "allow_always")
-                               if tool.get("kind") in READ_KINDS else ("reject_once", "reject_always"))
+                chosen = _pick(options,
+                               ("allow_once", "allow_always") if tool.get("kind") in READ_KINDS
+                               else ("reject_once", "reject_always"))
             elif policy == "none":
                 chosen = _pick(options, ("reject_once", "reject_always"))
             elif policy == "ask":
@@ -309,7 +310,8 @@ class HeadlessEditor(EditorHandler):
             process = await anyio.open_process(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                                stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as e:
-            raise RpcError(ErrorCode.INTERNAL_ERROR, f"cannot start {command}: {e.strerror}") from None
+            raise RpcError(ErrorCode.INTERNAL_ERROR,
+                           f"cannot start {command}: {e.strerror}") from None
         limit = p.get("outputByteLimit")
         term = _Terminal(process, limit if isinstance(limit, int) else None)
         ident = f"term-{len(self._terminals) + 1}-{process.pid}"

@@ -167,8 +167,8 @@ class PlainEvents:
             self.err.flush()
         elif kind in ("tool_call", "tool_call_update"):
             call = self.tools.merge(update)
-            self._line(f"[tool] {call.get('kind', 'other')}: {call.get('title', call['toolCallId'])}"
-                       f" ({call['status']})")
+            title = call.get("title", call["toolCallId"])
+            self._line(f"[tool] {call.get('kind', 'other')}: {title} ({call['status']})")
         elif kind == "plan":
             self._line("[plan]")
             for entry in update.get("entries") or []:
@@ -277,7 +277,8 @@ class RichEvents:
             if self.text_kind != kind:
                 self._commit_text()
                 self.text_kind = kind
-            style = {"agent_thought_chunk": "dim italic", "user_message_chunk": "blue"}.get(kind, "")
+            style = {"agent_thought_chunk": "dim italic",
+                     "user_message_chunk": "blue"}.get(kind, "")
             self.text.append(_content_text(update), style=style)
         elif kind in ("tool_call", "tool_call_update"):
             self._commit_text()

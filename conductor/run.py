@@ -169,7 +169,11 @@ async def run_conductor(
                         watch.cancel_scope.cancel()
                     if stop.is_set():
                         return
-                    code = await comp.wait_exit(timeout=2.0)
+                    with anyio.move_on_after(2.0):  # a wedged leader: report what is known
+                        await comp.wait_exited()
+                    with anyio.move_on_after(0.5):  # the last stderr lines complete the tail
+                        await comp.stderr_closed.wait()
+                    code = comp.process.returncode
                     error = ComponentExitedError(launch.name, code, comp.stderr_tail)
                     if tracer is not None:
                         tracer.lifecycle(launch.name, "exited", code=code, expected=False)
@@ -229,7 +233,9 @@ async def run_conductor(
         async def serve_client() -> None:
             await _serve_client(chain, client, stdin, max_frame)
             log.info("client closed its input")
-            await _drain(client, config.conductor.shutdown_grace)
+            # Give the client's in-flight requests a bounded time to be answered.
+            with anyio.move_on_after(config.conductor.shutdown_grace):
+                await client.wait_quiet()
             stop.set()
 
         async def watch_signals() -> None:
@@ -254,7 +260,8 @@ async def run_conductor(
                     await done.wait()
             for wire in [*(w for _, w in components), *hosted]:
                 reason = outcome.fatal or ComponentError(
-                    wire.name, f"was stopped before answering: the conductor is shutting down ({why})")
+                    wire.name,
+                    f"was stopped before answering: the conductor is shutting down ({why})")
                 await chain.fail_wire(wire, reason)
             await client_sink.aclose()
         tg.cancel_scope.cancel()
@@ -273,12 +280,6 @@ async def _stop_reading_after_exit(comp: Component) -> None:
     await anyio.sleep(EXIT_DRAIN)  # cancelled at once when stdout reaches EOF first
     log.debug("%s exited but its stdout is still open (a grandchild?); closing it", comp.name)
     await comp.stdout.aclose()
-
-
-async def _drain(client: Wire, timeout: float) -> None:
-    """After the client's EOF, give its in-flight requests a bounded time to be answered."""
-    with anyio.move_on_after(timeout):
-        await client.wait_quiet()
 
 
 async def _serve_client(chain: Chain, client: Wire, stdin: ByteReceiveStream,

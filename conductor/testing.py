@@ -315,7 +315,8 @@ async def open_process_client(argv: Sequence[str], *, env: dict[str, str] | None
     """
     client = client if client is not None else TestClient()
     process = await anyio.open_process(list(argv), env=env, stderr=stderr)
-    assert process.stdin is not None and process.stdout is not None
+    assert process.stdin is not None
+    assert process.stdout is not None
     sink = PipeSink(process.stdin)
     try:
         async with anyio.create_task_group() as tg:

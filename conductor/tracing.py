@@ -89,7 +89,10 @@ class Redactor:
 
     @classmethod
     def from_config(cls, config: ChainConfig) -> Redactor:
-        """Secrets: values of each component's `secret_env` names; patterns: `[conductor] redact`."""
+        """Secrets: values of each component's `secret_env` names.
+
+        Patterns: `[conductor] redact`.
+        """
         from conductor.config import component_environment
         from conductor.errors import ConfigError
 

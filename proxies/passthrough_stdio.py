@@ -37,7 +37,7 @@ def main() -> None:
                 send({"id": origin, **{k: msg[k] for k in ("result", "error") if k in msg}})
             continue
         if verbose:
-            print(f"forwarding {method}", file=sys.stderr)
+            sys.stderr.write(f"forwarding {method}\n")
         if method == SUCCESSOR:  # from our successor: hand it to our predecessor plainly
             inner = msg["params"]
             out_msg: dict[str, Any] = {"method": inner["method"]}

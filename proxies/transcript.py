@@ -88,8 +88,9 @@ class Transcript(Proxy[TranscriptOptions]):
                         f"_Turn ended: {stop}_\n\n")
         else:
             err = answer.error_value()
+            shown = err.get("message") if isinstance(err, dict) else err
             self._write(ctx.session, {"type": "error", "error": err},
-                        f"_Turn failed: {err.get('message') if isinstance(err, dict) else err}_\n\n")
+                        f"_Turn failed: {shown}_\n\n")
         return answer
 
     @on("session/update", source="successor")
@@ -104,7 +105,7 @@ class Transcript(Proxy[TranscriptOptions]):
             chunk = _text(update.get("content"))
             session.state["transcript_agent_text"] = \
                 session.state.get("transcript_agent_text", "") + chunk
-            md, jsonl = self._paths(session.session_id)
+            _md, jsonl = self._paths(session.session_id)
             with jsonl.open("a", encoding="utf-8") as f:
                 f.write(json.dumps({"time": round(time.time(), 3),
                                     "session": session.session_id, "type": "agent_text",

@@ -66,7 +66,8 @@ def test_json_mode_prints_one_event_per_line_ending_with_the_result() -> None:
     kinds = [e["update"]["sessionUpdate"] for e in lines if e["type"] == "update"]
     assert kinds[:3] == ["agent_thought_chunk", "plan", "usage_update"]
     text = "".join(e["update"]["content"]["text"] for e in lines
-                   if e["type"] == "update" and e["update"]["sessionUpdate"] == "agent_message_chunk")
+                   if e["type"] == "update"
+                   and e["update"]["sessionUpdate"] == "agent_message_chunk")
     assert text == "Hello from the demo agent. You said: plan please "
     final = lines[-1]
     assert final["type"] == "result"

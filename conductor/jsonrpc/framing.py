@@ -64,7 +64,8 @@ class FrameDecoder:
             if nl < 0:
                 break
             if self._skipping is not None:
-                out.append(OversizedFrame(self._skipping, self._max, self._skip_head[: self.HEAD_BYTES]))
+                out.append(OversizedFrame(self._skipping, self._max,
+                                          self._skip_head[: self.HEAD_BYTES]))
                 self._skipping = None
                 self._skip_head = b""
             elif self._pending:

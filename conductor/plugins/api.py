@@ -44,7 +44,7 @@ class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-O = TypeVar("O", bound=BaseModel)
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
 # What a request handler returns: a response Message (e.g. what `ctx.forward` gave back,
 # possibly changed), a Raw result, a pydantic model, or any JSON value. Raise RpcError to
@@ -71,7 +71,7 @@ def on(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[Any],
     return mark
 
 
-class Proxy(Generic[O]):
+class Proxy(Generic[OptionsT]):
     """Base class of every plugin proxy. Anything without a handler is forwarded untouched.
 
     Subclass it, set `options_model` to a pydantic model (extra="forbid" recommended), and
@@ -82,8 +82,8 @@ class Proxy(Generic[O]):
     options_model: ClassVar[type[BaseModel]] = NoOptions
     _handler_table: ClassVar[dict[tuple[Side, str], str]]
 
-    def __init__(self, options: O | None = None) -> None:
-        self.options: O = options if options is not None else self.options_model()  # type: ignore[assignment]
+    def __init__(self, options: OptionsT | None = None) -> None:
+        self.options: OptionsT = options if options is not None else self.options_model()  # type: ignore[assignment]
         self.name: str = type(self).__name__.lower()  # the registry sets the chain's name
         self.log = logging.getLogger(f"acp_conductor.proxy.{self.name}")
 

@@ -334,7 +334,8 @@ class Chain:
         if (target.role is Role.PROXY and not downward) or target.role is Role.SUCCESSOR:
             dialect = (target.wire.dialect or Dialect.PROXY) if target.role is Role.PROXY \
                 else self._upstream_dialect
-            out = Message(id=out.id, method=dialect.successor_method(is_request=out.id is not UNSET),
+            out = Message(id=out.id,
+                          method=dialect.successor_method(is_request=out.id is not UNSET),
                           params=acp.encode_envelope(out_method, out_params, meta, dialect))
         await self._send(target.wire, out, source=source.name,
                          origin=None if origin_id is UNSET else (origin.name, origin_id))
@@ -441,7 +442,8 @@ class Chain:
                 return
         await self._settle(pending, answer, source=wire.name)
 
-    async def _settle(self, pending: Pending, answer: Message, *, source: str = "conductor") -> None:
+    async def _settle(self, pending: Pending, answer: Message, *,
+                      source: str = "conductor") -> None:
         if pending.origin is None:
             pending.answer = answer
             if pending.waiter is not None:

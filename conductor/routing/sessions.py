@@ -56,7 +56,8 @@ class SessionTable:
             record.opened_by = by
             self._log_opened(record, rank)
             self._rank[session_id] = rank
-            record.state = SessionState.IDLE if record.state is SessionState.OPENING else record.state
+            if record.state is SessionState.OPENING:
+                record.state = SessionState.IDLE
 
     @staticmethod
     def _log_opened(record: SessionRecord, rank: int) -> None:

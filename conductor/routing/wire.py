@@ -102,7 +102,7 @@ class Wire:
         # Taking a free turn does not yield to the event loop (anyio.Lock would: one loop
         # iteration per message). Fairness comes from the readers instead.
         self._lock = _WriterTurn()
-        self._batches: list[_BatchCollector] = []
+        self._batches: list[BatchCollector] = []
 
     def __repr__(self) -> str:
         return f"Wire({self.name})"

@@ -88,16 +88,9 @@ class Component:
         """The leader's exit, even while a grandchild still holds its pipes open."""
         # asyncio's process.wait() (3.11) also waits for every pipe to close, which a
         # grandchild that inherited stdout/stderr may never do; returncode is set at exit.
-        while self.process.returncode is None:
+        # Nothing signals that moment, hence the poll.
+        while self.process.returncode is None:  # noqa: ASYNC110
             await anyio.sleep(EXIT_POLL_INTERVAL)
-        return self.process.returncode
-
-    async def wait_exit(self, timeout: float) -> int | None:
-        """Wait (bounded) for the process to exit and its stderr to drain."""
-        with anyio.move_on_after(timeout):
-            await self.wait_exited()
-        with anyio.move_on_after(0.5):
-            await self.stderr_closed.wait()
         return self.process.returncode
 
     async def stop(self, grace: float) -> None:
@@ -110,9 +103,11 @@ class Component:
             await self.wait_exited()
         # The group is signalled even when the leader exited: npx/uvx leave grandchildren.
         if _signal_group(self.pid, signal.SIGTERM):
-            await _wait_group_gone(self.pid, self.process, grace)
+            with anyio.move_on_after(grace):
+                await _wait_group_gone(self.pid, self.process)
             if _signal_group(self.pid, signal.SIGKILL):
-                await _wait_group_gone(self.pid, self.process, 2.0)
+                with anyio.move_on_after(2.0):
+                    await _wait_group_gone(self.pid, self.process)
         with anyio.move_on_after(2.0):
             await self.process.wait()
 
@@ -128,18 +123,17 @@ def _signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
-async def _wait_group_gone(pgid: int, process: Process, timeout: float) -> None:
+async def _wait_group_gone(pgid: int, process: Process) -> None:
     # Grandchildren are not our children: nothing to wait on but the group itself, so this
-    # checks at a short interval, bounded by `timeout`.
-    with anyio.move_on_after(timeout):
-        while True:
-            if process.returncode is None:
-                with anyio.move_on_after(0.02):
-                    await process.wait()
-            else:
-                await anyio.sleep(0.02)
-            if not _signal_group(pgid, 0):
-                return
+    # checks at a short interval. Unbounded: callers bound it.
+    while True:
+        if process.returncode is None:
+            with anyio.move_on_after(0.02):
+                await process.wait()
+        else:
+            await anyio.sleep(0.02)
+        if not _signal_group(pgid, 0):
+            return
 
 
 @asynccontextmanager
@@ -186,11 +180,15 @@ async def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int) -> Process:
         return await anyio.open_process(list(spec.argv), cwd=spec.cwd, env=spec.env,
                                         start_new_session=True, stdin=stdin, stdout=stdout)
     except FileNotFoundError as e:
-        missing = spec.cwd if spec.cwd and not os.path.isdir(spec.cwd) else spec.argv[0]
+        # One stat on an error path after a failed spawn: not worth a worker thread.
+        cwd_missing = spec.cwd and not os.path.isdir(spec.cwd)  # noqa: ASYNC240
+        missing = spec.cwd if cwd_missing else spec.argv[0]
         what = "working directory" if missing == spec.cwd else "command"
-        raise ComponentStartError(spec.name, f"{what} not found: {missing} ({e.strerror})") from None
+        raise ComponentStartError(
+            spec.name, f"{what} not found: {missing} ({e.strerror})") from None
     except PermissionError as e:
-        raise ComponentStartError(spec.name, f"cannot execute {spec.argv[0]}: {e.strerror}") from None
+        raise ComponentStartError(
+            spec.name, f"cannot execute {spec.argv[0]}: {e.strerror}") from None
     except OSError as e:
         reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
         raise ComponentStartError(spec.name, f"cannot start {spec.argv[0]}: {reason}") from None

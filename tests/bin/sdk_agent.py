@@ -30,7 +30,8 @@ class SdkAgent(Agent):
                                   agent_capabilities=AgentCapabilities(),
                                   agent_info=Implementation(name="sdk-agent", version="1.0"))
 
-    async def new_session(self, cwd: str, mcp_servers: Any = None, **kwargs: Any) -> NewSessionResponse:
+    async def new_session(self, cwd: str, mcp_servers: Any = None,
+                          **kwargs: Any) -> NewSessionResponse:
         self.sessions += 1
         return NewSessionResponse(session_id=f"sdk-{self.sessions}")
 

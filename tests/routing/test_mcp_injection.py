@@ -48,7 +48,8 @@ def test_a_server_the_client_already_declared_is_not_added_twice() -> None:
 
 def test_http_servers_are_skipped_when_the_v1_agent_lacks_http_support() -> None:
     inj = McpInjection([STDIO, HTTP])
-    inj.learn_initialize(1, msgspec.Raw(b'{"agentCapabilities":{"mcpCapabilities":{"http":false}}}'))
+    inj.learn_initialize(
+        1, msgspec.Raw(b'{"agentCapabilities":{"mcpCapabilities":{"http":false}}}'))
     out = json.loads(bytes(inj.apply(msgspec.Raw(b"{}"))))
     assert [s["name"] for s in out["mcpServers"]] == ["files"]
 

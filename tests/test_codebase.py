@@ -1,0 +1,58 @@
+"""House rules that hold for the whole source tree, checked on the source itself."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ruff() -> list[str]:
+    if importlib.util.find_spec("ruff") is not None:
+        return [sys.executable, "-m", "ruff"]
+    # An environment without the module may still have the binary beside the interpreter.
+    return [str(Path(sys.executable).with_name("ruff"))]
+
+
+def _modules(*packages: str) -> list[Path]:
+    return sorted(p for package in packages for p in (ROOT / package).rglob("*.py"))
+
+
+def test_ruff_finds_nothing_in_the_code_tests_and_bench() -> None:
+    # pyproject.toml's [tool.ruff] applies (cwd is the repository root); T201 there also
+    # keeps print() out of conductor/ and proxies/, whose stdout is the JSON-RPC channel.
+    done = subprocess.run(
+        [*_ruff(), "check", "--no-cache", "conductor", "proxies", "bench", "tests"],
+        cwd=ROOT, capture_output=True, text=True, timeout=50, check=False)
+    assert done.returncode == 0, f"ruff check failed:\n{done.stdout}{done.stderr}"
+
+
+def test_no_module_under_conductor_imports_asyncio() -> None:
+    offenders = []
+    for path in _modules("conductor"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(name == "asyncio" or name.startswith("asyncio.") for name in names):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, "the core is anyio-only; asyncio imported at " + ", ".join(offenders)
+
+
+def test_conductor_and_proxies_never_print_to_stdout() -> None:
+    # A print() without file= would write to stdout, which carries only JSON-RPC frames.
+    offenders = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in _modules("conductor", "proxies")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id == "print" and not any(kw.arg == "file" for kw in node.keywords)
+    ]
+    assert not offenders, "print() to stdout at " + ", ".join(offenders)
