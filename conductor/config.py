@@ -22,6 +22,7 @@ from pydantic import (
 from conductor.acp import Dialect
 from conductor.errors import ConfigError
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
+from conductor.regex import Regex
 from conductor.routing.mcp import McpServer
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -140,17 +141,8 @@ class SettingsSpec(BaseModel):
 
     max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024)
     shutdown_grace: float = Field(default=3.0, ge=0, le=300)
-    redact: list[str] = Field(default=[], description="regexes whose matches traces redact")
+    redact: list[Regex] = Field(default=[], description="regexes whose matches traces redact")
 
-    @field_validator("redact")
-    @classmethod
-    def _valid_patterns(cls, value: list[str]) -> list[str]:
-        for pattern in value:
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise ValueError(f"bad regular expression {pattern!r}: {e}") from None
-        return value
 
 
 class ChainConfig(BaseModel):

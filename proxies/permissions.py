@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict
 
 from conductor.errors import RpcError
 from conductor.plugins import Proxy, ProxyContext, on
+from conductor.regex import Regex
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import JsonValue, Message
@@ -37,17 +38,7 @@ class Rule(BaseModel):
     kind: str | list[str] | None = None     # tool kind: read, edit, delete, execute, fetch, ...
     title: str | None = None                # glob on the tool call's title
     path: str | None = None                 # glob on any path involved (see docs)
-    command: str | None = None              # regex searched in the command line
-
-    @field_validator("command")
-    @classmethod
-    def _regex(cls, value: str | None) -> str | None:
-        if value is not None:  # a bad pattern is a load-time error, naming the field
-            try:
-                re.compile(value)
-            except re.error as e:
-                raise ValueError(f"{value!r} is not a regular expression: {e}") from None
-        return value
+    command: Regex | None = None            # regex searched in the command line
 
 
 class PermissionsOptions(BaseModel):

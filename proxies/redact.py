@@ -11,9 +11,10 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict
 
 from conductor.plugins import Proxy, ProxyContext, on
+from conductor.regex import Regex
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Message
@@ -24,19 +25,9 @@ MIN_SECRET = 4  # shorter env values would scrub ordinary words
 class RedactOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    patterns: list[str] = []     # regular expressions
+    patterns: list[Regex] = []   # regular expressions
     env: list[str] = []          # names of environment variables whose values are secret
     replacement: str = "[redacted]"
-
-    @field_validator("patterns")
-    @classmethod
-    def _compiles(cls, value: list[str]) -> list[str]:
-        for pattern in value:
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise ValueError(f"{pattern!r} is not a regular expression: {e}") from None
-        return value
 
 
 class Redact(Proxy[RedactOptions]):
