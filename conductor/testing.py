@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from conductor.acp import Dialect
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
@@ -38,7 +37,7 @@ from conductor.jsonrpc.message import (
     payload,
 )
 from conductor.plugins.api import Proxy, answer_or_raise
-from conductor.plugins.host import open_inprocess_proxy
+from conductor.plugins.host import open_inprocess_wire
 from conductor.routing.chain import Chain, ComponentLink, Role
 from conductor.routing.wire import Wire
 from conductor.transport.pipes import PipeSink, serve_frames
@@ -274,11 +273,7 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
         client_wire = Wire("client", await tg.start(_pump, client))
 
         async def host(proxy: Proxy[Any], *, task_status: TaskStatus[Wire]) -> None:
-            async def deliver(message: Message) -> None:
-                await chain.receive(wire, message)
-
-            async with open_inprocess_proxy(proxy, deliver) as sink:
-                wire = Wire(proxy.name, sink, dialect=Dialect.PROXY)
+            async with open_inprocess_wire(proxy, chain.receive) as wire:
                 task_status.started(wire)
                 await anyio.sleep_forever()
 

@@ -48,6 +48,7 @@ from conductor.plugins.api import (
     Side,
     answer_or_raise,
 )
+from conductor.routing.wire import Wire
 from conductor.transport.pipes import CoalescedWrites, PipeSink, serve_frames
 
 if TYPE_CHECKING:
@@ -514,6 +515,21 @@ async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Send) -> AsyncIterato
         finally:
             send.close()
             tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_inprocess_wire(proxy: Proxy[Any],
+                              receive: Callable[[Wire, Message], Awaitable[None]]
+                              ) -> AsyncIterator[Wire]:
+    """`proxy` in this process behind a Wire: what is sent on the wire reaches the plugin as
+    Message objects (nothing encoded), and what the plugin sends comes back through
+    `receive(wire, message)` (the router's `Chain.receive`)."""
+    async def deliver(message: Message) -> None:
+        await receive(wire, message)
+
+    async with open_inprocess_proxy(proxy, deliver) as sink:
+        wire = Wire(proxy.name, sink, dialect=Dialect.PROXY)
+        yield wire
 
 
 async def serve_proxy(proxy: Proxy[Any], stdin: ByteReceiveStream, stdout: ByteSendStream,
