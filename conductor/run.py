@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from conductor.acp import Dialect
 from conductor.config import (
     ChainConfig,
     ComponentSpec,
@@ -28,9 +26,10 @@ from conductor.errors import (
 )
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
-from conductor.jsonrpc.message import Message, ParseError, Raw, decode, error_response, id_key
+from conductor.jsonrpc.head import read_head
+from conductor.jsonrpc.message import ParseError, decode, error_response
 from conductor.plugins.api import Proxy
-from conductor.plugins.host import open_inprocess_proxy
+from conductor.plugins.host import open_inprocess_wire
 from conductor.plugins.registry import load_component_proxy
 from conductor.routing.chain import Chain, ComponentLink, Role
 from conductor.routing.mcp import McpInjection
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("acp_conductor")
 stderr_log = logging.getLogger("acp_conductor.stderr")
 
-_ID_IN_HEAD = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*"|null)')
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
@@ -193,13 +191,7 @@ async def run_conductor(
                 inner.cancel_scope.cancel()
 
         async def host_plugin(proxy: Proxy[Any], *, task_status: TaskStatus[Wire]) -> None:
-            # No subprocess, no encoding: the wire hands Message objects to the plugin, and
-            # what the plugin sends enters the router as if read from that wire.
-            async def deliver(message: Message) -> None:
-                await chain.receive(wire, message)
-
-            async with open_inprocess_proxy(proxy, deliver) as sink:
-                wire = Wire(proxy.name, sink, dialect=Dialect.PROXY)
+            async with open_inprocess_wire(proxy, chain.receive) as wire:
                 hosted.append(wire)
                 if tracer is not None:
                     # Same event as a subprocess, so traces and `check` treat both alike; the
@@ -286,15 +278,7 @@ async def _serve_client(chain: Chain, client: Wire, stdin: ByteReceiveStream,
                         max_frame: int) -> None:
     async def handle(frame: bytes | bytearray | OversizedFrame) -> None:
         if isinstance(frame, OversizedFrame):
-            ident = _id_from_head(frame.head)
-            log.warning("client sent a frame of %d bytes, over the %d-byte limit; refused",
-                        frame.size, frame.limit)
-            if b'"method"' in frame.head or ident is None:
-                await client.send(error_response(
-                    ident, ErrorCode.INVALID_REQUEST,
-                    f"message of {frame.size} bytes exceeds the conductor's frame limit of "
-                    f"{frame.limit} bytes", "raise it with --max-frame-bytes or "
-                    "[conductor] max_frame_bytes"))
+            await chain.refuse_oversized(client, read_head(frame.head), frame.size, frame.limit)
             return
         try:
             item = decode(frame)
@@ -310,7 +294,7 @@ async def _serve_component(chain: Chain, comp: Component, wire: Wire, max_frame:
                            tracer: TraceSink | None) -> None:
     async def handle(frame: bytes | bytearray | OversizedFrame) -> None:
         if isinstance(frame, OversizedFrame):
-            await _component_oversized(chain, wire, frame)
+            await chain.refuse_oversized(wire, read_head(frame.head), frame.size, frame.limit)
             return
         try:
             item = decode(frame)
@@ -324,30 +308,5 @@ async def _serve_component(chain: Chain, comp: Component, wire: Wire, max_frame:
         await chain.receive(wire, item)
 
     await serve_frames(comp.stdout, FrameDecoder(max_frame_bytes=max_frame), handle)
-
-
-async def _component_oversized(chain: Chain, wire: Wire, frame: OversizedFrame) -> None:
-    ident = _id_from_head(frame.head)
-    reason = (f"{wire.name} sent a message of {frame.size} bytes, over the conductor's frame "
-              f"limit of {frame.limit} bytes")
-    log.error("%s; dropped", reason)
-    if ident is None:
-        return
-    if b'"method"' in frame.head:
-        await wire.send(error_response(ident, ErrorCode.INVALID_REQUEST, reason))
-        return
-    try:
-        pending = wire.pending.pop(id_key(ident), None)
-    except ValueError:
-        pending = None
-    if pending is not None and pending.origin is not None and pending.origin_id is not None:
-        pending.origin.untrack_inbound(pending.origin_id)
-        await pending.origin.send(error_response(pending.origin_id, ErrorCode.INTERNAL_ERROR,
-                                                 reason, {"component": wire.name}))
-
-
-def _id_from_head(head: bytes) -> Raw | None:
-    match = _ID_IN_HEAD.search(head)
-    return Raw(match.group(1)) if match else None
 
 

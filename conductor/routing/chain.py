@@ -33,6 +33,7 @@ from conductor.routing.sessions import SessionTable
 from conductor.routing.wire import Pending, ResponseHook, Wire
 
 if TYPE_CHECKING:
+    from conductor.jsonrpc.head import Head
     from conductor.routing.mcp import McpInjection
     from conductor.tracing import TraceSink
 
@@ -476,6 +477,36 @@ class Chain:
         await self._send(target, Message(method=acp.CANCEL_REQUEST,
                                          params=acp.set_key(params, "requestId", int_id(our_id))),
                          source=wire.name)
+
+    async def refuse_oversized(self, wire: Wire, head: Head, size: int, limit: int) -> None:
+        """A frame over the size limit arrived on `wire` and was skipped unread.
+
+        A request is refused to its sender (with id null when its id lay beyond the bytes
+        that could be read); a notification is only logged (a frame whose params begin
+        before any id is taken for one: every SDK writes the id first); an answer fails the
+        request it answered, so the asker is not left waiting.
+        """
+        reason = (f"{wire.name} sent a message of {size} bytes, over the {limit}-byte limit "
+                  "on messages")
+        log.error("%s; dropped", reason)
+        if self._tracer is not None:
+            self._tracer.lifecycle(wire.name, "oversized", size=size, limit=limit)
+        hint = "raise the limit with --max-frame-bytes or [conductor] max_frame_bytes"
+        if head.is_notification:
+            return  # a notification is never answered
+        if head.has_method:  # a request: refuse it, by id when the id could be read
+            await self._reply(wire, error_response(head.id, ErrorCode.INVALID_REQUEST,
+                                                   reason, hint))
+            return
+        if head.id is None:
+            return  # an answer to nobody we can tell: responses are never answered
+        try:
+            pending = wire.pending.pop(id_key(head.id), None) if head.id is not None else None
+        except ValueError:
+            pending = None
+        if pending is not None:
+            await self._settle(pending, error_response(
+                None, ErrorCode.INTERNAL_ERROR, reason, {"component": wire.name, "hint": hint}))
 
     # -- I/O and failure ---------------------------------------------------------------------
 

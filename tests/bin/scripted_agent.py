@@ -4,7 +4,8 @@ Behaviour is chosen by flags (start-up) and by `_test/*` methods (per request), 
 can drive one agent through exactly the situation it needs:
 
   _test/echo        result = the params, byte for byte as received
-  _test/raw         {"lines": [...]}: write each string verbatim as a stdout line, then {}
+  _test/raw         {"lines": [...], "pad"?: N}: write each string verbatim as a stdout line
+                    (with PAD replaced by N x's, for big lines from a small request), then {}
   _test/ask         {"method", "params"}: ask the client; result {"result"|"error": <answer>}
   _test/ask_cancel  like _test/ask, but cancel the question at once ($/cancel_request)
   _test/hang        notify `_test/hanging`, then never answer until a $/cancel_request
@@ -148,8 +149,10 @@ class ScriptedAgent:
         return params
 
     def on__test_raw(self, params: str, ident: str | None) -> str:
-        for line in value(params)["lines"]:  # type: ignore[index]
-            self.write(line)
+        args = value(params)
+        pad = "x" * args.get("pad", 0)  # type: ignore[union-attr]
+        for line in args["lines"]:  # type: ignore[index]
+            self.write(line.replace("PAD", pad))
         return "{}"
 
     def _ask(self, params: str, *, cancel: bool) -> str:

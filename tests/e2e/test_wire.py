@@ -64,6 +64,43 @@ async def test_an_oversized_agent_notification_is_dropped_and_later_ones_arrive(
     assert "agent sent a message of" in c.stderr_text
 
 
+async def test_an_oversized_answer_fails_only_the_request_its_top_level_id_names() -> None:
+    async with open_conductor("--max-frame-bytes", "65536", *chain_args(0)) as c:
+        await c.initialize()  # agent-hop id 1
+        # `_test/raw` is agent-hop id 2. It makes the agent write an oversized answer whose
+        # *result* mentions id 2 but which answers id 999, then answer id 2 itself with {}.
+        line = '{"jsonrpc":"2.0","result":{"id":2,"pad":"PAD"},"id":999}'
+        answer = await c.request("_test/raw", {"lines": [line], "pad": 100_000})
+        assert answer.get("result") == {}, answer  # not failed by the frame meant for 999
+    assert "agent sent a message of" in c.stderr_text
+
+
+async def test_an_oversized_notification_from_the_editor_is_never_answered() -> None:
+    async with open_conductor("--max-frame-bytes", "65536", *chain_args(0)) as c:
+        await c.initialize()
+        await c.send_raw(b'{"jsonrpc":"2.0","method":"_test/note","params":{"id":5,"big":"'
+                         + b"z" * 100_000 + b'"}}\n')
+        assert (await c.request("_test/echo", {"ok": 1}))["result"] == {"ok": 1}
+        assert not [m for m in c.inbox if "id" in m]  # nothing answered the notification
+    assert "client sent a message of" in c.stderr_text
+
+
+async def test_an_oversized_answer_from_the_editor_fails_the_agents_question() -> None:
+    async with open_conductor("--max-frame-bytes", "65536", *chain_args(1)) as c:
+        await c.initialize()
+        await c.send({"jsonrpc": "2.0", "id": "ask", "method": "_test/ask",
+                      "params": {"method": "fs/read_text_file",
+                                 "params": {"sessionId": "s", "path": "/big"}}})
+        question = await c.read_until(lambda m: m.get("method") == "fs/read_text_file")
+        await c.send_raw(b'{"jsonrpc":"2.0","id":' + json.dumps(question["id"]).encode()
+                         + b',"result":{"content":"' + b"c" * 100_000 + b'"}}\n')
+        asked = await c.response("ask")
+        # The agent was told, instead of waiting forever for an answer that was dropped.
+        error = asked["result"]["error"]
+        assert error["data"]["component"] == "client"
+        assert "65536" in error["message"]
+
+
 @pytest.mark.parametrize("proxies", [0, 1])
 async def test_noise_on_a_components_stdout_is_logged_with_its_name_and_dropped(
         tmp_path: Path, proxies: int) -> None:
