@@ -107,6 +107,26 @@ async def test_a_crashing_handler_answers_with_an_error_naming_the_plugin_and_th
     assert "sessionId" in still
 
 
+class BrokenHook(Proxy):
+    """Its session_opened hook raises."""
+
+    async def session_opened(self, session: SessionScope) -> None:
+        raise RuntimeError("hook broke")
+
+
+async def test_a_failing_session_hook_still_answers_session_new_naming_the_plugin() -> None:
+    broken = BrokenHook()
+    broken.rename("broken")
+    async with open_test_chain([broken]) as client:
+        with anyio.fail_after(5):
+            answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
+            later = await client.request("_ext/anything", {})
+    error = answer.error_value()
+    assert error["data"]["plugin"] == "broken"
+    assert "RuntimeError: hook broke" in error["message"]
+    assert later.error_value()["code"] == -32601  # the chain lives on (the agent's answer)
+
+
 class Slow(Proxy):
     """Works locally on one method, forwards another after a pause it can be cancelled in."""
 

@@ -208,7 +208,8 @@ class ProxyHost:
         try:
             await self._dispatch(message)
         except Exception as e:  # a plugin bug must never take the conductor down
-            self.proxy.log.exception("proxy %s failed on %s", self.name, message.method)
+            method = message.method if message.method is not UNSET else "an answer"
+            self._log_failure(e, method)
             if message.is_request:
                 await self._answer(message.id, self._failure(e, message.method))  # type: ignore[arg-type]
 
@@ -300,7 +301,7 @@ class ProxyHost:
                 except RpcError as e:
                     reply = error_response(None, e.code, e.message, e.data)
                 except Exception as e:
-                    self.proxy.log.exception("handler for %s failed", msg.method)
+                    self._log_failure(e, msg.method)
                     reply = self._failure(e, msg.method)
                 if msg.is_request:
                     await self._answer(msg.id, reply)  # type: ignore[arg-type]
@@ -329,6 +330,12 @@ class ProxyHost:
             out = Message(id=ident, result=payload(reply))
         await self.emit(out)
 
+    def _log_failure(self, error: BaseException, what: object) -> None:
+        # One line for the user; the traceback is for the plugin's author, at debug level.
+        self.proxy.log.error("proxy %s failed handling %s: %s: %s", self.name, what,
+                             type(error).__name__, error)
+        self.proxy.log.debug("traceback", exc_info=error)
+
     def _failure(self, error: BaseException, method: object) -> Message:
         return error_response(
             None, ErrorCode.INTERNAL_ERROR,
@@ -352,7 +359,12 @@ class ProxyHost:
             log.debug("%s: answer for unknown id %r ignored", self.name, key)
             return
         for hook in pending.hooks:  # routes first: later messages may name the session
-            await hook(msg)
+            try:
+                await hook(msg)
+            except Exception as e:  # e.g. session_opened raised: answer, naming the plugin
+                self._log_failure(e, f"the answer to {pending.method}")
+                msg = self._failure(e, pending.method)
+                break
         if pending.origin_id is not None:
             origin = _key(pending.origin_id)
             if origin is not None:
