@@ -172,10 +172,10 @@ class Chain:
             await self._unwrap(src, msg, wrapped)
             return
         if src.role is Role.CLIENT:
-            if method in acp.PROXY_INITIALIZE_METHODS and not self.proxy_mode:
+            if method in acp.PROXY_INITIALIZE_METHODS:  # in proxy mode too: once was enough
                 await self._reject_proxy_initialize(wire, msg, method)
                 return
-            if method == acp.INITIALIZE or method in acp.PROXY_INITIALIZE_METHODS:
+            if method == acp.INITIALIZE:
                 if not await self._check_version(wire, msg):
                     return
                 method = acp.INITIALIZE

@@ -141,6 +141,18 @@ async def test_as_a_proxy_the_conductor_carries_envelope_meta_to_its_predecessor
         assert note["params"] == {"x": 1}
 
 
+async def test_as_a_proxy_the_conductor_refuses_a_second_proxy_initialize() -> None:
+    async with open_conductor("proxy", proxy_cmd()) as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
+                      "params": {"protocolVersion": 1}})
+        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
+        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
+        assert (await c.response(0))["result"] == {"protocolVersion": 1}
+        again = await c.request("_proxy/initialize", {"protocolVersion": 1}, ident=1)
+        assert again["error"]["code"] == -32600
+        assert "only sent by the conductor" in again["error"]["data"]
+
+
 async def test_as_a_proxy_the_conductor_answers_a_legacy_predecessor_in_the_legacy_dialect(
         ) -> None:
     async with open_conductor("proxy", proxy_cmd()) as c:
