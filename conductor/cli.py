@@ -27,7 +27,6 @@ Exit codes:
   1   the run finished but failed (see `run --help`), or an internal error
   2   bad configuration or usage (the message names the file and field)
   3   a component failed to start or exited while the chain was running
-  4   the client broke the protocol
   130/143  stopped by SIGINT/SIGTERM after a graceful shutdown
 """
 

@@ -7,9 +7,10 @@
     │   └── PluginValidationError   found, but not a Proxy (`.plugin` names it)
     ├── ComponentError       (3)    always carries `.component` ("proxy:redact", "agent")
     │   ├── ComponentStartError     spawn failed (ENOENT, EACCES)
-    │   ├── ComponentExitedError    died mid-session: `.returncode`, last stderr lines
-    │   └── ProtocolViolationError  that component broke JSON-RPC
-    └── UpstreamProtocolError (4)   the client broke JSON-RPC
+    │   └── ComponentExitedError    died mid-session: `.returncode`, last stderr lines
+
+Protocol errors by the client or a component are not exceptions: they are answered on the
+wire (-32700, -32600, ...) and serving continues, so no exit code belongs to them.
 
 RpcError(code, message, data) is not a ConductorError: it is a JSON-RPC error reply, raised
 by a plugin handler (or by `ProxyContext.request`) to answer with that error.
@@ -85,10 +86,3 @@ class ComponentExitedError(ComponentError):
             status = f"was killed by signal {-returncode}"
         super().__init__(component, status)
 
-
-class ProtocolViolationError(ComponentError):
-    pass
-
-
-class UpstreamProtocolError(ConductorError):
-    exit_code = 4
