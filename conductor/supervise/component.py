@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
+import secrets
 import signal
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
 
 from conductor.errors import ComponentStartError
 from conductor.transport.stdio import FdReceiveStream, FdSendStream
+
+log = logging.getLogger("acp_conductor.supervise")
+TOKEN_VAR = "ACP_CONDUCTOR_COMPONENT"
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream, Process
@@ -36,6 +42,12 @@ class LaunchSpec:
     env: Mapping[str, str] | None = None
     cwd: str | None = None
     shutdown_grace: float = 3.0
+    # Put in the component's environment: its descendants inherit it even when they leave
+    # its process group, so shutdown can still find them.
+    token: str = field(default_factory=lambda: secrets.token_hex(8))
+
+    def environment(self) -> dict[str, str]:
+        return {**(os.environ if self.env is None else self.env), TOKEN_VAR: self.token}
 
 
 class Component:
@@ -110,6 +122,48 @@ class Component:
                     await _wait_group_gone(self.pid, self.process)
         with anyio.move_on_after(2.0):
             await self.process.wait()
+        await _sweep(self.spec.token, grace)
+
+
+async def _sweep(token: str, grace: float) -> None:
+    """TERM, then KILL, whatever still carries the component's token: descendants that left
+    its process group (setsid, double fork) or outlived their parent. Bounded."""
+    survivors = await anyio.to_thread.run_sync(_marked, token)
+    if not survivors:
+        return
+    log.warning("stopping %d process(es) that left the component's process group",
+                len(survivors))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in survivors:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        with anyio.move_on_after(grace if sig == signal.SIGTERM else 2.0):
+            while survivors:  # not our children: nothing to wait on, so check briefly
+                await anyio.sleep(0.02)
+                survivors = await anyio.to_thread.run_sync(_marked, token)
+        if not survivors:
+            return
+
+
+def _marked(token: str) -> list[int]:
+    """Pids whose environment carries `token` (Linux /proc; elsewhere nothing is found)."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    me = os.getpid()
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue  # gone, or not ours to read
+    return found
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -169,6 +223,9 @@ async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIt
                 with anyio.move_on_after(1.0):
                     await component.stderr_closed.wait()
                 await component.stdout.aclose()
+                if process.stderr is not None:  # held open by a straggler: close our end
+                    with contextlib.suppress(OSError, anyio.BrokenResourceError):
+                        await process.stderr.aclose()
             tg.cancel_scope.cancel()
 
 
@@ -177,7 +234,7 @@ async def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int) -> Process:
         ComponentStartError: the command could not be started.
     """
     try:
-        return await anyio.open_process(list(spec.argv), cwd=spec.cwd, env=spec.env,
+        return await anyio.open_process(list(spec.argv), cwd=spec.cwd, env=spec.environment(),
                                         start_new_session=True, stdin=stdin, stdout=stdout)
     except FileNotFoundError as e:
         # One stat on an error path after a failed spawn: not worth a worker thread.

@@ -232,6 +232,8 @@ def main() -> None:
     parser.add_argument("--banner", action="store_true", help="print non-JSON noise on stdout")
     parser.add_argument("--stderr", help="print this on stderr at start")
     parser.add_argument("--grandchild", help="spawn a sleeping grandchild, write its pid here")
+    parser.add_argument("--detached-grandchild",
+                        help="like --grandchild, but in a session of its own (setsid)")
     parser.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM")
     parser.add_argument("--linger", action="store_true", help="keep running after stdin EOF")
     args = parser.parse_args()
@@ -240,13 +242,17 @@ def main() -> None:
     if args.stderr:
         sys.stderr.write(args.stderr + "\n")
         sys.stderr.flush()
-    if args.grandchild:
-        # Like an npx/uvx wrapper's child: same process group, inherits our stdio.
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-        tmp = args.grandchild + ".tmp"
+    for pidfile, detached in ((args.grandchild, False), (args.detached_grandchild, True)):
+        if not pidfile:
+            continue
+        # Like an npx/uvx wrapper's child: inherits our stdio; same process group unless
+        # detached, in which case it escapes the group (and a group kill) with setsid.
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                 start_new_session=detached)
+        tmp = pidfile + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(str(child.pid))
-        os.replace(tmp, args.grandchild)
+        os.replace(tmp, pidfile)
     if args.banner:
         sys.stdout.buffer.write(b"Welcome to scripted-agent 1.0!\n\x1b[32mready\x1b[0m\n")
         sys.stdout.buffer.flush()

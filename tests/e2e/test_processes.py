@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -178,6 +179,18 @@ async def test_a_crashed_agents_grandchildren_are_cleaned_up_too(tmp_path: Path)
         assert answer["error"]["data"]["returncode"] == 9
         assert await c.wait() == 3
     await wait_all_gone(pids)
+
+
+async def test_a_grandchild_that_left_the_process_group_is_stopped_too(tmp_path: Path) -> None:
+    pidfile = tmp_path / "detached.pid"
+    async with open_conductor(*chain_args(0, "--detached-grandchild", str(pidfile))) as c:
+        await c.initialize()
+        detached = int(pidfile.read_text(encoding="utf-8"))
+        assert os.getpgid(detached) != os.getpgid(psutil.Process(c.pid).children()[0].pid)
+        await c.close_stdin()
+        assert await c.wait() == 0
+    await wait_all_gone([detached])
+    assert "Exception ignored" not in c.stderr_text  # no asyncio noise at exit
 
 
 # -- environment ------------------------------------------------------------------------------
