@@ -149,7 +149,10 @@ def _decode_item(frame: bytes | bytearray) -> Message | InvalidMessage:
         if msg.id is UNSET:
             return InvalidMessage("neither a method nor an id", None, call_shaped=True)
         if (msg.result is UNSET) == (msg.error is UNSET):
-            return InvalidMessage("a response needs exactly one of result and error", msg.id, True)
+            # Response-shaped junk: never answered (protocol.md §1), or the error could look
+            # like the answer to the peer's own request with that id.
+            return InvalidMessage("a response needs exactly one of result and error", msg.id,
+                                  call_shaped=False)
     elif msg.result is not UNSET or msg.error is not UNSET:
         return InvalidMessage("a request cannot carry result or error", msg.id, True)
     return msg
