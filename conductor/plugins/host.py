@@ -70,6 +70,16 @@ Send = Callable[[Message], Awaitable[None]]
 AnswerHook = Callable[[Message], Awaitable[None]]
 
 
+class _Everything:
+    """A set that contains every method (a proxy with a `*` handler sees all)."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+_EVERYTHING: Final = _Everything()
+
+
 class OutgoingRequest:
     """A request this proxy sent (its own, or a forward) and the answer it will get."""
 
@@ -149,6 +159,9 @@ class ProxyHost:
         # until it releases). Counted at hand-over: anyio gives an item straight to a waiting
         # receiver without it ever showing in the buffer.
         self.queued = 0
+        # Methods this proxy must see, per direction (None: it handles `*`, so everything).
+        self._visit_up = self._must_visit(Side.SUCCESSOR)
+        self._visit_down = self._must_visit(Side.PREDECESSOR)
 
     # -- out -----------------------------------------------------------------------------
 
@@ -191,17 +204,21 @@ class ProxyHost:
 
     # -- in ------------------------------------------------------------------------------
 
-    def passes(self, method: str, *, from_successor: bool) -> bool:
+    def passes(self, method: str, from_successor: bool) -> bool:
         """Would this proxy forward `method` untouched, with nothing earlier still in dispatch?
 
         Then the conductor may route the message past it without waking it: same result,
         same order, no cost. Set-up and tear-down always visit (the host tracks sessions).
+        On the path of every message: two set lookups, precomputed from the handlers.
         """
-        if self.queued or self._routed or method in _ALWAYS_VISIT:
+        if self.queued or self._routed:
             return False
-        side = Side.SUCCESSOR if from_successor else Side.PREDECESSOR
-        handlers = self._handlers
-        return (side, method) not in handlers and (side, "*") not in handlers
+        return method not in (self._visit_up if from_successor else self._visit_down)
+
+    def _must_visit(self, side: Side) -> _Everything | frozenset[str]:
+        if (side, "*") in self._handlers:
+            return _EVERYTHING
+        return frozenset(m for s, m in self._handlers if s is side) | _ALWAYS_VISIT
 
     async def dispatch(self, message: Message) -> None:
         """Handle one message from the conductor. A plugin's failure is answered, not raised."""
@@ -470,9 +487,8 @@ class _InboxSink:
                  host: ProxyHost) -> None:
         self._send = send
         self._host = host
+        self.passes = host.passes  # the router asks the host directly: no extra call
 
-    def passes(self, method: str, *, from_successor: bool) -> bool:
-        return self._host.passes(method, from_successor=from_successor)
 
     async def send(self, item: Message | list[Message]) -> None:
         self._host.queued += len(item) if isinstance(item, list) else 1

@@ -295,7 +295,7 @@ class Chain:
         # An in-process proxy with no handler for this message, and nothing earlier in its
         # queue, would forward it untouched: route past it and save the hop entirely.
         while (target.role is Role.PROXY and target.wire.passes is not None
-               and target.wire.passes(method, from_successor=not downward)):
+               and target.wire.passes(method, not downward)):
             target = self.nodes[target.index + (1 if downward else -1)]
         out_method, out_params = method, params
         hooks: list[ResponseHook] = []
