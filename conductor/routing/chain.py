@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("acp_conductor.routing")
 
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
+# Notifications the router must look at, not just pass on.
+_NOT_PLAIN = frozenset({acp.CANCEL_REQUEST, acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS,
+                        *acp.SUCCESSOR_METHODS})
 
 
 class Role(enum.StrEnum):
@@ -110,6 +113,10 @@ class Chain:
         self._node_of: dict[Wire, Node] = {client: self.nodes[0]}
         self._upstream_dialect = Dialect.PROXY
         self._mcp = mcp if mcp is not None and mcp.servers else None
+        # Wires whose plain notifications go, unchanged, straight to one other wire (see
+        # _attach): target, the in-process proxies' `passes` to ask, from the successor side.
+        self._plain_route: dict[Wire, tuple[Wire, tuple[Callable[[str, bool], bool], ...],
+                                            bool]] = {}
 
     @property
     def started(self) -> bool:
@@ -157,6 +164,16 @@ class Chain:
         if msg.is_response:
             await self._on_response(wire, msg)
             return
+        if msg.id is UNSET:
+            # Fast path: a plain notification whose next hop takes it plainly (component ->
+            # client, client -> agent) needs no ids, hooks or wrapping: send it as it came.
+            route = self._plain_route.get(wire)
+            if route is not None and msg.method not in _NOT_PLAIN and msg.jsonrpc == "2.0":
+                target, gates, up = route
+                if not gates or all(gate(msg.method, up) for gate in gates):  # type: ignore[arg-type]
+                    if target.failure is None:
+                        await self._send(target, msg)
+                    return
         if not self._started:
             await self._before_start(msg)
             return
@@ -234,6 +251,26 @@ class Chain:
                 self._node_of[link.wire] = node
         if self.proxy_mode:
             self.nodes.append(Node(len(self.nodes), "successor", Role.SUCCESSOR, self.client))
+        # Where a plain notification lands unchanged: up to the client from any component
+        # with only in-process proxies before it, and down from the client to the agent or
+        # the first subprocess proxy across in-process ones, provided each of those proxies
+        # would be routed past (`passes`, asked per message: the gates).
+        gates_up: list[Callable[[str, bool], bool]] = []
+        for node in self.nodes[1:]:
+            if node.role is Role.SUCCESSOR:
+                break
+            self._plain_route[node.wire] = (self.client, tuple(gates_up), True)
+            if node.wire.passes is None:
+                break
+            gates_up.insert(0, node.wire.passes)
+        gates_down: list[Callable[[str, bool], bool]] = []
+        for node in self.nodes[1:]:
+            if node.role is Role.SUCCESSOR:
+                break
+            if node.wire.passes is None:
+                self._plain_route[self.client] = (node.wire, tuple(gates_down), False)
+                break
+            gates_down.append(node.wire.passes)
 
     async def _check_version(self, wire: Wire, msg: Message) -> bool:
         try:
