@@ -17,7 +17,7 @@ class MemoryByteSendStream(ByteSendStream):
 
     async def send(self, item: bytes) -> None:
         if item:
-            await self._stream.send(item)
+            await self._stream.send(bytes(item))  # a memoryview would not outlive its source
 
     async def aclose(self) -> None:
         await self._stream.aclose()

@@ -20,6 +20,8 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
+from msgspec import UNSET, Raw
 
 from conductor.jsonrpc.message import Message, encode_batch, encode_into
 
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 READ_CHUNK = 1 << 20
 HIGH_WATER = 256 * 1024  # deferred bytes per sink before it is written without waiting
+LARGE_PAYLOAD = 1 << 20  # payloads from this size are written from their own memory
 
 _GONE = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
@@ -63,6 +66,10 @@ class PipeSink:
         if self._broken is not None:
             raise anyio.BrokenResourceError from self._broken
         if isinstance(item, Message):
+            large = _large_payload(item)
+            if large is not None:
+                await self._send_large(item, *large)
+                return
             encode_into(item, self._buffer)
         else:
             self._buffer += encode_batch(item)
@@ -74,6 +81,26 @@ class PipeSink:
             deferred.sinks.append(self)
         if len(self._buffer) >= HIGH_WATER:
             await flush_deferred()
+
+    async def _send_large(self, message: Message, field: str, payload: Raw) -> None:
+        """Write a message with a large payload without copying the payload: the envelope
+        is encoded, then the payload's own bytes follow (peak memory: one copy, not two)."""
+        head = bytearray()
+        encode_into(msgspec.structs.replace(message, **{field: UNSET}), head)
+        del head[-2:]  # the closing brace and newline: the payload field comes last
+        head += b',"' + field.encode() + b'":'
+        deferred = _deferred.get()
+        if deferred is not None and deferred.active:
+            await flush_deferred()  # what was routed before this message goes out first
+        async with self._writing:
+            pending, self._buffer = self._buffer, bytearray()
+            try:
+                await self._stream.send(bytes(pending + head))
+                await self._stream.send(memoryview(payload))
+                await self._stream.send(b"}\n")
+            except _GONE as e:
+                self._broken = e
+                raise anyio.BrokenResourceError from e
 
     async def flush(self) -> None:
         """Write whatever is buffered. Raises anyio.BrokenResourceError when the peer is gone."""
@@ -99,6 +126,20 @@ class PipeSink:
             await self._stream.aclose()
         except _GONE:
             pass  # the peer already went away: EOF is what we wanted
+
+
+def _large_payload(message: Message) -> tuple[str, Raw] | None:
+    """The field holding a large payload. It is always the last field encoded (params after
+    method; result or error after id), which is what lets the envelope be written first."""
+    if message.method is not UNSET:
+        field, value = "params", message.params
+    elif message.result is not UNSET:
+        field, value = "result", message.result
+    else:
+        field, value = "error", message.error
+    if value is UNSET or len(value) < LARGE_PAYLOAD:
+        return None
+    return field, value
 
 
 async def flush_deferred() -> None:
