@@ -130,6 +130,14 @@ def test_trace_events_are_in_causal_order_with_names_flows_and_sessions(recorded
     assert life.count(("agent", "exited")) == 1
 
 
+def test_a_streamed_update_is_traced_from_the_component_that_sent_it(recorded: dict) -> None:
+    messages = [e for e in _events(recorded["trace"]) if e["type"] == "message"]
+    updates_to_client = [e for e in messages if e["method"] == "session/update"
+                         and e["hop"] == "client" and e["dir"] == "out"]
+    assert updates_to_client
+    assert {e["from"] for e in updates_to_client} == {"first"}  # not "conductor"
+
+
 def test_secrets_are_redacted_by_default_and_kept_when_asked(recorded: dict) -> None:
     text = recorded["trace"].read_text(encoding="utf-8")
     assert SECRET not in text

@@ -42,7 +42,8 @@ log = logging.getLogger("acp_conductor.routing")
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 # Notifications the router must look at, not just pass on.
 _NOT_PLAIN = frozenset({acp.CANCEL_REQUEST, acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS,
-                        *acp.SUCCESSOR_METHODS})
+                        *acp.SUCCESSOR_METHODS, *acp.SESSION_SETUP, acp.SESSION_PROMPT,
+                        acp.SESSION_CLOSE, acp.SESSION_DELETE})
 
 
 class Role(enum.StrEnum):
@@ -114,9 +115,10 @@ class Chain:
         self._upstream_dialect = Dialect.PROXY
         self._mcp = mcp if mcp is not None and mcp.servers else None
         # Wires whose plain notifications go, unchanged, straight to one other wire (see
-        # _attach): target, the in-process proxies' `passes` to ask, from the successor side.
+        # _attach): target, the in-process proxies' `passes` to ask, whether it travels up
+        # (from the successor side), and the sender's name for traces.
         self._plain_route: dict[Wire, tuple[Wire, tuple[Callable[[str, bool], bool], ...],
-                                            bool]] = {}
+                                            bool, str]] = {}
 
     @property
     def started(self) -> bool:
@@ -169,10 +171,10 @@ class Chain:
             # client, client -> agent) needs no ids, hooks or wrapping: send it as it came.
             route = self._plain_route.get(wire)
             if route is not None and msg.method not in _NOT_PLAIN and msg.jsonrpc == "2.0":
-                target, gates, up = route
+                target, gates, up, source = route
                 if not gates or all(gate(msg.method, up) for gate in gates):  # type: ignore[arg-type]
                     if target.failure is None:
-                        await self._send(target, msg)
+                        await self._send(target, msg, source=source)
                     return
         if not self._started:
             await self._before_start(msg)
@@ -259,7 +261,7 @@ class Chain:
         for node in self.nodes[1:]:
             if node.role is Role.SUCCESSOR:
                 break
-            self._plain_route[node.wire] = (self.client, tuple(gates_up), True)
+            self._plain_route[node.wire] = (self.client, tuple(gates_up), True, node.name)
             if node.wire.passes is None:
                 break
             gates_up.insert(0, node.wire.passes)
@@ -268,7 +270,7 @@ class Chain:
             if node.role is Role.SUCCESSOR:
                 break
             if node.wire.passes is None:
-                self._plain_route[self.client] = (node.wire, tuple(gates_down), False)
+                self._plain_route[self.client] = (node.wire, tuple(gates_down), False, "client")
                 break
             gates_down.append(node.wire.passes)
 
