@@ -20,6 +20,7 @@ class Head:
     has_method: bool      # a top-level "method" key was seen: a request or notification
     id_known: bool        # the id was seen, or the object closed without one
     params_first: bool = False  # top-level params began before any id (SDKs write id first)
+    is_batch: bool = False      # a JSON array: its members cannot be answered one by one
 
     @property
     def is_notification(self) -> bool:
@@ -31,6 +32,8 @@ class Head:
 
 def read_head(data: bytes) -> Head:
     """Scan a (possibly truncated) JSON object for its top-level `id` and `method` keys."""
+    if data.lstrip()[:1] == b"[":
+        return Head(None, False, False, is_batch=True)
     ident: Raw | None = None
     has_method = id_known = params_first = False
     depth = 0

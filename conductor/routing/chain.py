@@ -531,6 +531,9 @@ class Chain:
         if self._tracer is not None:
             self._tracer.lifecycle(wire.name, "oversized", size=size, limit=limit)
         hint = "raise the limit with --max-frame-bytes or [conductor] max_frame_bytes"
+        if head.is_batch:  # refused as a whole: one error, id null (JSON-RPC 2.0 §6)
+            await self._reply(wire, error_response(None, ErrorCode.INVALID_REQUEST, reason, hint))
+            return
         if head.is_notification:
             return  # a notification is never answered
         if head.has_method:  # a request: refuse it, by id when the id could be read

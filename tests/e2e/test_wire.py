@@ -85,6 +85,17 @@ async def test_an_oversized_notification_from_the_editor_is_never_answered() -> 
     assert "client sent a message of" in c.stderr_text
 
 
+async def test_an_oversized_batch_from_the_editor_is_refused_as_a_whole() -> None:
+    async with open_conductor("--max-frame-bytes", "65536", *chain_args(0)) as c:
+        await c.initialize()
+        await c.send_raw(b'[{"jsonrpc":"2.0","id":1,"method":"_test/echo","params":{"d":"'
+                         + b"b" * 100_000 + b'"}}]\n')
+        refused = await c.read_until(lambda m: "error" in m)
+        assert refused["id"] is None
+        assert refused["error"]["code"] == -32600
+        assert (await c.request("_test/echo", {"ok": 1}))["result"] == {"ok": 1}
+
+
 async def test_an_oversized_answer_from_the_editor_fails_the_agents_question() -> None:
     async with open_conductor("--max-frame-bytes", "65536", *chain_args(1)) as c:
         await c.initialize()

@@ -45,3 +45,7 @@ def test_a_closed_object_without_an_id_is_surely_a_notification() -> None:
     head = read_head(b'{"method":"n","params":[1]}')
     assert head.id_known
     assert head.is_notification
+
+
+def test_a_batch_is_recognised_as_a_batch() -> None:
+    assert read_head(b' [{"jsonrpc":"2.0","id":1,"method":"m","params":{"x":"').is_batch
