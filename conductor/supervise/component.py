@@ -20,7 +20,10 @@ from conductor.errors import ComponentStartError
 from conductor.transport.stdio import FdReceiveStream, FdSendStream
 
 log = logging.getLogger("acp_conductor.supervise")
-TOKEN_VAR = "ACP_CONDUCTOR_COMPONENT"
+# One variable per token, so tokens accumulate down a nested chain (a conductor run as a
+# component passes its own token on to what it starts) instead of replacing each other.
+TOKEN_PREFIX = "ACP_CONDUCTOR_COMPONENT_"
+SCAN_TIMEOUT = 5.0  # /proc reads can block on a process stuck in the kernel
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream, Process
@@ -47,7 +50,8 @@ class LaunchSpec:
     token: str = field(default_factory=lambda: secrets.token_hex(8))
 
     def environment(self) -> dict[str, str]:
-        return {**(os.environ if self.env is None else self.env), TOKEN_VAR: self.token}
+        return {**(os.environ if self.env is None else self.env),
+                f"{TOKEN_PREFIX}{self.token}": "1"}
 
 
 class Component:
@@ -61,6 +65,7 @@ class Component:
         self.pid = process.pid
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.stderr_closed = anyio.Event()
+        self._stopped = False
         self._on_stderr = on_stderr
         self.stdin = stdin
         self.stdout = stdout
@@ -106,7 +111,13 @@ class Component:
         return self.process.returncode
 
     async def stop(self, grace: float) -> None:
-        """EOF on stdin, wait, SIGTERM the group, wait, SIGKILL the group. Always bounded."""
+        """EOF on stdin, wait, SIGTERM the group, wait, SIGKILL the group, then the strays.
+
+        Always bounded; a second call returns at once.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
         try:
             await self.stdin.aclose()
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -128,7 +139,7 @@ class Component:
 async def _sweep(token: str, grace: float) -> None:
     """TERM, then KILL, whatever still carries the component's token: descendants that left
     its process group (setsid, double fork) or outlived their parent. Bounded."""
-    survivors = await anyio.to_thread.run_sync(_marked, token)
+    survivors = await _scan(token)
     if not survivors:
         return
     log.warning("stopping %d process(es) that left the component's process group",
@@ -140,14 +151,22 @@ async def _sweep(token: str, grace: float) -> None:
         with anyio.move_on_after(grace if sig == signal.SIGTERM else 2.0):
             while survivors:  # not our children: nothing to wait on, so check briefly
                 await anyio.sleep(0.02)
-                survivors = await anyio.to_thread.run_sync(_marked, token)
+                survivors = await _scan(token)
         if not survivors:
             return
 
 
+async def _scan(token: str) -> list[int]:
+    """`_marked` in a worker thread, bounded: a stuck read is abandoned, not waited for."""
+    with anyio.move_on_after(SCAN_TIMEOUT):
+        return await anyio.to_thread.run_sync(_marked, token, abandon_on_cancel=True)
+    log.warning("gave up looking for stray processes: /proc did not answer in time")
+    return []
+
+
 def _marked(token: str) -> list[int]:
     """Pids whose environment carries `token` (Linux /proc; elsewhere nothing is found)."""
-    needle = f"{TOKEN_VAR}={token}".encode()
+    needle = f"{TOKEN_PREFIX}{token}=1".encode()
     me = os.getpid()
     found = []
     try:

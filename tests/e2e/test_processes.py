@@ -193,6 +193,32 @@ async def test_a_grandchild_that_left_the_process_group_is_stopped_too(tmp_path:
     assert "Exception ignored" not in c.stderr_text  # no asyncio noise at exit
 
 
+async def test_an_inner_conductors_agent_is_stopped_when_the_inner_conductor_is_killed(
+        tmp_path: Path) -> None:
+    # The inner conductor waits 5 s for its stubborn agent; the outer gives it 0.5 s, then
+    # kills it. The inner agent, in a session of its own, is an orphan by then: only the
+    # token it inherited through the inner conductor lets the outer find it.
+    inner = tmp_path / "inner.toml"
+    inner.write_text(f"""[conductor]
+shutdown_grace = 5
+[agent]
+command = {json.dumps(agent_cmd("--ignore-term", "--linger"))}
+""", encoding="utf-8")
+    from tests.conftest import conductor_argv
+    outer = write_chain(tmp_path, f"""[conductor]
+shutdown_grace = 0.5
+[agent]
+command = {json.dumps(conductor_argv("--chain", str(inner)))}
+""")
+    async with open_conductor("--chain", outer) as c:
+        await c.initialize()
+        tree = [p.pid for p in psutil.Process(c.pid).children(recursive=True)]
+        assert len(tree) >= 2  # the inner conductor and its agent
+        await c.close_stdin()
+        assert await c.wait() == 0
+    await wait_all_gone(tree)
+
+
 # -- environment ------------------------------------------------------------------------------
 
 async def test_env_and_cwd_from_the_chain_file_reach_the_component(tmp_path: Path) -> None:
