@@ -114,6 +114,16 @@ def run_command(ctx: click.Context, chain_file: str | None, prompt: str | None, 
 
 # -- check --------------------------------------------------------------------------------
 
+def _short_command(argv: list[str]) -> str:
+    """The command as a person reads it: the program's name, not its full path (the full
+    argv is in --json)."""
+    if not argv:
+        return "-"
+    if argv[0].startswith("(in-process)"):
+        return "in-process " + argv[0].split()[-1].rsplit(":", 1)[-1]
+    return " ".join([os.path.basename(argv[0]), *argv[1:]])
+
+
 def _capabilities_text(caps: dict[str, Any]) -> str:
     parts = []
     if caps.get("loadSession"):
@@ -160,10 +170,11 @@ def check_command(ctx: click.Context, chain_file: str | None, as_json: bool,
         table = Table(title=f"{path}: {'ok' if report.ok else 'FAILED'}")
         for column in ("name", "role", "command", "pid", "protocol", "capabilities",
                        "MCP transports", "auth methods"):
-            table.add_column(column, overflow="fold")
+            table.add_column(column, overflow="fold", min_width=len(column) if
+                             column in ("name", "role", "pid", "protocol") else None)
         for c in report.components:
             s = c.summary()
-            table.add_row(s["name"], s["role"], " ".join(s["command"]),
+            table.add_row(s["name"], s["role"], _short_command(s["command"]),
                           str(s["pid"] or "-"), str(s["protocolVersion"] or "-"),
                           _capabilities_text(s["capabilities"]),
                           ", ".join(s["mcpTransports"]) if c.result else "-",
