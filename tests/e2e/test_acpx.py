@@ -6,11 +6,14 @@ import os
 import shlex
 import shutil
 import subprocess
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import REPO, child_env, conductor_argv
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # .ci/run installs acpx here; elsewhere it may be on PATH. Skipped only outside CI.
 ACPX = shutil.which("acpx", path=str(REPO / ".ci" / "node" / "node_modules" / ".bin")) \
