@@ -56,3 +56,15 @@ def test_conductor_and_proxies_never_print_to_stdout() -> None:
         and node.func.id == "print" and not any(kw.arg == "file" for kw in node.keywords)
     ]
     assert not offenders, "print() to stdout at " + ", ".join(offenders)
+
+
+def test_the_public_api_names_resolve_and_importing_the_package_stays_light() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, conductor; light = 'pydantic' not in sys.modules; "
+            "[getattr(conductor, n) for n in conductor.__all__]; print(light)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
