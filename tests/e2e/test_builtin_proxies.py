@@ -92,6 +92,31 @@ async def test_permissions_deny_env_reads_through_the_editor_with_the_sdk_agent(
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_permissions_deny_env_reads_spelt_oddly_or_through_a_symlink(
+        tmp_path: Path, mode: str) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / ".env").write_text("SECRET=1", encoding="utf-8")
+    (project / "innocent.txt").symlink_to(".env")
+    asked: list[str] = []
+
+    async def read(message: Message) -> object:
+        asked.append(message.params_value()["path"])
+        return {"content": "plain text"}
+
+    options = {"default": "allow", "rules": [{"name": "protect-env", "path": ".env*",
+                                              "action": "deny"}]}
+    chain = write_chain(tmp_path, "permissions", options, mode, SDK_AGENT)
+    client, log = await run_turns(
+        tmp_path, chain, ["read ./.env/", "read innocent.txt", "read ok.txt"],
+        cwd=str(project), client=TestClient({"fs/read_text_file": read}))
+    assert asked == ["ok.txt"]  # neither spelling of .env reached the editor
+    assert client.agent_text().count("denied by the permissions policy") == 2
+    assert "deny fs/read_text_file kind=read paths=['./.env/'] (by protect-env)" in log
+    assert "deny fs/read_text_file kind=read paths=['innocent.txt'] (by protect-env)" in log
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_permissions_answer_a_tool_permission_by_rule_without_asking_the_editor(
         tmp_path: Path, mode: str) -> None:
     options = {"rules": [{"name": "notes", "kind": "edit", "title": "Write notes*",
