@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
+from pydantic import ValidationError
 
+from conductor.errors import RpcError
+from conductor.testing import ScriptedAgent, open_test_chain
+from proxies.context import Context, ContextOptions
 from proxies.permissions import path_matches
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 
 @pytest.fixture
@@ -56,3 +60,102 @@ def test_a_path_through_a_symlinked_cwd_matches_relative_to_the_real_cwd(
     alias.symlink_to(workspace)
     assert path_matches("sub/*", f"{workspace}/sub/x", str(alias))
     assert path_matches(".env*", f"{alias}/innocent.txt", str(workspace))
+
+
+# --- context -----------------------------------------------------------------------------
+
+def context(**options: Any) -> Context:
+    return Context(ContextOptions(**options))
+
+
+@pytest.mark.parametrize("pattern", ["/etc/passwd", "/tmp/*.md", ""])
+def test_context_rejects_absolute_or_empty_file_patterns_when_options_are_read(
+        pattern: str) -> None:
+    with pytest.raises(ValidationError, match="relative to the session cwd"):
+        ContextOptions(files=["AGENTS.md", pattern])
+
+
+def test_context_skips_an_unreadable_file_with_a_warning_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "a.md").write_text("alpha", encoding="utf-8")
+    (tmp_path / "b.md").write_text("beta-secret", encoding="utf-8")
+    real_open = Path.open
+
+    def failing_open(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self.name == "b.md":  # root ignores file modes, so fail the open itself
+            raise PermissionError(13, "Permission denied")
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", failing_open)
+    with caplog.at_level(logging.WARNING):
+        pieces = context(files=["*.md"]).collect(str(tmp_path))
+    assert pieces == [("a.md", "alpha")]
+    assert "skipped b.md: Permission denied" in caplog.text
+    assert "beta-secret" not in caplog.text
+
+
+def test_context_reads_no_more_than_max_file_bytes(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "big.md").write_bytes(b"x" * 10_000)
+    asked: list[int] = []
+    real_open = Path.open
+
+    def recording_open(self: Path, *args: Any, **kwargs: Any) -> Any:
+        f = real_open(self, *args, **kwargs)
+        real_read = f.read
+
+        def read(n: int = -1) -> bytes:
+            asked.append(n)
+            return real_read(n)
+
+        f.read = read
+        return f
+
+    monkeypatch.setattr(Path, "open", recording_open)
+    assert context(files=["big.md"], max_file_bytes=100).collect(str(tmp_path)) == \
+        [("big.md", "x" * 100)]
+    assert asked == [100]  # never the whole file
+
+
+def test_context_skips_symlinks_that_resolve_outside_the_session_cwd(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    project, outside = tmp_path / "project", tmp_path / "outside"
+    project.mkdir()
+    outside.mkdir()
+    (outside / "secret.md").write_text("private", encoding="utf-8")
+    (project / "inside.md").write_text("shared", encoding="utf-8")
+    (project / "leak.md").symlink_to(outside / "secret.md")
+    (project / "alias.md").symlink_to("inside.md")
+    with caplog.at_level(logging.WARNING):
+        pieces = context(files=["*.md", "../outside/*.md"]).collect(str(project))
+    assert pieces == [("alias.md", "shared"), ("inside.md", "shared")]
+    assert "skipped leak.md: it resolves outside the session cwd" in caplog.text
+    assert "skipped ../outside/secret.md: it resolves outside the session cwd" in caplog.text
+
+
+async def test_context_retries_injection_after_a_prompt_whose_collection_failed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "AGENTS.md").write_text("Use tabs.", encoding="utf-8")
+    proxy = context(files=["AGENTS.md"])
+    real_collect = proxy.collect
+    calls = 0
+
+    def flaky_collect(cwd: str | None) -> list[tuple[str, str]]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("transient failure")
+        return real_collect(cwd)
+
+    monkeypatch.setattr(proxy, "collect", flaky_collect)
+    agent = ScriptedAgent()
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session(str(tmp_path))
+            with pytest.raises(RpcError):
+                await client.prompt(sid, "one")
+            await client.prompt(sid, "two")
+            await client.prompt(sid, "three")
+    prompts = [p["prompt"] for p in agent.received_params("session/prompt")]
+    assert "Use tabs." in prompts[0][0]["text"] and prompts[0][1]["text"] == "two"
+    assert prompts[1] == [{"type": "text", "text": "three"}]
