@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from conductor.errors import RpcError
 from conductor.testing import ScriptedAgent, open_test_chain
 from proxies.context import Context, ContextOptions
 from proxies.permissions import path_matches
+from proxies.transcript import Transcript, TranscriptOptions, file_stem
 
 
 @pytest.fixture
@@ -159,3 +162,62 @@ async def test_context_retries_injection_after_a_prompt_whose_collection_failed(
     prompts = [p["prompt"] for p in agent.received_params("session/prompt")]
     assert "Use tabs." in prompts[0][0]["text"] and prompts[0][1]["text"] == "two"
     assert prompts[1] == [{"type": "text", "text": "three"}]
+
+
+# --- transcript --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("session_id", ["s" * 5000, "a/b", "a_b", "..", "../../etc/x", "é/ü",
+                                        "", ".hidden"])
+def test_transcript_file_names_are_short_safe_and_visible(session_id: str) -> None:
+    stem = file_stem(session_id)
+    assert len(stem) <= 64 + 1 + 8
+    assert not stem.startswith(".") and "/" not in stem
+    assert re.fullmatch(r"([A-Za-z0-9._-]+-)?[0-9a-f]{8}", stem)
+
+
+def test_transcript_ids_that_read_alike_get_different_files() -> None:
+    assert file_stem("a/b") != file_stem("a_b")
+    assert file_stem("x" * 64 + "1") != file_stem("x" * 64 + "2")
+
+
+async def transcript_turn(directory: Path, session_id: str) -> ScriptedAgent:
+    agent = ScriptedAgent({"session/new": {"sessionId": session_id}})
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        await agent.notify("session/update", {"sessionId": session_id, "update": {
+            "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hi"}}})
+        return {"stopReason": "end_turn"}
+    agent.replies["session/prompt"] = prompt
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(directory)))],
+                               agent) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            assert await client.prompt(sid, "one") == {"stopReason": "end_turn"}
+            assert await client.prompt(sid, "two") == {"stopReason": "end_turn"}
+            assert client.agent_text() == "hihi"
+    return agent
+
+
+async def test_transcript_of_a_very_long_session_id_is_written(tmp_path: Path) -> None:
+    await transcript_turn(tmp_path, "s" * 5000)
+    [md] = [name for name in os.listdir(tmp_path) if name.endswith(".md")]
+    assert "## User\n\none" in (tmp_path / md).read_text(encoding="utf-8")
+
+
+async def test_transcript_that_cannot_be_written_warns_once_and_the_session_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("", encoding="utf-8")  # a directory under a file: fails even for root
+    with caplog.at_level(logging.WARNING):
+        await transcript_turn(blocker / "transcripts", "sess-1")
+    warnings = [r for r in caplog.records if "cannot write the transcript" in r.getMessage()]
+    assert len(warnings) == 1 and "sess-1" in warnings[0].getMessage()
+
+
+async def test_transcript_of_a_dot_dot_session_id_stays_a_visible_file_in_the_directory(
+        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    await transcript_turn(out, "..")
+    names = sorted(os.listdir(out))
+    assert names == [f"{file_stem('..')}.jsonl", f"{file_stem('..')}.md"]
+    assert not any(n.startswith(".") for n in names)
+    assert os.listdir(tmp_path) == ["out"]

@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from conductor.testing import TestClient, open_process_client
+from proxies.transcript import file_stem
 from tests.conftest import BIN, child_env, conductor_argv
 
 if TYPE_CHECKING:
@@ -165,7 +166,9 @@ async def test_transcript_writes_markdown_and_jsonl_per_session(tmp_path: Path,
     await run_turns(tmp_path, chain, ["please write"],
                     client=TestClient({"session/request_permission": {
                         "outcome": {"outcome": "selected", "optionId": "allow"}}}))
-    markdown = (out / "demo-session-1.md").read_text(encoding="utf-8")
+    stem = file_stem("demo-session-1")
+    assert stem.startswith("demo-session-1-")
+    markdown = (out / f"{stem}.md").read_text(encoding="utf-8")
     for expected in ("# Session demo-session-1", "## User\n\nplease write",
                      "- Tool call `Write notes.txt` (edit): pending",
                      "- Permission for `Write notes.txt`: allow",
@@ -174,7 +177,7 @@ async def test_transcript_writes_markdown_and_jsonl_per_session(tmp_path: Path,
                      "_Turn ended: end_turn_"):
         assert expected in markdown
     events = [json.loads(line) for line in
-              (out / "demo-session-1.jsonl").read_text(encoding="utf-8").splitlines()]
+              (out / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()]
     kinds = [e["type"] for e in events]
     assert kinds[:4] == ["session", "prompt", "tool_call", "permission"]
     assert kinds[-1] == "stop" and "agent_text" in kinds
