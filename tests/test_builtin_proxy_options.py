@@ -13,9 +13,10 @@ import pytest
 from pydantic import ValidationError
 
 from conductor.errors import RpcError
-from conductor.testing import ScriptedAgent, open_test_chain
+from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 from proxies.context import Context, ContextOptions
 from proxies.permissions import path_matches
+from proxies.redact import Redact, RedactOptions
 from proxies.transcript import Transcript, TranscriptOptions, file_stem
 
 
@@ -221,3 +222,51 @@ async def test_transcript_of_a_dot_dot_session_id_stays_a_visible_file_in_the_di
     assert names == [f"{file_stem('..')}.jsonl", f"{file_stem('..')}.md"]
     assert not any(n.startswith(".") for n in names)
     assert os.listdir(tmp_path) == ["out"]
+
+
+# --- redact ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("replacement", [r"\g<0>", "\\", r"\1", "<$0>"])
+def test_redact_uses_the_replacement_literally(replacement: str) -> None:
+    proxy = Redact(RedactOptions(patterns=[r"sk-[a-z0-9]{8,}"], replacement=replacement))
+    hits: dict[str, int] = {}
+    assert proxy.scrub({"t": "key sk-abcdef123456 end"}, hits) == \
+        {"t": f"key {replacement} end"}
+    assert hits == {"pattern 1": 1}
+
+
+def test_redact_warns_about_unset_and_short_env_vars_by_name_only(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("REDACT_UNSET", raising=False)
+    monkeypatch.setenv("REDACT_SHORT", "abc")
+    with caplog.at_level(logging.WARNING):
+        Redact(RedactOptions(env=["REDACT_UNSET", "REDACT_SHORT"]))
+    assert "env REDACT_UNSET is not set" in caplog.text
+    assert "env REDACT_SHORT is shorter than 4 characters" in caplog.text
+    assert "abc" not in caplog.text
+
+
+async def test_redact_scrubs_permission_requests_coming_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDACT_TOKEN", "tok-123456")
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        answer = await agent.call("session/request_permission", {
+            "sessionId": "session-1",
+            "toolCall": {"toolCallId": "c1", "title": "curl -H tok-123456",
+                         "rawInput": {"command": ["curl", "tok-123456"]}},
+            "options": [{"optionId": "ok", "name": "Allow", "kind": "allow_once"}]})
+        assert answer == {"outcome": {"outcome": "selected", "optionId": "ok"}}
+        return {"stopReason": "end_turn"}
+
+    agent = ScriptedAgent({"session/prompt": prompt})
+    client_replies = {"session/request_permission": {
+        "outcome": {"outcome": "selected", "optionId": "ok"}}}
+    async with open_test_chain([Redact(RedactOptions(env=["REDACT_TOKEN"]))], agent,
+                               client=TestClient(client_replies)) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            await client.prompt(sid, "go")
+    [asked] = client.received_params("session/request_permission")
+    assert asked["toolCall"]["title"] == "curl -H [redacted]"
+    assert asked["toolCall"]["rawInput"]["command"] == ["curl", "[redacted]"]
