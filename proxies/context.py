@@ -7,13 +7,14 @@ prompt. The rest of the prompt keeps its bytes.
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+from pathlib import Path, PurePath
 from typing import Literal
 
 import anyio
 import msgspec
 from msgspec import Raw
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from conductor.jsonrpc.message import Message, payload
 from conductor.plugins import Proxy, ProxyContext, on
@@ -28,6 +29,16 @@ class ContextOptions(BaseModel):
     text: str | None = None                  # literal text, after the files
     when: Literal["first", "every"] = "first"
     max_file_bytes: int = Field(default=256 * 1024, ge=1)
+
+    @field_validator("files")
+    @classmethod
+    def _relative(cls, files: list[str]) -> list[str]:
+        # Path.glob refuses absolute patterns only when the first prompt arrives: say so now.
+        for pattern in files:
+            if not pattern or PurePath(pattern).is_absolute():
+                raise ValueError(f"files must be globs relative to the session cwd, "
+                                 f"not {pattern!r}")
+        return files
 
 
 def prepend_block(params: Raw, block: object) -> Raw:
@@ -49,14 +60,26 @@ class Context(Proxy[ContextOptions]):
         seen: set[Path] = set()
         if cwd is not None:
             base = Path(cwd)
+            real_base = Path(os.path.realpath(cwd))
             for pattern in self.options.files:
                 for path in sorted(base.glob(pattern)):
-                    if path in seen or not path.is_file():
+                    label = str(path.relative_to(base))
+                    try:
+                        if path in seen or not path.is_file():
+                            continue
+                        seen.add(path)
+                        # a symlink (or `..` in a glob) must not carry files from outside the
+                        # project into the prompt
+                        if not Path(os.path.realpath(path)).is_relative_to(real_base):
+                            self.log.warning("skipped %s: it resolves outside the session cwd",
+                                             label)
+                            continue
+                        with path.open("rb") as f:
+                            data = f.read(self.options.max_file_bytes)
+                    except OSError as e:  # one bad file must not fail the prompt
+                        self.log.warning("skipped %s: %s", label, e.strerror or type(e).__name__)
                         continue
-                    seen.add(path)
-                    data = path.read_bytes()[: self.options.max_file_bytes]
-                    pieces.append((str(path.relative_to(base)),
-                                   data.decode("utf-8", errors="replace")))
+                    pieces.append((label, data.decode("utf-8", errors="replace")))
         elif self.options.files:
             self.log.warning("session has no cwd: files %s not injected", self.options.files)
         if self.options.text:
@@ -70,8 +93,8 @@ class Context(Proxy[ContextOptions]):
             return await ctx.forward()
         if self.options.when == "first" and session.state.get("context_injected"):
             return await ctx.forward()
-        session.state["context_injected"] = True
         pieces = await anyio.to_thread.run_sync(self.collect, session.cwd)
+        session.state["context_injected"] = True  # only now: a failed collect is retried
         if not pieces:
             return await ctx.forward()
         body = "\n\n".join(f'<file path="{label}">\n{text}\n</file>' if label != "text" else text

@@ -72,17 +72,35 @@ class Subject:
         return " ".join(parts)
 
 
+def path_candidates(path: str, cwd: str | None) -> set[str]:
+    """Every spelling a rule should see for `path`: normalised (so `./.env/.`, `sub/../.env`
+    and `.env/` are all `.env`), with symlinks resolved, relative to the session cwd (and to
+    its real path), and each one's file name. A deny rule then holds whichever spelling or
+    link the agent uses."""
+    full = os.path.join(cwd, path) if cwd and not os.path.isabs(path) else path
+    full = os.path.normpath(full) if full else full
+    spellings = {full}
+    if os.path.isabs(full):
+        # unnormalised too: `link/../x` goes through the link's target on the real filesystem
+        raw = os.path.join(cwd, path) if cwd and not os.path.isabs(path) else path
+        spellings |= {os.path.realpath(full), os.path.realpath(raw)}
+    bases = [cwd, os.path.realpath(cwd)] if cwd else []
+    candidates = set(spellings)
+    for spelling in spellings:
+        for base in bases:
+            if os.path.isabs(spelling):
+                rel = os.path.relpath(spelling, base)
+                if rel != ".." and not rel.startswith("../"):
+                    candidates.add(rel)
+    candidates |= {os.path.basename(c) for c in list(candidates)}
+    candidates.discard("")
+    return candidates
+
+
 def path_matches(pattern: str, path: str, cwd: str | None) -> bool:
-    """The glob against the path as given, relative to the session cwd, and (for a pattern
-    with no `/`) against the file name, so `.env` and `*.pem` match anywhere."""
-    candidates = [path]
-    if cwd and os.path.isabs(path):
-        rel = os.path.relpath(path, cwd)
-        if not rel.startswith(".."):
-            candidates.append(rel)
-    if "/" not in pattern:
-        candidates.append(os.path.basename(path))
-    return any(fnmatchcase(c, pattern) for c in candidates)
+    """The glob against any spelling of the path (see `path_candidates`): so `.env` and
+    `*.pem` match anywhere, and `secrets/*` matches relative to the session cwd."""
+    return any(fnmatchcase(c, pattern) for c in path_candidates(path, cwd))
 
 
 def rule_matches(rule: Rule, subject: Subject) -> bool:

@@ -1,4 +1,5 @@
-"""redact: scrub secrets from prompts going down and from session updates coming up.
+"""redact: scrub secrets from prompts going down and from session updates and permission
+requests coming up.
 
 Secrets are regex matches and the values of named environment variables. Messages with
 nothing to scrub keep their bytes; the log says what kind of secret was scrubbed and
@@ -40,18 +41,23 @@ class Redact(Proxy[RedactOptions]):
         self._rules: list[tuple[str, re.Pattern[str]]] = [
             (f"pattern {i + 1}", re.compile(p)) for i, p in enumerate(self.options.patterns)]
         for name in self.options.env:
-            value = os.environ.get(name, "")
-            if len(value) >= MIN_SECRET:
-                self._rules.append((f"env {name}", re.compile(re.escape(value))))
-            elif value:
+            value = os.environ.get(name)
+            if value is None:  # a typo or a missing secret: say so, or nothing is scrubbed
+                self.log.warning("env %s is not set: nothing to scrub for it", name)
+            elif len(value) < MIN_SECRET:
                 self.log.warning("env %s is shorter than %d characters: not scrubbed",
                                  name, MIN_SECRET)
+            else:
+                self._rules.append((f"env {name}", re.compile(re.escape(value))))
 
     def scrub(self, value: Any, hits: dict[str, int]) -> Any:
         """A copy of a JSON value with every string scrubbed (keys are left alone)."""
         if isinstance(value, str):
+            replacement = self.options.replacement
             for label, rule in self._rules:
-                value, n = rule.subn(self.options.replacement, value)
+                # a function, not a template: `\g<0>` or a backslash in the replacement
+                # must neither restore the secret nor raise
+                value, n = rule.subn(lambda _m: replacement, value)
                 if n:
                     hits[label] = hits.get(label, 0) + n
             return value
@@ -79,3 +85,8 @@ class Redact(Proxy[RedactOptions]):
     @on("session/update", source="successor")
     async def update(self, ctx: ProxyContext, message: Message) -> None:
         await ctx.forward(self._scrubbed(message))
+
+    @on("session/request_permission", source="successor")
+    async def request_permission(self, ctx: ProxyContext, message: Message) -> object:
+        # the tool call's title and rawInput are shown to the user like an update
+        return await ctx.forward(self._scrubbed(message))

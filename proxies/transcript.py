@@ -7,6 +7,7 @@ the answer they got, and each turn's stop reason. Put it after `permissions` in 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -43,30 +44,50 @@ def _text(blocks: Any) -> str:
     return "".join(parts)
 
 
+def file_stem(session_id: str) -> str:
+    """A file name for any session id: a readable prefix (safe characters, no leading dots,
+    short enough for any filesystem) plus a hash of the whole id, so ids that read alike
+    (`a/b`, `a_b`) or differ only past the prefix never share a file."""
+    readable = re.sub(r"[^A-Za-z0-9._-]", "_", session_id)[:64].lstrip(".")
+    digest = hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{readable}-{digest}" if readable else digest
+
+
 class Transcript(Proxy[TranscriptOptions]):
     """Write a Markdown and a JSONL transcript of every session to a directory."""
 
     options_model = TranscriptOptions
 
     def _paths(self, session_id: str) -> tuple[Path, Path]:
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", session_id)
+        stem = file_stem(session_id)
         base = Path(self.options.directory)
         base.mkdir(parents=True, exist_ok=True)
-        return base / f"{safe}.md", base / f"{safe}.jsonl"
+        return base / f"{stem}.md", base / f"{stem}.jsonl"
+
+    def _append(self, session: SessionScope, markdown: str, event: dict[str, Any]) -> None:
+        """Best effort: a transcript that cannot be written must not break the session."""
+        try:
+            md, jsonl = self._paths(session.session_id)
+            if markdown:
+                with md.open("a", encoding="utf-8") as f:
+                    f.write(markdown)
+            with jsonl.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"time": round(time.time(), 3),
+                                    "session": session.session_id, **event}) + "\n")
+        except OSError as e:
+            if not session.state.get("transcript_warned"):  # once per session, not per chunk
+                session.state["transcript_warned"] = True
+                self.log.warning("cannot write the transcript of %s to %s: %s",
+                                 session.session_id, self.options.directory,
+                                 e.strerror or type(e).__name__)
 
     def _write(self, session: SessionScope | None, event: dict[str, Any], markdown: str) -> None:
         if session is None:
             return
-        md, jsonl = self._paths(session.session_id)
         pending = session.state.pop("transcript_agent_text", "")
-        with md.open("a", encoding="utf-8") as f:
-            if pending and event["type"] != "agent_text":
-                f.write(f"**Agent:** {pending}\n\n")
-            if markdown:
-                f.write(markdown)
-        with jsonl.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"time": round(time.time(), 3), "session": session.session_id,
-                                **event}) + "\n")
+        if pending and event["type"] != "agent_text":
+            markdown = f"**Agent:** {pending}\n\n{markdown}"
+        self._append(session, markdown, event)
 
     async def session_opened(self, session: SessionScope) -> None:
         if session.owned:
@@ -105,11 +126,7 @@ class Transcript(Proxy[TranscriptOptions]):
             chunk = _text(update.get("content"))
             session.state["transcript_agent_text"] = \
                 session.state.get("transcript_agent_text", "") + chunk
-            _md, jsonl = self._paths(session.session_id)
-            with jsonl.open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"time": round(time.time(), 3),
-                                    "session": session.session_id, "type": "agent_text",
-                                    "text": chunk}) + "\n")
+            self._append(session, "", {"type": "agent_text", "text": chunk})
         elif kind == "tool_call":
             self._write(session, {"type": "tool_call", "id": update.get("toolCallId"),
                                   "title": update.get("title"), "kind": update.get("kind"),

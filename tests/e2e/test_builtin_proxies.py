@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from conductor.testing import TestClient, open_process_client
+from proxies.transcript import file_stem
 from tests.conftest import BIN, child_env, conductor_argv
 
 if TYPE_CHECKING:
@@ -92,6 +93,31 @@ async def test_permissions_deny_env_reads_through_the_editor_with_the_sdk_agent(
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_permissions_deny_env_reads_spelt_oddly_or_through_a_symlink(
+        tmp_path: Path, mode: str) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / ".env").write_text("SECRET=1", encoding="utf-8")
+    (project / "innocent.txt").symlink_to(".env")
+    asked: list[str] = []
+
+    async def read(message: Message) -> object:
+        asked.append(message.params_value()["path"])
+        return {"content": "plain text"}
+
+    options = {"default": "allow", "rules": [{"name": "protect-env", "path": ".env*",
+                                              "action": "deny"}]}
+    chain = write_chain(tmp_path, "permissions", options, mode, SDK_AGENT)
+    client, log = await run_turns(
+        tmp_path, chain, ["read ./.env/", "read innocent.txt", "read ok.txt"],
+        cwd=str(project), client=TestClient({"fs/read_text_file": read}))
+    assert asked == ["ok.txt"]  # neither spelling of .env reached the editor
+    assert client.agent_text().count("denied by the permissions policy") == 2
+    assert "deny fs/read_text_file kind=read paths=['./.env/'] (by protect-env)" in log
+    assert "deny fs/read_text_file kind=read paths=['innocent.txt'] (by protect-env)" in log
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_permissions_answer_a_tool_permission_by_rule_without_asking_the_editor(
         tmp_path: Path, mode: str) -> None:
     options = {"rules": [{"name": "notes", "kind": "edit", "title": "Write notes*",
@@ -140,7 +166,9 @@ async def test_transcript_writes_markdown_and_jsonl_per_session(tmp_path: Path,
     await run_turns(tmp_path, chain, ["please write"],
                     client=TestClient({"session/request_permission": {
                         "outcome": {"outcome": "selected", "optionId": "allow"}}}))
-    markdown = (out / "demo-session-1.md").read_text(encoding="utf-8")
+    stem = file_stem("demo-session-1")
+    assert stem.startswith("demo-session-1-")
+    markdown = (out / f"{stem}.md").read_text(encoding="utf-8")
     for expected in ("# Session demo-session-1", "## User\n\nplease write",
                      "- Tool call `Write notes.txt` (edit): pending",
                      "- Permission for `Write notes.txt`: allow",
@@ -149,7 +177,7 @@ async def test_transcript_writes_markdown_and_jsonl_per_session(tmp_path: Path,
                      "_Turn ended: end_turn_"):
         assert expected in markdown
     events = [json.loads(line) for line in
-              (out / "demo-session-1.jsonl").read_text(encoding="utf-8").splitlines()]
+              (out / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()]
     kinds = [e["type"] for e in events]
     assert kinds[:4] == ["session", "prompt", "tool_call", "permission"]
     assert kinds[-1] == "stop" and "agent_text" in kinds

@@ -1,0 +1,272 @@
+"""Unit tests of the built-in proxies' option handling and helpers (no processes)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from pydantic import ValidationError
+
+from conductor.errors import RpcError
+from conductor.testing import ScriptedAgent, TestClient, open_test_chain
+from proxies.context import Context, ContextOptions
+from proxies.permissions import path_matches
+from proxies.redact import Redact, RedactOptions
+from proxies.transcript import Transcript, TranscriptOptions, file_stem
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / ".env").write_text("SECRET=1", encoding="utf-8")
+    (ws / "ok.txt").write_text("ok", encoding="utf-8")
+    (ws / "innocent.txt").symlink_to(".env")
+    (ws / "k.txt").symlink_to(ws / ".env")
+    (ws / "hop").symlink_to(ws / "sub")
+    return ws
+
+
+@pytest.mark.parametrize("path", [
+    ".env", "./.env", "./.env/", "./.env/.", "sub/../.env/.", ".env//", "innocent.txt",
+    "./innocent.txt", "k.txt", "{ws}/.env", "{ws}/.env/", "{ws}/sub/../.env", "{ws}/innocent.txt",
+])
+def test_an_env_deny_pattern_matches_every_spelling_and_symlink_of_the_env_file(
+        workspace: Path, path: str) -> None:
+    assert path_matches(".env*", path.format(ws=workspace), str(workspace))
+
+
+def test_an_env_deny_pattern_does_not_match_an_ordinary_file(workspace: Path) -> None:
+    for path in ("ok.txt", "./ok.txt", f"{workspace}/ok.txt", "sub/../ok.txt"):
+        assert not path_matches(".env*", path, str(workspace))
+
+
+@pytest.mark.parametrize("path", ["secrets/a", "./secrets/a", "sub/../secrets/a",
+                                  "{ws}/secrets/a", "./secrets//a"])
+def test_a_pattern_with_a_slash_matches_relative_to_the_session_cwd(workspace: Path,
+                                                                    path: str) -> None:
+    assert path_matches("secrets/*", path.format(ws=workspace), str(workspace))
+    assert not path_matches("secrets/*", "other/a", str(workspace))
+
+
+def test_a_relative_spelling_without_a_cwd_is_still_normalised() -> None:
+    assert path_matches(".env*", "./.env/.", None)
+
+
+def test_a_path_through_a_symlinked_cwd_matches_relative_to_the_real_cwd(
+        workspace: Path, tmp_path: Path) -> None:
+    alias = tmp_path / "alias"
+    alias.symlink_to(workspace)
+    assert path_matches("sub/*", f"{workspace}/sub/x", str(alias))
+    assert path_matches(".env*", f"{alias}/innocent.txt", str(workspace))
+
+
+# --- context -----------------------------------------------------------------------------
+
+def context(**options: Any) -> Context:
+    return Context(ContextOptions(**options))
+
+
+@pytest.mark.parametrize("pattern", ["/etc/passwd", "/tmp/*.md", ""])
+def test_context_rejects_absolute_or_empty_file_patterns_when_options_are_read(
+        pattern: str) -> None:
+    with pytest.raises(ValidationError, match="relative to the session cwd"):
+        ContextOptions(files=["AGENTS.md", pattern])
+
+
+def test_context_skips_an_unreadable_file_with_a_warning_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "a.md").write_text("alpha", encoding="utf-8")
+    (tmp_path / "b.md").write_text("beta-secret", encoding="utf-8")
+    real_open = Path.open
+
+    def failing_open(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self.name == "b.md":  # root ignores file modes, so fail the open itself
+            raise PermissionError(13, "Permission denied")
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", failing_open)
+    with caplog.at_level(logging.WARNING):
+        pieces = context(files=["*.md"]).collect(str(tmp_path))
+    assert pieces == [("a.md", "alpha")]
+    assert "skipped b.md: Permission denied" in caplog.text
+    assert "beta-secret" not in caplog.text
+
+
+def test_context_reads_no_more_than_max_file_bytes(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "big.md").write_bytes(b"x" * 10_000)
+    asked: list[int] = []
+    real_open = Path.open
+
+    def recording_open(self: Path, *args: Any, **kwargs: Any) -> Any:
+        f = real_open(self, *args, **kwargs)
+        real_read = f.read
+
+        def read(n: int = -1) -> bytes:
+            asked.append(n)
+            return real_read(n)
+
+        f.read = read
+        return f
+
+    monkeypatch.setattr(Path, "open", recording_open)
+    assert context(files=["big.md"], max_file_bytes=100).collect(str(tmp_path)) == \
+        [("big.md", "x" * 100)]
+    assert asked == [100]  # never the whole file
+
+
+def test_context_skips_symlinks_that_resolve_outside_the_session_cwd(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    project, outside = tmp_path / "project", tmp_path / "outside"
+    project.mkdir()
+    outside.mkdir()
+    (outside / "secret.md").write_text("private", encoding="utf-8")
+    (project / "inside.md").write_text("shared", encoding="utf-8")
+    (project / "leak.md").symlink_to(outside / "secret.md")
+    (project / "alias.md").symlink_to("inside.md")
+    with caplog.at_level(logging.WARNING):
+        pieces = context(files=["*.md", "../outside/*.md"]).collect(str(project))
+    assert pieces == [("alias.md", "shared"), ("inside.md", "shared")]
+    assert "skipped leak.md: it resolves outside the session cwd" in caplog.text
+    assert "skipped ../outside/secret.md: it resolves outside the session cwd" in caplog.text
+
+
+async def test_context_retries_injection_after_a_prompt_whose_collection_failed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "AGENTS.md").write_text("Use tabs.", encoding="utf-8")
+    proxy = context(files=["AGENTS.md"])
+    real_collect = proxy.collect
+    calls = 0
+
+    def flaky_collect(cwd: str | None) -> list[tuple[str, str]]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("transient failure")
+        return real_collect(cwd)
+
+    monkeypatch.setattr(proxy, "collect", flaky_collect)
+    agent = ScriptedAgent()
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session(str(tmp_path))
+            with pytest.raises(RpcError):
+                await client.prompt(sid, "one")
+            await client.prompt(sid, "two")
+            await client.prompt(sid, "three")
+    prompts = [p["prompt"] for p in agent.received_params("session/prompt")]
+    assert "Use tabs." in prompts[0][0]["text"] and prompts[0][1]["text"] == "two"
+    assert prompts[1] == [{"type": "text", "text": "three"}]
+
+
+# --- transcript --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("session_id", ["s" * 5000, "a/b", "a_b", "..", "../../etc/x", "é/ü",
+                                        "", ".hidden"])
+def test_transcript_file_names_are_short_safe_and_visible(session_id: str) -> None:
+    stem = file_stem(session_id)
+    assert len(stem) <= 64 + 1 + 8
+    assert not stem.startswith(".") and "/" not in stem
+    assert re.fullmatch(r"([A-Za-z0-9._-]+-)?[0-9a-f]{8}", stem)
+
+
+def test_transcript_ids_that_read_alike_get_different_files() -> None:
+    assert file_stem("a/b") != file_stem("a_b")
+    assert file_stem("x" * 64 + "1") != file_stem("x" * 64 + "2")
+
+
+async def transcript_turn(directory: Path, session_id: str) -> ScriptedAgent:
+    agent = ScriptedAgent({"session/new": {"sessionId": session_id}})
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        await agent.notify("session/update", {"sessionId": session_id, "update": {
+            "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hi"}}})
+        return {"stopReason": "end_turn"}
+    agent.replies["session/prompt"] = prompt
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(directory)))],
+                               agent) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            assert await client.prompt(sid, "one") == {"stopReason": "end_turn"}
+            assert await client.prompt(sid, "two") == {"stopReason": "end_turn"}
+            assert client.agent_text() == "hihi"
+    return agent
+
+
+async def test_transcript_of_a_very_long_session_id_is_written(tmp_path: Path) -> None:
+    await transcript_turn(tmp_path, "s" * 5000)
+    [md] = [name for name in os.listdir(tmp_path) if name.endswith(".md")]
+    assert "## User\n\none" in (tmp_path / md).read_text(encoding="utf-8")
+
+
+async def test_transcript_that_cannot_be_written_warns_once_and_the_session_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("", encoding="utf-8")  # a directory under a file: fails even for root
+    with caplog.at_level(logging.WARNING):
+        await transcript_turn(blocker / "transcripts", "sess-1")
+    warnings = [r for r in caplog.records if "cannot write the transcript" in r.getMessage()]
+    assert len(warnings) == 1 and "sess-1" in warnings[0].getMessage()
+
+
+async def test_transcript_of_a_dot_dot_session_id_stays_a_visible_file_in_the_directory(
+        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    await transcript_turn(out, "..")
+    names = sorted(os.listdir(out))
+    assert names == [f"{file_stem('..')}.jsonl", f"{file_stem('..')}.md"]
+    assert not any(n.startswith(".") for n in names)
+    assert os.listdir(tmp_path) == ["out"]
+
+
+# --- redact ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("replacement", [r"\g<0>", "\\", r"\1", "<$0>"])
+def test_redact_uses_the_replacement_literally(replacement: str) -> None:
+    proxy = Redact(RedactOptions(patterns=[r"sk-[a-z0-9]{8,}"], replacement=replacement))
+    hits: dict[str, int] = {}
+    assert proxy.scrub({"t": "key sk-abcdef123456 end"}, hits) == \
+        {"t": f"key {replacement} end"}
+    assert hits == {"pattern 1": 1}
+
+
+def test_redact_warns_about_unset_and_short_env_vars_by_name_only(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("REDACT_UNSET", raising=False)
+    monkeypatch.setenv("REDACT_SHORT", "abc")
+    with caplog.at_level(logging.WARNING):
+        Redact(RedactOptions(env=["REDACT_UNSET", "REDACT_SHORT"]))
+    assert "env REDACT_UNSET is not set" in caplog.text
+    assert "env REDACT_SHORT is shorter than 4 characters" in caplog.text
+    assert "abc" not in caplog.text
+
+
+async def test_redact_scrubs_permission_requests_coming_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDACT_TOKEN", "tok-123456")
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        answer = await agent.call("session/request_permission", {
+            "sessionId": "session-1",
+            "toolCall": {"toolCallId": "c1", "title": "curl -H tok-123456",
+                         "rawInput": {"command": ["curl", "tok-123456"]}},
+            "options": [{"optionId": "ok", "name": "Allow", "kind": "allow_once"}]})
+        assert answer == {"outcome": {"outcome": "selected", "optionId": "ok"}}
+        return {"stopReason": "end_turn"}
+
+    agent = ScriptedAgent({"session/prompt": prompt})
+    client_replies = {"session/request_permission": {
+        "outcome": {"outcome": "selected", "optionId": "ok"}}}
+    async with open_test_chain([Redact(RedactOptions(env=["REDACT_TOKEN"]))], agent,
+                               client=TestClient(client_replies)) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            await client.prompt(sid, "go")
+    [asked] = client.received_params("session/request_permission")
+    assert asked["toolCall"]["title"] == "curl -H [redacted]"
+    assert asked["toolCall"]["rawInput"]["command"] == ["curl", "[redacted]"]
