@@ -296,3 +296,76 @@ def test_on_a_terminal_run_renders_live_with_rich() -> None:
     assert "Write notes.txt" in text
     assert "Answer it" in text
     assert "end_turn" in text
+
+
+@pytest.fixture
+def mute_chain(tmp_path: Path) -> str:
+    path = tmp_path / "mute.toml"
+    path.write_text('[agent]\nname = "mute"\ncommand = ["sh", "-c", "cat >/dev/null"]\n',
+                    encoding="utf-8")
+    return str(path)
+
+
+def test_timeout_covers_setup_and_names_the_request_a_mute_agent_never_answered(
+        mute_chain: str) -> None:
+    result = run("run", "--chain", mute_chain, "hi", "--json", "--timeout", "0.5", timeout=30)
+    assert result.returncode == 124, result.stderr
+    lines = events(result.stdout)
+    assert any("never answered initialize" in e.get("message", "") for e in lines)
+    assert lines[-1]["type"] == "result"
+    assert lines[-1]["cancelledBy"] == "timeout"
+
+
+def test_ctrl_c_during_setup_gives_up_and_a_second_one_stops_at_once(mute_chain: str) -> None:
+    proc = subprocess.Popen(conductor_argv("--log-level", "info", "run", "--chain", mute_chain,
+                                           "hi", "--json"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(),
+                            cwd=REPO)
+    try:
+        # The agent starts at the first initialize, so once it is up initialize is pending.
+        _wait_for_stderr(proc, b"started mute", 20)
+        proc.send_signal(signal.SIGINT)
+        lines = _read_lines_until(proc, lambda e: "never answered" in e.get("message", ""), 20)
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        out, err = proc.communicate(timeout=20)
+        elapsed = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "never answered initialize" in lines[-1]["message"]
+    assert "Traceback" not in err.decode()
+    final = json.loads(out.decode().splitlines()[-1])
+    assert final["type"] == "result"
+    assert final["exitReason"] == "interrupted"
+    assert elapsed < 2  # not the chain's shutdown grace (3 s)
+
+
+def _wait_for_stderr(proc: subprocess.Popen[bytes], needle: bytes, timeout: float) -> None:
+    assert proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    deadline, seen = time.monotonic() + timeout, b""
+    while needle not in seen and time.monotonic() < deadline:
+        if sel.select(deadline - time.monotonic()):
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk:
+                break
+            seen += chunk
+    assert needle in seen, seen
+
+
+@pytest.mark.parametrize(("proxy", "expected"), [
+    ('use = "nosuch"', "no proxy named 'nosuch'"),
+    ('use = "context"\noptions = { bogus = 1 }', "proxy[0].options.bogus")])
+def test_a_bad_proxy_exits_2_with_the_config_message(tmp_path: Path, proxy: str,
+                                                     expected: str) -> None:
+    chain = tmp_path / "bad.toml"
+    chain.write_text(f'[[proxy]]\n{proxy}\n[agent]\ncommand = ["{sys.executable}", "-m", '
+                     f'"conductor.demo_agent"]\n', encoding="utf-8")
+    result = run("run", "--chain", str(chain), "hi")
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "internal error" not in result.stderr
