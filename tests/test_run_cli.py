@@ -369,3 +369,67 @@ def test_a_bad_proxy_exits_2_with_the_config_message(tmp_path: Path, proxy: str,
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr
     assert "internal error" not in result.stderr
+
+
+@pytest.mark.parametrize("prompt", ["", "  \n"])
+def test_an_empty_prompt_is_a_usage_error(prompt: str) -> None:
+    from_stdin = run("run", "--chain", DEMO, "-", stdin=prompt)
+    assert from_stdin.returncode == 2, from_stdin.stderr
+    assert "the prompt is empty" in from_stdin.stderr
+    as_argument = run("run", "--chain", DEMO, prompt)
+    assert as_argument.returncode == 2, as_argument.stderr
+    assert from_stdin.stdout == as_argument.stdout == ""
+
+
+def _on_a_terminal(args: list[str], *, stdout_to_pipe: bool, answer: bytes | None,
+                   timeout: float = 30) -> tuple[subprocess.Popen[bytes], str, bytes, float]:
+    """Run with stdin and stderr on a pty; answer the permission question if asked."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(conductor_argv(*args), stdin=slave,
+                            stdout=subprocess.PIPE if stdout_to_pipe else slave, stderr=slave,
+                            env=child_env(TERM="xterm-256color", COLUMNS="100"), cwd=REPO)
+    os.close(slave)
+    tty, started = b"", time.monotonic()
+    try:
+        while time.monotonic() - started < timeout and proc.poll() is None:
+            sel = selectors.DefaultSelector()
+            sel.register(master, selectors.EVENT_READ)
+            if not sel.select(0.5):
+                continue
+            try:
+                tty += os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if answer is not None and b"choose a number" in tty:
+                os.write(master, answer)
+                answer = None
+        out = proc.stdout.read() if proc.stdout else b""
+        proc.wait(timeout=timeout)
+        elapsed = time.monotonic() - started
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+    return proc, tty.decode("utf-8", "replace"), out, elapsed
+
+
+def test_with_stdout_redirected_the_default_ask_policy_asks_on_the_terminal() -> None:
+    proc, tty, out, _ = _on_a_terminal(["run", "--chain", DEMO, "permission"],
+                                       stdout_to_pipe=True, answer=b"1\n")
+    assert proc.returncode == 0, tty
+    assert "The agent asks: Write notes.txt (edit)" in tty
+    assert "1. Allow" in tty
+    assert "[permission] Write notes.txt: allow (--approve ask)" in tty
+    assert b"Hello from the demo agent." in out
+
+
+def test_an_unanswered_question_does_not_keep_run_alive_after_the_timeout() -> None:
+    proc, tty, _, elapsed = _on_a_terminal(
+        ["run", "--chain", DEMO, "permission", "--approve", "ask", "--timeout", "1"],
+        stdout_to_pipe=False, answer=None)
+    assert proc.returncode == 124, tty
+    assert "The agent asks" in tty
+    assert elapsed < 10
