@@ -32,7 +32,7 @@ Exit codes of run:
   5    the agent refused (stopReason refusal)
   6    the agent hit a limit (max_tokens, max_turn_requests)
   7    the turn was cancelled by the agent (stopReason cancelled)
-  8    policy violation: --approve fail was hit, or a file/terminal request was refused
+  8    policy violation: --approve fail was hit, or run refused a file/terminal request
   124  --timeout passed (the turn was cancelled with session/cancel)
   130  Ctrl-C (the turn was cancelled with session/cancel)
 """
