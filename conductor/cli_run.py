@@ -19,6 +19,7 @@ from rich.text import Text
 
 from conductor.cli import handle_errors, main
 from conductor.config import load_chain
+from conductor.errors import ConfigError
 from conductor.headless import APPROVE_CHOICES, HeadlessOptions, RunExit, run_headless
 from conductor.tracing import open_trace_sink
 
@@ -31,7 +32,7 @@ Exit codes of run:
   5    the agent refused (stopReason refusal)
   6    the agent hit a limit (max_tokens, max_turn_requests)
   7    the turn was cancelled by the agent (stopReason cancelled)
-  8    policy violation: --approve fail was hit, or a file/terminal request was refused
+  8    policy violation: --approve fail was hit, or run refused a file/terminal request
   124  --timeout passed (the turn was cancelled with session/cancel)
   130  Ctrl-C (the turn was cancelled with session/cancel)
 """
@@ -40,7 +41,7 @@ Exit codes of run:
 def _chain_file(ctx: click.Context, local: str | None) -> str:
     chain = local or ctx.obj.get("chain_file")
     if not chain:
-        raise click.UsageError("give --chain FILE")
+        raise ConfigError("give --chain FILE", field="--chain")
     return chain
 
 
@@ -79,15 +80,19 @@ def run_command(ctx: click.Context, chain_file: str | None, prompt: str | None, 
 
     config = load_chain(_chain_file(ctx, chain_file))
     if prompt is None:
-        raise click.UsageError("give a PROMPT, or - to read it from stdin")
+        raise ConfigError("give a PROMPT, or - to read it from stdin", field="PROMPT")
     from_stdin = prompt == "-"
     if from_stdin:
         prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise ConfigError("the prompt is empty" + (" (nothing on stdin)" if from_stdin else ""),
+                          field="PROMPT", hint="give the agent something to do")
     if approve is None:
         interactive = sys.stdin.isatty() and sys.stderr.isatty() and not from_stdin
         approve = "ask" if interactive and not as_json else "none"
     if approve == "ask" and (as_json or from_stdin or not sys.stdin.isatty()):
-        raise click.UsageError("--approve ask needs a terminal on stdin (and no --json)")
+        raise ConfigError("--approve ask needs a terminal on stdin (and no --json)",
+                          field="--approve")
     events: Any
     if as_json:
         events = JsonEvents()

@@ -361,13 +361,22 @@ class _Turn:
     error: RpcError | None = None
     closed: bool = False
     usage_error: ConfigError | None = None
+    step: str = "initialize"       # the request the run is waiting on
+    prompted: bool = False         # session/prompt was sent: a cancel has a turn to end
+    forced: anyio.Event = field(default_factory=anyio.Event)  # a second Ctrl-C: stop now
     stop: anyio.Event = field(default_factory=anyio.Event)
     done: anyio.Event = field(default_factory=anyio.Event)
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
     def interrupt(self, why: str) -> None:
         if self.trigger is None and not self.done.is_set():
             self.trigger = why
         self.stop.set()
+
+    def force(self) -> None:
+        self.interrupt("interrupt")
+        self.forced.set()
+        self.scope.cancel()
 
 
 async def run_headless(config: ChainConfig, options: HeadlessOptions, events: RunEvents) -> int:
@@ -411,15 +420,17 @@ async def run_headless(config: ChainConfig, options: HeadlessOptions, events: Ru
         if options.handle_signals:
             tg.start_soon(_watch_sigint, turn, events)
         try:
-            async with open_client_connection(from_conductor, to_conductor, editor) as conn:
-                await _converse(conn, editor, options, events, turn, record)
-        except ConnectionClosed:
+            with turn.scope:  # a second Ctrl-C cancels it
+                async with open_client_connection(from_conductor, to_conductor, editor) as conn:
+                    await _converse(conn, editor, options, events, turn, record)
+        except* ConnectionClosed:  # arrives wrapped by the connection's task group
             turn.closed = True
         finally:
             with anyio.CancelScope(shield=True):
                 await editor.aclose()
                 with anyio.move_on_after(config.conductor.shutdown_grace + 10):
-                    await conductor_done.wait()
+                    await _first(conductor_done, turn.forced)
+        # Forced: cancelling run_conductor still stops each component (shielded cleanup).
         tg.cancel_scope.cancel()
 
     if conductor_error is not None:
@@ -438,6 +449,16 @@ async def run_headless(config: ChainConfig, options: HeadlessOptions, events: Ru
     return int(code)
 
 
+async def _first(*events: anyio.Event) -> None:
+    """Wait until any of `events` is set."""
+    async with anyio.create_task_group() as tg:
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+        for event in events:
+            tg.start_soon(wait, event)
+
+
 def _usage_of(update: dict[str, Any] | None) -> dict[str, Any] | None:
     if update is None:
         return None
@@ -450,61 +471,25 @@ async def _watch_sigint(turn: _Turn, events: RunEvents) -> None:
         async for _ in signals:
             count += 1
             if count == 1:
-                events.notice("interrupted: cancelling the turn (Ctrl-C again to stop now)")
+                doing = "cancelling the turn" if turn.prompted else "giving up"
+                events.notice(f"interrupted: {doing} (Ctrl-C again to stop now)")
                 turn.interrupt("interrupt")
             else:
-                raise KeyboardInterrupt
+                # Not KeyboardInterrupt: that would skip the result line and print a traceback.
+                events.notice("interrupted again: stopping now")
+                turn.force()
+                return
 
 
 async def _converse(conn: Any, editor: HeadlessEditor, options: HeadlessOptions,
                     events: RunEvents, turn: _Turn, record: dict[str, Any]) -> None:
-    try:
-        init = await conn.request("initialize", {
-            "protocolVersion": 1,
-            "clientCapabilities": {"fs": {"readTextFile": True,
-                                          "writeTextFile": options.allow_write},
-                                   "terminal": options.allow_terminal},
-            "clientInfo": {"name": "acp-conductor-run", "title": "acp-conductor run",
-                           "version": _package_version()}})
-        caps = (init or {}).get("agentCapabilities") or {}
-        cwd = str(editor.root)
-
-        def announce(sid: str, how: str) -> None:
-            record["sessionId"] = sid
-            events.session({"type": "session", "sessionId": sid, "how": how,
-                            "protocolVersion": (init or {}).get("protocolVersion"),
-                            "agentInfo": (init or {}).get("agentInfo"), "cwd": cwd})
-        if options.session_id is None:
-            opened = await conn.request("session/new", {"cwd": cwd, "mcpServers": []})
-            sid, how = (opened or {}).get("sessionId"), "new"
-        else:
-            sid = options.session_id
-            if caps.get("loadSession"):
-                how = "load"
-            elif isinstance(caps.get("sessionCapabilities"), dict) and \
-                    caps["sessionCapabilities"].get("resume") is not None:
-                how = "resume"
-            else:
-                turn.usage_error = ConfigError(
-                    f"the agent cannot reopen session {sid!r}: it advertises neither "
-                    "loadSession nor sessionCapabilities.resume", field="--session-id",
-                    hint="drop --session-id")
-                return
-            # Announced before the request: the replayed history arrives before its answer.
-            announce(sid, how)
-            await conn.request(f"session/{how}", {"sessionId": sid, "cwd": cwd,
-                                                 "mcpServers": []})
-        if how == "new":
-            announce(sid, how)
-    except RpcError as e:
-        turn.error = e
-        return
+    """The whole conversation (setup included) under --timeout and Ctrl-C."""
+    sid: list[str] = []  # set once the session is open; session/cancel needs it
 
     async with anyio.create_task_group() as tg:
-        async def prompt() -> None:
+        async def talk() -> None:
             try:
-                turn.result = await conn.request("session/prompt", {
-                    "sessionId": sid, "prompt": [{"type": "text", "text": options.prompt}]})
+                await _talk(conn, editor, options, events, turn, record, sid)
             except RpcError as e:
                 turn.error = e
             except ConnectionClosed:
@@ -513,21 +498,79 @@ async def _converse(conn: Any, editor: HeadlessEditor, options: HeadlessOptions,
                 turn.done.set()
                 turn.stop.set()
 
-        tg.start_soon(prompt)
+        tg.start_soon(talk)
         with anyio.move_on_after(options.timeout if options.timeout else float("inf")):
             await turn.stop.wait()
         if not turn.stop.is_set():
             turn.interrupt("timeout")
-            events.notice(f"timeout after {options.timeout:g}s: cancelling the turn")
+            if turn.prompted:
+                events.notice(f"timeout after {options.timeout:g}s: cancelling the turn")
+        if turn.done.is_set():
+            return
+        if not turn.prompted:
+            # No turn to cancel yet: the agent is stuck answering a setup request.
+            why = f"timeout after {options.timeout:g}s" if turn.trigger == "timeout" \
+                else "interrupted"
+            events.notice(f"{why}: the agent never answered {turn.step}; giving up")
+            tg.cancel_scope.cancel()
+            return
+        editor.cancel_pending()
+        await conn.notify("session/cancel", {"sessionId": sid[0]})
+        with anyio.move_on_after(options.cancel_grace):
+            await turn.done.wait()
         if not turn.done.is_set():
-            editor.cancel_pending()
-            await conn.notify("session/cancel", {"sessionId": sid})
-            with anyio.move_on_after(options.cancel_grace):
-                await turn.done.wait()
-            if not turn.done.is_set():
-                events.notice(f"the agent did not answer the cancel within "
-                              f"{options.cancel_grace:g}s; giving up on the turn")
-                tg.cancel_scope.cancel()
+            events.notice(f"the agent did not answer the cancel within "
+                          f"{options.cancel_grace:g}s; giving up on the turn")
+            tg.cancel_scope.cancel()
+
+
+async def _talk(conn: Any, editor: HeadlessEditor, options: HeadlessOptions,
+                events: RunEvents, turn: _Turn, record: dict[str, Any], sid_out: list[str]) -> None:
+    turn.step = "initialize"
+    init = await conn.request("initialize", {
+        "protocolVersion": 1,
+        "clientCapabilities": {"fs": {"readTextFile": True,
+                                      "writeTextFile": options.allow_write},
+                               "terminal": options.allow_terminal},
+        "clientInfo": {"name": "acp-conductor-run", "title": "acp-conductor run",
+                       "version": _package_version()}})
+    caps = (init or {}).get("agentCapabilities") or {}
+    cwd = str(editor.root)
+
+    def announce(sid: str, how: str) -> None:
+        record["sessionId"] = sid
+        events.session({"type": "session", "sessionId": sid, "how": how,
+                        "protocolVersion": (init or {}).get("protocolVersion"),
+                        "agentInfo": (init or {}).get("agentInfo"), "cwd": cwd})
+    if options.session_id is None:
+        turn.step = "session/new"
+        opened = await conn.request("session/new", {"cwd": cwd, "mcpServers": []})
+        sid, how = (opened or {}).get("sessionId"), "new"
+    else:
+        sid = options.session_id
+        if caps.get("loadSession"):
+            how = "load"
+        elif isinstance(caps.get("sessionCapabilities"), dict) and \
+                caps["sessionCapabilities"].get("resume") is not None:
+            how = "resume"
+        else:
+            turn.usage_error = ConfigError(
+                f"the agent cannot reopen session {sid!r}: it advertises neither "
+                "loadSession nor sessionCapabilities.resume", field="--session-id",
+                hint="drop --session-id")
+            return
+        # Announced before the request: the replayed history arrives before its answer.
+        announce(sid, how)
+        turn.step = f"session/{how}"
+        await conn.request(f"session/{how}", {"sessionId": sid, "cwd": cwd,
+                                             "mcpServers": []})
+    if how == "new":
+        announce(sid, how)
+    sid_out.append(sid)
+    turn.step = "session/prompt"
+    turn.prompted = True
+    turn.result = await conn.request("session/prompt", {
+        "sessionId": sid, "prompt": [{"type": "text", "text": options.prompt}]})
 
 
 def _exit_code(turn: _Turn, editor: HeadlessEditor, conductor_code: int | None) -> RunExit:

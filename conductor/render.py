@@ -64,6 +64,30 @@ class _Tools:
 
 
 
+def _question(tool_call: dict[str, Any], options: list[dict[str, Any]]) -> list[str]:
+    """The permission question as lines (both renderers ask with the same words)."""
+    return [f"The agent asks: {tool_call.get('title', 'a tool call')} "
+            f"({tool_call.get('kind', 'other')})",
+            *(f"  {i}. {o.get('name', o.get('optionId'))}" for i, o in enumerate(options, 1))]
+
+
+ANSWER_PROMPT = "choose a number (empty: cancel): "
+
+
+async def _read_choice(options: list[dict[str, Any]]) -> str | None:
+    """One line from the terminal on stdin, as an optionId (None: cancel).
+
+    Waits for fd 0 in the event loop rather than a worker thread: a thread blocked in
+    readline() cannot be abandoned, and the interpreter would join it at exit (a hang after
+    --timeout or Ctrl-C). A terminal in canonical mode hands over a whole line per read.
+    """
+    await anyio.wait_readable(sys.stdin.fileno())
+    answer = os.read(sys.stdin.fileno(), 4096).decode("utf-8", "replace").strip()
+    if answer.isdigit() and 1 <= int(answer) <= len(options):
+        return options[int(answer) - 1].get("optionId")
+    return None
+
+
 class _Guarded:
     """A text stream whose reader may go away (`| head`): then output stops, quietly."""
 
@@ -208,7 +232,14 @@ class PlainEvents:
 
     async def ask_permission(self, tool_call: dict[str, Any],
                              options: list[dict[str, Any]]) -> str | None:
-        return None
+        # stdout may be a file (`run ... > answer.txt`) while a person sits at the terminal.
+        if not sys.stdin.isatty():
+            return None
+        for line in _question(tool_call, options):
+            self._line(line)
+        self.err.write(ANSWER_PROMPT)
+        self.err.flush()
+        return await _read_choice(options)
 
 
 class RichEvents:
@@ -338,19 +369,11 @@ class RichEvents:
                              options: list[dict[str, Any]]) -> str | None:
         self.live.stop()
         try:
-            self.err.print(Text.assemble(("The agent asks: ", "bold"),
-                                         str(tool_call.get("title", "a tool call")),
-                                         (f" ({tool_call.get('kind', 'other')})", "dim")))
-            for i, option in enumerate(options, 1):
-                self.err.print(f"  {i}. {escape(str(option.get('name', option.get('optionId'))))}")
-
-            def ask() -> str:
-                self.err.print("choose a number (empty: cancel): ", end="")
-                return sys.stdin.readline()
-
-            answer = (await anyio.to_thread.run_sync(ask, abandon_on_cancel=True)).strip()
-            if answer.isdigit() and 1 <= int(answer) <= len(options):
-                return options[int(answer) - 1].get("optionId")
-            return None
+            first, *rest = _question(tool_call, options)
+            self.err.print(Text(first, style="bold"))
+            for line in rest:
+                self.err.print(Text(line))
+            self.err.print(ANSWER_PROMPT, end="")
+            return await _read_choice(options)
         finally:
             self.live.start()

@@ -296,3 +296,140 @@ def test_on_a_terminal_run_renders_live_with_rich() -> None:
     assert "Write notes.txt" in text
     assert "Answer it" in text
     assert "end_turn" in text
+
+
+@pytest.fixture
+def mute_chain(tmp_path: Path) -> str:
+    path = tmp_path / "mute.toml"
+    path.write_text('[agent]\nname = "mute"\ncommand = ["sh", "-c", "cat >/dev/null"]\n',
+                    encoding="utf-8")
+    return str(path)
+
+
+def test_timeout_covers_setup_and_names_the_request_a_mute_agent_never_answered(
+        mute_chain: str) -> None:
+    result = run("run", "--chain", mute_chain, "hi", "--json", "--timeout", "0.5", timeout=30)
+    assert result.returncode == 124, result.stderr
+    lines = events(result.stdout)
+    assert any("never answered initialize" in e.get("message", "") for e in lines)
+    assert lines[-1]["type"] == "result"
+    assert lines[-1]["cancelledBy"] == "timeout"
+
+
+def test_ctrl_c_during_setup_gives_up_and_a_second_one_stops_at_once(mute_chain: str) -> None:
+    proc = subprocess.Popen(conductor_argv("--log-level", "info", "run", "--chain", mute_chain,
+                                           "hi", "--json"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(),
+                            cwd=REPO)
+    try:
+        # The agent starts at the first initialize, so once it is up initialize is pending.
+        _wait_for_stderr(proc, b"started mute", 20)
+        proc.send_signal(signal.SIGINT)
+        lines = _read_lines_until(proc, lambda e: "never answered" in e.get("message", ""), 20)
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        out, err = proc.communicate(timeout=20)
+        elapsed = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "never answered initialize" in lines[-1]["message"]
+    assert "Traceback" not in err.decode()
+    final = json.loads(out.decode().splitlines()[-1])
+    assert final["type"] == "result"
+    assert final["exitReason"] == "interrupted"
+    assert elapsed < 2  # not the chain's shutdown grace (3 s)
+
+
+def _wait_for_stderr(proc: subprocess.Popen[bytes], needle: bytes, timeout: float) -> None:
+    assert proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    deadline, seen = time.monotonic() + timeout, b""
+    while needle not in seen and time.monotonic() < deadline:
+        if sel.select(deadline - time.monotonic()):
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk:
+                break
+            seen += chunk
+    assert needle in seen, seen
+
+
+@pytest.mark.parametrize(("proxy", "expected"), [
+    ('use = "nosuch"', "no proxy named 'nosuch'"),
+    ('use = "context"\noptions = { bogus = 1 }', "proxy[0].options.bogus")])
+def test_a_bad_proxy_exits_2_with_the_config_message(tmp_path: Path, proxy: str,
+                                                     expected: str) -> None:
+    chain = tmp_path / "bad.toml"
+    chain.write_text(f'[[proxy]]\n{proxy}\n[agent]\ncommand = ["{sys.executable}", "-m", '
+                     f'"conductor.demo_agent"]\n', encoding="utf-8")
+    result = run("run", "--chain", str(chain), "hi")
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "internal error" not in result.stderr
+
+
+@pytest.mark.parametrize("prompt", ["", "  \n"])
+def test_an_empty_prompt_is_a_usage_error(prompt: str) -> None:
+    from_stdin = run("run", "--chain", DEMO, "-", stdin=prompt)
+    assert from_stdin.returncode == 2, from_stdin.stderr
+    assert "the prompt is empty" in from_stdin.stderr
+    as_argument = run("run", "--chain", DEMO, prompt)
+    assert as_argument.returncode == 2, as_argument.stderr
+    assert from_stdin.stdout == as_argument.stdout == ""
+
+
+def _on_a_terminal(args: list[str], *, stdout_to_pipe: bool, answer: bytes | None,
+                   timeout: float = 30) -> tuple[subprocess.Popen[bytes], str, bytes, float]:
+    """Run with stdin and stderr on a pty; answer the permission question if asked."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(conductor_argv(*args), stdin=slave,
+                            stdout=subprocess.PIPE if stdout_to_pipe else slave, stderr=slave,
+                            env=child_env(TERM="xterm-256color", COLUMNS="100"), cwd=REPO)
+    os.close(slave)
+    tty, started = b"", time.monotonic()
+    try:
+        while time.monotonic() - started < timeout and proc.poll() is None:
+            sel = selectors.DefaultSelector()
+            sel.register(master, selectors.EVENT_READ)
+            if not sel.select(0.5):
+                continue
+            try:
+                tty += os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if answer is not None and b"choose a number" in tty:
+                os.write(master, answer)
+                answer = None
+        out = proc.stdout.read() if proc.stdout else b""
+        proc.wait(timeout=timeout)
+        elapsed = time.monotonic() - started
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+    return proc, tty.decode("utf-8", "replace"), out, elapsed
+
+
+def test_with_stdout_redirected_the_default_ask_policy_asks_on_the_terminal() -> None:
+    proc, tty, out, _ = _on_a_terminal(["run", "--chain", DEMO, "permission"],
+                                       stdout_to_pipe=True, answer=b"1\n")
+    assert proc.returncode == 0, tty
+    assert "The agent asks: Write notes.txt (edit)" in tty
+    assert "1. Allow" in tty
+    assert "[permission] Write notes.txt: allow (--approve ask)" in tty
+    assert b"Hello from the demo agent." in out
+
+
+def test_an_unanswered_question_does_not_keep_run_alive_after_the_timeout() -> None:
+    proc, tty, _, elapsed = _on_a_terminal(
+        ["run", "--chain", DEMO, "permission", "--approve", "ask", "--timeout", "1"],
+        stdout_to_pipe=False, answer=None)
+    assert proc.returncode == 124, tty
+    assert "The agent asks" in tty
+    assert elapsed < 10
