@@ -124,31 +124,23 @@ class VersionError(Exception):
 
 def protocol_version(params: Raw | UnsetType) -> int:
     """Read the raw `protocolVersion`: 1 selects v1, >= 2 selects v2. Raises VersionError."""
-    bad = VersionError(ErrorCode.INVALID_PARAMS, "Invalid params",
-                       "protocolVersion must be a valid ACP protocol version (an integer 1-65535)")
-    if params is UNSET:
-        raise bad
-    try:
-        raw_version = msgspec.json.decode(params, type=_VersionProbe).protocolVersion
-        if raw_version is UNSET:
-            raise bad
-        value = msgspec.json.decode(raw_version)
-    except msgspec.MsgspecError:
-        raise bad from None
+    value = result_protocol_version(params)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFF:
-        raise bad
+        raise VersionError(ErrorCode.INVALID_PARAMS, "Invalid params",
+                           "protocolVersion must be a valid ACP protocol version "
+                           "(an integer 1-65535)")
     if value == 0:
         raise VersionError(ErrorCode.INVALID_REQUEST, "Unsupported protocol version 0",
                            "this conductor speaks ACP protocol versions 1 and 2")
     return 1 if value == 1 else 2
 
 
-def result_protocol_version(result: Raw | UnsetType) -> object:
-    """The raw protocolVersion an initialize result names (or None)."""
-    if result is UNSET:
+def result_protocol_version(payload: Raw | UnsetType) -> object:
+    """The raw `protocolVersion` a payload (initialize params or result) names, or None."""
+    if payload is UNSET:
         return None
     try:
-        probe = msgspec.json.decode(result, type=_VersionProbe)
+        probe = msgspec.json.decode(payload, type=_VersionProbe)
         if probe.protocolVersion is UNSET:
             return None
         return msgspec.json.decode(probe.protocolVersion)

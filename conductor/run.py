@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -274,39 +275,43 @@ async def _stop_reading_after_exit(comp: Component) -> None:
     await comp.stdout.aclose()
 
 
-async def _serve_client(chain: Chain, client: Wire, stdin: ByteReceiveStream,
-                        max_frame: int) -> None:
-    async def handle(frame: bytes | bytearray | OversizedFrame) -> None:
-        if isinstance(frame, OversizedFrame):
-            await chain.refuse_oversized(client, read_head(frame.head), frame.size, frame.limit)
-            return
-        try:
-            item = decode(frame)
-        except ParseError as e:
-            await client.send(error_response(None, ErrorCode.PARSE_ERROR, "Parse error", str(e)))
-            return
-        await chain.receive(client, item)
-
-    await serve_frames(stdin, FrameDecoder(max_frame_bytes=max_frame), handle)
+NotJson = Callable[[bytes | bytearray, ParseError], Awaitable[None]]
 
 
-async def _serve_component(chain: Chain, comp: Component, wire: Wire, max_frame: int,
-                           tracer: TraceSink | None) -> None:
+async def _serve_wire(chain: Chain, wire: Wire, stream: ByteReceiveStream, max_frame: int,
+                      not_json: NotJson) -> None:
+    """Feed what arrives on `stream` to the router as `wire`'s messages, until EOF."""
     async def handle(frame: bytes | bytearray | OversizedFrame) -> None:
         if isinstance(frame, OversizedFrame):
             await chain.refuse_oversized(wire, read_head(frame.head), frame.size, frame.limit)
             return
         try:
             item = decode(frame)
-        except ParseError:
-            # Banners and ANSI noise: never forwarded, never answered.
-            text = frame[:500].decode("utf-8", "replace")
-            log.warning("%s wrote a non-JSON line on stdout (dropped): %s", comp.name, text)
-            if tracer is not None:
-                tracer.lifecycle(comp.name, "noise", line=text)
+        except ParseError as e:
+            await not_json(frame, e)
             return
         await chain.receive(wire, item)
 
-    await serve_frames(comp.stdout, FrameDecoder(max_frame_bytes=max_frame), handle)
+    await serve_frames(stream, FrameDecoder(max_frame_bytes=max_frame), handle)
+
+
+async def _serve_client(chain: Chain, client: Wire, stdin: ByteReceiveStream,
+                        max_frame: int) -> None:
+    async def parse_error(frame: bytes | bytearray, error: ParseError) -> None:
+        await client.send(error_response(None, ErrorCode.PARSE_ERROR, "Parse error", str(error)))
+
+    await _serve_wire(chain, client, stdin, max_frame, parse_error)
+
+
+async def _serve_component(chain: Chain, comp: Component, wire: Wire, max_frame: int,
+                           tracer: TraceSink | None) -> None:
+    async def noise(frame: bytes | bytearray, error: ParseError) -> None:
+        # Banners and ANSI noise: never forwarded, never answered.
+        text = frame[:500].decode("utf-8", "replace")
+        log.warning("%s wrote a non-JSON line on stdout (dropped): %s", comp.name, text)
+        if tracer is not None:
+            tracer.lifecycle(comp.name, "noise", line=text)
+
+    await _serve_wire(chain, wire, comp.stdout, max_frame, noise)
 
 
