@@ -37,10 +37,7 @@ class DemoAgent:
     def read(self) -> dict[str, Any] | None:
         if self.queue:
             return self.queue.pop(0)
-        for line in self.inp:
-            if line.strip():
-                return json.loads(line)
-        return None
+        return self.read_line()
 
     def serve(self) -> None:
         while (msg := self.read()) is not None:
@@ -89,16 +86,19 @@ class DemoAgent:
     def update(self, sid: str, update: dict[str, Any]) -> None:
         self.send({"method": "session/update", "params": {"sessionId": sid, "update": update}})
 
+    def read_line(self) -> dict[str, Any] | None:
+        """The next message from stdin itself (not the queue), or None at EOF."""
+        for line in self.inp:
+            if line.strip():
+                return json.loads(line)
+        return None
+
     def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """Send a request to the client and wait for its answer, queueing other messages."""
         ident = f"demo-{next(self.ids)}"
         self.send({"id": ident, "method": method, "params": params})
         while True:
-            msg = None
-            for line in self.inp:
-                if line.strip():
-                    msg = json.loads(line)
-                    break
+            msg = self.read_line()
             if msg is None:
                 return {"error": {"message": "client went away"}}
             if msg.get("id") == ident and "method" not in msg:
@@ -190,11 +190,7 @@ class DemoAgent:
 
     def wait_for_cancel(self, sid: str) -> None:
         while sid not in self.cancelled:
-            msg = None
-            for line in self.inp:
-                if line.strip():
-                    msg = json.loads(line)
-                    break
+            msg = self.read_line()
             if msg is None:
                 return
             if msg.get("method") == "session/cancel":
