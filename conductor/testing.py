@@ -108,13 +108,16 @@ class _Endpoint:
                 assert self.tg is not None
                 self.tg.start_soon(self._answer, message)
 
-    async def _answer(self, message: Message) -> None:
+    async def _reply(self, message: Message) -> Message:
+        """The response to `message`: what `answer` returns, or the RpcError it raises."""
         try:
             result = await self.answer(message)
-            reply = Message(id=message.id, result=payload(result))
         except RpcError as e:
-            reply = error_response(message.id, e.code, e.message, e.data)  # type: ignore[arg-type]
-        await self._send(reply)
+            return error_response(message.id, e.code, e.message, e.data)  # type: ignore[arg-type]
+        return Message(id=message.id, result=payload(result))
+
+    async def _answer(self, message: Message) -> None:
+        await self._send(await self._reply(message))
 
     async def answer(self, message: Message) -> JsonValue:
         raise RpcError(ErrorCode.METHOD_NOT_FOUND, "Method not found", message.method)
@@ -225,11 +228,7 @@ class ScriptedAgent(_Endpoint):
         return await script(self, message) if callable(script) else script
 
     async def _answer(self, message: Message) -> None:
-        try:
-            result = await self.answer(message)
-            reply = Message(id=message.id, result=payload(result))
-        except RpcError as e:
-            reply = error_response(message.id, e.code, e.message, e.data)  # type: ignore[arg-type]
+        reply = await self._reply(message)
         after, self._after = self._after, []
         async with self._lock:  # the reply and what follows it leave back to back
             assert self._out is not None
