@@ -8,12 +8,12 @@ conductor does not touch keeps its bytes.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Final
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
+from conductor.errors import ProtocolVersionError
 from conductor.jsonrpc.codes import ErrorCode
 
 INITIALIZE: Final = "initialize"
@@ -115,22 +115,19 @@ class _MetaProbe(msgspec.Struct):
     meta: Raw | UnsetType = msgspec.field(default=UNSET, name="_meta")
 
 
-@dataclass(frozen=True, slots=True)
-class VersionError(Exception):
-    code: int
-    message: str
-    data: str | None = None
-
-
 def protocol_version(params: Raw | UnsetType) -> int:
-    """Read the raw `protocolVersion`: 1 selects v1, >= 2 selects v2. Raises VersionError."""
+    """Read the raw `protocolVersion`: 1 selects v1, >= 2 selects v2.
+
+    Raises:
+        ProtocolVersionError: missing, not an integer, out of range, or 0 (protocol.md §3).
+    """
     value = result_protocol_version(params)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFF:
-        raise VersionError(ErrorCode.INVALID_PARAMS, "Invalid params",
+        raise ProtocolVersionError(ErrorCode.INVALID_PARAMS, "Invalid params",
                            "protocolVersion must be a valid ACP protocol version "
                            "(an integer 1-65535)")
     if value == 0:
-        raise VersionError(ErrorCode.INVALID_REQUEST, "Unsupported protocol version 0",
+        raise ProtocolVersionError(ErrorCode.INVALID_REQUEST, "Unsupported protocol version 0",
                            "this conductor speaks ACP protocol versions 1 and 2")
     return 1 if value == 1 else 2
 

@@ -5,33 +5,53 @@
     ├── PluginError          (2)    a plugin could not be found, loaded or validated
     │   ├── PluginNotFoundError     no entry point / module / attribute by that name
     │   └── PluginValidationError   found, but not a Proxy (`.plugin` names it)
-    ├── ComponentError       (3)    always carries `.component` ("proxy:redact", "agent")
+    ├── TraceFileError       (2)    a trace file cannot be read, or is not a trace
+    ├── ComponentError       (3)    always carries `.component` ("redact", "agent")
     │   ├── ComponentStartError     spawn failed (ENOENT, EACCES)
-    │   └── ComponentExitedError    died mid-session: `.returncode`, last stderr lines
+    │   ├── ComponentExitedError    died mid-session: `.returncode`, last stderr lines
+    │   └── ComponentStoppedError   stopped by the conductor's shutdown before it answered
+    └── ConnectionClosedError (1)   the peer closed the connection with requests outstanding
+
+    RpcError                        a JSON-RPC error answer (code, message, data)
+    └── ProtocolVersionError        initialize named a protocol version we cannot speak
 
 Protocol errors by the client or a component are not exceptions: they are answered on the
 wire (-32700, -32600, ...) and serving continues, so no exit code belongs to them.
 
-RpcError(code, message, data) is not a ConductorError: it is a JSON-RPC error reply, raised
-by a plugin handler (or by `ProxyContext.request`) to answer with that error.
-
-Exit code 1 is "the run finished but failed" (used by `run`), 130/143 are signals.
+`RpcError` is not a ConductorError: it is the wire's error value. Raise it from a handler
+to answer with exactly that error; `Endpoint.call` raises it for an error answer. Every
+other exception a handler raises becomes a wire error in one place
+(`conductor.rpc.failure.error_for`), and a ComponentError there gets its own code.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from conductor.jsonrpc.message import JsonValue
+
+
+class ExitCode(enum.IntEnum):
+    """The conductor's exit codes (`run` adds its own: conductor.cli.exits.RunExit)."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    COMPONENT = 3
+    SIGINT = 130
+    SIGTERM = 143
+
 
 class ConductorError(Exception):
-    exit_code = 1
+    exit_code: int = ExitCode.FAILED
 
 
 class ConfigError(ConductorError):
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None,
                  hint: str | None = None) -> None:
@@ -43,7 +63,14 @@ class ConfigError(ConductorError):
 
 
 class PluginError(ConductorError):
-    exit_code = 2
+    exit_code = ExitCode.USAGE
+
+    def located(self, where: str) -> PluginError:
+        """The same error, its message prefixed with where the plugin was named."""
+        copy = type(self).__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        Exception.__init__(copy, f"{where}: {self}")
+        return copy
 
 
 class PluginNotFoundError(PluginError):
@@ -56,20 +83,25 @@ class PluginValidationError(PluginError):
         super().__init__(f"plugin {plugin!r}: {message}")
 
 
-class RpcError(Exception):
-    """A JSON-RPC error answer: raise it from a handler to reply with exactly this error."""
+class TraceFileError(ConductorError):
+    exit_code = ExitCode.USAGE
 
-    def __init__(self, code: int, message: str, data: object = None) -> None:
-        self.code, self.message, self.data = int(code), message, data
-        super().__init__(f"{message} ({code})")
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}")
 
 
 class ComponentError(ConductorError):
-    exit_code = 3
+    exit_code = ExitCode.COMPONENT
 
     def __init__(self, component: str, message: str) -> None:
         self.component = component
+        self.reason = message
         super().__init__(f"{component}: {message}")
+
+    def wire_data(self) -> dict[str, JsonValue]:
+        """What `data` of the wire error carries, beyond the message."""
+        return {"component": self.component}
 
 
 class ComponentStartError(ComponentError):
@@ -86,3 +118,41 @@ class ComponentExitedError(ComponentError):
             status = f"was killed by signal {-returncode}"
         super().__init__(component, status)
 
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.stderr_tail:
+            text += f"; last stderr: {self.stderr_tail[-1]}"
+        return text
+
+    def wire_data(self) -> dict[str, JsonValue]:
+        return {"component": self.component, "returncode": self.returncode,
+                "stderrTail": self.stderr_tail}
+
+
+class ComponentStoppedError(ComponentError):
+    """The conductor stopped `component` (shutdown) while it still owed an answer."""
+
+
+class ConnectionClosedError(ConductorError):
+    """The peer closed the connection while requests were outstanding."""
+
+
+class RpcError(Exception):
+    """A JSON-RPC error answer: raise it from a handler to reply with exactly this error."""
+
+    def __init__(self, code: int, message: str, data: JsonValue = None) -> None:
+        self.code, self.message, self.data = int(code), message, data
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return f"{self.message} (code {self.code})"
+
+    def to_json(self) -> dict[str, JsonValue]:
+        error: dict[str, JsonValue] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            error["data"] = self.data
+        return error
+
+
+class ProtocolVersionError(RpcError):
+    """`initialize` named a protocol version the conductor cannot speak (protocol.md §3)."""

@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conductor import acp
-from conductor.acp import Dialect, VersionError
+from conductor.acp import Dialect
+from conductor.errors import ProtocolVersionError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import UNSET, Raw
 
@@ -25,20 +26,20 @@ def test_protocol_version_selects_v1_or_v2(params: bytes, version: int) -> None:
     b'{"protocolVersion":65536}', b'{"protocolVersion":true}', b'{"protocolVersion":null}',
     b'{"protocolVersion":123456789012345678901234567890}', b"[1]", b'"x"'])
 def test_an_invalid_protocol_version_is_invalid_params(params: bytes) -> None:
-    with pytest.raises(VersionError) as caught:
+    with pytest.raises(ProtocolVersionError) as caught:
         acp.protocol_version(Raw(params))
     assert caught.value.code == ErrorCode.INVALID_PARAMS
     assert "protocolVersion" in (caught.value.data or "")
 
 
 def test_missing_params_are_invalid_params() -> None:
-    with pytest.raises(VersionError) as caught:
+    with pytest.raises(ProtocolVersionError) as caught:
         acp.protocol_version(UNSET)
     assert caught.value.code == ErrorCode.INVALID_PARAMS
 
 
 def test_protocol_version_zero_is_invalid_request() -> None:
-    with pytest.raises(VersionError) as caught:
+    with pytest.raises(ProtocolVersionError) as caught:
         acp.protocol_version(Raw(b'{"protocolVersion":0}'))
     assert caught.value.code == ErrorCode.INVALID_REQUEST
 

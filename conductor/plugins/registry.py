@@ -186,9 +186,5 @@ def load_component_proxy(spec: ComponentSpec, name: str, *, file: str | None,
     try:
         cls = find_plugin(ref)
     except PluginError as e:
-        located = type(e).__new__(type(e))
-        Exception.__init__(located, f"{file or '<chain>'}: {where}.{key}: {e}")
-        if isinstance(e, PluginValidationError):
-            located.plugin = e.plugin
-        raise located from None
+        raise e.located(f"{file or '<chain>'}: {where}.{key}") from None
     return make_proxy(cls, spec.options, name=name, file=file, where=where)
