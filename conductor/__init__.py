@@ -12,8 +12,8 @@ from typing import Any
 
 _EXPORTS = {
     # running a chain
-    "run_conductor": "conductor.run",
-    "RunOptions": "conductor.run",
+    "serve_chain": "conductor.serve",
+    "RunOptions": "conductor.serve",
     "ChainConfig": "conductor.config",
     "load_chain": "conductor.config",
     # writing proxies
@@ -25,6 +25,9 @@ _EXPORTS = {
     "on": "conductor.plugins",
     # messages, as handlers see them
     "Message": "conductor.jsonrpc.message",
+    "Request": "conductor.jsonrpc.message",
+    "Notification": "conductor.jsonrpc.message",
+    "Response": "conductor.jsonrpc.message",
     # errors
     "ConductorError": "conductor.errors",
     "ConfigError": "conductor.errors",
@@ -32,7 +35,12 @@ _EXPORTS = {
     "ComponentError": "conductor.errors",
     "ComponentStartError": "conductor.errors",
     "ComponentExitedError": "conductor.errors",
+    "ComponentStoppedError": "conductor.errors",
+    "ConnectionClosedError": "conductor.errors",
+    "TraceFileError": "conductor.errors",
     "RpcError": "conductor.errors",
+    "ErrorCode": "conductor.jsonrpc.codes",
+    "ExitCode": "conductor.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,9 +16,10 @@ import msgspec
 from msgspec import UNSET
 
 from conductor import acp
-from conductor.client import ConnectionClosed, RpcError, open_client_connection
-from conductor.errors import ConductorError
-from conductor.run import RunOptions, run_conductor
+from conductor.client import open_client_connection
+from conductor.errors import ConductorError, ConnectionClosedError, RpcError
+from conductor.jsonrpc.message import Notification, Request, Response
+from conductor.serve import RunOptions, serve_chain
 from conductor.tracing import FanoutTraceSink
 from conductor.transport.memory import memory_pipe
 
@@ -81,12 +82,12 @@ class _Recorder:
     def message(self, hop: str, direction: Direction, message: Message | list[Message], *,
                 peer: str | None = None, origin: tuple[str, Raw] | None = None) -> None:
         for msg in message if isinstance(message, list) else [message]:
-            if hop == "client" or msg.id is UNSET:
+            if hop == "client" or isinstance(msg, Notification):
                 continue
-            if direction == "out" and msg.method in _INITIALIZE:
+            if direction == "out" and isinstance(msg, Request) and msg.method in _INITIALIZE:
                 self._asked[(hop, bytes(msg.id))] = hop
                 self.get(hop).asked = True
-            elif direction == "in" and msg.method is UNSET and \
+            elif direction == "in" and isinstance(msg, Response) and \
                     self._asked.pop((hop, bytes(msg.id)), None):
                 report = self.get(hop)
                 if msg.result is not UNSET:
@@ -158,7 +159,7 @@ async def check_chain(config: ChainConfig, *, timeout: float = 30.0,  # noqa: AS
         async def conductor() -> None:
             nonlocal code, error
             try:
-                code = await run_conductor(config, conductor_in, conductor_out, RunOptions(
+                code = await serve_chain(config, conductor_in, conductor_out, RunOptions(
                     tracer=FanoutTraceSink(recorder, tracer) if tracer else recorder,
                     handle_signals=False))
             except ConductorError as e:
@@ -187,7 +188,7 @@ async def check_chain(config: ChainConfig, *, timeout: float = 30.0,  # noqa: AS
                 blame = data.get("component")
                 tail = list(data.get("stderrTail") or [])
                 reason = e.message
-            except ConnectionClosed:
+            except ConnectionClosedError:
                 reason = "the conductor stopped before answering initialize"
         with anyio.move_on_after(config.conductor.shutdown_grace + 10):
             await done.wait()

@@ -1,27 +1,27 @@
-"""The editor side of ACP over byte streams.
+"""The editor side of ACP over byte streams: what `run`, `check` and tests drive a chain with.
 
-What `run`, `check`, tests and bench drive a chain with.
-
-Unlike the router, this is an endpoint: it decodes payloads fully (it is the one reading
-them). Outgoing requests get per-connection ids; incoming requests are dispatched to an
-`EditorHandler`, each in its own task and cancel scope (so `$/cancel_request` from the agent
-cancels exactly that handler); notifications are delivered in order, in the reader task.
+Unlike the router, this is an endpoint that reads payloads: it decodes them for its
+handler. Its requests, their answers and cancellation are the shared `Endpoint`'s; each
+incoming request runs in its own task and cancel scope (so `$/cancel_request` from the
+agent cancels exactly that handler); notifications are handled in order, in the reader.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
-import msgspec
 
+from conductor import acp
+from conductor.errors import ConnectionClosedError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, OversizedFrame
-from conductor.transport.pipes import serve_frames
+from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
+from conductor.jsonrpc.message import Batch, Notification, Request, Response
+from conductor.rpc.endpoint import Endpoint
+from conductor.rpc.failure import raise_for_error
+from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,35 +29,17 @@ if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
 
     from conductor.jsonrpc.message import JsonValue
+    from conductor.transport.base import Incoming
 
 log = logging.getLogger("acp_conductor.client")
 
-_encoder = msgspec.json.Encoder()
-
-
-class RpcError(Exception):
-    """A JSON-RPC error answer (from the far end), or one a handler raises to answer with."""
-
-    def __init__(self, code: int, message: str, data: JsonValue = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.data = code, message, data
-
-    def to_json(self) -> dict[str, JsonValue]:
-        err: dict[str, JsonValue] = {"code": self.code, "message": self.message}
-        if self.data is not None:
-            err["data"] = self.data
-        return err
-
-    def __str__(self) -> str:
-        return f"{self.message} (code {self.code})"
-
-
-class ConnectionClosed(Exception):
-    """The far end closed the stream while requests were outstanding."""
-
 
 class EditorHandler:
-    """What an editor answers. Subclass and override; unknown methods get method-not-found."""
+    """What an editor answers. Subclass and override; unknown methods get method-not-found.
+
+    Raise `conductor.RpcError` to answer with that error; anything else it raises is
+    answered as a handler failure (-33002) naming the editor.
+    """
 
     async def handle_request(self, method: str, params: JsonValue) -> JsonValue:
         raise RpcError(ErrorCode.METHOD_NOT_FOUND, "Method not found", {"method": method})
@@ -66,163 +48,78 @@ class EditorHandler:
         return None
 
 
-@dataclass
-class _Outgoing:
-    method: str
-    done: anyio.Event = field(default_factory=anyio.Event)
-    result: JsonValue = None
-    error: RpcError | None = None
-    closed: bool = False
-
-
 class ClientConnection:
     """One ACP connection from the editor's side. Use `open_client_connection`."""
 
-    def __init__(self, send_stream: ByteSendStream, handler: EditorHandler, tg: TaskGroup) -> None:
-        self._out = send_stream
+    def __init__(self, endpoint: Endpoint, handler: EditorHandler, tg: TaskGroup) -> None:
+        self.endpoint = endpoint
         self._handler = handler
         self._tg = tg
-        self._ids = itertools.count(1)
-        self._pending: dict[int, _Outgoing] = {}
-        self._incoming: dict[Any, anyio.CancelScope] = {}
-        self._write_lock = anyio.Lock()
         self.closed = anyio.Event()
 
-    async def _write(self, message: dict[str, JsonValue]) -> None:
-        data = _encoder.encode({"jsonrpc": "2.0", **message}) + b"\n"
-        async with self._write_lock:
-            await self._out.send(data)
+    async def request(self, method: str, params: JsonValue = None, *,
+                      cancel_on_abort: bool = True) -> JsonValue:
+        """Send a request and return its decoded result.
 
-    async def request(self, method: str, params: JsonValue = None) -> JsonValue:
-        """Send a request and wait for its result.
-
-        Cancelling the caller sends `$/cancel_request` for it (and stops waiting).
+        Cancelling the caller sends `$/cancel_request` for it, unless `cancel_on_abort` is
+        False (the caller has cancelled the work another way, e.g. `session/cancel`).
         Raises:
             RpcError: the far end answered with an error.
-            ConnectionClosed: the stream ended first.
+            ConnectionClosedError: the stream ended first.
         """
-        if self.closed.is_set():
-            raise ConnectionClosed(f"connection closed before {method}")
-        ident = next(self._ids)
-        entry = _Outgoing(method)
-        self._pending[ident] = entry
-        message: dict[str, JsonValue] = {"id": ident, "method": method}
-        if params is not None:
-            message["params"] = params
-        try:
-            await self._write(message)
-            await entry.done.wait()
-        except anyio.get_cancelled_exc_class():
-            if not entry.done.is_set() and not self.closed.is_set():
-                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                    await self.notify("$/cancel_request", {"requestId": ident})
-            raise
-        finally:
-            self._pending.pop(ident, None)
-        if entry.closed:
-            raise ConnectionClosed(f"connection closed while waiting for {method}")
-        if entry.error is not None:
-            raise entry.error
-        return entry.result
+        answer = await self.endpoint.request(method, params, cancel_on_abort=cancel_on_abort)
+        return raise_for_error(answer).result_value()
 
     async def notify(self, method: str, params: JsonValue = None) -> None:
-        message: dict[str, JsonValue] = {"method": method}
-        if params is not None:
-            message["params"] = params
-        await self._write(message)
+        await self.endpoint.notify(method, params)
 
     # -- incoming -------------------------------------------------------------------------
 
-    async def _receive(self, frame: bytes | OversizedFrame) -> None:
-        if isinstance(frame, OversizedFrame):
-            log.warning("dropped an oversized message (%d bytes)", frame.size)
-            return
-        try:
-            value = msgspec.json.decode(frame)
-        except msgspec.DecodeError:
-            log.warning("dropped a non-JSON line: %r", frame[:200])
-            return
-        for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, dict):
-                await self._receive_one(item)
-
-    async def _receive_one(self, msg: dict[str, Any]) -> None:
-        method = msg.get("method")
-        if method is None:
-            entry = self._pending.get(msg.get("id"))  # type: ignore[arg-type]
-            if entry is None:
-                log.debug("answer for unknown id %r ignored", msg.get("id"))
-                return
-            error = msg.get("error")
-            if error is not None:
-                e = error if isinstance(error, dict) else {}
-                entry.error = RpcError(int(e.get("code", ErrorCode.INTERNAL_ERROR)),
-                                       str(e.get("message", "error")), e.get("data"))
+    async def receive(self, item: Incoming) -> None:
+        items = item.items if isinstance(item, Batch) else [item]
+        for one in items:
+            if isinstance(one, Response):
+                if await self.endpoint.settle(one) is None:
+                    log.debug("answer for unknown id %r ignored", bytes(one.id))
+            elif isinstance(one, Request):
+                self._tg.start_soon(self.endpoint.answer, one, self._answer)
+            elif isinstance(one, Notification):
+                await self._notification(one)
             else:
-                entry.result = msg.get("result")
-            entry.done.set()
-            return
-        params = msg.get("params")
-        if "id" not in msg:
-            if method == "$/cancel_request" and isinstance(params, dict):
-                scope = self._incoming.get(_key(params.get("requestId")))
-                if scope is not None:
-                    scope.cancel()
-                return
-            try:
-                await self._handler.handle_notification(method, params)
-            except Exception as e:  # a broken renderer must not kill the connection
-                log.error("notification handler failed for %s: %s: %s", method,
-                          type(e).__name__, e)
-                log.debug("handler traceback", exc_info=True)
-            return
-        self._tg.start_soon(self._serve_request, msg["id"], method, params)
+                log.warning("dropped unusable input: %r", one)
 
-    async def _serve_request(self, ident: JsonValue, method: str, params: JsonValue) -> None:
-        scope = anyio.CancelScope()
-        self._incoming[_key(ident)] = scope
-        answer: dict[str, JsonValue]
+    async def _notification(self, message: Notification) -> None:
+        if message.method == acp.CANCEL_REQUEST:
+            await self.endpoint.cancel_inbound(message.params)
+            return
         try:
-            with scope:
-                try:
-                    answer = {"id": ident, "result": await self._handler.handle_request(method,
-                                                                                        params)}
-                except RpcError as e:
-                    answer = {"id": ident, "error": e.to_json()}
-                except Exception as e:  # answer, don't die: the agent is waiting on us
-                    log.error("request handler failed for %s: %s: %s", method,
-                              type(e).__name__, e)
-                    log.debug("handler traceback", exc_info=True)
-                    answer = {"id": ident, "error": {"code": ErrorCode.INTERNAL_ERROR,
-                                                     "message": f"{type(e).__name__}: {e}"}}
-            if scope.cancel_called:
-                answer = {"id": ident, "error": {"code": ErrorCode.REQUEST_CANCELLED,
-                                                 "message": "Request cancelled"}}
-            if not self.closed.is_set():
-                try:
-                    await self._write(answer)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass
-        finally:
-            self._incoming.pop(_key(ident), None)
+            await self._handler.handle_notification(message.method, message.params_value())
+        except Exception as e:  # a broken renderer must not kill the connection
+            log.error("notification handler failed for %s: %s: %s", message.method,
+                      type(e).__name__, e)
+            log.debug("handler traceback", exc_info=True)
 
-    def _close(self) -> None:
+    async def _answer(self, request: Request) -> JsonValue:
+        try:
+            return await self._handler.handle_request(request.method, request.params_value())
+        except RpcError:
+            raise
+        except Exception as e:  # answered by the endpoint; logged here for the user
+            log.error("request handler failed for %s: %s: %s", request.method,
+                      type(e).__name__, e)
+            log.debug("handler traceback", exc_info=True)
+            raise
+
+    async def _close(self) -> None:
         self.closed.set()
-        for entry in list(self._pending.values()):
-            entry.closed = True
-            entry.done.set()
+        await self.endpoint.fail(ConnectionClosedError("the connection closed"))
 
     async def aclose(self) -> None:
         """EOF toward the far end."""
         try:
-            await self._out.aclose()
+            await self.endpoint.sink.aclose()
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
-
-
-def _key(ident: Any) -> Any:
-    hashable = isinstance(ident, str | int | None) and not isinstance(ident, bool)
-    return ident if hashable else repr(ident)
 
 
 @asynccontextmanager
@@ -233,19 +130,22 @@ async def open_client_connection(
     *,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     on_closed: Callable[[], Awaitable[None]] | None = None,
+    name: str = "editor",
 ) -> AsyncIterator[ClientConnection]:
     """A connection reading `receive_stream` in a task; closed (EOF sent) on exit."""
     async with anyio.create_task_group() as tg:
-        conn = ClientConnection(send_stream, handler or EditorHandler(), tg)
+        conn = ClientConnection(Endpoint(name, PipeSink(send_stream)),
+                                handler or EditorHandler(), tg)
 
         async def reader() -> None:
             try:
-                await serve_frames(receive_stream, FrameDecoder(max_frame_bytes=max_frame_bytes),
-                                   conn._receive)
+                await PipeSource(receive_stream, max_frame_bytes=max_frame_bytes).serve(
+                    conn.receive)
             finally:
-                conn._close()
-                if on_closed is not None:
-                    await on_closed()
+                with anyio.CancelScope(shield=True):
+                    await conn._close()
+                    if on_closed is not None:
+                        await on_closed()
 
         tg.start_soon(reader)
         try:

@@ -90,7 +90,8 @@ class DemoAgent:
         """The next message from stdin itself (not the queue), or None at EOF."""
         for line in self.inp:
             if line.strip():
-                return json.loads(line)
+                message: dict[str, Any] = json.loads(line)
+                return message
         return None
 
     def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """`acp-conductor run`: the conductor as its own editor, for terminals and CI.
 
-The chain runs in-process (`run_conductor` over in-memory byte pipes, the same code path
+The chain runs in-process (`serve_chain` over in-memory byte pipes, the same code path
 an editor gets; components are real subprocesses). `HeadlessEditor` answers the agent's
 client-side requests by policy; `run_headless` drives one turn and maps its outcome to an
 exit code (`RunExit`, documented in the README and docs/run.md).
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from conductor.client import ConnectionClosed, EditorHandler, RpcError, open_client_connection
-from conductor.errors import ConductorError, ConfigError
+from conductor.client import EditorHandler, open_client_connection
+from conductor.errors import ConductorError, ConfigError, ConnectionClosedError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.run import RunOptions, run_conductor
+from conductor.serve import RunOptions, serve_chain
 from conductor.transport.memory import memory_pipe
 
 if TYPE_CHECKING:
@@ -399,7 +399,7 @@ async def run_headless(config: ChainConfig, options: HeadlessOptions, events: Ru
         async def conductor() -> None:
             nonlocal conductor_code, conductor_error
             try:
-                conductor_code = await run_conductor(
+                conductor_code = await serve_chain(
                     config, conductor_in, conductor_out,
                     RunOptions(mode="agent", max_frame_bytes=options.max_frame_bytes,
                                tracer=options.tracer, handle_signals=False))
@@ -423,14 +423,14 @@ async def run_headless(config: ChainConfig, options: HeadlessOptions, events: Ru
             with turn.scope:  # a second Ctrl-C cancels it
                 async with open_client_connection(from_conductor, to_conductor, editor) as conn:
                     await _converse(conn, editor, options, events, turn, record)
-        except* ConnectionClosed:  # arrives wrapped by the connection's task group
+        except* ConnectionClosedError:  # arrives wrapped by the connection's task group
             turn.closed = True
         finally:
             with anyio.CancelScope(shield=True):
                 await editor.aclose()
                 with anyio.move_on_after(config.conductor.shutdown_grace + 10):
                     await _first(conductor_done, turn.forced)
-        # Forced: cancelling run_conductor still stops each component (shielded cleanup).
+        # Forced: cancelling serve_chain still stops each component (shielded cleanup).
         tg.cancel_scope.cancel()
 
     if conductor_error is not None:
@@ -492,7 +492,7 @@ async def _converse(conn: Any, editor: HeadlessEditor, options: HeadlessOptions,
                 await _talk(conn, editor, options, events, turn, record, sid)
             except RpcError as e:
                 turn.error = e
-            except ConnectionClosed:
+            except ConnectionClosedError:
                 turn.closed = True
             finally:
                 turn.done.set()

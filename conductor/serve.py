@@ -1,11 +1,15 @@
-"""Composition root: the one module that wires supervise + transport + routing."""
+"""Composition root: serves one client with a chain, wiring supervise + transport + routing.
+
+`serve_chain` plans the chain (every plugin loaded and every command resolved before
+anything starts), then serves the client until it closes its input, a signal arrives or a
+component fails, and returns the exit code.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,30 +27,29 @@ from conductor.errors import (
     ComponentError,
     ComponentExitedError,
     ComponentStartError,
+    ComponentStoppedError,
     ConfigError,
+    ExitCode,
 )
-from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
-from conductor.jsonrpc.head import read_head
-from conductor.jsonrpc.message import ParseError, decode, error_response
 from conductor.plugins.api import Proxy
-from conductor.plugins.host import open_inprocess_wire
+from conductor.plugins.host import open_inprocess_hop
 from conductor.plugins.registry import load_component_proxy
-from conductor.routing.chain import Chain, ComponentLink, Role
+from conductor.routing.chain import Chain
 from conductor.routing.mcp import McpInjection
-from conductor.routing.wire import Wire
+from conductor.routing.topology import ComponentLink, Hop, Role
 from conductor.supervise.component import EXIT_DRAIN, Component, LaunchSpec, open_component
-from conductor.transport.pipes import PipeSink, serve_frames
+from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream, TaskStatus
 
     from conductor.tracing import TraceSink
+    from conductor.transport.base import Incoming
 
 log = logging.getLogger("acp_conductor")
 stderr_log = logging.getLogger("acp_conductor.stderr")
 
-EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_SIGNAL = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
 
 
 @dataclass
@@ -105,7 +108,7 @@ def _plan(config: ChainConfig, mode: str
     return plan
 
 
-async def run_conductor(
+async def serve_chain(
     config: ChainConfig,
     stdin: ByteReceiveStream,
     stdout: ByteSendStream,
@@ -113,7 +116,7 @@ async def run_conductor(
 ) -> int:
     """Serve one client on (stdin, stdout) until it closes, a signal, or a component fails.
 
-    Returns the exit code (see docs/exit-codes in the README).
+    Returns the exit code (`ExitCode`; the README's table).
     Raises:
         ConfigError: the chain cannot be planned.
     """
@@ -125,10 +128,10 @@ async def run_conductor(
     outcome = _Outcome()
     stop = anyio.Event()
     client_sink = PipeSink(stdout)
-    client = Wire("client", client_sink)
-    components: list[tuple[Component, Wire]] = []
+    client = Hop("client", client_sink, tracer=tracer)
+    components: list[tuple[Component, Hop]] = []
     stopped: list[anyio.Event] = []  # one per component, set once it is fully stopped
-    hosted: list[Wire] = []  # in-process plugin proxies
+    hosted: list[Hop] = []  # in-process plugin proxies
 
     def fatal(error: ComponentError) -> None:
         if outcome.fatal is None:
@@ -136,13 +139,13 @@ async def run_conductor(
             log.error("%s", error)
         stop.set()
 
-    def broken(wire: Wire) -> None:
-        log.debug("%s stopped reading its stdin", wire.name)
+    def broken(hop: Hop) -> None:
+        log.debug("%s stopped reading its stdin", hop.name)
 
     async with anyio.create_task_group() as tg:
 
         async def supervise(role: Role, spec: ComponentSpec, launch: LaunchSpec, *,
-                            task_status: TaskStatus[tuple[Component, Wire]]) -> None:
+                            task_status: TaskStatus[tuple[Component, Hop]]) -> None:
             def on_stderr(name: str, line: str) -> None:
                 stderr_log.info("%s", line, extra={"component": name})
                 if tracer is not None:
@@ -150,21 +153,22 @@ async def run_conductor(
 
             async with open_component(launch, on_stderr) as comp, \
                     anyio.create_task_group() as inner:
-                wire = Wire(launch.name, PipeSink(comp.stdin), dialect=spec.dialect)
-                components.append((comp, wire))
+                hop = Hop(launch.name, PipeSink(comp.stdin), dialect=spec.dialect,
+                          tracer=tracer)
+                components.append((comp, hop))
                 done = anyio.Event()
                 stopped.append(done)
                 log.info("started %s (pid %s): %s", launch.name, comp.pid, " ".join(launch.argv))
                 if tracer is not None:
                     tracer.lifecycle(launch.name, "spawned", pid=comp.pid, argv=list(launch.argv),
                                      role=str(role))
-                task_status.started((comp, wire))
+                task_status.started((comp, hop))
                 exit_traced = anyio.Event()
 
                 async def read() -> None:
                     async with anyio.create_task_group() as watch:
                         watch.start_soon(_stop_reading_after_exit, comp)
-                        await _serve_component(chain, comp, wire, max_frame, tracer)
+                        await _serve(chain, hop, comp.stdout, max_frame)
                         watch.cancel_scope.cancel()
                     if stop.is_set():
                         return
@@ -177,7 +181,7 @@ async def run_conductor(
                     if tracer is not None:
                         tracer.lifecycle(launch.name, "exited", code=code, expected=False)
                         exit_traced.set()
-                    await chain.fail_wire(wire, error)
+                    await chain.fail_hop(hop, error)
                     fatal(error)
 
                 inner.start_soon(read)
@@ -191,9 +195,9 @@ async def run_conductor(
                 done.set()
                 inner.cancel_scope.cancel()
 
-        async def host_plugin(proxy: Proxy[Any], *, task_status: TaskStatus[Wire]) -> None:
-            async with open_inprocess_wire(proxy, chain.receive) as wire:
-                hosted.append(wire)
+        async def host_plugin(proxy: Proxy[Any], *, task_status: TaskStatus[Hop]) -> None:
+            async with open_inprocess_hop(proxy, chain.receive, tracer=tracer) as hop:
+                hosted.append(hop)
                 if tracer is not None:
                     # Same event as a subprocess, so traces and `check` treat both alike; the
                     # pid is the conductor's own, which is where the plugin runs.
@@ -201,7 +205,7 @@ async def run_conductor(
                     tracer.lifecycle(proxy.name, "spawned", pid=os.getpid(), role="proxy",
                                      argv=[f"(in-process) {plugin}"], in_process=True,
                                      plugin=plugin)
-                task_status.started(wire)
+                task_status.started(hop)
                 await stop.wait()
 
         async def starter() -> list[ComponentLink]:
@@ -212,19 +216,19 @@ async def run_conductor(
                                                                                  launch)))
                     continue
                 try:
-                    _, wire = await tg.start(supervise, role, spec, launch)
+                    _, hop = await tg.start(supervise, role, spec, launch)
                 except ComponentStartError as e:
                     if tracer is not None:
                         tracer.lifecycle(launch.name, "error", message=str(e))
                     raise
-                links.append(ComponentLink(launch.name, role, wire))
+                links.append(ComponentLink(launch.name, role, hop))
             return links
 
         chain = Chain(client, starter, proxy_mode=options.mode == "proxy", tracer=tracer,
                       on_fatal=fatal, on_broken=broken, mcp=injection)
 
         async def serve_client() -> None:
-            await _serve_client(chain, client, stdin, max_frame)
+            await _serve(chain, client, stdin, max_frame)
             log.info("client closed its input")
             # Give the client's in-flight requests a bounded time to be answered.
             with anyio.move_on_after(config.conductor.shutdown_grace):
@@ -251,11 +255,11 @@ async def run_conductor(
             with anyio.move_on_after(2 * longest + 5):  # each stop is bounded; this is a backstop
                 for done in stopped:
                     await done.wait()
-            for wire in [*(w for _, w in components), *hosted]:
-                reason = outcome.fatal or ComponentError(
-                    wire.name,
+            for hop in [*(h for _, h in components), *hosted]:
+                reason = outcome.fatal or ComponentStoppedError(
+                    hop.name,
                     f"was stopped before answering: the conductor is shutting down ({why})")
-                await chain.fail_wire(wire, reason)
+                await chain.fail_hop(hop, reason)
             await client_sink.aclose()
         tg.cancel_scope.cancel()
 
@@ -275,43 +279,9 @@ async def _stop_reading_after_exit(comp: Component) -> None:
     await comp.stdout.aclose()
 
 
-NotJson = Callable[[bytes | bytearray, ParseError], Awaitable[None]]
+async def _serve(chain: Chain, hop: Hop, stream: ByteReceiveStream, max_frame: int) -> None:
+    """Feed what arrives on `stream` to the router as `hop`'s, until EOF."""
+    async def handle(item: Incoming) -> None:
+        await chain.receive(hop, item)
 
-
-async def _serve_wire(chain: Chain, wire: Wire, stream: ByteReceiveStream, max_frame: int,
-                      not_json: NotJson) -> None:
-    """Feed what arrives on `stream` to the router as `wire`'s messages, until EOF."""
-    async def handle(frame: bytes | bytearray | OversizedFrame) -> None:
-        if isinstance(frame, OversizedFrame):
-            await chain.refuse_oversized(wire, read_head(frame.head), frame.size, frame.limit)
-            return
-        try:
-            item = decode(frame)
-        except ParseError as e:
-            await not_json(frame, e)
-            return
-        await chain.receive(wire, item)
-
-    await serve_frames(stream, FrameDecoder(max_frame_bytes=max_frame), handle)
-
-
-async def _serve_client(chain: Chain, client: Wire, stdin: ByteReceiveStream,
-                        max_frame: int) -> None:
-    async def parse_error(frame: bytes | bytearray, error: ParseError) -> None:
-        await client.send(error_response(None, ErrorCode.PARSE_ERROR, "Parse error", str(error)))
-
-    await _serve_wire(chain, client, stdin, max_frame, parse_error)
-
-
-async def _serve_component(chain: Chain, comp: Component, wire: Wire, max_frame: int,
-                           tracer: TraceSink | None) -> None:
-    async def noise(frame: bytes | bytearray, error: ParseError) -> None:
-        # Banners and ANSI noise: never forwarded, never answered.
-        text = frame[:500].decode("utf-8", "replace")
-        log.warning("%s wrote a non-JSON line on stdout (dropped): %s", comp.name, text)
-        if tracer is not None:
-            tracer.lifecycle(comp.name, "noise", line=text)
-
-    await _serve_wire(chain, wire, comp.stdout, max_frame, noise)
-
-
+    await PipeSource(stream, max_frame_bytes=max_frame).serve(handle)

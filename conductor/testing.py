@@ -9,8 +9,9 @@
         assert agent.received_params("session/prompt")[0]["prompt"][0]["text"] == "hello"
 
 The chain is the conductor's own `Chain` with each proxy hosted in-process exactly as
-`use = ...` runs it; `open_process_client` drives a real conductor (or any ACP agent
-command) over pipes with the same client.
+`use = ...` runs it. `transport="pipes"` puts real framing (encode, newline-split, decode)
+on the client's and the agent's links; `open_process_client` drives a real conductor (or
+any ACP agent command) over OS pipes with the same client.
 """
 
 from __future__ import annotations
@@ -24,102 +25,95 @@ import anyio
 
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
 from conductor.jsonrpc.message import (
-    UNSET,
     Batch,
     JsonValue,
-    Message,
-    decode,
-    error_response,
-    id_key,
-    int_id,
+    Notification,
+    Request,
+    Response,
     payload,
 )
-from conductor.plugins.api import Proxy, answer_or_raise
-from conductor.plugins.host import open_inprocess_wire
-from conductor.routing.chain import Chain, ComponentLink, Role
-from conductor.routing.wire import Wire
-from conductor.transport.pipes import PipeSink, serve_frames
+from conductor.plugins.host import open_inprocess_hop
+from conductor.routing.chain import Chain
+from conductor.routing.topology import ComponentLink, Hop, Role
+from conductor.rpc.endpoint import Endpoint
+from conductor.transport.memory import open_link
+from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
-    from anyio.abc import TaskGroup, TaskStatus
+    from anyio.abc import TaskGroup
 
+    from conductor.jsonrpc.message import Call
+    from conductor.plugins.api import Proxy
     from conductor.tracing import TraceSink
+    from conductor.transport.base import Incoming, MessageSink
+    from conductor.transport.memory import Transport
 
-Script = JsonValue | Callable[["ScriptedAgent", Message], Awaitable[JsonValue]]
-ClientScript = JsonValue | Callable[[Message], Awaitable[JsonValue]]
+Script = JsonValue | Callable[["ScriptedAgent", Request], Awaitable[JsonValue]]
+ClientScript = JsonValue | Callable[[Request], Awaitable[JsonValue]]
 
 
-class _Endpoint:
-    """One side of a connection: sends requests and matches answers; queues what arrives."""
+class TestPeer:
+    """One end of a connection in a test: sends requests (answers matched by its
+    `Endpoint`), answers what it is asked, and records every call that arrives."""
 
-    def __init__(self) -> None:
-        self._ids = itertools.count(1)
-        self._waiting: dict[object, tuple[anyio.Event, list[Message]]] = {}
-        self._out: Callable[[Message], Awaitable[None]] | None = None
-        self._lock = anyio.Lock()
-        self._changed = anyio.Event()
-        self.received: list[Message] = []   # every request and notification that arrived
+    __test__ = False  # not a pytest class
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.endpoint: Endpoint | None = None
+        self.received: list[Call] = []   # every request and notification that arrived
         self.tg: TaskGroup | None = None
+        self._changed = anyio.Event()
 
-    async def _send(self, message: Message) -> None:
-        assert self._out is not None, "not connected"
-        async with self._lock:  # one writer: messages leave in the order they were made
-            await self._out(message)
+    def connect(self, sink: MessageSink, tg: TaskGroup) -> None:
+        self.endpoint = Endpoint(self.name, sink)
+        self.tg = tg
+
+    @property
+    def _ep(self) -> Endpoint:
+        if self.endpoint is None:
+            raise RuntimeError(f"{self.name} is not connected")
+        return self.endpoint
 
     async def request(self, method: str, params: JsonValue = None, *,
-                      ident: int | None = None) -> Message:
+                      ident: int | None = None) -> Response:
         """Send a request (with id `ident`, else the next free one); return the response."""
-        ident = ident if ident is not None else next(self._ids)
-        done, box = anyio.Event(), []
-        self._waiting[ident] = (done, box)
-        await self._send(Message(id=int_id(ident), method=method,
-                                 params=UNSET if params is None else payload(params)))
-        await done.wait()
-        return box[0]
+        return await self._ep.request(method, params, ident=ident)
 
     async def call(self, method: str, params: JsonValue = None) -> JsonValue:
         """request(), then the decoded result. Raises RpcError on an error answer."""
-        return answer_or_raise(await self.request(method, params)).result_value()
+        return (await self._ep.call(method, params)).result_value()
 
     async def notify(self, method: str, params: JsonValue = None) -> None:
-        await self._send(Message(method=method,
-                                 params=UNSET if params is None else payload(params)))
+        await self._ep.notify(method, params)
 
     async def cancel(self, request_id: int) -> None:
+        """Send `$/cancel_request` for one of our requests, by its id."""
         await self.notify("$/cancel_request", {"requestId": request_id})
 
-    async def deliver(self, item: Message | list[Message]) -> None:
-        for message in item if isinstance(item, list) else [item]:
-            if message.is_response:
-                try:
-                    entry = self._waiting.pop(id_key(message.id), None)  # type: ignore[arg-type]
-                except ValueError:
-                    entry = None
-                if entry is not None:
-                    entry[1].append(message)
-                    entry[0].set()
+    async def deliver(self, item: Incoming) -> None:
+        """What arrived on the connection (called by the transport's reader)."""
+        items = item.items if isinstance(item, Batch) else [item]
+        for message in items:
+            if isinstance(message, Response):
+                await self._ep.settle(message)
                 continue
+            if not isinstance(message, Request | Notification):
+                raise AssertionError(f"{self.name} received something unusable: {message!r}")
             self.received.append(message)
             self._changed.set()
             self._changed = anyio.Event()
-            if message.is_request:
+            if message.method == "$/cancel_request":
+                await self._ep.cancel_inbound(message.params)
+            elif isinstance(message, Request):
                 assert self.tg is not None
-                self.tg.start_soon(self._answer, message)
+                self.tg.start_soon(self._serve, message)
 
-    async def _reply(self, message: Message) -> Message:
-        """The response to `message`: what `answer` returns, or the RpcError it raises."""
-        try:
-            result = await self.answer(message)
-        except RpcError as e:
-            return error_response(message.id, e.code, e.message, e.data)  # type: ignore[arg-type]
-        return Message(id=message.id, result=payload(result))
+    async def _serve(self, request: Request) -> None:
+        await self._ep.answer(request, self.answer)
 
-    async def _answer(self, message: Message) -> None:
-        await self._send(await self._reply(message))
-
-    async def answer(self, message: Message) -> JsonValue:
+    async def answer(self, message: Request) -> JsonValue:
         raise RpcError(ErrorCode.METHOD_NOT_FOUND, "Method not found", message.method)
 
     def received_params(self, method: str) -> list[JsonValue]:
@@ -137,13 +131,13 @@ class _Endpoint:
             await self._changed.wait()
 
 
-class TestClient(_Endpoint):
+class TestClient(TestPeer):
     """The editor end of a test chain."""
 
-    __test__ = False  # not a pytest class
+    __test__ = False
 
     def __init__(self, replies: dict[str, ClientScript] | None = None) -> None:
-        super().__init__()
+        super().__init__("client")
         self.replies: dict[str, ClientScript] = {
             "session/request_permission": {"outcome": {"outcome": "selected",
                                                        "optionId": "allow"}},
@@ -151,8 +145,8 @@ class TestClient(_Endpoint):
             "fs/write_text_file": {},
             **(replies or {})}
 
-    async def answer(self, message: Message) -> JsonValue:
-        script = self.replies.get(message.method)  # type: ignore[arg-type]
+    async def answer(self, message: Request) -> JsonValue:
+        script = self.replies.get(message.method)
         if script is None:
             return await super().answer(message)
         return await script(message) if callable(script) else script
@@ -186,7 +180,7 @@ class TestClient(_Endpoint):
         return "".join(out)
 
 
-class ScriptedAgent(_Endpoint):
+class ScriptedAgent(TestPeer):
     """An in-memory agent that answers from a script and records what it received.
 
     `replies` maps a method to a result, or to `async def (agent, message) -> result`.
@@ -196,7 +190,7 @@ class ScriptedAgent(_Endpoint):
     """
 
     def __init__(self, replies: dict[str, Script] | None = None) -> None:
-        super().__init__()
+        super().__init__("agent")
         self._sessions = itertools.count(1)
         self._after: list[tuple[str, JsonValue]] = []
         self.replies: dict[str, Script] = {
@@ -209,93 +203,88 @@ class ScriptedAgent(_Endpoint):
             **(replies or {})}
 
     @staticmethod
-    async def _initialize(agent: ScriptedAgent, message: Message) -> JsonValue:
+    async def _initialize(agent: ScriptedAgent, message: Request) -> JsonValue:
         asked = (message.params_value() or {}).get("protocolVersion", 1)
         return {"protocolVersion": asked, "agentCapabilities": {"loadSession": True},
                 "authMethods": []}
 
     @staticmethod
-    async def _new_session(agent: ScriptedAgent, message: Message) -> JsonValue:
+    async def _new_session(agent: ScriptedAgent, message: Request) -> JsonValue:
         return {"sessionId": f"session-{next(agent._sessions)}"}
 
     def after_reply(self, method: str, params: JsonValue) -> None:
         self._after.append((method, params))
 
-    async def answer(self, message: Message) -> JsonValue:
+    async def answer(self, message: Request) -> JsonValue:
         if message.method not in self.replies:
             return await super().answer(message)
-        script = self.replies[message.method]  # type: ignore[index]
+        script = self.replies[message.method]
         return await script(self, message) if callable(script) else script
 
-    async def _answer(self, message: Message) -> None:
-        reply = await self._reply(message)
+    async def _serve(self, request: Request) -> None:
+        await self._ep.answer(request, self.answer)
         after, self._after = self._after, []
-        async with self._lock:  # the reply and what follows it leave back to back
-            assert self._out is not None
-            await self._out(reply)
-            for method, params in after:
-                await self._out(Message(method=method, params=payload(params)))
-
-
-class _EndpointSink:
-    """A Wire sink that hands messages to an endpoint through its own task (like a pipe)."""
-
-    def __init__(self, send: Any) -> None:
-        self._send = send
-
-    async def send(self, item: Message | list[Message]) -> None:
-        await self._send.send(item)
-
-    async def aclose(self) -> None:
-        await self._send.aclose()
-
-
-async def _pump(endpoint: _Endpoint, *, task_status: TaskStatus[_EndpointSink]) -> None:
-    send, receive = anyio.create_memory_object_stream[Message | list[Message]](256)
-    task_status.started(_EndpointSink(send))
-    with send, receive:
-        async for item in receive:
-            await endpoint.deliver(item)
+        for method, params in after:  # right behind the reply, in order
+            await self._ep.send(Notification(method=method, params=payload(params)))
 
 
 @asynccontextmanager
 async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | None = None, *,
                           client: TestClient | None = None,
                           initialize: bool = True,
-                          tracer: TraceSink | None = None) -> AsyncIterator[TestClient]:
-    """client -> proxies (in-process, in order) -> agent, all in memory. Yields the client,
-    initialized unless `initialize=False`. `tracer` sees every message on every hop."""
+                          tracer: TraceSink | None = None,
+                          transport: Transport = "memory") -> AsyncIterator[TestClient]:
+    """client -> proxies (in-process, in order) -> agent, all in one process. Yields the
+    client, initialized unless `initialize=False`. `tracer` sees every message on every
+    hop. `transport="pipes"` frames the client's and the agent's links as real pipes do."""
     agent = agent if agent is not None else ScriptedAgent()
     client = client if client is not None else TestClient()
+    sinks: list[MessageSink] = []
     async with anyio.create_task_group() as tg:
-        client.tg = agent.tg = tg
-        client_wire = Wire("client", await tg.start(_pump, client))
+        chain: Chain
 
-        async def host(proxy: Proxy[Any], *, task_status: TaskStatus[Wire]) -> None:
-            async with open_inprocess_wire(proxy, chain.receive) as wire:
-                task_status.started(wire)
+        async def to_chain(hop: Hop, item: Incoming) -> None:
+            await chain.receive(hop, item)
+
+        client_hop = _link_peer(client, "client", tg, transport, tracer, to_chain, sinks)
+
+        async def host(proxy: Proxy[Any], *, task_status: anyio.abc.TaskStatus[Hop]) -> None:
+            async with open_inprocess_hop(proxy, to_chain, tracer=tracer) as hop:
+                task_status.started(hop)
                 await anyio.sleep_forever()
 
         async def starter() -> list[ComponentLink]:
             links = [ComponentLink(p.name, Role.PROXY, await tg.start(host, p)) for p in proxies]
-            agent_wire = Wire("agent", await tg.start(_pump, agent))
+            agent_hop = _link_peer(agent, "agent", tg, transport, tracer, to_chain, sinks)
+            return [*links, ComponentLink("agent", Role.AGENT, agent_hop)]
 
-            async def to_agent_chain(message: Message) -> None:
-                await chain.receive(agent_wire, message)
-            agent._out = to_agent_chain
-            return [*links, ComponentLink("agent", Role.AGENT, agent_wire)]
-
-        chain = Chain(client_wire, starter, tracer=tracer)
-
-        async def to_chain(message: Message) -> None:
-            await chain.receive(client_wire, message)
-        client._out = to_chain
+        chain = Chain(client_hop, starter, tracer=tracer)
         try:
             if initialize:
                 await client.initialize()
             yield client
         finally:
             tg.cancel_scope.cancel()
+            with anyio.CancelScope(shield=True):
+                for sink in sinks:
+                    await sink.aclose()
+
+
+def _link_peer(peer: TestPeer, name: str, tg: TaskGroup, transport: Transport,
+               tracer: TraceSink | None, to_chain: Callable[[Hop, Incoming], Awaitable[None]],
+               sinks: list[MessageSink]) -> Hop:
+    """Connect `peer` to the router both ways; returns the router's hop for it."""
+    to_peer, peer_in = open_link(transport)
+    from_peer, chain_in = open_link(transport)
+    sinks += [to_peer, from_peer]
+    hop = Hop(name, to_peer, tracer=tracer)
+    peer.connect(from_peer, tg)
+
+    async def into_chain(item: Incoming) -> None:
+        await to_chain(hop, item)
+    tg.start_soon(peer_in.serve, peer.deliver)
+    tg.start_soon(chain_in.serve, into_chain)
+    return hop
 
 
 @asynccontextmanager
@@ -314,25 +303,14 @@ async def open_process_client(argv: Sequence[str], *, env: dict[str, str] | None
     sink = PipeSink(process.stdin)
     try:
         async with anyio.create_task_group() as tg:
-            client.tg = tg
-            client._out = sink.send
+            client.connect(sink, tg)
 
-            async def read() -> None:
-                async def handle(frame: bytes | OversizedFrame) -> None:
-                    if isinstance(frame, OversizedFrame):
-                        raise AssertionError(f"oversized frame of {frame.size} bytes")
-                    try:
-                        item = decode(frame)
-                    except ValueError:
-                        raise AssertionError(f"not JSON on the wire: {frame[:200]!r}") from None
-                    if isinstance(item, Batch):
-                        await client.deliver([m for m in item.items if isinstance(m, Message)])
-                    elif isinstance(item, Message):
-                        await client.deliver(item)
-                assert process.stdout is not None
-                await serve_frames(process.stdout, FrameDecoder(), handle)
+            async def read(item: Incoming) -> None:
+                if not isinstance(item, Request | Notification | Response | Batch):
+                    raise AssertionError(f"not JSON-RPC on the wire: {item!r}")
+                await client.deliver(item)
 
-            tg.start_soon(read)
+            tg.start_soon(PipeSource(process.stdout).serve, read)
             try:
                 if initialize:
                     await client.initialize()
@@ -349,4 +327,4 @@ async def open_process_client(argv: Sequence[str], *, env: dict[str, str] | None
             await process.aclose()
 
 
-__all__ = ["ScriptedAgent", "TestClient", "open_process_client", "open_test_chain"]
+__all__ = ["ScriptedAgent", "TestClient", "TestPeer", "open_process_client", "open_test_chain"]

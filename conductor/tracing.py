@@ -168,7 +168,7 @@ class JsonlTraceSink:
 
     def _message(self, hop: str, direction: Direction, msg: Message, peer: str | None,
                  origin: tuple[str, Raw] | None, *, batch: bool) -> None:
-        from conductor.jsonrpc.message import encode
+        from conductor.jsonrpc.message import Notification, Request, Response, encode
 
         sender, receiver = (hop, peer or "conductor") if direction == "in" \
             else (peer or "conductor", hop)
@@ -176,8 +176,8 @@ class JsonlTraceSink:
                                  "from": sender, "to": receiver}
         flow: _Flow | None = None
         envelope: str | None = None
-        if msg.method is not UNSET:
-            method: str = msg.method  # type: ignore[assignment]
+        if not isinstance(msg, Response):
+            method = msg.method
             params = msg.params
             if method in acp.SUCCESSOR_METHODS:
                 envelope = method
@@ -187,7 +187,7 @@ class JsonlTraceSink:
                 except ValueError:
                     pass
             session = acp.get_str(params, "sessionId")
-            if msg.id is not UNSET:
+            if isinstance(msg, Request):
                 event["kind"] = "request"
                 flow = self._request_flow(hop, direction, msg.id, method, session, origin)
             else:
@@ -203,7 +203,7 @@ class JsonlTraceSink:
             if session is None and msg.result is not UNSET:
                 session = acp.get_str(msg.result, "sessionId")
             event["session"] = session
-        event["id"] = None if msg.id is UNSET else Raw(bytes(msg.id))
+        event["id"] = None if isinstance(msg, Notification) else Raw(bytes(msg.id))
         event["client_id"] = flow.client_id if flow else None
         event["flow"] = flow.number if flow else None
         if envelope is not None:

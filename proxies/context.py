@@ -16,7 +16,7 @@ import msgspec
 from msgspec import Raw
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from conductor.jsonrpc.message import Message, payload
+from conductor.jsonrpc.message import Request, payload
 from conductor.plugins import Proxy, ProxyContext, on
 
 MARK = "acp-conductor:context"
@@ -87,7 +87,7 @@ class Context(Proxy[ContextOptions]):
         return pieces
 
     @on("session/prompt")
-    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+    async def prompt(self, ctx: ProxyContext, message: Request) -> object:
         session = ctx.session
         if session is None or message.params is msgspec.UNSET:
             return await ctx.forward()

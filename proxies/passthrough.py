@@ -1,9 +1,9 @@
 """The reference proxy: forwards everything untouched. The shortest complete plugin."""
 
-from conductor.plugins import Proxy
+from conductor.plugins import NoOptions, Proxy
 
 
-class Passthrough(Proxy):
+class Passthrough(Proxy[NoOptions]):
     """Forwards everything untouched (the reference proxy)."""
 
 

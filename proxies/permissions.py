@@ -22,7 +22,7 @@ from conductor.plugins import Proxy, ProxyContext, on
 from conductor.regex import Regex
 
 if TYPE_CHECKING:
-    from conductor.jsonrpc.message import JsonValue, Message
+    from conductor.jsonrpc.message import JsonValue, Request
 
 Action = Literal["allow", "deny", "ask"]
 PERMISSION_DENIED = -32001  # an application error code: the policy refused
@@ -137,7 +137,7 @@ class Permissions(Proxy[PermissionsOptions]):
         return action
 
     @on("session/request_permission", source="successor")
-    async def request_permission(self, ctx: ProxyContext, message: Message) -> JsonValue:
+    async def request_permission(self, ctx: ProxyContext, message: Request) -> JsonValue:
         params: dict[str, Any] = message.params_value() or {}
         tool = params.get("toolCall") or {}
         raw_input = tool.get("rawInput") if isinstance(tool.get("rawInput"), dict) else {}
@@ -160,22 +160,22 @@ class Permissions(Proxy[PermissionsOptions]):
         return {"outcome": {"outcome": "cancelled"}}
 
     @on("fs/read_text_file", source="successor")
-    async def read_text_file(self, ctx: ProxyContext, message: Message) -> JsonValue:
+    async def read_text_file(self, ctx: ProxyContext, message: Request) -> JsonValue:
         return await self._editor_access(ctx, message, "read")
 
     @on("fs/write_text_file", source="successor")
-    async def write_text_file(self, ctx: ProxyContext, message: Message) -> JsonValue:
+    async def write_text_file(self, ctx: ProxyContext, message: Request) -> JsonValue:
         return await self._editor_access(ctx, message, "edit")
 
     @on("terminal/create", source="successor")
-    async def create_terminal(self, ctx: ProxyContext, message: Message) -> JsonValue:
+    async def create_terminal(self, ctx: ProxyContext, message: Request) -> JsonValue:
         params: dict[str, Any] = message.params_value() or {}
         command = " ".join([str(params.get("command", "")), *map(str, params.get("args") or [])])
         subject = Subject(message.method, kind="execute", command=command,  # type: ignore[arg-type]
                           paths=[params["cwd"]] if isinstance(params.get("cwd"), str) else [])
         return await self._allow_or_refuse(ctx, subject)
 
-    async def _editor_access(self, ctx: ProxyContext, message: Message, kind: str) -> JsonValue:
+    async def _editor_access(self, ctx: ProxyContext, message: Request, kind: str) -> JsonValue:
         params: dict[str, Any] = message.params_value() or {}
         path = params.get("path")
         subject = Subject(message.method, kind=kind,  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from conductor.plugins import Proxy, ProxyContext, on
 from conductor.regex import Regex
 
 if TYPE_CHECKING:
-    from conductor.jsonrpc.message import Message
+    from conductor.jsonrpc.message import Call, Notification, Request
 
 MIN_SECRET = 4  # shorter env values would scrub ordinary words
 
@@ -67,7 +67,7 @@ class Redact(Proxy[RedactOptions]):
             return {k: self.scrub(v, hits) for k, v in value.items()}
         return value
 
-    def _scrubbed(self, message: Message) -> Message:
+    def _scrubbed(self, message: Call) -> Call:
         if not self._rules:
             return message
         hits: dict[str, int] = {}
@@ -79,14 +79,14 @@ class Redact(Proxy[RedactOptions]):
         return message.with_params(params)
 
     @on("session/prompt")
-    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+    async def prompt(self, ctx: ProxyContext, message: Request) -> object:
         return await ctx.forward(self._scrubbed(message))
 
     @on("session/update", source="successor")
-    async def update(self, ctx: ProxyContext, message: Message) -> None:
+    async def update(self, ctx: ProxyContext, message: Notification) -> None:
         await ctx.forward(self._scrubbed(message))
 
     @on("session/request_permission", source="successor")
-    async def request_permission(self, ctx: ProxyContext, message: Message) -> object:
+    async def request_permission(self, ctx: ProxyContext, message: Request) -> object:
         # the tool call's title and rawInput are shown to the user like an update
         return await ctx.forward(self._scrubbed(message))

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from conductor.plugins import Proxy, ProxyContext, SessionScope, on
 
 if TYPE_CHECKING:
-    from conductor.jsonrpc.message import Message
+    from conductor.jsonrpc.message import Notification, Request
 
 
 class TranscriptOptions(BaseModel):
@@ -96,7 +96,7 @@ class Transcript(Proxy[TranscriptOptions]):
                     f"# Session {session.session_id}\n\n_{session.how}, cwd {session.cwd}_\n\n")
 
     @on("session/prompt")
-    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+    async def prompt(self, ctx: ProxyContext, message: Request) -> object:
         params = message.params_value() or {}
         text = _text(params.get("prompt"))
         self._write(ctx.session, {"type": "prompt", "text": text}, f"## User\n\n{text}\n\n")
@@ -115,7 +115,7 @@ class Transcript(Proxy[TranscriptOptions]):
         return answer
 
     @on("session/update", source="successor")
-    async def update(self, ctx: ProxyContext, message: Message) -> None:
+    async def update(self, ctx: ProxyContext, message: Notification) -> None:
         await ctx.forward()
         session = ctx.session
         if session is None:
@@ -139,7 +139,7 @@ class Transcript(Proxy[TranscriptOptions]):
                         f"- Tool call {update.get('toolCallId')}: {update.get('status')}\n\n")
 
     @on("session/request_permission", source="successor")
-    async def permission(self, ctx: ProxyContext, message: Message) -> object:
+    async def permission(self, ctx: ProxyContext, message: Request) -> object:
         answer = await ctx.forward()
         assert answer is not None
         params = message.params_value() or {}

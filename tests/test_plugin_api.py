@@ -9,6 +9,7 @@ import pytest
 from msgspec import Raw
 
 from conductor.errors import RpcError
+from conductor.jsonrpc.codes import ErrorCode
 from conductor.plugins import Proxy, ProxyContext, SessionScope, on
 from conductor.testing import ScriptedAgent, open_test_chain
 from proxies.passthrough import Passthrough
@@ -99,9 +100,9 @@ async def test_a_crashing_handler_answers_with_an_error_naming_the_plugin_and_th
             refused = await client.request("_ext/refuse", {})
             still = await client.call("session/new", {"cwd": "/", "mcpServers": []})
     error = answer.error_value()
-    assert error["code"] == -32603
+    assert error["code"] == ErrorCode.HANDLER_FAILED
     assert "crashy" in error["message"] and "KeyError" in error["message"]
-    assert error["data"]["plugin"] == "crashy"
+    assert error["data"] == {"component": "crashy", "method": "session/prompt"}
     assert refused.error_value() == {"code": -32042, "message": "not today",
                                      "data": {"why": "policy"}}
     assert "sessionId" in still
@@ -122,7 +123,8 @@ async def test_a_failing_session_hook_still_answers_session_new_naming_the_plugi
             answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
             later = await client.request("_ext/anything", {})
     error = answer.error_value()
-    assert error["data"]["plugin"] == "broken"
+    assert error["code"] == ErrorCode.HANDLER_FAILED
+    assert error["data"]["component"] == "broken"
     assert "RuntimeError: hook broke" in error["message"]
     assert later.error_value()["code"] == -32601  # the chain lives on (the agent's answer)
 
@@ -359,7 +361,7 @@ class HopRecorder:
     def message(self, hop: str, direction: str, message: Message | list[Message], *,
                 peer: str | None = None, origin: object = None) -> None:
         for one in message if isinstance(message, list) else [message]:
-            self.seen.append((hop, direction, one.method))
+            self.seen.append((hop, direction, getattr(one, "method", None)))
 
     def lifecycle(self, component: str, event: str, **fields: object) -> None:
         pass

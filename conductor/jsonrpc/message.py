@@ -1,8 +1,12 @@
 """JSON-RPC 2.0 messages that keep every payload as the exact bytes received.
 
 Only the envelope (`id`, `method`) is decoded. `params`, `result` and `error` stay
-`msgspec.Raw`: re-encoding a Message writes them back byte for byte, so whitespace, key
+`msgspec.Raw`: re-encoding a message writes them back byte for byte, so whitespace, key
 order, escapes, number spellings and unknown fields survive every hop.
+
+A frame decodes to a `Request`, a `Notification` or a `Response` (one type each, so code
+that handles one kind says so in its signature), an `InvalidMessage` (JSON, but not
+JSON-RPC), or a `Batch` of those.
 """
 
 from __future__ import annotations
@@ -19,31 +23,56 @@ JsonValue = Any  # JSON-compatible Python value; the one loose public type
 T = TypeVar("T")
 
 
-class Message(msgspec.Struct, gc=False):
-    """One JSON-RPC message. Request: method+id; notification: method; response: id+result/error."""
+class _Call(msgspec.Struct, kw_only=True, gc=False):
+    """What requests and notifications share: a method and raw params."""
+
+    def params_value(self) -> JsonValue:
+        """Decode params (a copy; the message keeps its bytes)."""
+        params: Raw | UnsetType = getattr(self, "params", UNSET)
+        return None if params is UNSET else msgspec.json.decode(params)
+
+    # Typed views are opt-in and never change the message: it keeps its bytes.
+    def params_as(self, model: type[T]) -> T:
+        """Params validated as `model` (a pydantic model, msgspec Struct or dataclass)."""
+        params: Raw | UnsetType = getattr(self, "params", UNSET)
+        return _view(params, model)
+
+
+class Request(_Call, kw_only=True, gc=False):
+    """A call that wants an answer. Field order is the wire's: the payload comes last."""
 
     jsonrpc: str = "2.0"
-    id: Raw | UnsetType = UNSET
-    method: str | UnsetType = UNSET
+    id: Raw
+    method: str
     params: Raw | UnsetType = UNSET
+
+    def with_params(self, value: object) -> Request:
+        """A copy with new params: Raw as is, a pydantic model by alias, else JSON-encoded."""
+        return Request(id=self.id, method=self.method, params=payload(value))
+
+
+class Notification(_Call, kw_only=True, gc=False):
+    """A call that is never answered."""
+
+    jsonrpc: str = "2.0"
+    method: str
+    params: Raw | UnsetType = UNSET
+
+    def with_params(self, value: object) -> Notification:
+        return Notification(method=self.method, params=payload(value))
+
+
+class Response(msgspec.Struct, kw_only=True, gc=False):
+    """The answer to a request: exactly one of `result` and `error` is set."""
+
+    jsonrpc: str = "2.0"
+    id: Raw
     result: Raw | UnsetType = UNSET
     error: Raw | UnsetType = UNSET
 
     @property
-    def is_request(self) -> bool:
-        return self.method is not UNSET and self.id is not UNSET
-
-    @property
-    def is_notification(self) -> bool:
-        return self.method is not UNSET and self.id is UNSET
-
-    @property
-    def is_response(self) -> bool:
-        return self.method is UNSET
-
-    def params_value(self) -> JsonValue:
-        """Decode params (a copy; the message keeps its bytes)."""
-        return None if self.params is UNSET else msgspec.json.decode(self.params)
+    def is_error(self) -> bool:
+        return self.error is not UNSET
 
     def result_value(self) -> JsonValue:
         return None if self.result is UNSET else msgspec.json.decode(self.result)
@@ -51,27 +80,41 @@ class Message(msgspec.Struct, gc=False):
     def error_value(self) -> JsonValue:
         return None if self.error is UNSET else msgspec.json.decode(self.error)
 
-    # Typed views are opt-in and never change the message: it keeps its bytes.
-    def params_as(self, model: type[T]) -> T:
-        """Params validated as `model` (a pydantic model, msgspec Struct or dataclass)."""
-        return _view(self.params, model)
+    def error_code(self) -> int | None:
+        """The error's `code`, when this is an error answer with an integer code."""
+        if self.error is UNSET:
+            return None
+        try:
+            code = msgspec.json.decode(self.error, type=_ErrorHead).code
+        except msgspec.MsgspecError:
+            return None
+        return code if isinstance(code, int) else None
 
     def result_as(self, model: type[T]) -> T:
         return _view(self.result, model)
 
-    def with_params(self, value: object) -> Message:
-        """A copy with new params: Raw as is, a pydantic model by alias, else JSON-encoded."""
-        return msgspec.structs.replace(self, params=payload(value))
+    def with_result(self, value: object) -> Response:
+        return Response(id=self.id, result=payload(value))
 
-    def with_result(self, value: object) -> Message:
-        return msgspec.structs.replace(self, result=payload(value), error=UNSET)
+    def answering(self, ident: Raw) -> Response:
+        """The same answer (same payload bytes) for another request id."""
+        return Response(id=ident, result=self.result, error=self.error)
+
+
+Message = Request | Notification | Response
+Call = Request | Notification
+
+
+class _ErrorHead(msgspec.Struct):
+    code: object = None
 
 
 def _view(data: Raw | UnsetType, model: type[T]) -> T:
     body = b"null" if data is UNSET else bytes(data)
     validate = getattr(model, "model_validate_json", None)  # pydantic, without importing it here
     if validate is not None:
-        return validate(body)  # type: ignore[no-any-return]
+        view: T = validate(body)
+        return view
     return msgspec.json.decode(body, type=model)
 
 
@@ -83,6 +126,17 @@ def payload(value: object) -> Raw:
     if dump is not None:
         return Raw(dump(by_alias=True, exclude_none=True).encode())
     return Raw(_encoder.encode(value))
+
+
+class _Envelope(msgspec.Struct, gc=False):
+    """Every member a JSON-RPC message can have, each optional: what a frame decodes into."""
+
+    jsonrpc: Raw | UnsetType = UNSET
+    id: Raw | UnsetType = UNSET
+    method: str | UnsetType = UNSET
+    params: Raw | UnsetType = UNSET
+    result: Raw | UnsetType = UNSET
+    error: Raw | UnsetType = UNSET
 
 
 class _Probe(msgspec.Struct):
@@ -108,11 +162,12 @@ class Batch:
     items: list[Message | InvalidMessage]
 
 
-_decoder: Final = msgspec.json.Decoder(Message)
+_decoder: Final = msgspec.json.Decoder(_Envelope)
 _probe: Final = msgspec.json.Decoder(_Probe)
 _batch_decoder: Final = msgspec.json.Decoder(list[Raw])
 _encoder: Final = msgspec.json.Encoder()
 NULL: Final = Raw(b"null")
+_VERSION: Final = b'"2.0"'
 
 
 class ParseError(ValueError):
@@ -138,29 +193,36 @@ def decode(frame: bytes | bytearray) -> Message | InvalidMessage | Batch:
 
 def _decode_item(frame: bytes | bytearray) -> Message | InvalidMessage:
     try:
-        msg = _decoder.decode(frame)
+        env = _decoder.decode(frame)
     except msgspec.ValidationError as e:
         return _invalid(frame, str(e))
     except msgspec.DecodeError as e:
         raise ParseError(str(e)) from None
-    if msg.id is not UNSET and not _valid_id(msg.id):
+    ident = env.id
+    if ident is not UNSET and not _valid_id(ident):
         return InvalidMessage("id must be a string, a number or null", None, call_shaped=True)
-    if msg.method is UNSET:
-        if msg.id is UNSET:
+    method = env.method
+    if method is UNSET:
+        if ident is UNSET:
             return InvalidMessage("neither a method nor an id", None, call_shaped=True)
-        if (msg.result is UNSET) == (msg.error is UNSET):
+        if (env.result is UNSET) == (env.error is UNSET):
             # Response-shaped junk: never answered (protocol.md §1), or the error could look
             # like the answer to the peer's own request with that id.
-            return InvalidMessage("a response needs exactly one of result and error", msg.id,
+            return InvalidMessage("a response needs exactly one of result and error", ident,
                                   call_shaped=False)
-    elif msg.result is not UNSET or msg.error is not UNSET:
-        return InvalidMessage("a request cannot carry result or error", msg.id, True)
-    return msg
+        return Response(id=ident, result=env.result, error=env.error)
+    if env.result is not UNSET or env.error is not UNSET:
+        return InvalidMessage("a request cannot carry result or error",
+                              None if ident is UNSET else ident, True)
+    if ident is UNSET:
+        return Notification(method=method, params=env.params)
+    return Request(id=ident, method=method, params=env.params)
 
 
 def _valid_id(ident: Raw) -> bool:
-    first = bytes(ident)[:1]
-    return first == b'"' or first == b"-" or first.isdigit() or bytes(ident) == b"null"
+    text = bytes(ident)
+    first = text[:1]
+    return first == b'"' or first == b"-" or first.isdigit() or text == b"null"
 
 
 def _invalid(frame: bytes | bytearray, reason: str) -> InvalidMessage:
@@ -194,29 +256,21 @@ def raw(value: JsonValue) -> Raw:
     return Raw(_encoder.encode(value))
 
 
-def request(ident: Raw, method: str, params: Raw | UnsetType = UNSET) -> Message:
-    return Message(id=ident, method=method, params=params)
-
-
-def notification(method: str, params: Raw | UnsetType = UNSET) -> Message:
-    return Message(method=method, params=params)
-
-
-def response(ident: Raw, result: Raw) -> Message:
-    return Message(id=ident, result=result)
-
-
 def error_response(
     ident: Raw | None, code: int, message: str, data: JsonValue = None
-) -> Message:
+) -> Response:
     err: dict[str, JsonValue] = {"code": int(code), "message": message}
     if data is not None:
         err["data"] = data
-    return Message(id=NULL if ident is None else ident, error=raw(err))
+    return Response(id=NULL if ident is None else ident, error=raw(err))
 
 
 def id_key(ident: Raw) -> int | str | None:
-    """A hashable key for an id the conductor allocated (ints) or matched (any scalar)."""
+    """A hashable key for an id the conductor allocated (ints) or matched (any scalar).
+
+    Raises:
+        ValueError: the id is not a string, an integer or null (e.g. 1.5).
+    """
     text = bytes(ident)
     # Fast path for the ids the conductor allocates itself (every response on every hop):
     # plain non-negative integers need no JSON decoder. Raw is valid JSON, so no leading 0s.
@@ -224,7 +278,7 @@ def id_key(ident: Raw) -> int | str | None:
         return int(text)
     value = msgspec.json.decode(text)
     if isinstance(value, bool) or not isinstance(value, int | str | None):
-        raise ValueError(f"unusable id {bytes(ident)!r}")
+        raise ValueError(f"unusable id {text!r}")
     return value
 
 
@@ -236,12 +290,16 @@ __all__ = [
     "NULL",
     "UNSET",
     "Batch",
+    "Call",
     "ErrorCode",
     "InvalidMessage",
     "JsonValue",
     "Message",
+    "Notification",
     "ParseError",
     "Raw",
+    "Request",
+    "Response",
     "UnsetType",
     "decode",
     "encode",
@@ -250,9 +308,6 @@ __all__ = [
     "error_response",
     "id_key",
     "int_id",
-    "notification",
     "payload",
     "raw",
-    "request",
-    "response",
 ]

@@ -3,8 +3,11 @@
 A proxy sees two sides. Its *predecessor* is the editor side (the client, or the proxy before
 it); its *successor* is the agent side. Every message it does not handle is forwarded to the
 other side untouched, byte for byte, without being decoded. Handlers receive the
-`Message` itself (payloads stay `msgspec.Raw`); `message.params_as(Model)` is the opt-in typed
-view, and `message.with_params(...)` makes the changed copy to forward.
+`Request` or `Notification` itself (payloads stay `msgspec.Raw`); `message.params_as(Model)`
+is the opt-in typed view, and `message.with_params(...)` makes the changed copy to forward.
+
+What the API needs from whoever runs a proxy is declared here as `ProxyHost` (implemented
+by `conductor.plugins.host`); the host uses only the public surface of these classes.
 """
 
 from __future__ import annotations
@@ -12,19 +15,25 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET, Raw, UnsetType
 from pydantic import BaseModel, ConfigDict
 
-from conductor.errors import RpcError
-from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.message import JsonValue, Message, Raw, payload
+from conductor import acp
+from conductor.jsonrpc.message import (
+    JsonValue,
+    Notification,
+    Request,
+    Response,
+    payload,
+)
+from conductor.rpc.failure import raise_for_error
 
 if TYPE_CHECKING:
-    from conductor.plugins.host import OutgoingRequest, ProxyHost
+    from conductor.jsonrpc.message import Call
 
 
 class Side(enum.StrEnum):
@@ -46,11 +55,11 @@ class NoOptions(BaseModel):
 
 OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
-# What a request handler returns: a response Message (e.g. what `ctx.forward` gave back,
-# possibly changed), a Raw result, a pydantic model, or any JSON value. Raise RpcError to
-# answer with an error. Notification handlers return None.
-Reply = Message | Raw | BaseModel | JsonValue
-Handler = Callable[["ProxyContext", Message], Awaitable[Reply]]
+# What a request handler returns: a Response (e.g. what `ctx.forward` gave back, possibly
+# changed), a Raw result, a pydantic model, or any JSON value. Raise RpcError to answer
+# with an error. Notification handlers return None.
+Reply = Any
+Handler = Callable[["ProxyContext", Any], Awaitable[Reply]]
 
 _HANDLES = "__acp_handles__"
 
@@ -80,10 +89,11 @@ class Proxy(Generic[OptionsT]):
     """
 
     options_model: ClassVar[type[BaseModel]] = NoOptions
-    _handler_table: ClassVar[dict[tuple[Side, str], str]]
+    _handler_table: ClassVar[dict[tuple[Side, str], str]] = {}
 
     def __init__(self, options: OptionsT | None = None) -> None:
-        self.options: OptionsT = options if options is not None else self.options_model()  # type: ignore[assignment]
+        given: BaseModel = options if options is not None else self.options_model()
+        self.options: OptionsT = given  # type: ignore[assignment]  # options_model is OptionsT
         self.name: str = type(self).__name__.lower()  # the registry sets the chain's name
         self.log = logging.getLogger(f"acp_conductor.proxy.{self.name}")
 
@@ -117,7 +127,51 @@ class Proxy(Generic[OptionsT]):
         """Hook: a session was closed; its route is gone."""
 
 
-Proxy._handler_table = {}
+class PendingRequest(Protocol):
+    """A request a proxy sent and has not had the answer to yet."""
+
+    @property
+    def done(self) -> bool: ...
+
+    async def wait(self) -> Response:
+        """The answer (a result or an error). Cancelling the wait cancels the request."""
+        ...
+
+    async def cancel(self) -> None:
+        """Ask the far end to stop (`$/cancel_request`); it still answers, usually -32800."""
+        ...
+
+
+class ProxyHost(Protocol):
+    """What the API needs from whoever runs a proxy (conductor.plugins.host)."""
+
+    @property
+    def proxy(self) -> Proxy[Any]: ...
+
+    @property
+    def sessions(self) -> Mapping[str, SessionScope]: ...
+
+    def session_of(self, params: Raw | UnsetType, *, create: bool) -> SessionScope | None:
+        """The scope of the session `params.sessionId` names."""
+        ...
+
+    def owns(self, message: Call) -> bool:
+        """Does `message` belong to a session this proxy opened itself?"""
+        ...
+
+    def handlers_changed(self) -> None:
+        """A session scope gained handlers of its own."""
+        ...
+
+    async def notify(self, method: str, params: Raw | UnsetType, to: Side) -> None: ...
+
+    async def start_request(self, method: str, params: Raw | UnsetType, to: Side, *,
+                            on_behalf_of: ProxyContext | None = None,
+                            forwarding: bool = False) -> PendingRequest:
+        """Send a request. `on_behalf_of`: the handler sending it (a cancel of the request
+        it handles cancels this one); `forwarding`: it passes on the handled request (a
+        session it opens is the predecessor's, not this proxy's own)."""
+        ...
 
 
 @dataclass(eq=False)
@@ -129,8 +183,8 @@ class SessionScope:
     owned: bool                       # opened by this proxy downstream: never seen upstream
     setup: JsonValue = None           # the decoded params of the setup request
     state: dict[str, Any] = field(default_factory=dict)
-    _handlers: dict[tuple[Side, str], Handler] = field(default_factory=dict)
-    _host: ProxyHost | None = field(default=None, repr=False)
+    handlers: dict[tuple[Side, str], Handler] = field(default_factory=dict)
+    host: ProxyHost | None = field(default=None, repr=False)
 
     @property
     def cwd(self) -> str | None:
@@ -140,42 +194,48 @@ class SessionScope:
     def on(self, method: str, handler: Handler, *,
            source: Side | str = Side.SUCCESSOR) -> None:
         """Handle `method` for this session only (checked before the class's handlers)."""
-        self._handlers[(Side(source), method)] = handler
-        if self._host is not None:
-            self._host.mark_routed()
+        self.handlers[(Side(source), method)] = handler
+        if self.host is not None:
+            self.host.handlers_changed()
 
     def handler_for(self, source: Side, method: str) -> Handler | None:
-        if not self._handlers:
+        if not self.handlers:
             return None
-        return self._handlers.get((source, method)) or self._handlers.get((source, "*"))
+        return self.handlers.get((source, method)) or self.handlers.get((source, "*"))
 
-    async def prompt(self, prompt: list[JsonValue] | str, **extra: JsonValue) -> Message:
+    def succeed(self, previous: SessionScope) -> None:
+        """A reload of the same session: keep what the previous scope held."""
+        self.state, self.handlers = previous.state, previous.handlers
+
+    async def prompt(self, prompt: list[JsonValue] | str, **extra: JsonValue) -> Response:
         """Prompt a session this proxy owns; returns the response (the turn's end)."""
-        assert self._host is not None
         blocks = [{"type": "text", "text": prompt}] if isinstance(prompt, str) else prompt
-        return await self._host.call(
-            "session/prompt", {"sessionId": self.session_id, "prompt": blocks, **extra},
-            Side.SUCCESSOR)
+        return await self._call(acp.SESSION_PROMPT,
+                                {"sessionId": self.session_id, "prompt": blocks, **extra})
 
-    async def close(self) -> Message:
+    async def close(self) -> Response:
         """session/close for a session this proxy owns; the route is removed on success."""
-        assert self._host is not None
-        return await self._host.call(
-            "session/close", {"sessionId": self.session_id}, Side.SUCCESSOR)
+        return await self._call(acp.SESSION_CLOSE, {"sessionId": self.session_id})
+
+    async def _call(self, method: str, params: JsonValue) -> Response:
+        if self.host is None:
+            raise RuntimeError(f"session {self.session_id} is not attached to a running proxy")
+        pending = await self.host.start_request(method, payload(params), Side.SUCCESSOR)
+        return raise_for_error(await pending.wait())
 
 
 class ProxyContext:
     """What a handler can do: forward, answer (by returning), send its own, cancel."""
 
     __slots__ = ("_host", "_outstanding", "_session", "message", "released", "source")
-    released: Callable[[], None] | None
 
-    def __init__(self, host: ProxyHost, source: Side, message: Message) -> None:
+    def __init__(self, host: ProxyHost, source: Side, message: Call) -> None:
         self._host = host
         self.source = source
         self.message = message                 # the message being handled
-        self._session: SessionScope | bool | None = False
-        self._outstanding: list[OutgoingRequest] = []
+        self._session: SessionScope | bool | None = False  # False: not looked up yet
+        self._outstanding: list[PendingRequest] = []
+        # Set by the host while this handler holds dispatch (see `release`).
         self.released: Callable[[], None] | None = None
 
     @property
@@ -186,13 +246,19 @@ class ProxyContext:
     def session(self) -> SessionScope | None:
         """The session the message names (params.sessionId), with its state."""
         if self._session is False:
-            self._session = self._host.session_of(self.message)
-        return self._session  # type: ignore[return-value]
+            self._session = self._host.session_of(self.message.params, create=True)
+        return self._session if isinstance(self._session, SessionScope) else None
 
     def session_for(self, session_id: str) -> SessionScope | None:
         return self._host.sessions.get(session_id)
 
-    async def forward(self, message: Message | None = None) -> Message | None:
+    @property
+    def outstanding(self) -> list[PendingRequest]:
+        """The requests this handler sent (forwards included) that are not answered yet."""
+        self._outstanding = [p for p in self._outstanding if not p.done]
+        return self._outstanding
+
+    async def forward(self, message: Call | None = None) -> Response | None:
         """Send the message (default: the one being handled) on to the other side.
 
         For a request, returns the response as received (errors included, not raised);
@@ -200,36 +266,38 @@ class ProxyContext:
         """
         message = message if message is not None else self.message
         to = self.source.other
-        assert isinstance(message.method, str)
         if self.source is Side.SUCCESSOR and self._host.owns(self.message):
             raise RuntimeError("messages of a proxy's own session never go to its predecessor")
-        if not self.message.is_request:
-            await self._host.send_notification(message.method, message.params, to)
+        if not isinstance(self.message, Request):
+            await self._host.notify(message.method, message.params, to)
             return None
         pending = await self._host.start_request(message.method, message.params, to,
-                                                 forwarded_for=self)
+                                                 on_behalf_of=self, forwarding=True)
         return await pending.wait()
 
     async def request(self, method: str, params: object = None, *,
-                      to: Side | str = Side.SUCCESSOR) -> Message:
+                      to: Side | str = Side.SUCCESSOR) -> Response:
         """Send this proxy's own request and wait for the answer.
 
         Raises:
             RpcError: the answer is an error.
         """
         pending = await self.start_request(method, params, to=to)
-        return answer_or_raise(await pending.wait())
+        return raise_for_error(await pending.wait())
 
     async def start_request(self, method: str, params: object = None, *,
-                            to: Side | str = Side.SUCCESSOR) -> OutgoingRequest:
+                            to: Side | str = Side.SUCCESSOR) -> PendingRequest:
         """Send a request without waiting: `await r.wait()` later, or `await r.cancel()`."""
-        pending = await self._host.start_request(method, _params(params), Side(to))
+        return await self._host.start_request(method, _params(params), Side(to),
+                                              on_behalf_of=self)
+
+    def adopt(self, pending: PendingRequest) -> None:
+        """Count `pending` as this handler's (called by the host for each request sent)."""
         self._outstanding.append(pending)
-        return pending
 
     async def notify(self, method: str, params: object = None, *,
                      to: Side | str = Side.SUCCESSOR) -> None:
-        await self._host.send_notification(method, _params(params), Side(to))
+        await self._host.notify(method, _params(params), Side(to))
 
     async def open_session(self, params: object, *, method: str = "session/new") -> SessionScope:
         """Open a session of this proxy's own downstream (a sub-agent or a judge).
@@ -240,8 +308,8 @@ class ProxyContext:
             RpcError: the successor refused.
         """
         answer = await self.request(method, params)
-        sid = answer.result_value().get("sessionId") if method in (
-            "session/new", "session/fork") else _params_sid(params)
+        result = answer.result_value() if method in ("session/new", "session/fork") else params
+        sid = result.get("sessionId") if isinstance(result, dict) else None
         scope = self._host.sessions.get(sid) if isinstance(sid, str) else None
         if scope is None:
             raise RuntimeError(f"{method} answered without a usable sessionId")
@@ -254,25 +322,9 @@ class ProxyContext:
             release()
 
 
-
 def _params(params: object) -> Raw | UnsetType:
     return UNSET if params is None else payload(params)
 
 
-def _params_sid(params: object) -> object:
-    return params.get("sessionId") if isinstance(params, dict) else None
-
-
-def answer_or_raise(answer: Message) -> Message:
-    """The answer itself when it is a result.
-
-    Raises:
-        RpcError: the answer is an error.
-    """
-    if answer.error is UNSET:
-        return answer
-    error = answer.error_value()
-    if not isinstance(error, dict):
-        raise RpcError(ErrorCode.INTERNAL_ERROR, str(error))
-    raise RpcError(int(error.get("code", ErrorCode.INTERNAL_ERROR)), str(error.get("message", "")),
-                   error.get("data"))
+__all__ = ["Handler", "NoOptions", "Notification", "PendingRequest", "Proxy", "ProxyContext",
+           "ProxyHost", "Reply", "Request", "SessionScope", "Side", "on"]

@@ -2,9 +2,10 @@
 
 `ProxyHost` turns what the conductor sends a proxy (plain messages from the predecessor,
 `_proxy/successor` envelopes from the successor, responses, cancels) into handler calls,
-and what handlers do back into the proxy protocol. The same host runs a plugin
-in-process (`open_inprocess_proxy`: Message objects in and out, nothing encoded but the
-envelope around a Raw) and stand-alone (`serve_proxy`: frames on stdin/stdout).
+and what handlers do back into the proxy protocol. Its connection to the conductor is one
+`Endpoint` (ids, pending requests, cancellation). The same host runs a plugin in-process
+(`open_inprocess_proxy`: message objects in and out, nothing encoded) and stand-alone
+(`serve_proxy`: frames on stdin/stdout).
 
 Dispatch is in order, in one task, like a subprocess reading its stdin. A handler runs
 inline until it first waits for an answer (or calls `ctx.release()`); then the host goes
@@ -16,58 +17,52 @@ been forwarded yet.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
 from conductor.acp import Dialect
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
 from conductor.jsonrpc.message import (
     Batch,
-    InvalidMessage,
     Message,
-    ParseError,
-    decode,
+    Notification,
+    Request,
+    Response,
     error_response,
-    id_key,
-    int_id,
-    payload,
 )
-from conductor.plugins.api import (
-    Handler,
-    Proxy,
-    ProxyContext,
-    SessionScope,
-    Side,
-    answer_or_raise,
-)
-from conductor.routing.wire import Wire
-from conductor.transport.pipes import CoalescedWrites, PipeSink, serve_frames
+from conductor.plugins.api import Handler, Proxy, ProxyContext, SessionScope, Side
+from conductor.routing.sessions import Lifecycle, Step, lifecycle
+from conductor.routing.topology import Hop
+from conductor.rpc.endpoint import Endpoint, Inbound, Outgoing
+from conductor.rpc.failure import failure_response
+from conductor.transport.pipes import CoalescedWrites, PipeSink, PipeSource
 
 if TYPE_CHECKING:
-    from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup, TaskStatus
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
-    from conductor.transport.base import MessageSink
+    from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup, TaskStatus
+    from anyio.streams.memory import MemoryObjectSendStream
+
+    from conductor.jsonrpc.message import Call
+    from conductor.tracing import TraceSink
+    from conductor.transport.base import Incoming, MessageSink
 
 log = logging.getLogger("acp_conductor.plugins")
 
 # Messages waiting for an in-process proxy. Bounded like a pipe buffer; large enough that
 # traffic flowing both ways at once cannot fill both inboxes and wedge each other.
 INBOX_SIZE: Final = 256
-REQUEST_CANCELLED: Final = -32800
 _ALWAYS_VISIT: Final = frozenset({acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS,
                                   *acp.SUCCESSOR_METHODS, *acp.SESSION_SETUP,
                                   acp.SESSION_CLOSE, acp.SESSION_DELETE, acp.CANCEL_REQUEST})
-
-Send = Callable[[Message], Awaitable[None]]
-AnswerHook = Callable[[Message], Awaitable[None]]
+_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
 class _Everything:
@@ -80,80 +75,65 @@ class _Everything:
 _EVERYTHING: Final = _Everything()
 
 
-class OutgoingRequest:
-    """A request this proxy sent (its own, or a forward) and the answer it will get."""
+class HostRequest:
+    """A request the proxy sent (its own, or a forward): `PendingRequest` of the API."""
 
-    __slots__ = ("_event", "_host", "answer", "cancel_sent", "hooks", "ident", "method",
-                 "origin_id", "params", "to")
+    __slots__ = ("_endpoint", "outgoing")
 
-    def __init__(self, host: ProxyHost, ident: int, method: str, params: Raw | UnsetType,
-                 to: Side, origin_id: Raw | None) -> None:
-        self._host = host
-        self.ident, self.method, self.params, self.to = ident, method, params, to
-        self.origin_id = origin_id          # fast path: answer the conductor's id directly
-        self.hooks: list[AnswerHook] = []    # session bookkeeping, run before delivery
-        self.answer: Message | None = None
-        self.cancel_sent = False
-        self._event: anyio.Event | None = None
+    def __init__(self, endpoint: Endpoint, outgoing: Outgoing) -> None:
+        self._endpoint = endpoint
+        self.outgoing = outgoing
 
     @property
     def done(self) -> bool:
-        return self.answer is not None
+        return self.outgoing.done or self.outgoing.failure is not None
 
-    def settle(self, answer: Message) -> None:
-        self.answer = answer
-        if self._event is not None:
-            self._event.set()
-
-    async def wait(self) -> Message:
-        """The answer (a result or an error). Cancelling the wait cancels the request."""
-        if self.answer is None:
-            self._host.release_dispatch()  # the answer arrives through dispatch
-            if self._event is None:
-                self._event = anyio.Event()
-            try:
-                await self._event.wait()
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self.cancel()
-                raise
-        assert self.answer is not None
-        return self.answer
+    async def wait(self) -> Response:
+        return await self._endpoint.wait(self.outgoing)
 
     async def cancel(self) -> None:
-        """Ask the far end to stop (`$/cancel_request`); it still answers, usually -32800."""
-        if self.done or self.cancel_sent:
-            return
-        self.cancel_sent = True
-        await self._host.emit(Message(method=acp.CANCEL_REQUEST,
-                                      params=payload({"requestId": self.ident})))
+        await self._endpoint.cancel(self.outgoing)
 
 
-@dataclass(eq=False, slots=True)
-class _Inbound:
-    """A request the conductor sent us, until we answer it."""
+@dataclass(slots=True)
+class _Sent:
+    """What the host needs back with an answer (the context of its Outgoing)."""
 
-    forwarded: OutgoingRequest | None = None  # fast path
-    ctx: ProxyContext | None = None
-    scope: anyio.CancelScope | None = None
+    rule: Lifecycle | None       # the session lifecycle step this request takes
+    owned: bool                  # a session it opens is the proxy's own
+    origin_id: Raw | None = None  # a pass-through forward: answer the conductor's id
+    params: Raw | UnsetType = UNSET  # the request's (a session's setup, for its scope)
+
+
+class _CallbackSink:
+    """A MessageSink that hands each message to a callback (the router, in-process)."""
+
+    __slots__ = ("_deliver",)
+
+    def __init__(self, deliver: Callable[[Message], Awaitable[None]]) -> None:
+        self._deliver = deliver
+
+    async def send(self, item: Message | list[Message]) -> None:
+        for message in item if isinstance(item, list) else (item,):
+            await self._deliver(message)
+
+    async def aclose(self) -> None:
+        return None
 
 
 class ProxyHost:
     """One plugin instance speaking the proxy protocol to one conductor."""
 
-    def __init__(self, proxy: Proxy[Any], send: Send) -> None:
-        self.proxy = proxy
+    def __init__(self, proxy: Proxy[Any], sink: MessageSink) -> None:
+        self._proxy = proxy
         self.name = proxy.name
-        self.sessions: dict[str, SessionScope] = {}
+        self.endpoint = Endpoint(proxy.name, sink)
+        self.endpoint.before_wait = self.release_dispatch
         self.task_group: TaskGroup | None = None
-        self._send = send
-        self._lock = anyio.Lock(fast_acquire=True)  # one writer: messages leave in order
+        self._sessions: dict[str, SessionScope] = {}
         self._handlers = proxy.handlers()
         self._routed = False   # some session has its own handlers or is ours: read sessionId
         self._dialect = Dialect.PROXY
-        self._next_id = 0
-        self._outgoing: dict[int, OutgoingRequest] = {}
-        self._inbound: dict[object, _Inbound] = {}
         self._holding: Callable[[], None] | None = None
         # Messages handed to this proxy and not yet fully dispatched (a held handler counts
         # until it releases). Counted at hand-over: anyio gives an item straight to a waiting
@@ -163,44 +143,73 @@ class ProxyHost:
         self._visit_up = self._must_visit(Side.SUCCESSOR)
         self._visit_down = self._must_visit(Side.PREDECESSOR)
 
+    @property
+    def proxy(self) -> Proxy[Any]:
+        return self._proxy
+
+    @property
+    def sessions(self) -> Mapping[str, SessionScope]:
+        return self._sessions
+
     # -- out -----------------------------------------------------------------------------
 
-    async def emit(self, message: Message) -> None:
-        async with self._lock:
-            await self._send(message)
-
-    async def send_notification(self, method: str, params: Raw | UnsetType, to: Side) -> None:
+    async def notify(self, method: str, params: Raw | UnsetType, to: Side) -> None:
         if to is Side.SUCCESSOR:
-            await self.emit(Message(method=self._dialect.successor_method(is_request=False),
-                                    params=acp.encode_envelope(method, params, UNSET,
-                                                               self._dialect)))
+            await self.endpoint.send(Notification(
+                method=self._dialect.successor_method(is_request=False),
+                params=acp.encode_envelope(method, params, UNSET, self._dialect)))
         else:
-            await self.emit(Message(method=method, params=params))
+            await self.endpoint.send(Notification(method=method, params=params))
 
     async def start_request(self, method: str, params: Raw | UnsetType, to: Side, *,
-                            origin_id: Raw | None = None,
-                            forwarded_for: ProxyContext | None = None) -> OutgoingRequest:
-        self._next_id += 1
-        pending = OutgoingRequest(self, self._next_id, method, params, to, origin_id)
-        if to is Side.SUCCESSOR and method.startswith("session/"):
-            await self._track_session(pending, owned=origin_id is None and forwarded_for is None)
-        self._outgoing[pending.ident] = pending
-        if forwarded_for is not None:
-            forwarded_for._outstanding.append(pending)
-        ident = int_id(pending.ident)
-        if to is Side.SUCCESSOR:
-            out = Message(id=ident, method=self._dialect.successor_method(is_request=True),
-                          params=acp.encode_envelope(method, params, UNSET, self._dialect))
-        else:
-            out = Message(id=ident, method=method, params=params)
-        await self.emit(out)
+                            on_behalf_of: ProxyContext | None = None,
+                            forwarding: bool = False) -> HostRequest:
+        outgoing = await self._send_request(method, params, to, _Sent(
+            None, owned=not forwarding))
+        pending = HostRequest(self.endpoint, outgoing)
+        if on_behalf_of is not None:
+            on_behalf_of.adopt(pending)
         return pending
 
-    async def call(self, method: str, params: object, to: Side) -> Message:
-        """This proxy's own request, awaited. Raises RpcError on an error answer."""
-        pending = await self.start_request(method, UNSET if params is None else payload(params),
-                                           to)
-        return answer_or_raise(await pending.wait())
+    async def _send_request(self, method: str, params: Raw | UnsetType, to: Side,
+                            sent: _Sent) -> Outgoing:
+        if to is Side.SUCCESSOR:
+            sent.rule, sent.params = lifecycle(method, params), params
+            if sent.rule is not None and sent.rule.step is Step.OPEN_NOW:
+                # Replay precedes the answer: the route must exist before the request goes out.
+                assert sent.rule.session_id is not None
+                await self._install(sent.rule.session_id, method, sent.owned, params)
+        deliver = self._answered if sent.rule is not None or sent.origin_id is not None \
+            else None
+        if to is Side.SUCCESSOR:
+            outgoing, request = self.endpoint.open_request(
+                method, params, deliver=deliver, context=sent,
+                wire_method=self._dialect.successor_method(is_request=True),
+                wire_params=acp.encode_envelope(method, params, UNSET, self._dialect))
+        else:
+            outgoing, request = self.endpoint.open_request(method, params, deliver=deliver,
+                                                           context=sent)
+        await self.endpoint.send(request)
+        return outgoing
+
+    async def _answered(self, outgoing: Outgoing, answer: Response) -> None:
+        """Session routes first (later messages may name the session), then the answer
+        goes back to the conductor (a pass-through forward) or to the waiting handler."""
+        sent: _Sent = outgoing.context
+        if sent.rule is not None:
+            try:
+                await self._apply(sent, answer)
+            except Exception as e:  # e.g. session_opened raised: answer, naming the plugin
+                self._log_failure(e, f"the answer to {outgoing.method}")
+                answer = failure_response(answer.id, e, component=self.name,
+                                          method=outgoing.method)
+                outgoing.answer = answer
+        if sent.origin_id is not None:
+            self.endpoint.untrack_inbound(sent.origin_id)
+            try:
+                await self.endpoint.send(answer.answering(sent.origin_id))
+            except _GONE:
+                pass  # the conductor went away: nothing left to answer
 
     # -- in ------------------------------------------------------------------------------
 
@@ -225,19 +234,20 @@ class ProxyHost:
         try:
             await self._dispatch(message)
         except Exception as e:  # a plugin bug must never take the conductor down
-            method = message.method if message.method is not UNSET else "an answer"
+            method = message.method if not isinstance(message, Response) else "an answer"
             self._log_failure(e, method)
-            if message.is_request:
-                await self._answer(message.id, self._failure(e, message.method))  # type: ignore[arg-type]
+            if isinstance(message, Request):
+                await self.endpoint.send(failure_response(message.id, e, component=self.name,
+                                                          method=message.method))
 
     async def _dispatch(self, msg: Message) -> None:
-        method = msg.method
-        if method is UNSET:
-            await self._on_response(msg)
+        if isinstance(msg, Response):
+            if await self.endpoint.settle(msg) is None:
+                log.debug("%s: answer for unknown id %r ignored", self.name, bytes(msg.id))
             return
-        assert isinstance(method, str)
+        method = msg.method
         if method == acp.CANCEL_REQUEST:
-            await self._on_cancel(msg.params)
+            await self.endpoint.cancel_inbound(msg.params)
             return
         source = Side.PREDECESSOR
         dialect = acp.SUCCESSOR_METHODS.get(method)
@@ -245,53 +255,54 @@ class ProxyHost:
             try:
                 env = acp.decode_envelope(msg.params)
             except ValueError as e:
-                if msg.id is not UNSET:
-                    await self._answer(msg.id, error_response(None, ErrorCode.INVALID_PARAMS,
-                                                              "Invalid params", str(e)))
+                if isinstance(msg, Request):
+                    await self.endpoint.send(error_response(msg.id, ErrorCode.INVALID_PARAMS,
+                                                            "Invalid params", str(e)))
                 return
             if env.method == acp.CANCEL_REQUEST:
-                await self._on_cancel(env.params)
+                await self.endpoint.cancel_inbound(env.params)
                 return
             source = Side.SUCCESSOR
-            msg = Message(id=msg.id, method=env.method, params=env.params)
+            msg = Request(id=msg.id, method=env.method, params=env.params) \
+                if isinstance(msg, Request) else Notification(method=env.method,
+                                                               params=env.params)
         elif method in acp.PROXY_INITIALIZE_METHODS:
             self._dialect = acp.PROXY_INITIALIZE_METHODS[method]
-            msg = Message(id=msg.id, method=acp.INITIALIZE, params=msg.params)
+            msg = Request(id=msg.id, method=acp.INITIALIZE, params=msg.params) \
+                if isinstance(msg, Request) else Notification(method=acp.INITIALIZE,
+                                                               params=msg.params)
         elif method == acp.INITIALIZE and acp.is_legacy_proxy_initialize(msg.params):
             self._dialect = Dialect.LEGACY
         await self._route(source, msg)
 
-    async def _route(self, source: Side, msg: Message) -> None:
-        method = msg.method
-        assert isinstance(method, str)
+    async def _route(self, source: Side, msg: Call) -> None:
         handler: Handler | None = None
         if self._routed:
-            scope = self.session_of(msg, create=False)
+            scope = self.session_of(msg.params, create=False)
             if scope is not None:
-                handler = scope.handler_for(source, method)
+                handler = scope.handler_for(source, msg.method)
                 if handler is None and scope.owned and source is Side.SUCCESSOR:
                     await self._unclaimed(msg, scope)  # our own session: never goes upstream
                     return
         if handler is None:
-            handler = self._handlers.get((source, method)) or self._handlers.get((source, "*"))
+            handler = self._handlers.get((source, msg.method)) \
+                or self._handlers.get((source, "*"))
         if handler is None:
             await self._pass(source, msg)
         else:
             assert self.task_group is not None
             await self.task_group.start(self._handle, handler, ProxyContext(self, source, msg))
 
-    async def _pass(self, source: Side, msg: Message) -> None:
+    async def _pass(self, source: Side, msg: Call) -> None:
         """Forward untouched, inline: the fast path for everything without a handler."""
-        assert isinstance(msg.method, str)
-        if msg.id is UNSET:
-            await self.send_notification(msg.method, msg.params, source.other)
+        if isinstance(msg, Notification):
+            await self.notify(msg.method, msg.params, source.other)
             return
-        inbound = _Inbound()
-        key = _key(msg.id)
-        if key is not None:
-            self._inbound[key] = inbound
-        inbound.forwarded = await self.start_request(msg.method, msg.params, source.other,
-                                                     origin_id=msg.id)
+        sent = _Sent(None, owned=False, origin_id=msg.id)
+        inbound = Inbound(target=self.endpoint)
+        self.endpoint.track_inbound(msg.id, inbound)
+        outgoing = await self._send_request(msg.method, msg.params, source.other, sent)
+        inbound.target_id = outgoing.ident
 
     async def _handle(self, handler: Handler, ctx: ProxyContext, *,
                       task_status: TaskStatus[None]) -> None:
@@ -306,31 +317,47 @@ class ProxyHost:
         ctx.released = release
         self._holding = release
         msg = ctx.message
-        key = _key(msg.id) if msg.is_request else None  # type: ignore[arg-type]
-        inbound = _Inbound(ctx=ctx)
-        if key is not None:
-            self._inbound[key] = inbound
         try:
-            with anyio.CancelScope() as scope:
-                inbound.scope = scope
+            if isinstance(msg, Request):
+                await self.endpoint.answer(msg, self._run(handler, ctx),
+                                           self._cancellable(ctx))
+            else:
                 try:
-                    reply = await handler(ctx, msg)
-                except RpcError as e:
-                    reply = error_response(None, e.code, e.message, e.data)
+                    await handler(ctx, msg)
                 except Exception as e:
                     self._log_failure(e, msg.method)
-                    reply = self._failure(e, msg.method)
-                if msg.is_request:
-                    await self._answer(msg.id, reply)  # type: ignore[arg-type]
-            if scope.cancelled_caught and msg.is_request:
-                await self._answer(msg.id, error_response(  # type: ignore[arg-type]
-                    None, REQUEST_CANCELLED, "Request cancelled", {"component": self.name}))
         finally:
-            if key is not None:
-                self._inbound.pop(key, None)
             if self._holding is release:
                 self._holding = None
             release()
+
+    def _run(self, handler: Handler, ctx: ProxyContext
+             ) -> Callable[[Request], Awaitable[object]]:
+        async def run(request: Request) -> object:
+            try:
+                return await handler(ctx, request)
+            except RpcError:
+                raise
+            except Exception as e:
+                self._log_failure(e, request.method)
+                raise
+        return run
+
+    @staticmethod
+    def _cancellable(ctx: ProxyContext) -> Inbound:
+        """A cancel of a handled request cancels the handler's forwards (the far end
+        answers, and the handler passes that back); with none in flight, the handler."""
+        inbound = Inbound()
+
+        async def cancel() -> None:
+            live = ctx.outstanding
+            if live:
+                for pending in live:
+                    await pending.cancel()
+            elif inbound.scope is not None:
+                inbound.scope.cancel()
+        inbound.on_cancel = cancel
+        return inbound
 
     def release_dispatch(self) -> None:
         """The handler holding dispatch waits for something: let dispatch go on."""
@@ -338,157 +365,83 @@ class ProxyHost:
         if holding is not None:
             holding()
 
-    async def _answer(self, ident: Raw, reply: object) -> None:
-        if isinstance(reply, Message):
-            if not reply.is_response:
-                raise TypeError(f"a handler returned a {reply.method} message, not a response")
-            out = Message(id=ident, result=reply.result, error=reply.error)
-        else:
-            out = Message(id=ident, result=payload(reply))
-        await self.emit(out)
-
     def _log_failure(self, error: BaseException, what: object) -> None:
         # One line for the user; the traceback is for the plugin's author, at debug level.
-        self.proxy.log.error("proxy %s failed handling %s: %s: %s", self.name, what,
-                             type(error).__name__, error)
-        self.proxy.log.debug("traceback", exc_info=error)
+        self._proxy.log.error("proxy %s failed handling %s: %s: %s", self.name, what,
+                              type(error).__name__, error)
+        self._proxy.log.debug("traceback", exc_info=error)
 
-    def _failure(self, error: BaseException, method: object) -> Message:
-        return error_response(
-            None, ErrorCode.INTERNAL_ERROR,
-            f"proxy {self.name} failed handling {method}: {type(error).__name__}: {error}",
-            {"component": self.name, "plugin": self.name, "method": method})
-
-    async def _unclaimed(self, msg: Message, scope: SessionScope) -> None:
-        if msg.is_request:
-            await self._answer(msg.id, error_response(  # type: ignore[arg-type]
-                None, ErrorCode.METHOD_NOT_FOUND, "Method not found",
+    async def _unclaimed(self, msg: Call, scope: SessionScope) -> None:
+        if isinstance(msg, Request):
+            await self.endpoint.send(error_response(
+                msg.id, ErrorCode.METHOD_NOT_FOUND, "Method not found",
                 f"proxy {self.name} has no handler for {msg.method} in its own session "
                 f"{scope.session_id}"))
         else:
             log.debug("%s: %s for own session %s dropped", self.name, msg.method,
                       scope.session_id)
 
-    async def _on_response(self, msg: Message) -> None:
-        key = _key(msg.id)  # type: ignore[arg-type]
-        pending = self._outgoing.pop(key, None) if isinstance(key, int) else None
-        if pending is None:
-            log.debug("%s: answer for unknown id %r ignored", self.name, key)
-            return
-        for hook in pending.hooks:  # routes first: later messages may name the session
-            try:
-                await hook(msg)
-            except Exception as e:  # e.g. session_opened raised: answer, naming the plugin
-                self._log_failure(e, f"the answer to {pending.method}")
-                msg = self._failure(e, pending.method)
-                break
-        if pending.origin_id is not None:
-            origin = _key(pending.origin_id)
-            if origin is not None:
-                self._inbound.pop(origin, None)
-            await self.emit(Message(id=pending.origin_id, result=msg.result, error=msg.error))
-        else:
-            pending.settle(msg)
-
-    async def _on_cancel(self, params: Raw | UnsetType) -> None:
-        ident = acp.get_raw(params, "requestId")
-        key = _key(ident) if ident is not None else None
-        inbound = self._inbound.get(key) if key is not None else None
-        if inbound is None:
-            return
-        if inbound.forwarded is not None:
-            await inbound.forwarded.cancel()
-            return
-        live = [p for p in (inbound.ctx._outstanding if inbound.ctx else []) if not p.done]
-        if live:  # the far end answers the cancelled forward; the handler passes it back
-            for pending in live:
-                await pending.cancel()
-        elif inbound.scope is not None:
-            inbound.scope.cancel()
-
     # -- sessions ------------------------------------------------------------------------
 
-    def session_of(self, msg: Message, *, create: bool = True) -> SessionScope | None:
-        sid = acp.get_str(msg.params, "sessionId")
+    def session_of(self, params: Raw | UnsetType, *, create: bool) -> SessionScope | None:
+        sid = acp.get_str(params, "sessionId")
         if sid is None:
             return None
-        scope = self.sessions.get(sid)
+        scope = self._sessions.get(sid)
         if scope is None and create:  # a session we never saw set up: still give it state
-            scope = SessionScope(sid, "unknown", owned=False, _host=self)
-            self.sessions[sid] = scope
+            scope = SessionScope(sid, "unknown", owned=False, host=self)
+            self._sessions[sid] = scope
         return scope
 
-    def mark_routed(self) -> None:
+    def handlers_changed(self) -> None:
         self._routed = True
 
-    def owns(self, msg: Message) -> bool:
-        """Does `msg` belong to a session this proxy opened itself?"""
+    def owns(self, message: Call) -> bool:
         if not self._routed:
             return False
-        scope = self.session_of(msg, create=False)
+        scope = self.session_of(message.params, create=False)
         return scope is not None and scope.owned
 
-    async def _track_session(self, pending: OutgoingRequest, *, owned: bool) -> None:
-        method, params = pending.method, pending.params
-        if method in (acp.SESSION_LOAD, acp.SESSION_RESUME):
-            # Replay precedes the answer: the route must exist before the request goes out.
-            sid = acp.get_str(params, "sessionId")
-            if sid is not None:
-                await self._install(sid, method, owned, params)
-        elif method in (acp.SESSION_NEW, acp.SESSION_FORK):
-            async def opened(answer: Message) -> None:
-                sid = acp.get_str(answer.result, "sessionId")
-                if sid is not None and answer.error is UNSET:
-                    await self._install(sid, method, owned, params)
-            pending.hooks.append(opened)
-        elif method in (acp.SESSION_CLOSE, acp.SESSION_DELETE):
-            sid = acp.get_str(params, "sessionId")
-
-            async def closed(answer: Message) -> None:
-                if answer.error is UNSET and sid is not None:
-                    await self._remove(sid)
-            pending.hooks.append(closed)
+    async def _apply(self, sent: _Sent, answer: Response) -> None:
+        rule = sent.rule
+        assert rule is not None
+        opened = rule.opened_by(answer)
+        if opened is not None and rule.step is Step.OPEN_ON_ANSWER:
+            await self._install(opened, rule.method, sent.owned, sent.params)
+        closed = rule.closed_by(answer)
+        if closed is not None:
+            await self._remove(closed)
 
     async def _install(self, sid: str, how: str, owned: bool,
                        params: Raw | UnsetType) -> SessionScope:
-        setup = None
-        if params is not UNSET:
-            setup = Message(params=params).params_value()
-        scope = SessionScope(sid, how, owned=owned, setup=setup, _host=self)
-        previous = self.sessions.get(sid)
+        setup = None if params is UNSET else msgspec.json.decode(params)
+        scope = SessionScope(sid, how, owned=owned, setup=setup, host=self)
+        previous = self._sessions.get(sid)
         if previous is not None:  # a reload keeps the state and the handlers
-            scope.state, scope._handlers = previous.state, previous._handlers
-        self.sessions[sid] = scope
+            scope.succeed(previous)
+        self._sessions[sid] = scope
         if owned:
             self._routed = True
-        await self.proxy.session_opened(scope)
+        await self._proxy.session_opened(scope)
         return scope
 
     async def _remove(self, sid: str) -> None:
-        scope = self.sessions.pop(sid, None)
-        self._routed = any(s.owned or s._handlers for s in self.sessions.values())
+        scope = self._sessions.pop(sid, None)
+        self._routed = any(s.owned or s.handlers for s in self._sessions.values())
         if scope is not None:
-            await self.proxy.session_closed(scope)
-
-
-def _key(ident: Raw) -> object:
-    try:
-        return id_key(ident)
-    except ValueError:
-        return None
+            await self._proxy.session_closed(scope)
 
 
 # -- running a host -----------------------------------------------------------------------
 
 class _InboxSink:
-    """The Wire sink of an in-process proxy: hands Message objects over, encodes nothing."""
+    """The conductor's sink toward an in-process proxy: hands message objects over."""
 
-    def __init__(self, send: anyio.abc.ObjectSendStream[Message | list[Message]],
+    def __init__(self, send: MemoryObjectSendStream[Message | list[Message]],
                  host: ProxyHost) -> None:
         self._send = send
         self._host = host
         self.passes = host.passes  # the router asks the host directly: no extra call
-
 
     async def send(self, item: Message | list[Message]) -> None:
         self._host.queued += len(item) if isinstance(item, list) else 1
@@ -502,11 +455,12 @@ class _InboxSink:
 
 
 @asynccontextmanager
-async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Send) -> AsyncIterator[MessageSink]:
+async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Callable[[Message], Awaitable[None]]
+                               ) -> AsyncIterator[_InboxSink]:
     """Run `proxy` in this process. Yields the sink the conductor writes to; what the proxy
-    sends goes to `deliver` (the conductor's `Chain.receive` for the proxy's wire)."""
+    sends goes to `deliver` (the router, as if read from the proxy's hop)."""
     send, receive = anyio.create_memory_object_stream[Message | list[Message]](INBOX_SIZE)
-    host = ProxyHost(proxy, deliver)
+    host = ProxyHost(proxy, _CallbackSink(deliver))
     async with anyio.create_task_group() as tg:
         host.task_group = tg
 
@@ -546,49 +500,46 @@ async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Send) -> AsyncIterato
 
 
 @asynccontextmanager
-async def open_inprocess_wire(proxy: Proxy[Any],
-                              receive: Callable[[Wire, Message], Awaitable[None]]
-                              ) -> AsyncIterator[Wire]:
-    """`proxy` in this process behind a Wire: what is sent on the wire reaches the plugin as
-    Message objects (nothing encoded), and what the plugin sends comes back through
-    `receive(wire, message)` (the router's `Chain.receive`)."""
+async def open_inprocess_hop(proxy: Proxy[Any],
+                             receive: Callable[[Hop, Message], Awaitable[None]],
+                             *, tracer: TraceSink | None = None) -> AsyncIterator[Hop]:
+    """`proxy` in this process behind a router Hop: what is sent on the hop reaches the
+    plugin as message objects (nothing encoded), and what the plugin sends comes back
+    through `receive(hop, message)` (the router's `Chain.receive`)."""
     async def deliver(message: Message) -> None:
-        await receive(wire, message)
+        await receive(hop, message)
 
     async with open_inprocess_proxy(proxy, deliver) as sink:
-        wire = Wire(proxy.name, sink, dialect=Dialect.PROXY)
-        yield wire
+        hop = Hop(proxy.name, sink, dialect=Dialect.PROXY, passes=sink.passes, tracer=tracer)
+        yield hop
 
 
 async def serve_proxy(proxy: Proxy[Any], stdin: ByteReceiveStream, stdout: ByteSendStream,
                       *, max_frame_bytes: int | None = None) -> None:
     """Run `proxy` as a stand-alone stdio proxy program until its stdin closes."""
     sink = PipeSink(stdout)
-    host = ProxyHost(proxy, sink.send)
-    decoder = FrameDecoder() if max_frame_bytes is None else FrameDecoder(
-        max_frame_bytes=max_frame_bytes)
+    host = ProxyHost(proxy, sink)
+    source = PipeSource(stdin) if max_frame_bytes is None \
+        else PipeSource(stdin, max_frame_bytes=max_frame_bytes)
 
-    async def handle(frame: bytes | OversizedFrame) -> None:
-        if isinstance(frame, OversizedFrame):
-            log.error("%s: a %d-byte message exceeds the frame limit; dropped", proxy.name,
-                      frame.size)
-            return
-        try:
-            item = decode(frame)
-        except ParseError as e:
-            log.warning("%s: not JSON from the conductor (dropped): %s", proxy.name, e)
-            return
-        items = item.items if isinstance(item, Batch) else [item]
-        for one in items:
-            if isinstance(one, InvalidMessage):
-                log.warning("%s: invalid message from the conductor: %s", proxy.name, one.reason)
-            else:
-                await host.dispatch(one)
+    async def handle(item: Incoming) -> None:
+        if isinstance(item, Request | Notification | Response):
+            await host.dispatch(item)
+        elif isinstance(item, Batch):
+            for one in item.items:
+                if isinstance(one, Request | Notification | Response):
+                    await host.dispatch(one)
+                else:
+                    log.warning("%s: invalid message from the conductor: %s", proxy.name,
+                                one.reason)
+        else:
+            log.warning("%s: unusable input from the conductor (dropped): %r", proxy.name,
+                        item)
 
     try:
         async with anyio.create_task_group() as tg:
             host.task_group = tg
-            await serve_frames(stdin, decoder, handle)
+            await source.serve(handle)
             tg.cancel_scope.cancel()  # the conductor closed our stdin: we are done
     finally:
         with anyio.CancelScope(shield=True):

@@ -1,20 +1,88 @@
-"""Which sessions exist, who opened them, and what state they are in."""
+"""Sessions: the one set of lifecycle rules, and the conductor's table of open sessions.
+
+The rules (`lifecycle`) say, for a request on its way to an agent, what it does to a
+session and when: `session/load` and `session/resume` open it *before* the request goes
+out (replayed updates precede the answer, protocol.md §7); `session/new` and
+`session/fork` open it when a successful answer names it; `session/close` and
+`session/delete` end it on a successful answer; `session/prompt` starts a turn that its
+answer ends. The router and the plugin host both apply these rules, each to its own
+state, so they cannot drift apart.
+
+The `SessionTable` is the router's record of which sessions are open, who opened them and
+whether a turn is running. It is read by traces (session events), by MCP-over-ACP
+routing (connections end with their session) and by shutdown (which turns to cancel). A
+closed session's record is released at once, so the table holds only open sessions.
+"""
 
 from __future__ import annotations
 
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from msgspec import UNSET, Raw, UnsetType
+
+from conductor import acp
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Response
 
 log = logging.getLogger("acp_conductor.sessions")
 
 
+class Step(enum.Enum):
+    OPEN_NOW = "open-now"              # load / resume: the id is in the request
+    OPEN_ON_ANSWER = "open-on-answer"  # new / fork: the id is in the answer
+    CLOSE_ON_ANSWER = "close"          # close / delete, when they succeed
+    PROMPT = "prompt"                  # a turn, until its answer
+
+
+@dataclass(frozen=True, slots=True)
+class Lifecycle:
+    """What one request does to a session."""
+
+    step: Step
+    method: str
+    session_id: str | None  # known from the request (all steps but OPEN_ON_ANSWER)
+
+    def opened_by(self, answer: Response) -> str | None:
+        """The session an answer to this request opened (None: it opened none)."""
+        if answer.is_error:
+            return None
+        if self.step is Step.OPEN_ON_ANSWER:
+            return acp.get_str(answer.result, "sessionId")
+        return self.session_id if self.step is Step.OPEN_NOW else None
+
+    def closed_by(self, answer: Response) -> str | None:
+        """The session an answer to this request closed (None: it closed none)."""
+        if self.step is Step.CLOSE_ON_ANSWER and not answer.is_error:
+            return self.session_id
+        return None
+
+
+_STEPS = {acp.SESSION_LOAD: Step.OPEN_NOW, acp.SESSION_RESUME: Step.OPEN_NOW,
+          acp.SESSION_NEW: Step.OPEN_ON_ANSWER, acp.SESSION_FORK: Step.OPEN_ON_ANSWER,
+          acp.SESSION_CLOSE: Step.CLOSE_ON_ANSWER, acp.SESSION_DELETE: Step.CLOSE_ON_ANSWER,
+          acp.SESSION_PROMPT: Step.PROMPT}
+
+
+def lifecycle(method: str, params: Raw | UnsetType = UNSET) -> Lifecycle | None:
+    """The rule for `method`, or None when it does not change any session's lifecycle."""
+    step = _STEPS.get(method)
+    if step is None:
+        return None
+    sid = None if step is Step.OPEN_ON_ANSWER else acp.get_str(params, "sessionId")
+    if sid is None and step is not Step.OPEN_ON_ANSWER:
+        return None  # names no session: nothing to track
+    return Lifecycle(step, method, sid)
+
+
 class SessionState(enum.StrEnum):
-    OPENING = "opening"
     IDLE = "idle"
     PROMPTING = "prompting"
-    CLOSED = "closed"
 
 
 @dataclass(slots=True)
@@ -23,20 +91,30 @@ class SessionRecord:
     opened_by: str          # "client", or the name of the proxy that opened it downstream
     served_by: str          # the component that answered the setup request
     how: str                # session/new, session/load, session/resume, session/fork
-    state: SessionState = SessionState.OPENING
+    state: SessionState = SessionState.IDLE
     opened_at: float = field(default_factory=time.time)
     prompts: int = 0
 
 
-class SessionTable:
-    """Kept by the router; read by logs, traces, plugins and MCP routing."""
+Observer = Callable[[str, SessionRecord], None]  # ("opened" | "closed", record)
 
-    def __init__(self) -> None:
+
+class SessionTable:
+    """The open sessions. Written by the router; read by traces, MCP routing, shutdown."""
+
+    def __init__(self, observer: Observer | None = None) -> None:
         self._records: dict[str, SessionRecord] = {}
         self._rank: dict[str, int] = {}  # how close to the client the opener is (lower: closer)
+        self._observers: list[Observer] = [observer] if observer is not None else []
+
+    def observe(self, observer: Observer) -> None:
+        self._observers.append(observer)
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
 
     def get(self, session_id: str) -> SessionRecord | None:
         return self._records.get(session_id)
@@ -47,37 +125,44 @@ class SessionTable:
     def opened(self, session_id: str, *, by: str, rank: int, served_by: str, how: str) -> None:
         """A setup answer or request named this session on a hop at `rank` (0 = client)."""
         record = self._records.get(session_id)
-        if record is None or record.state is SessionState.CLOSED:
-            self._records[session_id] = SessionRecord(session_id, by, served_by, how,
-                                                      SessionState.IDLE)
+        if record is None:
+            record = SessionRecord(session_id, by, served_by, how)
+            self._records[session_id] = record
             self._rank[session_id] = rank
-            self._log_opened(self._records[session_id], rank)
+            self._tell("opened", record)
         elif rank < self._rank[session_id]:  # the answer travelled further up: that hop opened it
             record.opened_by = by
-            self._log_opened(record, rank)
             self._rank[session_id] = rank
-            if record.state is SessionState.OPENING:
-                record.state = SessionState.IDLE
-
-    @staticmethod
-    def _log_opened(record: SessionRecord, rank: int) -> None:
-        # Answers travel up hop by hop: only the client's hop (rank 0) is surely the opener.
-        log.log(logging.INFO if rank == 0 else logging.DEBUG, "session %s: %s by %s, served by %s",
-                record.session_id, record.how, record.opened_by, record.served_by)
+            self._tell("opened", record)
 
     def prompting(self, session_id: str) -> None:
         record = self._records.get(session_id)
-        if record is not None and record.state is not SessionState.CLOSED:
+        if record is not None:
             record.state = SessionState.PROMPTING
             record.prompts += 1
 
     def idle(self, session_id: str) -> None:
         record = self._records.get(session_id)
-        if record is not None and record.state is SessionState.PROMPTING:
+        if record is not None:
             record.state = SessionState.IDLE
 
     def closed(self, session_id: str) -> None:
-        record = self._records.get(session_id)
+        """The session ended: its record is released."""
+        record = self._records.pop(session_id, None)
+        self._rank.pop(session_id, None)
         if record is not None:
-            record.state = SessionState.CLOSED
-            log.info("session %s: closed (%d prompts)", session_id, record.prompts)
+            self._tell("closed", record)
+
+    def clear(self) -> None:
+        """The connection ended: every session is gone."""
+        for session_id in list(self._records):
+            self.closed(session_id)
+
+    def _tell(self, event: str, record: SessionRecord) -> None:
+        # Answers travel up hop by hop: only the client's hop (rank 0) is surely the opener.
+        rank = self._rank.get(record.session_id, 0)
+        log.log(logging.INFO if rank == 0 or event == "closed" else logging.DEBUG,
+                "session %s: %s (%s by %s, served by %s, %d prompts)", record.session_id,
+                event, record.how, record.opened_by, record.served_by, record.prompts)
+        for observer in self._observers:
+            observer(event, record)

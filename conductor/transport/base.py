@@ -1,11 +1,45 @@
-"""What the routing layer needs from a transport."""
+"""What every transport offers the layers above: messages out (`MessageSink`), and one
+receiving contract, messages in (`MessageSource`).
+
+A source hands its reader callback one `Incoming` item at a time, in arrival order, in the
+reader's own task (routing happens there, so a slow consumer stalls only its producer).
+Bytes, frames and decoding stay below this line: the reader sees a `Request`,
+`Notification` or `Response`, a `Batch`, an `InvalidMessage` (JSON but not JSON-RPC), a
+`NotJson` line, or an `Oversized` frame that was skipped unread.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeAlias
+
+from conductor.jsonrpc.message import Batch, InvalidMessage, Message
 
 if TYPE_CHECKING:
-    from conductor.jsonrpc.message import Message
+    from conductor.jsonrpc.head import Head
+
+
+@dataclass(frozen=True, slots=True)
+class NotJson:
+    """A line that is not JSON (or not UTF-8): `reason` says why, `head` its first bytes."""
+
+    reason: str
+    head: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Oversized:
+    """A frame over the size limit, skipped without being buffered. `head` is what could be
+    read of its top-level `id` and `method` while it went by."""
+
+    size: int
+    limit: int
+    head: Head
+
+
+Incoming: TypeAlias = Message | Batch | InvalidMessage | NotJson | Oversized
+Handle: TypeAlias = Callable[[Incoming], Awaitable[None]]
 
 
 class MessageSink(Protocol):
@@ -17,4 +51,12 @@ class MessageSink(Protocol):
 
     async def aclose(self) -> None:
         """Signal end of input to the peer (EOF). Idempotent."""
+        ...
+
+
+class MessageSource(Protocol):
+    """Something messages arrive from."""
+
+    async def serve(self, handle: Handle) -> None:
+        """Call `handle` with every item, in order, until the peer's end of input."""
         ...

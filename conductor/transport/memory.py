@@ -1,14 +1,20 @@
-"""In-memory byte pipes: run a conductor and a client in one process (run, tests)."""
+"""In-memory transports: byte pipes (a conductor and its client in one process: `run`,
+`check`, tests) and message pipes (message objects handed over, nothing encoded)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, cast
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
 
+from conductor.jsonrpc.message import Batch, InvalidMessage, Message
+from conductor.transport.pipes import PipeSink, PipeSource
+
 if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+    from conductor.transport.base import Handle, MessageSink, MessageSource
 
 
 class MemoryByteSendStream(ByteSendStream):
@@ -42,3 +48,53 @@ def memory_pipe(buffer: int = 16) -> tuple[MemoryByteSendStream, MemoryByteRecei
     """A one-way byte pipe holding at most `buffer` writes."""
     send, receive = anyio.create_memory_object_stream[bytes](buffer)
     return MemoryByteSendStream(send), MemoryByteReceiveStream(receive)
+
+
+class MemoryMessageSink:
+    """A MessageSink that hands message objects over (bounded, like a pipe's buffer)."""
+
+    def __init__(self, stream: MemoryObjectSendStream[Message | list[Message]]) -> None:
+        self._stream = stream
+
+    async def send(self, item: Message | list[Message]) -> None:
+        try:
+            await self._stream.send(item)
+        except anyio.ClosedResourceError:
+            raise anyio.BrokenResourceError from None
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class MemoryMessageSource:
+    """The receiving end of `message_pipe`: the same contract as a pipe's reader."""
+
+    def __init__(self, stream: MemoryObjectReceiveStream[Message | list[Message]]) -> None:
+        self._stream = stream
+
+    async def serve(self, handle: Handle) -> None:
+        async with self._stream:
+            async for item in self._stream:
+                if isinstance(item, list):
+                    items: list[Message | InvalidMessage] = list(item)
+                    await handle(Batch(items))
+                else:
+                    await handle(item)
+
+
+def message_pipe(buffer: int = 256) -> tuple[MemoryMessageSink, MemoryMessageSource]:
+    """A one-way pipe of message objects holding at most `buffer` messages."""
+    send, receive = anyio.create_memory_object_stream[Message | list[Message]](buffer)
+    return MemoryMessageSink(send), MemoryMessageSource(receive)
+
+
+Transport = Literal["memory", "pipes"]
+
+
+def open_link(transport: Transport) -> tuple[MessageSink, MessageSource]:
+    """A one-way link: `memory` hands message objects over; `pipes` encodes them onto an
+    in-memory byte pipe and decodes them at the other end, exactly as over a real pipe."""
+    if transport == "memory":
+        return message_pipe()
+    send, receive = memory_pipe()
+    return PipeSink(send), cast("MessageSource", PipeSource(receive))

@@ -17,20 +17,30 @@ such a task is at most deferred to the end of that read; otherwise it is written
 from __future__ import annotations
 
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import anyio
 import msgspec
-from msgspec import UNSET, Raw
+from msgspec import UNSET, Raw, UnsetType
 
-from conductor.jsonrpc.message import Message, encode_batch, encode_into
+from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, OversizedFrame
+from conductor.jsonrpc.head import read_head
+from conductor.jsonrpc.message import (
+    Message,
+    ParseError,
+    Response,
+    decode,
+    encode_batch,
+    encode_into,
+)
+from conductor.transport.base import NotJson, Oversized
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from anyio.abc import ByteReceiveStream, ByteSendStream
 
-    from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
+    from conductor.transport.base import Handle
 
 READ_CHUNK = 1 << 20
 HIGH_WATER = 256 * 1024  # deferred bytes per sink before it is written without waiting
@@ -54,6 +64,8 @@ _deferred: ContextVar[_Deferral | None] = ContextVar("deferred_sinks", default=N
 
 class PipeSink:
     """A MessageSink that encodes onto a byte stream (a child's stdin, our stdout)."""
+
+    __slots__ = ("_broken", "_buffer", "_closed", "_stream", "_writing")
 
     def __init__(self, stream: ByteSendStream) -> None:
         self._stream = stream
@@ -96,7 +108,8 @@ class PipeSink:
             pending, self._buffer = self._buffer, bytearray()
             try:
                 await self._stream.send(bytes(pending + head))
-                await self._stream.send(memoryview(payload))
+                # anyio's byte streams take any buffer (they hand it to the OS or copy it)
+                await self._stream.send(cast("bytes", memoryview(payload)))
                 await self._stream.send(b"}\n")
             except _GONE as e:
                 self._broken = e
@@ -109,7 +122,7 @@ class PipeSink:
                 return
             data, self._buffer = self._buffer, bytearray()
             try:
-                await self._stream.send(data)
+                await self._stream.send(cast("bytes", data))
             except _GONE as e:
                 self._broken = e
                 raise anyio.BrokenResourceError from e
@@ -131,12 +144,12 @@ class PipeSink:
 def _large_payload(message: Message) -> tuple[str, Raw] | None:
     """The field holding a large payload. It is always the last field encoded (params after
     method; result or error after id), which is what lets the envelope be written first."""
-    if message.method is not UNSET:
-        field, value = "params", message.params
-    elif message.result is not UNSET:
-        field, value = "result", message.result
+    value: Raw | UnsetType
+    if isinstance(message, Response):
+        field, value = ("result", message.result) if message.result is not UNSET \
+            else ("error", message.error)
     else:
-        field, value = "error", message.error
+        field, value = "params", message.params
     if value is UNSET or len(value) < LARGE_PAYLOAD:
         return None
     return field, value
@@ -204,3 +217,26 @@ async def serve_frames(
         with anyio.move_on_after(1.0, shield=True):
             await flush_deferred()  # what was routed is written, as if sent at once
         _deferred.reset(token)
+
+
+class PipeSource:
+    """A MessageSource that decodes the frames of a byte stream (a child's stdout, our stdin)."""
+
+    def __init__(self, stream: ByteReceiveStream, *,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._stream = stream
+        self._max = max_frame_bytes
+
+    async def serve(self, handle: Handle) -> None:
+        async def frame(data: bytes | bytearray | OversizedFrame) -> None:
+            if isinstance(data, OversizedFrame):
+                await handle(Oversized(data.size, data.limit, read_head(data.head)))
+                return
+            try:
+                item = decode(data)
+            except ParseError as e:
+                await handle(NotJson(str(e), bytes(data[:500])))
+                return
+            await handle(item)
+
+        await serve_frames(self._stream, FrameDecoder(max_frame_bytes=self._max), frame)

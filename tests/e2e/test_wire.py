@@ -38,7 +38,7 @@ async def test_an_oversized_editor_frame_is_refused_and_other_traffic_continues(
         await c.send_raw(b'{"jsonrpc":"2.0","id":3,"method":"_test/echo","params":{"d":"'
                          + b"y" * 100_000 + b'"}}\n')
         refused = await c.response(3)
-        assert refused["error"]["code"] == -32600
+        assert refused["error"]["code"] == -33003  # FRAME_TOO_LARGE
         assert "65536" in refused["error"]["message"]
         assert "--max-frame-bytes" in json.dumps(refused["error"])
         assert (await c.request("_test/echo", {"ok": 1}))["result"] == {"ok": 1}
@@ -92,7 +92,7 @@ async def test_an_oversized_batch_from_the_editor_is_refused_as_a_whole() -> Non
                          + b"b" * 100_000 + b'"}}]\n')
         refused = await c.read_until(lambda m: "error" in m)
         assert refused["id"] is None
-        assert refused["error"]["code"] == -32600
+        assert refused["error"]["code"] == -33003  # FRAME_TOO_LARGE
         assert (await c.request("_test/echo", {"ok": 1}))["result"] == {"ok": 1}
 
 

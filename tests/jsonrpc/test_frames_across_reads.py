@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conductor.jsonrpc.framing import FrameDecoder
-from conductor.jsonrpc.message import Message, decode
+from conductor.jsonrpc.message import Request, decode
 
 
 def test_a_frame_split_over_three_reads_decodes_with_its_payload_bytes_intact() -> None:
@@ -15,5 +15,5 @@ def test_a_frame_split_over_three_reads_decodes_with_its_payload_bytes_intact() 
     assert decoder.end() is None
     assert len(frames) == 1  # the blank line is not a message
     msg = decode(frames[0])  # type: ignore[arg-type]
-    assert isinstance(msg, Message)
+    assert isinstance(msg, Request)
     assert bytes(msg.params) == params  # type: ignore[arg-type]

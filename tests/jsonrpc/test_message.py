@@ -14,8 +14,11 @@ from conductor.jsonrpc.message import (
     Batch,
     InvalidMessage,
     Message,
+    Notification,
     ParseError,
     Raw,
+    Request,
+    Response,
     decode,
     encode,
     encode_batch,
@@ -44,8 +47,7 @@ def test_a_request_round_trips_byte_for_byte(value: object, style: dict, ident: 
     payload = spell(value, style)
     frame = f'{{"jsonrpc":"2.0","id":{ident},"method":"x/y","params":{payload}}}'.encode()
     msg = decode(frame)
-    assert isinstance(msg, Message)
-    assert msg.is_request
+    assert isinstance(msg, Request)
     assert bytes(msg.params) == payload.encode()  # type: ignore[arg-type]
     assert encode(msg) == frame + b"\n"
 
@@ -56,8 +58,7 @@ def test_results_and_errors_round_trip_byte_for_byte(value: object, style: dict)
     for key in ("result", "error"):
         frame = f'{{"jsonrpc":"2.0","id":7,"{key}":{payload}}}'.encode()
         msg = decode(frame)
-        assert isinstance(msg, Message)
-        assert msg.is_response
+        assert isinstance(msg, Response)
         assert encode(msg) == frame + b"\n"
 
 
@@ -70,8 +71,7 @@ def test_envelope_key_order_and_spacing_do_not_touch_the_payload() -> None:
 
 def test_unknown_envelope_members_are_dropped_but_params_are_kept() -> None:
     msg = decode(b'{"jsonrpc":"2.0","method":"n","params":[1 ,2],"extra":true}')
-    assert isinstance(msg, Message)
-    assert msg.is_notification
+    assert isinstance(msg, Notification)
     assert encode(msg) == b'{"jsonrpc":"2.0","method":"n","params":[1 ,2]}\n'
 
 
@@ -103,13 +103,13 @@ def test_a_batch_decodes_each_item_on_its_own() -> None:
     batch = decode(b' [{"jsonrpc":"2.0","method":"a"}, 1, {"jsonrpc":"2.0","id":2,"result":{}}]')
     assert isinstance(batch, Batch)
     kinds = [type(i).__name__ for i in batch.items]
-    assert kinds == ["Message", "InvalidMessage", "Message"]
+    assert kinds == ["Notification", "InvalidMessage", "Response"]
     assert decode(b"[]") == Batch([])
 
 
 def test_a_batch_encodes_as_one_array_line() -> None:
-    msgs = [Message(id=Raw(b"1"), result=Raw(b'{"a" : 1}')),
-            Message(id=Raw(b'"x"'), result=Raw(b"null"))]
+    msgs: list[Message] = [Response(id=Raw(b"1"), result=Raw(b'{"a" : 1}')),
+                           Response(id=Raw(b'"x"'), result=Raw(b"null"))]
     assert encode_batch(msgs) == (b'[{"jsonrpc":"2.0","id":1,"result":{"a" : 1}},'
                                   b'{"jsonrpc":"2.0","id":"x","result":null}]\n')
 

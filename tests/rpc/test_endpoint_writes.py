@@ -1,4 +1,4 @@
-"""Wire.send: one writer at a time, first come first served, even across cancellation."""
+"""Endpoint.send: one writer at a time, first come first served, even across cancellation."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import anyio
 from anyio import wait_all_tasks_blocked
 from anyio.lowlevel import checkpoint
 
-from conductor.jsonrpc.message import Message, Raw, id_key, notification
-from conductor.routing.wire import Wire
+from conductor.jsonrpc.message import Message, Notification, Raw, id_key
+from conductor.rpc.endpoint import Endpoint
 
 
 class SlowSink:
@@ -19,26 +19,27 @@ class SlowSink:
         self.active = 0
 
     async def send(self, item: Message | list[Message]) -> None:
-        assert isinstance(item, Message)
+        assert isinstance(item, Notification)
         self.active += 1
         assert self.active == 1, "two writers at once"
         if not self.sent:
             await self.release.wait()
         await checkpoint()
-        self.sent.append(bytes(item.params).decode())  # type: ignore[arg-type]
+        assert isinstance(item.params, Raw)
+        self.sent.append(bytes(item.params).decode())
         self.active -= 1
 
     async def aclose(self) -> None:
         pass
 
 
-def msg(n: int) -> Message:
-    return notification("n", Raw(str(n).encode()))
+def msg(n: int) -> Notification:
+    return Notification(method="n", params=Raw(str(n).encode()))
 
 
 async def test_waiting_writers_go_in_arrival_order_and_a_cancelled_one_is_skipped() -> None:
     sink = SlowSink()
-    wire = Wire("agent", sink)
+    wire = Endpoint("agent", sink)
     async with anyio.create_task_group() as tg:
         tg.start_soon(wire.send, msg(1))
         await wait_all_tasks_blocked()

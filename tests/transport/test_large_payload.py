@@ -6,7 +6,7 @@ import pytest
 from anyio.abc import ByteSendStream
 from msgspec import Raw
 
-from conductor.jsonrpc.message import Message, encode, int_id
+from conductor.jsonrpc.message import Message, Notification, Request, Response, encode, int_id
 from conductor.transport.pipes import LARGE_PAYLOAD, PipeSink
 
 
@@ -25,10 +25,10 @@ BIG = Raw(b'{"text" : "' + b"x" * LARGE_PAYLOAD + b'", "n": 1e2}')
 
 
 @pytest.mark.parametrize("message", [
-    Message(id=int_id(7), method="session/prompt", params=BIG),
-    Message(method="session/update", params=BIG),
-    Message(id=Raw(b'"a"'), result=BIG),
-    Message(id=Raw(b"null"), error=BIG),
+    Request(id=int_id(7), method="session/prompt", params=BIG),
+    Notification(method="session/update", params=BIG),
+    Response(id=Raw(b'"a"'), result=BIG),
+    Response(id=Raw(b"null"), error=BIG),
 ], ids=["request", "notification", "result", "error"])
 async def test_a_large_payload_is_written_exactly_as_a_normal_encode(message: Message) -> None:
     stream = Collect()
@@ -40,8 +40,8 @@ async def test_a_large_payload_is_written_exactly_as_a_normal_encode(message: Me
 async def test_a_large_payload_goes_out_after_what_was_sent_before_it() -> None:
     stream = Collect()
     sink = PipeSink(stream)
-    small = Message(method="a", params=Raw(b"[1]"))
-    big = Message(method="b", params=BIG)
+    small = Notification(method="a", params=Raw(b"[1]"))
+    big = Notification(method="b", params=BIG)
     await sink.send(small)
     await sink.send(big)
     await sink.send(small)

@@ -7,7 +7,7 @@ import pytest
 from anyio.abc import ByteSendStream
 
 from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
-from conductor.jsonrpc.message import Message, Raw, notification
+from conductor.jsonrpc.message import Message, Notification, Raw
 from conductor.transport.memory import memory_pipe
 from conductor.transport.pipes import HIGH_WATER, PipeSink, serve_frames
 
@@ -31,7 +31,7 @@ class RecordingStream(ByteSendStream):
 
 
 def note(text: str) -> Message:
-    return notification("session/update", Raw(b'{"t":"' + text.encode() + b'"}'))
+    return Notification(method="session/update", params=Raw(b'{"t":"' + text.encode() + b'"}'))
 
 
 async def test_messages_routed_from_one_read_go_out_in_one_write_in_order() -> None:

@@ -1,0 +1,182 @@
+"""The initialize handshake: what comes first, protocol versions, proxy dialects, and what
+the conductor learns from the agent's answer (protocol.md §3).
+
+- Nothing starts until the client's first message, which must be the request
+  `initialize` (`_proxy/initialize` in proxy mode; the spelling tells our client's dialect).
+- The raw `protocolVersion` decides v1 or v2 before anything else; a bad one is answered.
+- On its way down, `initialize` becomes `_proxy/initialize` (in the proxy's dialect) for a
+  proxy and stays `initialize` for the agent. A proxy that answers method-not-found is
+  asked again in the legacy dialect (`initialize` + `_meta.proxy`), once.
+- A v2 client requires the agent to answer protocol version 2.
+- The agent's answer tells which MCP transports it supports (for injection and bridging).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from msgspec import UNSET, Raw, UnsetType
+
+from conductor import acp
+from conductor.acp import Dialect
+from conductor.errors import ProtocolVersionError
+from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.message import Request, Response, error_response
+from conductor.routing.topology import Node, Role
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Call
+    from conductor.routing.mcp import McpInjection
+
+log = logging.getLogger("acp_conductor.routing")
+
+# Runs on an answer before it travels on; None means it was consumed (e.g. asked again).
+ResponseHook = Callable[[Response], Awaitable[Response | None]]
+Reply = Callable[[Response], Awaitable[None]]
+Resend = Callable[[str, Raw], Awaitable[None]]  # (method, params) to the same target
+
+
+@dataclass(slots=True)
+class Initialize:
+    """What the initialize going to one target becomes."""
+
+    method: str
+    params: Raw | UnsetType
+    hooks: list[ResponseHook] = field(default_factory=list)
+
+
+class Handshake:
+    """The initialize rules for one chain."""
+
+    def __init__(self, *, proxy_mode: bool, mcp: McpInjection | None = None) -> None:
+        self.proxy_mode = proxy_mode
+        self.upstream_dialect = Dialect.PROXY  # proxy mode: how our own client spells it
+        self.version: int | None = None        # what the client asked for
+        self._mcp = mcp
+
+    async def accept_first(self, msg: Call, reply: Reply) -> bool:
+        """Is `msg`, the client's first message, the initialize that starts the chain?
+
+        Anything else is answered (a request) or logged (a notification), and nothing starts.
+        """
+        method = msg.method
+        expected = acp.INITIALIZE
+        if self.proxy_mode:
+            expected = "_proxy/initialize"
+            ok = method in acp.PROXY_INITIALIZE_METHODS or method == acp.INITIALIZE
+            if method in acp.PROXY_INITIALIZE_METHODS:
+                self.upstream_dialect = acp.PROXY_INITIALIZE_METHODS[method]
+            elif method == acp.INITIALIZE and acp.is_legacy_proxy_initialize(msg.params):
+                self.upstream_dialect = Dialect.LEGACY
+        else:
+            ok = method == acp.INITIALIZE
+            if method in acp.PROXY_INITIALIZE_METHODS:
+                await self.reject_proxy_initialize(msg, method, reply)
+                return False
+        if not ok or not isinstance(msg, Request):
+            if isinstance(msg, Request):
+                await reply(error_response(
+                    msg.id, ErrorCode.INVALID_REQUEST, "Invalid Request",
+                    f"the first message must be the request `{expected}`, got `{method}`; "
+                    "nothing is started until then"))
+            else:
+                log.warning("notification %s before %s ignored", method, expected)
+            return False
+        return await self.check_version(msg, reply)
+
+    async def check_version(self, msg: Call, reply: Reply) -> bool:
+        try:
+            self.version = acp.protocol_version(msg.params)
+        except ProtocolVersionError as e:
+            if isinstance(msg, Request):
+                await reply(error_response(msg.id, e.code, e.message, e.data))
+            return False
+        return True
+
+    @staticmethod
+    async def reject_proxy_initialize(msg: Call, method: str, reply: Reply) -> None:
+        """`_proxy/initialize` is only ever sent by the conductor (protocol.md §3)."""
+        if isinstance(msg, Request):
+            await reply(error_response(msg.id, ErrorCode.INVALID_REQUEST, "Invalid Request",
+                                       f"`{method}` is only sent by the conductor"))
+
+    def downward(self, params: Raw | UnsetType, target: Node, *, is_request: bool,
+                 resend: Resend) -> Initialize:
+        """What an `initialize` travelling down to `target` becomes."""
+        out = Initialize(acp.INITIALIZE, params)
+        hop = target.hop
+        if target.role is Role.PROXY:
+            dialect = hop.dialect or Dialect.PROXY
+            out.method = dialect.initialize_method()
+            if dialect is Dialect.LEGACY:
+                out.params = acp.with_legacy_proxy_meta(params)
+            elif not hop.dialect_forced and is_request:
+                out.hooks.append(self._legacy_fallback(params, target, resend))
+        elif target.role in (Role.AGENT, Role.SUCCESSOR):
+            try:
+                version = acp.protocol_version(params)
+            except ProtocolVersionError:
+                version = None  # the agent judges a proxy's bad params itself
+            if version == 2 and target.role is Role.AGENT:
+                out.hooks.append(self._require_v2(target))
+            if version is not None and self._mcp is not None:
+                out.hooks.append(self._learn_mcp_support(version))
+        return out
+
+    @staticmethod
+    def _legacy_fallback(params: Raw | UnsetType, target: Node,
+                         resend: Resend) -> ResponseHook:
+        async def hook(answer: Response) -> Response | None:
+            if answer.error_code() != ErrorCode.METHOD_NOT_FOUND or target.hop.dialect_forced:
+                return answer
+            log.info("%s does not know _proxy/initialize; retrying in the legacy dialect",
+                     target.name)
+            target.hop.dialect = Dialect.LEGACY
+            await resend(acp.INITIALIZE, acp.with_legacy_proxy_meta(params))
+            return None
+        return hook
+
+    def _learn_mcp_support(self, version: int) -> ResponseHook:
+        mcp = self._mcp
+        assert mcp is not None
+
+        async def hook(answer: Response) -> Response | None:
+            mcp.learn_initialize(version, answer.result)
+            return answer
+        return hook
+
+    @staticmethod
+    def _require_v2(agent: Node) -> ResponseHook:
+        async def hook(answer: Response) -> Response | None:
+            if answer.result is UNSET:
+                return answer
+            version = acp.result_protocol_version(answer.result)
+            if version == 2:
+                return answer
+            return error_response(
+                answer.id, ErrorCode.INTERNAL_ERROR,
+                f"{agent.name} answered initialize with protocolVersion {version!r}, but the "
+                "client asked for protocol version 2 and the conductor requires the agent to "
+                "say protocolVersion 2",
+                {"component": agent.name, "agentProtocolVersion": version})
+        return hook
+
+
+def chain_hooks(hooks: list[ResponseHook]) -> ResponseHook | None:
+    """One hook that runs `hooks` in order (None when there are none)."""
+    if not hooks:
+        return None
+    if len(hooks) == 1:
+        return hooks[0]
+
+    async def run_all(answer: Response) -> Response | None:
+        current: Response | None = answer
+        for hook in hooks:
+            if current is None:
+                return None
+            current = await hook(current)
+        return current
+    return run_all

@@ -1,0 +1,162 @@
+"""The chain's shape: client, proxy:0 ... proxy:n, agent, and who is next to whom.
+
+Every component is a `Hop`: the conductor's endpoint on that connection, plus how that
+component spells the proxy protocol. Anything a proxy sends plainly goes to its
+predecessor; anything it wraps goes to its successor. In proxy mode the last node is a
+virtual `successor`, reached through the client's own connection.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from conductor import acp
+from conductor.jsonrpc.message import Message, Response, id_key
+from conductor.rpc.endpoint import Endpoint
+
+if TYPE_CHECKING:
+    from msgspec import Raw, UnsetType
+
+    from conductor.acp import Dialect
+    from conductor.tracing import TraceSink
+    from conductor.transport.base import MessageSink
+
+
+class Role(enum.StrEnum):
+    CLIENT = "client"
+    PROXY = "proxy"
+    AGENT = "agent"
+    SUCCESSOR = "successor"  # proxy mode: our successor, reached through the client wire
+
+
+# (method, travelling up from the successor side) -> True when an in-process proxy would
+# forward it untouched with nothing earlier still in its dispatch (see Chain._forward).
+Passes = Callable[[str, bool], bool]
+
+
+class Hop(Endpoint):
+    """The conductor's end of one component's connection. Everything sent on it is traced."""
+
+    def __init__(self, name: str, sink: MessageSink, *, dialect: Dialect | None = None,
+                 passes: Passes | None = None, tracer: TraceSink | None = None) -> None:
+        super().__init__(name, sink)
+        self.dialect = dialect                 # for proxies: how they spell the envelope
+        self.dialect_forced = dialect is not None
+        self.passes = passes                   # in-process proxies only
+        self.tracer = tracer
+
+    async def send(self, message: Message, *, source: str = "conductor",
+                   origin: tuple[str, Raw] | None = None) -> None:
+        """Send (traced: `source` is who speaks, `origin` the request this one forwards)."""
+        if self.tracer is not None:
+            self.tracer.message(self.name, "out", message, peer=source, origin=origin)
+        await super().send(message)
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    index: int
+    name: str
+    role: Role
+    hop: Hop
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentLink:
+    """What the start-up callback hands the router for each started component."""
+
+    name: str
+    role: Role
+    hop: Hop
+
+
+class Topology:
+    """The nodes in chain order; node 0 is the client."""
+
+    def __init__(self, client: Hop, *, proxy_mode: bool) -> None:
+        self.proxy_mode = proxy_mode
+        self.client = client
+        self.nodes: list[Node] = [Node(0, "client", Role.CLIENT, client)]
+        self._node_of: dict[Hop, Node] = {client: self.nodes[0]}
+
+    def attach(self, links: list[ComponentLink]) -> None:
+        for link in links:
+            node = Node(len(self.nodes), link.name, link.role, link.hop)
+            self.nodes.append(node)
+            if link.role is not Role.SUCCESSOR:
+                self._node_of[link.hop] = node
+        if self.proxy_mode:
+            self.nodes.append(Node(len(self.nodes), "successor", Role.SUCCESSOR, self.client))
+
+    @property
+    def started(self) -> bool:
+        return len(self.nodes) > 1
+
+    @property
+    def last(self) -> Node:
+        """The agent (or, in proxy mode, the virtual successor)."""
+        return self.nodes[-1]
+
+    def node_of(self, hop: Hop) -> Node:
+        return self._node_of[hop]
+
+    def first(self) -> Node:
+        return self.nodes[1]
+
+    def after(self, node: Node) -> Node:
+        return self.nodes[node.index + 1]
+
+    def before(self, node: Node) -> Node:
+        return self.nodes[node.index - 1]
+
+    def hops(self) -> list[Hop]:
+        """Every component's hop, in chain order (not the client's)."""
+        return [n.hop for n in self.nodes[1:] if n.role is not Role.SUCCESSOR]
+
+    def addressee(self, hop: Hop, msg: Message) -> str:
+        """For traces: the component a message arriving on `hop` is addressed to."""
+        if isinstance(msg, Response):
+            outgoing = hop.pending.get(_int_key(msg))
+            forward = outgoing.context if outgoing is not None else None
+            origin = getattr(forward, "origin", None)
+            return origin.name if origin is not None else "conductor"
+        node = self._node_of.get(hop)
+        if node is None or not self.started:
+            return "conductor"
+        wrapped = msg.method in acp.SUCCESSOR_METHODS
+        cancelled = _cancel_target(hop, msg.params, wrapped) \
+            if wrapped or msg.method == acp.CANCEL_REQUEST else None
+        if cancelled is not None:  # a cancel goes wherever the request it names went
+            return cancelled
+        if node.role is Role.CLIENT:
+            return self.nodes[-2].name if self.proxy_mode and wrapped else self.nodes[1].name
+        if node.role is Role.PROXY and wrapped:
+            return self.after(node).name
+        return self.before(node).name
+
+
+def _cancel_target(hop: Hop, params: Raw | UnsetType, wrapped: bool) -> str | None:
+    if wrapped:
+        try:
+            envelope = acp.decode_envelope(params)
+        except ValueError:
+            return None
+        if envelope.method != acp.CANCEL_REQUEST:
+            return None
+        params = envelope.params
+    ident = acp.get_raw(params, "requestId")
+    if ident is None:
+        return None
+    try:
+        inbound = hop.inbound.get(id_key(ident))
+    except ValueError:
+        return None
+    return inbound.target.name if inbound is not None and inbound.target is not None else None
+
+
+def _int_key(msg: Response) -> int:
+    text = bytes(msg.id)
+    return int(text) if text.isdigit() else -1

@@ -1,0 +1,1 @@
+"""One JSON-RPC endpoint (ids, pending requests, cancellation) for every connection."""

@@ -1,0 +1,441 @@
+"""One JSON-RPC connection as one side of it sees it: the only request correlator.
+
+An `Endpoint` owns, for one connection:
+- the ids of the requests it sends and what waits for their answers (`Outgoing`): a task
+  (`request`, `call`), or a callback (`deliver`, how the router forwards without a task
+  per request);
+- the requests it received and are still open (`Inbound`): the cancel scope of a handler
+  running for one, or where the router forwarded it;
+- `$/cancel_request` both ways: `cancel` sends one for an outgoing request (at most once),
+  `cancel_inbound` acts on one that arrived;
+- `answer`: runs a handler for an incoming request and sends its reply; the single place
+  where what a handler raises becomes a wire error (`conductor.rpc.failure.error_for`);
+- batches that arrived: replies to their requests leave as one array;
+- one writer at a time, first come first served.
+
+It does no I/O of its own beyond `sink.send`; whoever reads the connection hands it the
+responses (`settle`) and the cancels (`cancel_inbound`) and decides what else to do.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from msgspec import UNSET, Raw, UnsetType
+
+from conductor import acp
+from conductor.errors import ConnectionClosedError
+from conductor.jsonrpc.message import (
+    Message,
+    Notification,
+    Request,
+    Response,
+    id_key,
+    int_id,
+    payload,
+)
+from conductor.rpc.failure import cancelled_response, failure_response, raise_for_error
+
+if TYPE_CHECKING:
+    from conductor.transport.base import MessageSink
+
+# What a request handler returns: a Response (e.g. one it got by forwarding), a Raw
+# result, a pydantic model, or any JSON value (so: anything). It raises RpcError to answer
+# with an error.
+Reply = Any
+Deliver = Callable[["Outgoing", Response], Awaitable[None]]
+_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+
+class Outgoing:
+    """A request sent on this connection, until its answer arrives."""
+
+    __slots__ = ("_done", "answer", "cancel_sent", "context", "deliver", "failure", "ident",
+                 "method")
+
+    def __init__(self, ident: int, method: str, deliver: Deliver | None, context: Any) -> None:
+        self.ident = ident
+        self.method = method
+        self.deliver = deliver        # None: a task waits for it (Endpoint.wait)
+        self.context = context        # whatever the sender wants back with the answer
+        self.answer: Response | None = None
+        self.failure: BaseException | None = None  # the connection failed instead
+        self.cancel_sent = False
+        self._done: anyio.Event | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.answer is not None
+
+    @property
+    def id(self) -> Raw:
+        return int_id(self.ident)
+
+
+@dataclass(slots=True)
+class Inbound:
+    """A request that arrived on this connection and is not answered yet."""
+
+    scope: anyio.CancelScope | None = None   # a handler runs for it here
+    target: Endpoint | None = None           # or it was forwarded there ...
+    target_id: int = 0                       # ... under this id
+    # or cancelling it means something else (the plugin host cancels a handler's forwards)
+    on_cancel: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass(slots=True)
+class _BatchReplies:
+    """Answers owed for one batch that arrived; sent as one array when complete."""
+
+    wanted: list[Raw]
+    replies: list[Message] = field(default_factory=list)
+    intake_open: bool = True
+
+    @property
+    def complete(self) -> bool:
+        return not self.intake_open and not self.wanted
+
+
+class _WriterTurn:
+    """FIFO mutual exclusion for the writers of one connection.
+
+    Taken once per message, so when free it costs one flag test: anyio.Lock (even with
+    fast_acquire) looks up the task and walks its cancel scopes every time.
+    """
+
+    __slots__ = ("_busy", "_waiters")
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiters: deque[anyio.Event] = deque()
+
+    async def __aenter__(self) -> None:
+        if not self._busy:
+            self._busy = True
+            return
+        turn = anyio.Event()
+        self._waiters.append(turn)
+        try:
+            await turn.wait()
+        except BaseException:
+            if turn.is_set():
+                self._release()  # handed the turn just as we were cancelled: pass it on
+            else:
+                self._waiters.remove(turn)
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._waiters:
+            self._waiters.popleft().set()  # stays busy: the turn goes to the next writer
+        else:
+            self._busy = False
+
+
+class Endpoint:
+    """One side of one JSON-RPC connection. See the module docstring."""
+
+    def __init__(self, name: str, sink: MessageSink) -> None:
+        self.name = name
+        self.sink = sink
+        self.pending: dict[int, Outgoing] = {}
+        self.inbound: dict[object, Inbound] = {}
+        self.failure: BaseException | None = None
+        # Called before a task blocks waiting for an answer (the plugin host lets its
+        # dispatch go on meanwhile).
+        self.before_wait: Callable[[], None] | None = None
+        self._next_id = 0
+        self._turn = _WriterTurn()
+        self._batches: list[_BatchReplies] = []
+        self._quiet = anyio.Event()  # set while no inbound request is open
+        self._quiet.set()
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.name})"
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def send(self, message: Message) -> None:
+        """Write one message (a reply to a batch member waits for the whole batch).
+
+        Raises:
+            anyio.BrokenResourceError: the peer is gone.
+        """
+        if self._batches and isinstance(message, Response):
+            batch = self._batch_for(message.id)
+            if batch is not None:
+                batch.replies.append(message)
+                await self._flush_if_complete(batch)
+                return
+        async with self._turn:  # one writer per connection, FIFO
+            await self.sink.send(message)
+
+    async def notify(self, method: str, params: object = UNSET) -> None:
+        await self.send(Notification(method=method, params=_params(params)))
+
+    # -- requests we send ----------------------------------------------------------------
+
+    def open_request(self, method: str, params: Raw | UnsetType = UNSET, *,
+                     deliver: Deliver | None = None, context: Any = None,
+                     wire_method: str | None = None,
+                     wire_params: Raw | UnsetType | None = None,
+                     ident: int | None = None) -> tuple[Outgoing, Request]:
+        """Allocate an id for a request and remember it; the caller sends the Request.
+
+        `method` is what the request is (for answers, traces and errors); `wire_method` /
+        `wire_params`, when given, are what goes on the wire (a successor envelope).
+        `ident` picks the id (tests); by default the next free one.
+        """
+        if ident is None:
+            self._next_id += 1
+            ident = self._next_id
+        elif ident in self.pending:
+            raise ValueError(f"{self.name}: request id {ident} is already pending")
+        outgoing = Outgoing(ident, method, deliver, context)
+        self.pending[ident] = outgoing
+        request = Request(id=outgoing.id, method=wire_method or method,
+                          params=params if wire_params is None else wire_params)
+        return outgoing, request
+
+    async def request(self, method: str, params: object = UNSET, *,
+                      ident: int | None = None, cancel_on_abort: bool = True) -> Response:
+        """Send a request and wait for its answer (a result or an error, as received).
+
+        Cancelling the caller sends `$/cancel_request` for it, unless `cancel_on_abort`
+        is False (the caller stops the work another way, e.g. ACP's `session/cancel`).
+        Raises:
+            ConnectionClosedError (or the connection's failure): no answer can come.
+        """
+        if self.failure is not None:
+            raise self.failure
+        outgoing, request = self.open_request(method, _params(params), ident=ident)
+        try:
+            await self.send(request)
+        except _GONE as e:
+            self.pending.pop(outgoing.ident, None)
+            raise ConnectionClosedError(f"{self.name}: connection closed before {method}") \
+                from e
+        return await self.wait(outgoing, cancel_on_abort=cancel_on_abort)
+
+    async def call(self, method: str, params: object = UNSET) -> Response:
+        """`request`, raising RpcError when the answer is an error."""
+        return raise_for_error(await self.request(method, params))
+
+    async def wait(self, outgoing: Outgoing, *, cancel_on_abort: bool = True) -> Response:
+        """The answer to `outgoing`. Cancelling the wait cancels the request (unless
+        `cancel_on_abort` is False; then it is only forgotten).
+
+        Raises:
+            ConnectionClosedError (or the connection's failure): no answer can come.
+        """
+        if outgoing.answer is None and outgoing.failure is None:
+            if self.before_wait is not None:
+                self.before_wait()
+            if outgoing._done is None:
+                outgoing._done = anyio.Event()
+            try:
+                await outgoing._done.wait()
+            except BaseException:
+                if cancel_on_abort:
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                        await self.cancel(outgoing)
+                else:
+                    self.pending.pop(outgoing.ident, None)
+                raise
+        if outgoing.failure is not None:
+            raise outgoing.failure
+        assert outgoing.answer is not None
+        return outgoing.answer
+
+    async def cancel(self, outgoing: Outgoing, params: Raw | UnsetType = UNSET) -> None:
+        """Ask the far end to stop (`$/cancel_request`, once); it still answers, usually
+        -32800. `params` keeps what the canceller sent beside `requestId`."""
+        if outgoing.done or outgoing.cancel_sent or outgoing.failure is not None \
+                or self.failure is not None:
+            return
+        outgoing.cancel_sent = True
+        body = acp.set_key(params, "requestId", outgoing.id) if params is not UNSET \
+            else payload({"requestId": outgoing.ident})
+        try:
+            await self.send(Notification(method=acp.CANCEL_REQUEST, params=body))
+        except _GONE:
+            pass  # the reader sees the peer go and fails what it owed
+
+    async def settle(self, response: Response) -> Outgoing | None:
+        """An answer arrived: hand it to its request. None when no request has that id."""
+        outgoing = self.take(response.id)
+        if outgoing is None:
+            return None
+        await self._resolve(outgoing, response)
+        return outgoing
+
+    def take(self, ident: Raw) -> Outgoing | None:
+        """Forget the request with this id and return it (None when not pending)."""
+        try:
+            key = id_key(ident)
+        except ValueError:
+            return None
+        return self.pending.pop(key, None) if isinstance(key, int) else None
+
+    async def _resolve(self, outgoing: Outgoing, response: Response) -> None:
+        # `deliver` runs first (it may set another answer, e.g. when a hook fails); then a
+        # task waiting for it wakes with that answer.
+        if outgoing.deliver is not None:
+            await outgoing.deliver(outgoing, response)
+        if outgoing.answer is None:
+            outgoing.answer = response
+        if outgoing._done is not None:
+            outgoing._done.set()
+
+    async def fail(self, error: BaseException, *, component: str | None = None) -> None:
+        """The connection is gone: every request still open on it gets `error` as its
+        answer (a `deliver` callback as a wire error naming `component`; a waiting task
+        has it raised). Later requests fail at once. Idempotent."""
+        if self.failure is not None:
+            return
+        self.failure = error
+        owed = list(self.pending.values())
+        self.pending.clear()
+        for outgoing in owed:
+            outgoing.failure = error
+            if outgoing.deliver is not None:
+                await outgoing.deliver(outgoing, failure_response(
+                    outgoing.id, error, component=component or self.name,
+                    method=outgoing.method))
+            if outgoing._done is not None:
+                outgoing._done.set()
+
+    # -- requests we received ------------------------------------------------------------
+
+    def track_inbound(self, ident: Raw, inbound: Inbound) -> object:
+        """Remember an open request by its id, so a cancel can find it. Returns its key
+        (None for an id that cannot be keyed: it cannot be cancelled either)."""
+        try:
+            key = id_key(ident)
+        except ValueError:
+            return None
+        self.inbound[key] = inbound
+        if self._quiet.is_set():
+            self._quiet = anyio.Event()
+        return key
+
+    def untrack_inbound(self, ident: Raw) -> None:
+        try:
+            self.inbound.pop(id_key(ident), None)
+        except ValueError:
+            return
+        if not self.inbound:
+            self._quiet.set()
+
+    async def wait_quiet(self) -> None:
+        """Until every request received on this connection has been answered."""
+        await self._quiet.wait()
+
+    async def cancel_inbound(self, params: Raw | UnsetType) -> bool:
+        """A `$/cancel_request` arrived: cancel that request's handler, or re-issue the
+        cancel where it was forwarded. False when it names nothing open (then ignored)."""
+        ident = acp.get_raw(params, "requestId")
+        if ident is None:
+            return False
+        try:
+            inbound = self.inbound.get(id_key(ident))
+        except ValueError:
+            return False
+        if inbound is None:
+            return False
+        if inbound.on_cancel is not None:
+            await inbound.on_cancel()
+        elif inbound.scope is not None:
+            inbound.scope.cancel()
+        elif inbound.target is not None:
+            outgoing = inbound.target.pending.get(inbound.target_id)
+            if outgoing is None:
+                return False
+            await inbound.target.cancel(outgoing, params)
+        return True
+
+    async def answer(self, request: Request, handler: Callable[[Request], Awaitable[Reply]],
+                     inbound: Inbound | None = None) -> None:
+        """Run `handler` for `request` under its own cancel scope and send the reply.
+
+        What the handler raises is answered, never raised: RpcError as itself, anything
+        else by `error_for`; a cancelled handler is answered -32800. `inbound` is how the
+        request is tracked meanwhile (default: a cancel cancels the handler).
+        """
+        inbound = inbound if inbound is not None else Inbound()
+        inbound.scope = anyio.CancelScope()
+        self.track_inbound(request.id, inbound)
+        reply: Response | None = None
+        try:
+            assert inbound.scope is not None
+            with inbound.scope:
+                try:
+                    reply = reply_to(request.id, await handler(request))
+                except Exception as e:  # the wire gets an answer, whatever the handler did
+                    reply = failure_response(request.id, e, component=self.name,
+                                             method=request.method)
+            if inbound.scope.cancelled_caught or reply is None:
+                reply = cancelled_response(request.id, component=self.name)
+            if self.failure is None:
+                try:
+                    await self.send(reply)
+                except _GONE:
+                    pass  # the peer left: its reader ends the connection
+        finally:
+            self.untrack_inbound(request.id)
+
+    # -- batches -------------------------------------------------------------------------
+
+    def open_batch(self, request_ids: list[Raw]) -> _BatchReplies:
+        """Start collecting: replies to these ids are held back until `end_batch`."""
+        batch = _BatchReplies(list(request_ids))
+        self._batches.append(batch)
+        return batch
+
+    async def end_batch(self, batch: _BatchReplies) -> None:
+        batch.intake_open = False
+        await self._flush_if_complete(batch)
+
+    def _batch_for(self, ident: Raw) -> _BatchReplies | None:
+        # By the id's exact bytes: duplicate and float ids are still matched one by one.
+        wanted = bytes(ident)
+        for batch in self._batches:
+            for i, candidate in enumerate(batch.wanted):
+                if bytes(candidate) == wanted:
+                    del batch.wanted[i]
+                    return batch
+        return None
+
+    async def _flush_if_complete(self, batch: _BatchReplies) -> None:
+        if not batch.complete:
+            return
+        self._batches.remove(batch)
+        if batch.replies:  # a batch of only notifications gets nothing
+            async with self._turn:
+                await self.sink.send(batch.replies)
+
+
+def reply_to(ident: Raw, reply: Reply) -> Response:
+    """The Response to request `ident` for what a handler returned.
+
+    Raises:
+        TypeError: the handler returned a request or notification.
+    """
+    if isinstance(reply, Response):
+        return reply.answering(ident)
+    if isinstance(reply, Request | Notification):
+        raise TypeError(f"a handler returned a {reply.method} message, not a response")
+    return Response(id=ident, result=payload(reply))
+
+
+def _params(params: object) -> Raw | UnsetType:
+    if params is UNSET or params is None:
+        return UNSET
+    return payload(params)
+
