@@ -32,6 +32,8 @@ def py(script: str, *args: str) -> str:
     return shlex.join([sys.executable, str(BIN / script), *args])
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+@pytest.fixture(params=[pytest.param("asyncio", id="asyncio"),
+                        pytest.param("trio", id="trio")])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """The core is backend-neutral: in-process tests run on both of anyio's backends."""
+    return str(request.param)

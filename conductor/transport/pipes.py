@@ -220,7 +220,9 @@ async def serve_frames(
 
 
 class PipeSource:
-    """A MessageSource that decodes the frames of a byte stream (a child's stdout, our stdin)."""
+    """A MessageSource that decodes the frames of a byte stream (a child's stdout, our stdin).
+
+    Served once: the stream is closed when serving ends."""
 
     def __init__(self, stream: ByteReceiveStream, *,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
@@ -239,4 +241,8 @@ class PipeSource:
                 return
             await handle(item)
 
-        await serve_frames(self._stream, FrameDecoder(max_frame_bytes=self._max), frame)
+        try:
+            await serve_frames(self._stream, FrameDecoder(max_frame_bytes=self._max), frame)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._stream.aclose()  # a source is served once
