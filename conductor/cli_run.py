@@ -5,6 +5,7 @@ Unlike serving an editor, in these modes stdout is the user's terminal (or their
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from conductor.cli import handle_errors, main
 from conductor.config import load_chain
 from conductor.errors import ConfigError
 from conductor.headless import APPROVE_CHOICES, HeadlessOptions, RunExit, run_headless
-from conductor.tracing import open_trace_sink
+from conductor.tracing import open_trace_sink, run_flushed
 
 RUN_EPILOG = """\b
 Exit codes of run:
@@ -109,7 +110,7 @@ def run_command(ctx: click.Context, chain_file: str | None, prompt: str | None, 
                          unredacted=ctx.obj["trace_unredacted"]) as tracer:
         options.tracer = tracer
         try:
-            code = anyio.run(run_headless, config, options, events)
+            code = anyio.run(run_flushed, tracer, run_headless, config, options, events)
         finally:
             live = getattr(events, "live", None)
             if live is not None:
@@ -168,7 +169,8 @@ def check_command(ctx: click.Context, chain_file: str | None, as_json: bool,
     config = load_chain(path)
     with open_trace_sink(ctx.obj["trace"], config,
                          unredacted=ctx.obj["trace_unredacted"]) as tracer:
-        report = anyio.run(lambda: check_chain(config, timeout=timeout, tracer=tracer))
+        report = anyio.run(run_flushed, tracer,
+                           functools.partial(check_chain, config, timeout=timeout, tracer=tracer))
     if as_json:
         click.echo(msgspec.json.encode({"chain": path, **report.to_json()}).decode())
     else:

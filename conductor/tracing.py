@@ -2,8 +2,9 @@
 
 `JsonlTraceSink` writes them as JSON lines (schema: docs/tracing.md). It is called from
 routing tasks, so it never awaits: each event is encoded, redacted and appended to an
-in-memory buffer that is written out when it passes 64 KiB or 50 ms old (a plain `write`
-to a regular file; measured in docs/tracing.md), and on close.
+in-memory buffer that is written out when it passes 64 KiB, by a flusher task 50 ms after
+it stopped being empty (so the last events before a hang reach the file), and on close (a
+plain `write` to a regular file; measured in docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -12,21 +13,23 @@ import os
 import re
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
+import anyio
 import msgspec
 from msgspec import UNSET, Raw
 
 from conductor import acp
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
     from conductor.config import ChainConfig
     from conductor.jsonrpc.message import Message
 
+T = TypeVar("T")
 Direction = Literal["in", "out"]  # in: component -> conductor; out: conductor -> component
 
 TRACE_FORMAT_VERSION = 1
@@ -138,6 +141,7 @@ class JsonlTraceSink:
         self._fd = fd
         self._buffer = bytearray()
         self._last_flush = time.monotonic()
+        self._filled: anyio.Event | None = None  # set when the buffer stops being empty
         self._redact = redactor
         self._seq = 0
         self._flows = 0
@@ -256,12 +260,38 @@ class JsonlTraceSink:
         line = msgspec.json.encode(event)
         if self._redact is not None:
             line = self._redact(line)
+        was_empty = not self._buffer
         self._buffer += line
         self._buffer += b"\n"
         now = time.monotonic()
         if urgent or len(self._buffer) >= self.FLUSH_BYTES or \
                 now - self._last_flush >= self.FLUSH_SECONDS:
             self.flush()
+        elif was_empty and self._filled is not None:
+            self._filled.set()  # no later event may come (a hang): the flusher writes it
+
+    @asynccontextmanager
+    async def open_flusher(self) -> AsyncIterator[None]:
+        """While open, buffered events reach the file within FLUSH_SECONDS of being traced,
+        whether or not another event follows."""
+        filled = self._filled = anyio.Event()
+        if self._buffer:
+            filled.set()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._serve_flush, filled)
+                yield
+                tg.cancel_scope.cancel()
+        finally:
+            self._filled = None
+
+    async def _serve_flush(self, filled: anyio.Event) -> None:
+        while True:
+            await filled.wait()
+            await anyio.sleep(self.FLUSH_SECONDS)  # what follows in the window: one write
+            filled = self._filled = anyio.Event()
+            if not self._closed and self._buffer:
+                self.flush()
 
     def flush(self) -> None:
         data, self._buffer = self._buffer, bytearray()
@@ -299,6 +329,15 @@ class FanoutTraceSink:
     def lifecycle(self, component: str, event: str, **fields: object) -> None:
         for sink in self.sinks:
             sink.lifecycle(component, event, **fields)
+
+
+async def run_flushed(sink: JsonlTraceSink | None, func: Callable[..., Awaitable[T]],
+                      *args: object) -> T:
+    """`await func(*args)` with `sink`'s flusher running (for `anyio.run`)."""
+    if sink is None:
+        return await func(*args)
+    async with sink.open_flusher():
+        return await func(*args)
 
 
 @contextmanager

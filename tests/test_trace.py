@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -230,3 +231,33 @@ def test_trace_html_loads_in_headless_chromium_with_lanes_and_messages(recorded:
         assert f'data-lane="{lane}"' in out
     assert "session/prompt #3" in out
     assert out.count('class="msg error"') == 0
+
+
+def _agent_bound(path: Path, method: str) -> bool:
+    """The trace file already holds `method` going out to the agent."""
+    if not path.exists():
+        return False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        event = json.loads(line)
+        if event.get("hop") == "agent" and event.get("dir") == "out" and \
+                event.get("method") == method:
+            return True
+    return False
+
+
+async def test_a_hung_agent_s_initialize_reaches_the_trace_file_while_the_conductor_waits(
+        tmp_path: Path) -> None:
+    import anyio
+
+    from tests.wire_client import open_conductor
+
+    trace = tmp_path / "hang.jsonl"
+    silent = shlex.join([sys.executable, "-c", "import sys\nfor _ in sys.stdin: pass"])
+    async with open_conductor("--trace", str(trace), "agent", silent) as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                      "params": {"protocolVersion": 1, "clientCapabilities": {}}})
+        with anyio.fail_after(5):
+            # Another process writes the file, and the file is what is under test: poll it.
+            while not _agent_bound(trace, "initialize"):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        assert c.process.returncode is None  # seen while the agent still hangs, not at exit
