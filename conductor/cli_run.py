@@ -1,6 +1,8 @@
 """The user-facing commands: `run`, `check`, `trace show`, `trace html`.
 
 Unlike serving an editor, in these modes stdout is the user's terminal (or their pipe).
+`run` and `check` still claim it before loading plugins: their output goes to a private
+copy of stdout, and whatever a plugin prints goes to stderr.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 import click
@@ -37,6 +39,21 @@ Exit codes of run:
   124  --timeout passed (the turn was cancelled with session/cancel)
   130  Ctrl-C (the turn was cancelled with session/cancel)
 """
+
+
+def _claim_stdout() -> TextIO:
+    """Our own stdout, as text; from now on fd 1 and `sys.stdout` are stderr."""
+    from conductor.transport.stdio import claim_stdout
+
+    fd = claim_stdout()
+    return open(fd, "w", encoding="utf-8", buffering=1 if os.isatty(fd) else -1)
+
+
+def _flush(out: TextIO) -> None:
+    try:
+        out.flush()
+    except BrokenPipeError:
+        pass  # the reader went away (`| head`): nothing more to say
 
 
 def _chain_file(ctx: click.Context, local: str | None) -> str:
@@ -79,6 +96,7 @@ def run_command(ctx: click.Context, chain_file: str | None, prompt: str | None, 
     """
     from conductor.render import JsonEvents, PlainEvents, RichEvents
 
+    out = _claim_stdout()
     config = load_chain(_chain_file(ctx, chain_file))
     if prompt is None:
         raise ConfigError("give a PROMPT, or - to read it from stdin", field="PROMPT")
@@ -96,11 +114,11 @@ def run_command(ctx: click.Context, chain_file: str | None, prompt: str | None, 
                           field="--approve")
     events: Any
     if as_json:
-        events = JsonEvents()
-    elif sys.stdout.isatty():
-        events = RichEvents()
+        events = JsonEvents(out)
+    elif out.isatty():
+        events = RichEvents(Console(file=out))
     else:
-        events = PlainEvents()
+        events = PlainEvents(out)
     options = HeadlessOptions(prompt=prompt, cwd=Path(cwd), session_id=session_id,
                               approve=approve, allow_write=allow_write,
                               allow_terminal=allow_terminal, timeout=timeout,
@@ -115,6 +133,7 @@ def run_command(ctx: click.Context, chain_file: str | None, prompt: str | None, 
             live = getattr(events, "live", None)
             if live is not None:
                 live.stop()
+            _flush(out)
     sys.exit(code)
 
 
@@ -165,6 +184,7 @@ def check_command(ctx: click.Context, chain_file: str | None, as_json: bool,
     """
     from conductor.check import check_chain
 
+    out = _claim_stdout()
     path = _chain_file(ctx, chain_file)
     config = load_chain(path)
     with open_trace_sink(ctx.obj["trace"], config,
@@ -172,7 +192,7 @@ def check_command(ctx: click.Context, chain_file: str | None, as_json: bool,
         report = anyio.run(run_flushed, tracer,
                            functools.partial(check_chain, config, timeout=timeout, tracer=tracer))
     if as_json:
-        click.echo(msgspec.json.encode({"chain": path, **report.to_json()}).decode())
+        click.echo(msgspec.json.encode({"chain": path, **report.to_json()}).decode(), file=out)
     else:
         table = Table(title=f"{path}: {'ok' if report.ok else 'FAILED'}")
         for column in ("name", "role", "command", "pid", "protocol", "capabilities",
@@ -186,7 +206,7 @@ def check_command(ctx: click.Context, chain_file: str | None, as_json: bool,
                           _capabilities_text(s["capabilities"]),
                           ", ".join(s["mcpTransports"]) if c.result else "-",
                           ", ".join(map(str, s["authMethods"])) or "-")
-        Console().print(table)
+        Console(file=out).print(table)
     if not report.ok:
         err = Console(stderr=True)
         err.print(Text(f"acp-conductor: check failed: {report.reason}", style="bold red"))
@@ -194,6 +214,7 @@ def check_command(ctx: click.Context, chain_file: str | None, as_json: bool,
             err.print(f"failing component: {report.failed}")
         for line in report.stderr_tail:
             err.print(Text(f"  {report.failed}| {line}", style="dim"))
+    _flush(out)
     sys.exit(report.exit_code)
 
 
