@@ -62,33 +62,102 @@ _AUTH_NAME_VALUE = re.compile(
 _AUTH_HEADER_TEXT = re.compile(
     rb'((?i:authorization)\s*:\s*)(?:(?i:bearer|basic|token)\s+)?[^\s"\\,}]+')
 _MIN_SECRET = 4  # shorter values would blank out ordinary text
+_CLEAN_MAX, _CLEAN_MAX_LEN = 4096, 64
 
 
 class Redactor:
-    """Replaces secrets in an encoded trace line, keeping it valid JSON."""
+    """Replaces secrets in an encoded trace line, keeping it valid JSON.
+
+    A line without a backslash is redacted byte for byte: no escape can hide a character
+    from the match, so the bytes are the text. A line with escapes (`\\u0073k-...`, `\\/`)
+    is decoded, every string (keys too) redacted as text, and re-encoded: a reader of the
+    trace sees decoded strings, so that is what must be clean. Numbers and key order survive;
+    a number's spelling may not (only in the trace: the wire is never touched).
+    """
 
     def __init__(self, secrets: Iterable[str] = (), patterns: Iterable[str] = ()) -> None:
-        forms: set[bytes] = set()
-        for secret in secrets:
-            if len(secret) < _MIN_SECRET:
-                continue
-            forms.add(secret.encode())
-            # the same value as it appears inside a JSON string (quotes, backslashes, unicode)
-            forms.add(msgspec.json.encode(secret)[1:-1])
-        self._secrets = sorted(forms, key=len, reverse=True)
+        values = sorted({s for s in secrets if len(s) >= _MIN_SECRET}, key=len, reverse=True)
+        self._texts = values
+        # the same values as they appear in a line without escapes (raw UTF-8)
+        self._secrets = [v.encode() for v in values]
         self._patterns = [re.compile(p.encode()) for p in patterns]
+        self._text_patterns = [re.compile(p) for p in patterns]
+        # Keys and short values repeat on every line ("jsonrpc", "sessionUpdate", ids): a
+        # string found clean once is clean forever, so remember a bounded number of them.
+        self._clean: set[str] = set()
 
     def __call__(self, line: bytes) -> bytes:
-        for form in self._secrets:
-            if form in line:
-                line = line.replace(form, REDACTED.encode())
+        """The line with secrets replaced.
+
+        Raises:
+            ValueError: the line has escapes but cannot be decoded (too deep, bad UTF-8),
+                so it cannot be checked; the caller must leave its payload out.
+        """
+        if b"\\" in line:
+            try:
+                tree = msgspec.json.decode(line)
+            except (msgspec.DecodeError, RecursionError):
+                raise ValueError("too deep or not UTF-8: left out, unchecked") from None
+            line = msgspec.json.encode(self._redact_tree(tree))
+        else:
+            for form in self._secrets:
+                if form in line:
+                    line = line.replace(form, REDACTED.encode())
+            for pattern in self._patterns:
+                line = pattern.sub(REDACTED.encode(), line)
+        # Re-encoded lines are canonical (msgspec escapes only quotes, backslashes and control
+        # characters), and these regexes match whole JSON strings or stop at a backslash.
         if b"authorization" in line.lower():  # cheap test first: the regexes cost ~10x more
             line = _AUTH_JSON_KEY.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
             line = _AUTH_NAME_VALUE.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
             line = _AUTH_HEADER_TEXT.sub(rb"\1" + REDACTED.encode(), line)
-        for pattern in self._patterns:
-            line = pattern.sub(REDACTED.encode(), line)
         return line
+
+    def _redact_text(self, text: str) -> str:
+        if text in self._clean:
+            return text
+        out = text
+        for secret in self._texts:
+            if secret in out:
+                out = out.replace(secret, REDACTED)
+        for pattern in self._text_patterns:
+            if pattern.search(out):
+                out = pattern.sub(REDACTED, out)
+        if out is text and len(text) <= _CLEAN_MAX_LEN:
+            if len(self._clean) >= _CLEAN_MAX:
+                self._clean.clear()
+            self._clean.add(text)
+        return out
+
+    def _redact_tree(self, root: Any) -> Any:
+        """Every string in a decoded JSON value, keys included, redacted in place.
+
+        Iterative: a deeply nested payload must not exhaust the stack of a routing task.
+        """
+        if isinstance(root, str):
+            return self._redact_text(root)
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                renamed = False
+                for key, value in node.items():
+                    if isinstance(value, str):
+                        node[key] = self._redact_text(value)
+                    elif isinstance(value, (dict, list)):
+                        stack.append(value)
+                    renamed = renamed or self._redact_text(key) != key
+                if renamed:  # rare: rebuild in order (two keys may now collide; one is kept)
+                    items = list(node.items())
+                    node.clear()
+                    node.update((self._redact_text(k), v) for k, v in items)
+            elif isinstance(node, list):
+                for i, value in enumerate(node):
+                    if isinstance(value, str):
+                        node[i] = self._redact_text(value)
+                    elif isinstance(value, (dict, list)):
+                        stack.append(value)
+        return root
 
     @classmethod
     def from_config(cls, config: ChainConfig) -> Redactor:
@@ -259,7 +328,11 @@ class JsonlTraceSink:
         event = {"seq": self._seq, "time": round(time.time(), 6), **event}
         line = msgspec.json.encode(event)
         if self._redact is not None:
-            line = self._redact(line)
+            try:
+                line = self._redact(line)
+            except ValueError as e:  # unreadable, so unchecked: keep the event, not the payload
+                event["payload"] = f"{REDACTED} ({e})"
+                line = self._redact(msgspec.json.encode(event))
         was_empty = not self._buffer
         self._buffer += line
         self._buffer += b"\n"
