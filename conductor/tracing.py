@@ -90,14 +90,14 @@ class Redactor:
         """The line with secrets replaced.
 
         Raises:
-            ValueError: the line has escapes but cannot be decoded (too deep, bad UTF-8),
-                so it cannot be checked; the caller must leave its payload out.
+            ValueError: the line has escapes but cannot be decoded (too deep, bad UTF-8, a
+                number out of range), so it cannot be checked; leave its payload out.
         """
         if b"\\" in line:
             try:
                 tree = msgspec.json.decode(line)
             except (msgspec.DecodeError, RecursionError):
-                raise ValueError("too deep or not UTF-8: left out, unchecked") from None
+                raise ValueError("not decodable, so not checked for secrets") from None
             line = msgspec.json.encode(self._redact_tree(tree))
         else:
             for form in self._secrets:

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from msgspec import Raw
@@ -109,12 +110,17 @@ def test_a_line_without_escapes_is_redacted_byte_for_byte_in_place() -> None:
         b'{"seq":1,"payload":{"text":"a [redacted] b","n":1e2}}'
 
 
-def test_an_escaped_payload_too_deep_to_decode_is_left_out_of_the_trace_not_leaked() -> None:
-    deep = b"[" * 5000 + b'"\\u0073k-0123456789abcdefghij"' + b"]" * 5000
+TOKEN = b'"\\u0073k-0123456789abcdefghij"'
+
+
+@pytest.mark.parametrize("params", [b"[" * 5000 + TOKEN + b"]" * 5000,
+                                    b"[1e400," + TOKEN + b"]"], ids=["deep", "huge-number"])
+def test_an_escaped_payload_that_cannot_be_decoded_is_left_out_of_the_trace_not_leaked(
+        params: bytes) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t.jsonl"
         with JsonlTraceSink(path, redactor=Redactor(patterns=[r"sk-[A-Za-z0-9]{20,}"])) as sink:
-            sink.message("agent", "in", request(int_id(1), "_x/deep", Raw(deep)))
+            sink.message("agent", "in", request(int_id(1), "_x/deep", Raw(params)))
             sink.lifecycle("agent", "stderr", line="still tracing")
         written = path.read_bytes()
     assert b"0123456789abcdefghij" not in written
