@@ -244,16 +244,21 @@ def trace_show(file: str, session: str | None, method: str | None,
 @trace_group.command("html")
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
-              help="Where to write the page.")
+              help="Where to write the page (created 0600: it holds every payload).")
+@click.option("--shareable", is_flag=True,
+              help="Make the page readable by everyone (0644), e.g. to serve or attach it.")
 @handle_errors
-def trace_html(file: str, output: str) -> None:
+def trace_html(file: str, output: str, shareable: bool) -> None:
     """Write one self-contained HTML page (no network): lanes, arrows, click for JSON."""
+    from conductor.output import PRIVATE, open_output
     from conductor.trace_html import render_html
     from conductor.trace_view import load_trace
 
     trace = load_trace(file)
-    Path(output).write_text(render_html(trace, f"acp-conductor trace: {os.path.basename(file)}"),
-                            encoding="utf-8")
+    page = render_html(trace, f"acp-conductor trace: {os.path.basename(file)}")
+    fd = open_output(output, option="--output", mode=0o644 if shareable else PRIVATE)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(page)
     click.echo(f"wrote {output} ({len(trace.events)} events)", err=True)
 
 

@@ -199,15 +199,19 @@ def _key(ident: Raw | Any) -> Any:
 
 
 class JsonlTraceSink:
-    """Appends one JSON object per line. Create with `open_trace_file` semantics (0600)."""
+    """Appends one JSON object per line to a file it creates (or truncates) 0600.
+
+    Raises:
+        ConfigError: the path is a symbolic link or cannot be written.
+    """
 
     FLUSH_BYTES = 64 * 1024
     FLUSH_SECONDS = 0.05
 
     def __init__(self, path: str | os.PathLike[str], *, redactor: Redactor | None = None) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        os.fchmod(fd, 0o600)  # the file may have existed with wider permissions
-        self._fd = fd
+        from conductor.output import open_output
+
+        self._fd = open_output(path, option="--trace")
         self._buffer = bytearray()
         self._last_flush = time.monotonic()
         self._filled: anyio.Event | None = None  # set when the buffer stops being empty
