@@ -132,7 +132,8 @@ class Redactor:
     def _redact_tree(self, root: Any) -> Any:
         """Every string in a decoded JSON value, keys included, redacted in place.
 
-        Iterative: a deeply nested payload must not exhaust the stack of a routing task.
+        Iterative, so the walk adds nothing to the routing task's stack (msgspec already
+        refused what is too deep to decode).
         """
         if isinstance(root, str):
             return self._redact_text(root)
