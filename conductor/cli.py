@@ -15,7 +15,7 @@ from conductor.config import ChainConfig, chain_from_commands, load_chain
 from conductor.errors import ConductorError
 from conductor.logs import LEVELS, configure_logging
 from conductor.serve import RunOptions, serve_chain
-from conductor.tracing import open_trace_sink
+from conductor.tracing import open_trace_sink, run_flushed
 from conductor.transport.stdio import stdio_streams
 
 log = logging.getLogger("acp_conductor")
@@ -59,7 +59,7 @@ def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
     stdin, stdout = stdio_streams()
     with open_trace_sink(obj["trace"], config, unredacted=obj["trace_unredacted"]) as tracer:
         options = RunOptions(mode=mode, max_frame_bytes=obj["max_frame_bytes"], tracer=tracer)
-        code = anyio.run(serve_chain, config, stdin, stdout, options)
+        code = anyio.run(run_flushed, tracer, serve_chain, config, stdin, stdout, options)
     sys.exit(code)
 
 

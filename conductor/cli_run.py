@@ -1,14 +1,17 @@
 """The user-facing commands: `run`, `check`, `trace show`, `trace html`.
 
 Unlike serving an editor, in these modes stdout is the user's terminal (or their pipe).
+`run` and `check` still claim it before loading plugins: their output goes to a private
+copy of stdout, and whatever a plugin prints goes to stderr.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 import click
@@ -21,7 +24,7 @@ from conductor.cli import handle_errors, main
 from conductor.config import load_chain
 from conductor.errors import ConfigError
 from conductor.headless import APPROVE_CHOICES, HeadlessOptions, RunExit, run_headless
-from conductor.tracing import open_trace_sink
+from conductor.tracing import open_trace_sink, run_flushed
 
 RUN_EPILOG = """\b
 Exit codes of run:
@@ -36,6 +39,21 @@ Exit codes of run:
   124  --timeout passed (the turn was cancelled with session/cancel)
   130  Ctrl-C (the turn was cancelled with session/cancel)
 """
+
+
+def _claim_stdout() -> TextIO:
+    """Our own stdout, as text; from now on fd 1 and `sys.stdout` are stderr."""
+    from conductor.transport.stdio import claim_stdout
+
+    fd = claim_stdout()
+    return open(fd, "w", encoding="utf-8", buffering=1 if os.isatty(fd) else -1)
+
+
+def _flush(out: TextIO) -> None:
+    try:
+        out.flush()
+    except BrokenPipeError:
+        pass  # the reader went away (`| head`): nothing more to say
 
 
 def _chain_file(ctx: click.Context, local: str | None) -> str:
@@ -78,6 +96,7 @@ def run_command(ctx: click.Context, chain_file: str | None, prompt: str | None, 
     """
     from conductor.render import JsonEvents, PlainEvents, RichEvents
 
+    out = _claim_stdout()
     config = load_chain(_chain_file(ctx, chain_file))
     if prompt is None:
         raise ConfigError("give a PROMPT, or - to read it from stdin", field="PROMPT")
@@ -95,11 +114,11 @@ def run_command(ctx: click.Context, chain_file: str | None, prompt: str | None, 
                           field="--approve")
     events: Any
     if as_json:
-        events = JsonEvents()
-    elif sys.stdout.isatty():
-        events = RichEvents()
+        events = JsonEvents(out)
+    elif out.isatty():
+        events = RichEvents(Console(file=out))
     else:
-        events = PlainEvents()
+        events = PlainEvents(out)
     options = HeadlessOptions(prompt=prompt, cwd=Path(cwd), session_id=session_id,
                               approve=approve, allow_write=allow_write,
                               allow_terminal=allow_terminal, timeout=timeout,
@@ -109,11 +128,12 @@ def run_command(ctx: click.Context, chain_file: str | None, prompt: str | None, 
                          unredacted=ctx.obj["trace_unredacted"]) as tracer:
         options.tracer = tracer
         try:
-            code = anyio.run(run_headless, config, options, events)
+            code = anyio.run(run_flushed, tracer, run_headless, config, options, events)
         finally:
             live = getattr(events, "live", None)
             if live is not None:
                 live.stop()
+            _flush(out)
     sys.exit(code)
 
 
@@ -164,13 +184,15 @@ def check_command(ctx: click.Context, chain_file: str | None, as_json: bool,
     """
     from conductor.check import check_chain
 
+    out = _claim_stdout()
     path = _chain_file(ctx, chain_file)
     config = load_chain(path)
     with open_trace_sink(ctx.obj["trace"], config,
                          unredacted=ctx.obj["trace_unredacted"]) as tracer:
-        report = anyio.run(lambda: check_chain(config, timeout=timeout, tracer=tracer))
+        report = anyio.run(run_flushed, tracer,
+                           functools.partial(check_chain, config, timeout=timeout, tracer=tracer))
     if as_json:
-        click.echo(msgspec.json.encode({"chain": path, **report.to_json()}).decode())
+        click.echo(msgspec.json.encode({"chain": path, **report.to_json()}).decode(), file=out)
     else:
         table = Table(title=f"{path}: {'ok' if report.ok else 'FAILED'}")
         for column in ("name", "role", "command", "pid", "protocol", "capabilities",
@@ -184,7 +206,7 @@ def check_command(ctx: click.Context, chain_file: str | None, as_json: bool,
                           _capabilities_text(s["capabilities"]),
                           ", ".join(s["mcpTransports"]) if c.result else "-",
                           ", ".join(map(str, s["authMethods"])) or "-")
-        Console().print(table)
+        Console(file=out).print(table)
     if not report.ok:
         err = Console(stderr=True)
         err.print(Text(f"acp-conductor: check failed: {report.reason}", style="bold red"))
@@ -192,6 +214,7 @@ def check_command(ctx: click.Context, chain_file: str | None, as_json: bool,
             err.print(f"failing component: {report.failed}")
         for line in report.stderr_tail:
             err.print(Text(f"  {report.failed}| {line}", style="dim"))
+    _flush(out)
     sys.exit(report.exit_code)
 
 
@@ -221,16 +244,21 @@ def trace_show(file: str, session: str | None, method: str | None,
 @trace_group.command("html")
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
-              help="Where to write the page.")
+              help="Where to write the page (created 0600: it holds every payload).")
+@click.option("--shareable", is_flag=True,
+              help="Make the page readable by everyone (0644), e.g. to serve or attach it.")
 @handle_errors
-def trace_html(file: str, output: str) -> None:
+def trace_html(file: str, output: str, shareable: bool) -> None:
     """Write one self-contained HTML page (no network): lanes, arrows, click for JSON."""
+    from conductor.output import PRIVATE, open_output
     from conductor.trace_html import render_html
     from conductor.trace_view import load_trace
 
     trace = load_trace(file)
-    Path(output).write_text(render_html(trace, f"acp-conductor trace: {os.path.basename(file)}"),
-                            encoding="utf-8")
+    page = render_html(trace, f"acp-conductor trace: {os.path.basename(file)}")
+    fd = open_output(output, option="--output", mode=0o644 if shareable else PRIVATE)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(page)
     click.echo(f"wrote {output} ({len(trace.events)} events)", err=True)
 
 

@@ -10,8 +10,17 @@ LEVELS = ("debug", "info", "warning", "error")
 
 
 def configure_logging(level: str = "warning", log_file: str | None = None) -> None:
-    """Conductor logs at `level`; component stderr lines always, prefixed with the name."""
-    stream: TextIO = open(log_file, "a", encoding="utf-8", buffering=1) if log_file else sys.stderr
+    """Conductor logs at `level`; component stderr lines always, prefixed with the name.
+
+    Raises:
+        ConfigError: `log_file` is a symbolic link or cannot be written (created 0600).
+    """
+    stream: TextIO = sys.stderr
+    if log_file:
+        from conductor.output import open_output
+
+        fd = open_output(log_file, option="--log-file", append=True)
+        stream = open(fd, "a", encoding="utf-8", buffering=1)
     root = logging.getLogger("acp_conductor")
     root.handlers.clear()
     handler = logging.StreamHandler(stream)

@@ -170,14 +170,24 @@ document.body.dataset.ready = "1";
 """  # noqa: E501
 
 
+# Inside <script>, `</script` ends the block and `<!--` (then `<script`) changes how the
+# parser looks for its end; U+2028/2029 end a line in older JS. Outside JSON's syntax these
+# characters only occur inside strings, where a \\u escape means the same character.
+_SCRIPT_SAFE = {b"<": b"\\u003c", b">": b"\\u003e", b"&": b"\\u0026",
+                "\u2028".encode(): b"\\u2028", "\u2029".encode(): b"\\u2029"}
+
+
 def render_html(trace: Trace, title: str) -> str:
     """The page as a string.
 
-    Data is embedded as JSON; `</` is escaped so it cannot end the script.
+    Data is embedded as JSON with every character that means something to the HTML parser
+    (or to old JS) written as a \\u escape, so no payload can end or bend the script block.
     """
     data = msgspec.json.encode({"header": trace.header, "lanes": trace.lanes,
                                 "events": trace.events})
-    safe = data.replace(b"</", b"<\\/").replace(b"<!--", b"<\\!--").decode()
+    for char, escape in _SCRIPT_SAFE.items():
+        data = data.replace(char, escape)
+    safe = data.decode()
     before, after = _PAGE.split("__DATA__")
     title = html.escape(title)
     return before.replace("__TITLE__", title) + safe + after.replace("__TITLE__", title)

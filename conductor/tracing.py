@@ -2,8 +2,9 @@
 
 `JsonlTraceSink` writes them as JSON lines (schema: docs/tracing.md). It is called from
 routing tasks, so it never awaits: each event is encoded, redacted and appended to an
-in-memory buffer that is written out when it passes 64 KiB or 50 ms old (a plain `write`
-to a regular file; measured in docs/tracing.md), and on close.
+in-memory buffer that is written out when it passes 64 KiB, by a flusher task 50 ms after
+it stopped being empty (so the last events before a hang reach the file), and on close (a
+plain `write` to a regular file; measured in docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -12,21 +13,23 @@ import os
 import re
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
+import anyio
 import msgspec
 from msgspec import UNSET, Raw
 
 from conductor import acp
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
     from conductor.config import ChainConfig
     from conductor.jsonrpc.message import Message
 
+T = TypeVar("T")
 Direction = Literal["in", "out"]  # in: component -> conductor; out: conductor -> component
 
 TRACE_FORMAT_VERSION = 1
@@ -59,33 +62,103 @@ _AUTH_NAME_VALUE = re.compile(
 _AUTH_HEADER_TEXT = re.compile(
     rb'((?i:authorization)\s*:\s*)(?:(?i:bearer|basic|token)\s+)?[^\s"\\,}]+')
 _MIN_SECRET = 4  # shorter values would blank out ordinary text
+_CLEAN_MAX, _CLEAN_MAX_LEN = 4096, 64
 
 
 class Redactor:
-    """Replaces secrets in an encoded trace line, keeping it valid JSON."""
+    """Replaces secrets in an encoded trace line, keeping it valid JSON.
+
+    A line without a backslash is redacted byte for byte: no escape can hide a character
+    from the match, so the bytes are the text. A line with escapes (`\\u0073k-...`, `\\/`)
+    is decoded, every string (keys too) redacted as text, and re-encoded: a reader of the
+    trace sees decoded strings, so that is what must be clean. Numbers and key order survive;
+    a number's spelling may not (only in the trace: the wire is never touched).
+    """
 
     def __init__(self, secrets: Iterable[str] = (), patterns: Iterable[str] = ()) -> None:
-        forms: set[bytes] = set()
-        for secret in secrets:
-            if len(secret) < _MIN_SECRET:
-                continue
-            forms.add(secret.encode())
-            # the same value as it appears inside a JSON string (quotes, backslashes, unicode)
-            forms.add(msgspec.json.encode(secret)[1:-1])
-        self._secrets = sorted(forms, key=len, reverse=True)
+        values = sorted({s for s in secrets if len(s) >= _MIN_SECRET}, key=len, reverse=True)
+        self._texts = values
+        # the same values as they appear in a line without escapes (raw UTF-8)
+        self._secrets = [v.encode() for v in values]
         self._patterns = [re.compile(p.encode()) for p in patterns]
+        self._text_patterns = [re.compile(p) for p in patterns]
+        # Keys and short values repeat on every line ("jsonrpc", "sessionUpdate", ids): a
+        # string found clean once is clean forever, so remember a bounded number of them.
+        self._clean: set[str] = set()
 
     def __call__(self, line: bytes) -> bytes:
-        for form in self._secrets:
-            if form in line:
-                line = line.replace(form, REDACTED.encode())
+        """The line with secrets replaced.
+
+        Raises:
+            ValueError: the line has escapes but cannot be decoded (too deep, bad UTF-8, a
+                number out of range), so it cannot be checked; leave its payload out.
+        """
+        if b"\\" in line:
+            try:
+                tree = msgspec.json.decode(line)
+            except (msgspec.DecodeError, RecursionError):
+                raise ValueError("not decodable, so not checked for secrets") from None
+            line = msgspec.json.encode(self._redact_tree(tree))
+        else:
+            for form in self._secrets:
+                if form in line:
+                    line = line.replace(form, REDACTED.encode())
+            for pattern in self._patterns:
+                line = pattern.sub(REDACTED.encode(), line)
+        # Re-encoded lines are canonical (msgspec escapes only quotes, backslashes and control
+        # characters), and these regexes match whole JSON strings or stop at a backslash.
         if b"authorization" in line.lower():  # cheap test first: the regexes cost ~10x more
             line = _AUTH_JSON_KEY.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
             line = _AUTH_NAME_VALUE.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
             line = _AUTH_HEADER_TEXT.sub(rb"\1" + REDACTED.encode(), line)
-        for pattern in self._patterns:
-            line = pattern.sub(REDACTED.encode(), line)
         return line
+
+    def _redact_text(self, text: str) -> str:
+        if text in self._clean:
+            return text
+        out = text
+        for secret in self._texts:
+            if secret in out:
+                out = out.replace(secret, REDACTED)
+        for pattern in self._text_patterns:
+            if pattern.search(out):
+                out = pattern.sub(REDACTED, out)
+        if out is text and len(text) <= _CLEAN_MAX_LEN:
+            if len(self._clean) >= _CLEAN_MAX:
+                self._clean.clear()
+            self._clean.add(text)
+        return out
+
+    def _redact_tree(self, root: Any) -> Any:
+        """Every string in a decoded JSON value, keys included, redacted in place.
+
+        Iterative, so the walk adds nothing to the routing task's stack (msgspec already
+        refused what is too deep to decode).
+        """
+        if isinstance(root, str):
+            return self._redact_text(root)
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                renamed = False
+                for key, value in node.items():
+                    if isinstance(value, str):
+                        node[key] = self._redact_text(value)
+                    elif isinstance(value, (dict, list)):
+                        stack.append(value)
+                    renamed = renamed or self._redact_text(key) != key
+                if renamed:  # rare: rebuild in order (two keys may now collide; one is kept)
+                    items = list(node.items())
+                    node.clear()
+                    node.update((self._redact_text(k), v) for k, v in items)
+            elif isinstance(node, list):
+                for i, value in enumerate(node):
+                    if isinstance(value, str):
+                        node[i] = self._redact_text(value)
+                    elif isinstance(value, (dict, list)):
+                        stack.append(value)
+        return root
 
     @classmethod
     def from_config(cls, config: ChainConfig) -> Redactor:
@@ -127,17 +200,22 @@ def _key(ident: Raw | Any) -> Any:
 
 
 class JsonlTraceSink:
-    """Appends one JSON object per line. Create with `open_trace_file` semantics (0600)."""
+    """Appends one JSON object per line to a file it creates (or truncates) 0600.
+
+    Raises:
+        ConfigError: the path is a symbolic link or cannot be written.
+    """
 
     FLUSH_BYTES = 64 * 1024
     FLUSH_SECONDS = 0.05
 
     def __init__(self, path: str | os.PathLike[str], *, redactor: Redactor | None = None) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        os.fchmod(fd, 0o600)  # the file may have existed with wider permissions
-        self._fd = fd
+        from conductor.output import open_output
+
+        self._fd = open_output(path, option="--trace")
         self._buffer = bytearray()
         self._last_flush = time.monotonic()
+        self._filled: anyio.Event | None = None  # set when the buffer stops being empty
         self._redact = redactor
         self._seq = 0
         self._flows = 0
@@ -255,13 +333,43 @@ class JsonlTraceSink:
         event = {"seq": self._seq, "time": round(time.time(), 6), **event}
         line = msgspec.json.encode(event)
         if self._redact is not None:
-            line = self._redact(line)
+            try:
+                line = self._redact(line)
+            except ValueError as e:  # unreadable, so unchecked: keep the event, not the payload
+                event["payload"] = f"{REDACTED} ({e})"
+                line = self._redact(msgspec.json.encode(event))
+        was_empty = not self._buffer
         self._buffer += line
         self._buffer += b"\n"
         now = time.monotonic()
         if urgent or len(self._buffer) >= self.FLUSH_BYTES or \
                 now - self._last_flush >= self.FLUSH_SECONDS:
             self.flush()
+        elif was_empty and self._filled is not None:
+            self._filled.set()  # no later event may come (a hang): the flusher writes it
+
+    @asynccontextmanager
+    async def open_flusher(self) -> AsyncIterator[None]:
+        """While open, buffered events reach the file within FLUSH_SECONDS of being traced,
+        whether or not another event follows."""
+        filled = self._filled = anyio.Event()
+        if self._buffer:
+            filled.set()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._serve_flush, filled)
+                yield
+                tg.cancel_scope.cancel()
+        finally:
+            self._filled = None
+
+    async def _serve_flush(self, filled: anyio.Event) -> None:
+        while True:
+            await filled.wait()
+            await anyio.sleep(self.FLUSH_SECONDS)  # what follows in the window: one write
+            filled = self._filled = anyio.Event()
+            if not self._closed and self._buffer:
+                self.flush()
 
     def flush(self) -> None:
         data, self._buffer = self._buffer, bytearray()
@@ -299,6 +407,15 @@ class FanoutTraceSink:
     def lifecycle(self, component: str, event: str, **fields: object) -> None:
         for sink in self.sinks:
             sink.lifecycle(component, event, **fields)
+
+
+async def run_flushed(sink: JsonlTraceSink | None, func: Callable[..., Awaitable[T]],
+                      *args: object) -> T:
+    """`await func(*args)` with `sink`'s flusher running (for `anyio.run`)."""
+    if sink is None:
+        return await func(*args)
+    async with sink.open_flusher():
+        return await func(*args)
 
 
 @contextmanager

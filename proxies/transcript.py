@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from msgspec import UNSET
 from pydantic import BaseModel, ConfigDict
 
+from conductor.errors import ConfigError
+from conductor.output import make_private_dir, open_output
 from conductor.plugins import Proxy, ProxyContext, SessionScope, on
 
 if TYPE_CHECKING:
@@ -44,6 +46,13 @@ def _text(blocks: Any) -> str:
     return "".join(parts)
 
 
+def _append_text(path: Path, text: str) -> None:
+    """Created 0600, never through a symbolic link (transcripts hold the whole session)."""
+    with open(open_output(path, option="transcript", append=True), "a",
+              encoding="utf-8") as f:
+        f.write(text)
+
+
 def file_stem(session_id: str) -> str:
     """A file name for any session id: a readable prefix (safe characters, no leading dots,
     short enough for any filesystem) plus a hash of the whole id, so ids that read alike
@@ -61,7 +70,7 @@ class Transcript(Proxy[TranscriptOptions]):
     def _paths(self, session_id: str) -> tuple[Path, Path]:
         stem = file_stem(session_id)
         base = Path(self.options.directory)
-        base.mkdir(parents=True, exist_ok=True)
+        make_private_dir(base)
         return base / f"{stem}.md", base / f"{stem}.jsonl"
 
     def _append(self, session: SessionScope, markdown: str, event: dict[str, Any]) -> None:
@@ -69,17 +78,16 @@ class Transcript(Proxy[TranscriptOptions]):
         try:
             md, jsonl = self._paths(session.session_id)
             if markdown:
-                with md.open("a", encoding="utf-8") as f:
-                    f.write(markdown)
-            with jsonl.open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"time": round(time.time(), 3),
-                                    "session": session.session_id, **event}) + "\n")
-        except OSError as e:
+                _append_text(md, markdown)
+            _append_text(jsonl, json.dumps({"time": round(time.time(), 3),
+                                            "session": session.session_id, **event}) + "\n")
+        except (OSError, ConfigError) as e:
             if not session.state.get("transcript_warned"):  # once per session, not per chunk
                 session.state["transcript_warned"] = True
+                reason = str(e) if isinstance(e, ConfigError) else \
+                    e.strerror or type(e).__name__
                 self.log.warning("cannot write the transcript of %s to %s: %s",
-                                 session.session_id, self.options.directory,
-                                 e.strerror or type(e).__name__)
+                                 session.session_id, self.options.directory, reason)
 
     def _write(self, session: SessionScope | None, event: dict[str, Any], markdown: str) -> None:
         if session is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -125,6 +126,79 @@ async def test_a_stray_print_in_a_stand_alone_plugin_cannot_corrupt_the_wire(
     assert "You said: hi" in client.agent_text()
     assert "hello from a handler" in log.read_text(encoding="utf-8")
     assert "non-JSON" not in log.read_text(encoding="utf-8")
+
+
+NOISY_PLUGIN = '''
+from conductor.plugins import Proxy, on
+print("printed at import")
+class Noisy(Proxy):
+    """Prints from its module body and from a handler."""
+    @on("initialize")
+    async def initialize(self, ctx, message):
+        print("printed by a handler")
+        return await ctx.forward()
+'''
+
+
+def _noisy_chain(tmp_path: Path, *, agent: bool) -> Path:
+    """A chain whose in-process plugin proxy prints (from a file: `plugin = "x.py:Class"`)."""
+    (tmp_path / "noisy.py").write_text(NOISY_PLUGIN, encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    text = f'[[proxy]]\nplugin = "{tmp_path / "noisy.py"}:Noisy"\n'
+    if agent:
+        text += '[agent]\ncommand = ["${PYTHON}", "-m", "conductor.demo_agent"]\n'
+    chain.write_text(text, encoding="utf-8")
+    return chain
+
+
+async def test_an_in_process_plugin_s_prints_go_to_stderr_not_the_editor_s_wire(
+        tmp_path: Path) -> None:
+    from tests.wire_client import open_conductor
+
+    async with open_conductor("--chain", str(_noisy_chain(tmp_path, agent=True))) as c:
+        await c.initialize()  # a stray line on stdout fails here, or at exit (pure JSON-RPC)
+        await c.wait_stderr("printed by a handler")
+    assert "printed at import" in c.stderr_text
+
+
+async def test_a_nested_conductor_s_plugin_prints_go_to_stderr_not_the_wire(
+        tmp_path: Path) -> None:
+    from tests.wire_client import open_conductor
+
+    chain = _noisy_chain(tmp_path, agent=False)
+    async with open_conductor("--chain", str(chain), "proxy") as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
+                      "params": {"protocolVersion": 1}})
+        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
+        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
+        assert (await c.response(0))["result"] == {"protocolVersion": 1}
+        await c.wait_stderr("printed by a handler")
+    assert "printed at import" in c.stderr_text
+
+
+@pytest.mark.parametrize("output", ["--json", "text"])
+def test_run_output_carries_no_plugin_prints(tmp_path: Path, output: str) -> None:
+    chain = _noisy_chain(tmp_path, agent=True)
+    args = ["run", "--chain", str(chain), "hello", *([output] if output == "--json" else [])]
+    done = subprocess.run(conductor_argv(*args), env=child_env(), capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    if output == "--json":
+        assert all(isinstance(json.loads(line).get("type"), str)
+                   for line in done.stdout.splitlines())
+    else:
+        assert done.stdout == "Hello from the demo agent. You said: hello \n"
+    assert "printed at import" in done.stderr
+    assert "printed by a handler" in done.stderr
+
+
+def test_check_json_output_carries_no_plugin_prints(tmp_path: Path) -> None:
+    done = subprocess.run(
+        conductor_argv("check", "--chain", str(_noisy_chain(tmp_path, agent=True)), "--json"),
+        env=child_env(), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ok"] is True
+    assert "printed at import" in done.stderr
 
 
 def test_python_dash_m_proxies_passthrough_still_runs_as_a_stdio_proxy() -> None:

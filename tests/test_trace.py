@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -76,7 +77,8 @@ def _toml(chain: dict) -> str:
 
 
 def _events(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    # bytes: str.splitlines() would also split at U+2028 inside a JSON string
+    return [json.loads(line) for line in path.read_bytes().split(b"\n") if line]
 
 
 def test_every_message_on_every_hop_appears_exactly_once_in_order(recorded: dict) -> None:
@@ -230,3 +232,76 @@ def test_trace_html_loads_in_headless_chromium_with_lanes_and_messages(recorded:
         assert f'data-lane="{lane}"' in out
     assert "session/prompt #3" in out
     assert out.count('class="msg error"') == 0
+
+
+HOSTILE = "<!-- </script> <script>document.body.dataset.errors = 99</script> \u2028 \u2029 &amp;"
+
+
+def _dump_dom(page: Path, profile: Path) -> str:
+    assert CHROMIUM is not None
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--no-first-run", f"--user-data-dir={profile}",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=60)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    return dom.stdout
+
+
+@pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
+                    reason="chromium is not installed (.ci/run installs it)")
+def test_trace_html_renders_every_event_when_payloads_hold_markup(tmp_path: Path) -> None:
+    assert CHROMIUM is not None, "CI must have chromium: .ci/run installs it"
+    trace, page = tmp_path / "t.jsonl", tmp_path / "t.html"
+    done = subprocess.run(conductor_argv("--trace", str(trace), "run", "--chain",
+                                         str(REPO / "chains" / "demo.toml"), HOSTILE),
+                          capture_output=True, text=True, env=child_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    events = _events(trace)
+    assert sum(HOSTILE in json.dumps(e, ensure_ascii=False) for e in events) >= 2  # both ways
+    done = subprocess.run(conductor_argv("trace", "html", str(trace), "-o", str(page)),
+                          capture_output=True, text=True, env=child_env(), timeout=30)
+    assert done.returncode == 0, done.stderr
+    html = page.read_text(encoding="utf-8")
+    start = html.index('id="trace-data">') + len('id="trace-data">')
+    embedded = json.loads(html[start:html.index("</script>", start)])
+    # nothing lost or changed on the way into the page (which adds `pair` and `ms`)
+    assert len(embedded["events"]) == len(events) - 1
+    assert [{k: e[k] for k in o} for e, o in zip(embedded["events"], events[1:], strict=True)
+            ] == events[1:]
+    out = _dump_dom(page, tmp_path / "profile")
+    assert 'data-ready="1"' in out, out[:2000]
+    assert 'data-errors="0"' in out
+    assert f'data-shown="{len(events) - 1}"' in out
+    assert out.count('class="msg ') == sum(e["type"] == "message" for e in events)
+
+
+def _agent_bound(path: Path, method: str) -> bool:
+    """The trace file already holds `method` going out to the agent."""
+    if not path.exists():
+        return False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        event = json.loads(line)
+        if event.get("hop") == "agent" and event.get("dir") == "out" and \
+                event.get("method") == method:
+            return True
+    return False
+
+
+async def test_a_hung_agent_s_initialize_reaches_the_trace_file_while_the_conductor_waits(
+        tmp_path: Path) -> None:
+    import anyio
+
+    from tests.wire_client import open_conductor
+
+    trace = tmp_path / "hang.jsonl"
+    silent = shlex.join([sys.executable, "-c", "import sys\nfor _ in sys.stdin: pass"])
+    async with open_conductor("--trace", str(trace), "agent", silent) as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                      "params": {"protocolVersion": 1, "clientCapabilities": {}}})
+        with anyio.fail_after(5):
+            # Another process writes the file, and the file is what is under test: poll it.
+            while not _agent_bound(trace, "initialize"):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        assert c.process.returncode is None  # seen while the agent still hangs, not at exit

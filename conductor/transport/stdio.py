@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+import sys
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
@@ -129,6 +130,20 @@ def _close(fd: int) -> None:
         pass
 
 
+def claim_stdout() -> int:
+    """Take this process's stdout for the caller alone: return a private duplicate of fd 1,
+    then point fd 1 and `sys.stdout` at stderr.
+
+    Call it before any plugin is imported: a `print()` in user code (or a C library writing
+    to fd 1) then lands on stderr instead of in the JSON-RPC wire or `run`'s output.
+    """
+    sys.stdout.flush()
+    private = os.dup(1)  # not inherited (PEP 446): a child never gets the wire either
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr  # unbuffered order with our logs; fd 1 covers everything else
+    return private
+
+
 def stdio_streams() -> tuple[ByteReceiveStream, ByteSendStream]:
-    """(stdin, stdout) of this process, by file descriptor."""
-    return FdReceiveStream(0), FdSendStream(1)
+    """(stdin, stdout) of this process, by file descriptor; stdout is claimed (above)."""
+    return FdReceiveStream(0), FdSendStream(claim_stdout())

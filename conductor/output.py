@@ -1,0 +1,67 @@
+"""Files the conductor writes: the trace, the log, transcripts, `trace html` pages.
+
+Never through a symbolic link (one planted at the path would otherwise have its target
+truncated or appended to), and owner-only whatever the umask: they hold prompts, file
+contents and whatever the agent said.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import TYPE_CHECKING
+
+from conductor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+PRIVATE = 0o600
+
+
+def open_output(path: str | os.PathLike[str], *, option: str, append: bool = False,
+                mode: int = PRIVATE) -> int:
+    """A write-only descriptor for `path`, created with exactly `mode`.
+
+    Truncates, or with `append` appends. A regular file this truncates gets `mode` too (it
+    may have existed with wider permissions); one appended to keeps its own.
+
+    Raises:
+        ConfigError: `path` is a symbolic link (refused, never followed) or cannot be
+            opened; `option` (e.g. "--trace") names what gave the path.
+    """
+    flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
+    try:
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
+            created = True
+        except FileExistsError:
+            fd = os.open(path, flags)  # O_NOFOLLOW: a link there fails with ELOOP
+            created = False
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise ConfigError(f"{os.fsdecode(path)} is a symbolic link; not writing through it",
+                              field=option,
+                              hint="give the path of a regular file, e.g. the link's target"
+                              ) from None
+        raise ConfigError(f"cannot write {os.fsdecode(path)}: {e.strerror or e}",
+                          field=option) from None
+    try:
+        if (created or not append) and stat.S_ISREG(os.fstat(fd).st_mode):
+            os.fchmod(fd, mode)  # exact: a umask of 077 must not narrow an asked-for 0644
+    except OSError as e:
+        os.close(fd)
+        raise ConfigError(f"cannot set the mode of {os.fsdecode(path)} to {mode:o}: "
+                          f"{e.strerror or e}", field=option) from None
+    return fd
+
+
+def make_private_dir(path: Path) -> None:
+    """`path` and its parents, as `mkdir -p`; the last one, if created here, owner-only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        return
+    os.chmod(path, 0o700)  # exactly, whatever the umask

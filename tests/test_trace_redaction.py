@@ -1,0 +1,129 @@
+"""Trace redaction sees what a reader of the trace sees: decoded JSON strings, whatever
+escapes the sender used. The wire itself is never changed."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from msgspec import Raw
+
+from conductor.jsonrpc.message import Message, decode, int_id, request
+from conductor.tracing import REDACTED, JsonlTraceSink, Redactor
+
+SHORT = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f", "\n": "\\n",
+         "\r": "\\r", "\t": "\\t"}
+TEXT = st.characters(blacklist_categories=("Cs",))  # lone surrogates are not text
+
+
+@st.composite
+def spelled(draw: st.DrawFn, text: str) -> str:
+    """`text` as a JSON string literal, each character spelled any way JSON allows."""
+    out = []
+    for ch in text:
+        cp = ord(ch)
+        ways = [ch] if ch not in '"\\' and cp >= 0x20 else []
+        if ch in SHORT:
+            ways.append(SHORT[ch])
+        if cp < 0x10000:
+            ways += [f"\\u{cp:04x}", f"\\u{cp:04X}"]
+        else:
+            hi, lo = 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF)
+            ways.append(f"\\u{hi:04x}\\u{lo:04x}")
+        out.append(draw(st.sampled_from(ways)))
+    return '"' + "".join(out) + '"'
+
+
+def _traced(frame: str, redactor: Redactor) -> list[Any]:
+    """The trace lines the sink writes for one message from the agent, decoded."""
+    message = decode(frame.encode())
+    assert isinstance(message, Message)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.jsonl"
+        with JsonlTraceSink(path, redactor=redactor) as sink:
+            sink.message("agent", "in", message)
+        lines = path.read_bytes().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string a reader of the decoded JSON sees: values and keys."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (k, *_strings(v))]
+    return []
+
+
+def _update(text: str, key: str) -> str:
+    return ('{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s",'
+            '"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text",'
+            f'"text":{text}}}}},"_meta":{{{key}:1}}}}}}')
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(secret=st.text(TEXT, min_size=4, max_size=12), before=st.text(TEXT, max_size=6),
+       after=st.text(TEXT, max_size=6), data=st.data())
+def test_a_secret_is_never_readable_in_the_trace_however_it_is_escaped(
+        secret: str, before: str, after: str, data: st.DataObject) -> None:
+    # A secret with brackets could be re-formed around the marker; one inside it is the marker.
+    assume("[" not in secret and "]" not in secret and secret not in REDACTED)
+    text = data.draw(spelled(before + secret + after))
+    key = data.draw(spelled(secret))
+    for event in _traced(_update(text, key), Redactor([secret])):
+        for s in _strings(event):
+            assert secret not in s, (secret, s)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(token=st.from_regex(r"sk-[A-Za-z0-9]{20,30}", fullmatch=True),
+       before=st.text(TEXT, max_size=6), after=st.text(TEXT, max_size=6), data=st.data())
+def test_a_pattern_match_is_never_readable_in_the_trace_however_it_is_escaped(
+        token: str, before: str, after: str, data: st.DataObject) -> None:
+    pattern = r"sk-[A-Za-z0-9]{20,}"
+    text = data.draw(spelled(before + token + after))
+    for event in _traced(_update(text, '"k"'), Redactor(patterns=[pattern])):
+        for s in _strings(event):
+            assert not re.search(pattern, s), s
+
+
+def test_redaction_changes_the_trace_copy_only_never_the_message() -> None:
+    frame = _update('"key \\u0073k-0123456789abcdefghijXYZ"', '"k"').encode()
+    message = decode(frame)
+    assert isinstance(message, Message)
+    events = _traced(frame.decode(), Redactor(patterns=[r"sk-[A-Za-z0-9]{20,}"]))
+    assert events[1]["payload"]["params"]["update"]["content"]["text"] == f"key {REDACTED}"
+    assert bytes(message.params) in frame  # what goes on the wire keeps its exact bytes
+
+
+def test_a_line_without_escapes_is_redacted_byte_for_byte_in_place() -> None:
+    line = b'{"seq":1,"payload":{"text":"a sk-0123456789abcdefghij b","n":1e2}}'
+    assert Redactor(patterns=[r"sk-[A-Za-z0-9]{20,}"])(line) == \
+        b'{"seq":1,"payload":{"text":"a [redacted] b","n":1e2}}'
+
+
+TOKEN = b'"\\u0073k-0123456789abcdefghij"'
+
+
+@pytest.mark.parametrize("params", [b"[" * 5000 + TOKEN + b"]" * 5000,
+                                    b"[1e400," + TOKEN + b"]"], ids=["deep", "huge-number"])
+def test_an_escaped_payload_that_cannot_be_decoded_is_left_out_of_the_trace_not_leaked(
+        params: bytes) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.jsonl"
+        with JsonlTraceSink(path, redactor=Redactor(patterns=[r"sk-[A-Za-z0-9]{20,}"])) as sink:
+            sink.message("agent", "in", request(int_id(1), "_x/deep", Raw(params)))
+            sink.lifecycle("agent", "stderr", line="still tracing")
+        written = path.read_bytes()
+    assert b"0123456789abcdefghij" not in written
+    events = [json.loads(line) for line in written.splitlines()]
+    assert events[1]["method"] == "_x/deep" and isinstance(events[1]["payload"], str)
+    assert events[2]["line"] == "still tracing"

@@ -1,0 +1,118 @@
+"""Files the conductor writes (trace, log, transcripts, trace html): never through a
+symbolic link, and owner-only under any umask unless the user asks otherwise."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import subprocess
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+
+from tests.conftest import REPO, child_env, conductor_argv
+from tests.test_builtin_proxy_options import transcript_turn
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+DEMO = str(REPO / "chains" / "demo.toml")
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The conductor under umask 000: whatever it creates, it chose the mode itself."""
+    return subprocess.run(conductor_argv(*args), capture_output=True, text=True, cwd=cwd,
+                          env=child_env(), timeout=60, umask=0, stdin=subprocess.DEVNULL)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@pytest.fixture
+def umask_000() -> Iterator[None]:
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A file someone else cares about, and a link to it where the conductor will write."""
+    target = tmp_path / "victim.txt"
+    target.write_text("precious\n", encoding="utf-8")
+    return target
+
+
+@pytest.mark.parametrize("option", ["--trace", "--log-file"])
+def test_a_symlink_at_an_output_path_is_refused_and_its_target_left_alone(
+        tmp_path: Path, victim: Path, option: str) -> None:
+    link = tmp_path / "out.link"
+    link.symlink_to(victim)
+    done = run(option, str(link), "run", "--chain", DEMO, "hi", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"{option}: {link} is a symbolic link" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert victim.read_text(encoding="utf-8") == "precious\n"
+
+
+def test_trace_html_refuses_to_write_through_a_symlink(tmp_path: Path, victim: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    assert run("--trace", str(trace), "run", "--chain", DEMO, "hi", cwd=tmp_path).returncode == 0
+    link = tmp_path / "page.html"
+    link.symlink_to(victim)
+    done = run("trace", "html", str(trace), "-o", str(link), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"{link} is a symbolic link" in done.stderr
+    assert victim.read_text(encoding="utf-8") == "precious\n"
+
+
+def test_trace_and_log_files_are_created_owner_only_under_umask_000(tmp_path: Path) -> None:
+    trace, log = tmp_path / "t.jsonl", tmp_path / "conductor.log"
+    done = run("--trace", str(trace), "--log-file", str(log), "--log-level", "info",
+               "run", "--chain", DEMO, "hi", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert mode(trace) == 0o600
+    assert mode(log) == 0o600
+    assert log.read_text(encoding="utf-8")  # it was written to, not only created
+
+
+def test_trace_html_is_owner_only_unless_made_shareable(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    assert run("--trace", str(trace), "run", "--chain", DEMO, "hi", cwd=tmp_path).returncode == 0
+    private, shared = tmp_path / "private.html", tmp_path / "shared.html"
+    assert run("trace", "html", str(trace), "-o", str(private), cwd=tmp_path).returncode == 0
+    done = run("trace", "html", str(trace), "-o", str(shared), "--shareable", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert mode(private) == 0o600
+    assert mode(shared) == 0o644
+    assert "trace-data" in private.read_text(encoding="utf-8")
+
+
+async def test_transcripts_are_created_owner_only_under_umask_000(
+        tmp_path: Path, umask_000: None) -> None:
+    out = tmp_path / "transcripts"
+    await transcript_turn(out, "sess-1")
+    assert mode(out) == 0o700
+    files = sorted(out.iterdir())
+    assert [f.suffix for f in files] == [".jsonl", ".md"]
+    assert all(mode(f) == 0o600 for f in files)
+
+
+async def test_a_transcript_never_writes_through_a_symlink(
+        tmp_path: Path, victim: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from proxies.transcript import file_stem
+
+    out = tmp_path / "transcripts"
+    out.mkdir()
+    (out / f"{file_stem('sess-1')}.md").symlink_to(victim)
+    with caplog.at_level(logging.WARNING):
+        await transcript_turn(out, "sess-1")  # the session goes on
+    assert await anyio.Path(victim).read_text(encoding="utf-8") == "precious\n"
+    warnings = [r.getMessage() for r in caplog.records if "transcript" in r.getMessage()]
+    assert len(warnings) == 1 and "symbolic link" in warnings[0], warnings
