@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from msgspec import Raw
 
-from conductor.jsonrpc.message import Message, decode, int_id, request
+from conductor.jsonrpc.message import Message, Request, decode, int_id
 from conductor.tracing import REDACTED, JsonlTraceSink, Redactor
 
 SHORT = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f", "\n": "\\n",
@@ -120,7 +120,7 @@ def test_an_escaped_payload_that_cannot_be_decoded_is_left_out_of_the_trace_not_
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t.jsonl"
         with JsonlTraceSink(path, redactor=Redactor(patterns=[r"sk-[A-Za-z0-9]{20,}"])) as sink:
-            sink.message("agent", "in", request(int_id(1), "_x/deep", Raw(params)))
+            sink.message("agent", "in", Request(id=int_id(1), method="_x/deep", params=Raw(params)))
             sink.lifecycle("agent", "stderr", line="still tracing")
         written = path.read_bytes()
     assert b"0123456789abcdefghij" not in written
