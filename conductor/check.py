@@ -20,7 +20,7 @@ from conductor.client import open_client_connection
 from conductor.errors import ConductorError, ConnectionClosedError, RpcError
 from conductor.jsonrpc.message import Notification, Request, Response
 from conductor.serve import RunOptions, serve_chain
-from conductor.tracing import FanoutTraceSink
+from conductor.tracing.sink import FanoutTraceSink
 from conductor.transport.memory import memory_pipe
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from conductor.config import ChainConfig
     from conductor.jsonrpc.message import Message
-    from conductor.tracing import Direction, TraceSink
+    from conductor.tracing.sink import Direction, TraceSink
 
 _INITIALIZE = {acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS}
 

@@ -15,7 +15,7 @@ from conductor.config import ChainConfig, chain_from_commands, load_chain
 from conductor.errors import ConductorError
 from conductor.logs import LEVELS, configure_logging
 from conductor.serve import RunOptions, serve_chain
-from conductor.tracing import open_trace_sink, run_flushed
+from conductor.tracing.sink import open_trace_sink, run_flushed
 from conductor.transport.stdio import stdio_streams
 
 log = logging.getLogger("acp_conductor")

@@ -24,7 +24,7 @@ from conductor.cli import handle_errors, main
 from conductor.config import load_chain
 from conductor.errors import ConfigError
 from conductor.headless import APPROVE_CHOICES, HeadlessOptions, RunExit, run_headless
-from conductor.tracing import open_trace_sink, run_flushed
+from conductor.tracing.sink import open_trace_sink, run_flushed
 
 RUN_EPILOG = """\b
 Exit codes of run:
@@ -234,7 +234,7 @@ def trace_group() -> None:
 def trace_show(file: str, session: str | None, method: str | None,
                component: str | None) -> None:
     """A timeline with one lane per component: arrows, pairing, durations, errors in red."""
-    from conductor.trace_view import load_trace, render, select
+    from conductor.tracing.view import load_trace, render, select
 
     trace = load_trace(file)
     console = Console(width=max(Console().width, 60 + 14 * len(trace.lanes)))
@@ -251,8 +251,8 @@ def trace_show(file: str, session: str | None, method: str | None,
 def trace_html(file: str, output: str, shareable: bool) -> None:
     """Write one self-contained HTML page (no network): lanes, arrows, click for JSON."""
     from conductor.output import PRIVATE, open_output
-    from conductor.trace_html import render_html
-    from conductor.trace_view import load_trace
+    from conductor.tracing.html import render_html
+    from conductor.tracing.view import load_trace
 
     trace = load_trace(file)
     page = render_html(trace, f"acp-conductor trace: {os.path.basename(file)}")

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from conductor.config import ChainConfig
     from conductor.jsonrpc.message import JsonValue
-    from conductor.tracing import TraceSink
+    from conductor.tracing.sink import TraceSink
 
 log = logging.getLogger("acp_conductor.run")
 

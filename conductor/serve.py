@@ -43,7 +43,7 @@ from conductor.transport.pipes import PipeSink, PipeSource
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream, TaskStatus
 
-    from conductor.tracing import TraceSink
+    from conductor.tracing.sink import TraceSink
     from conductor.transport.base import Incoming
 
 log = logging.getLogger("acp_conductor")

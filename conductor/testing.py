@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from conductor.jsonrpc.message import Call
     from conductor.plugins.api import Proxy
-    from conductor.tracing import TraceSink
+    from conductor.tracing.sink import TraceSink
     from conductor.transport.base import Incoming, MessageSink
     from conductor.transport.memory import Transport
 

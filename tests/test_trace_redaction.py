@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from msgspec import Raw
 
 from conductor.jsonrpc.message import Message, Request, decode, int_id
-from conductor.tracing import REDACTED, JsonlTraceSink, Redactor
+from conductor.tracing.redact import REDACTED, Redactor
+from conductor.tracing.sink import JsonlTraceSink
 
 SHORT = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f", "\n": "\\n",
          "\r": "\\r", "\t": "\\t"}

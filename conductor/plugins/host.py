@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectSendStream
 
     from conductor.jsonrpc.message import Call
-    from conductor.tracing import TraceSink
+    from conductor.tracing.sink import TraceSink
     from conductor.transport.base import Incoming, MessageSink
 
 log = logging.getLogger("acp_conductor.plugins")

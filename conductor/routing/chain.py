@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from conductor.jsonrpc.message import Call
     from conductor.routing.mcp import McpInjection
     from conductor.routing.sessions import SessionRecord
-    from conductor.tracing import TraceSink
+    from conductor.tracing.sink import TraceSink
     from conductor.transport.base import Incoming
 
 log = logging.getLogger("acp_conductor.routing")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from msgspec import Raw, UnsetType
 
     from conductor.acp import Dialect
-    from conductor.tracing import TraceSink
+    from conductor.tracing.sink import TraceSink
     from conductor.transport.base import MessageSink
 
 

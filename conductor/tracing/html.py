@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 if TYPE_CHECKING:
-    from conductor.trace_view import Trace
+    from conductor.tracing.view import Trace
 
 # The page's lines are HTML, CSS and JS kept byte-for-byte, so E501 is waived for the literal.
 _PAGE = """<!DOCTYPE html>

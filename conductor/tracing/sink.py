@@ -10,7 +10,6 @@ plain `write` to a regular file; measured in docs/tracing.md).
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections import deque
 from contextlib import asynccontextmanager, contextmanager
@@ -22,9 +21,10 @@ import msgspec
 from msgspec import UNSET, Raw
 
 from conductor import acp
+from conductor.tracing.redact import REDACTED, Redactor
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
     from conductor.config import ChainConfig
     from conductor.jsonrpc.message import Message
@@ -33,7 +33,6 @@ T = TypeVar("T")
 Direction = Literal["in", "out"]  # in: component -> conductor; out: conductor -> component
 
 TRACE_FORMAT_VERSION = 1
-REDACTED = "[redacted]"
 
 
 class TraceSink(Protocol):
@@ -52,135 +51,6 @@ class TraceSink(Protocol):
     def lifecycle(self, component: str, event: str, **fields: object) -> None:
         """spawned / stderr / exited / error / ..."""
         ...
-
-
-# -- redaction --------------------------------------------------------------------------------
-
-_AUTH_JSON_KEY = re.compile(rb'("(?i:authorization)"\s*:\s*)"(?:[^"\\]|\\.)*"')
-_AUTH_NAME_VALUE = re.compile(
-    rb'("name"\s*:\s*"(?i:authorization)"\s*,\s*"value"\s*:\s*)"(?:[^"\\]|\\.)*"')
-_AUTH_HEADER_TEXT = re.compile(
-    rb'((?i:authorization)\s*:\s*)(?:(?i:bearer|basic|token)\s+)?[^\s"\\,}]+')
-_MIN_SECRET = 4  # shorter values would blank out ordinary text
-_CLEAN_MAX, _CLEAN_MAX_LEN = 4096, 64
-
-
-class Redactor:
-    """Replaces secrets in an encoded trace line, keeping it valid JSON.
-
-    A line without a backslash is redacted byte for byte: no escape can hide a character
-    from the match, so the bytes are the text. A line with escapes (`\\u0073k-...`, `\\/`)
-    is decoded, every string (keys too) redacted as text, and re-encoded: a reader of the
-    trace sees decoded strings, so that is what must be clean. Numbers and key order survive;
-    a number's spelling may not (only in the trace: the wire is never touched).
-    """
-
-    def __init__(self, secrets: Iterable[str] = (), patterns: Iterable[str] = ()) -> None:
-        values = sorted({s for s in secrets if len(s) >= _MIN_SECRET}, key=len, reverse=True)
-        self._texts = values
-        # the same values as they appear in a line without escapes (raw UTF-8)
-        self._secrets = [v.encode() for v in values]
-        self._patterns = [re.compile(p.encode()) for p in patterns]
-        self._text_patterns = [re.compile(p) for p in patterns]
-        # Keys and short values repeat on every line ("jsonrpc", "sessionUpdate", ids): a
-        # string found clean once is clean forever, so remember a bounded number of them.
-        self._clean: set[str] = set()
-
-    def __call__(self, line: bytes) -> bytes:
-        """The line with secrets replaced.
-
-        Raises:
-            ValueError: the line has escapes but cannot be decoded (too deep, bad UTF-8, a
-                number out of range), so it cannot be checked; leave its payload out.
-        """
-        if b"\\" in line:
-            try:
-                tree = msgspec.json.decode(line)
-            except (msgspec.DecodeError, RecursionError):
-                raise ValueError("not decodable, so not checked for secrets") from None
-            line = msgspec.json.encode(self._redact_tree(tree))
-        else:
-            for form in self._secrets:
-                if form in line:
-                    line = line.replace(form, REDACTED.encode())
-            for pattern in self._patterns:
-                line = pattern.sub(REDACTED.encode(), line)
-        # Re-encoded lines are canonical (msgspec escapes only quotes, backslashes and control
-        # characters), and these regexes match whole JSON strings or stop at a backslash.
-        if b"authorization" in line.lower():  # cheap test first: the regexes cost ~10x more
-            line = _AUTH_JSON_KEY.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
-            line = _AUTH_NAME_VALUE.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
-            line = _AUTH_HEADER_TEXT.sub(rb"\1" + REDACTED.encode(), line)
-        return line
-
-    def _redact_text(self, text: str) -> str:
-        if text in self._clean:
-            return text
-        out = text
-        for secret in self._texts:
-            if secret in out:
-                out = out.replace(secret, REDACTED)
-        for pattern in self._text_patterns:
-            if pattern.search(out):
-                out = pattern.sub(REDACTED, out)
-        if out is text and len(text) <= _CLEAN_MAX_LEN:
-            if len(self._clean) >= _CLEAN_MAX:
-                self._clean.clear()
-            self._clean.add(text)
-        return out
-
-    def _redact_tree(self, root: Any) -> Any:
-        """Every string in a decoded JSON value, keys included, redacted in place.
-
-        Iterative, so the walk adds nothing to the routing task's stack (msgspec already
-        refused what is too deep to decode).
-        """
-        if isinstance(root, str):
-            return self._redact_text(root)
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, dict):
-                renamed = False
-                for key, value in node.items():
-                    if isinstance(value, str):
-                        node[key] = self._redact_text(value)
-                    elif isinstance(value, (dict, list)):
-                        stack.append(value)
-                    renamed = renamed or self._redact_text(key) != key
-                if renamed:  # rare: rebuild in order (two keys may now collide; one is kept)
-                    items = list(node.items())
-                    node.clear()
-                    node.update((self._redact_text(k), v) for k, v in items)
-            elif isinstance(node, list):
-                for i, value in enumerate(node):
-                    if isinstance(value, str):
-                        node[i] = self._redact_text(value)
-                    elif isinstance(value, (dict, list)):
-                        stack.append(value)
-        return root
-
-    @classmethod
-    def from_config(cls, config: ChainConfig) -> Redactor:
-        """Secrets: values of each component's `secret_env` names.
-
-        Patterns: `[conductor] redact`.
-        """
-        from conductor.config import component_environment
-        from conductor.errors import ConfigError
-
-        secrets: list[str] = []
-        specs = [*config.proxy, *([config.agent] if config.agent else [])]
-        for i, spec in enumerate(specs):
-            names = getattr(spec, "secret_env", [])
-            if not names:
-                continue
-            try:
-                env = component_environment(spec, file=config.source, where=f"component[{i}]")
-            except ConfigError:
-                env = dict(os.environ)  # the run itself will report the unset variable
-            secrets.extend(env[n] for n in names if env.get(n))
-        return cls(secrets, getattr(config.conductor, "redact", []))
 
 
 # -- the JSONL sink ---------------------------------------------------------------------------

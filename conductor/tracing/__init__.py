@@ -1,0 +1,1 @@
+"""Traces: every message on every hop (sink), redaction, and the readers (view, html)."""
