@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,8 +23,19 @@ from pydantic import (
 from conductor.acp import Dialect
 from conductor.errors import ConfigError
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
-from conductor.regex import Regex
 from conductor.routing.mcp import McpServer
+
+
+def _compiles(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"{pattern!r} is not a regular expression: {e}") from None
+    return pattern
+
+
+# A string that must compile as a regular expression, so a bad pattern fails at load, by field.
+Regex = Annotated[str, AfterValidator(_compiles)]
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 

@@ -36,14 +36,23 @@ if TYPE_CHECKING:
 
 
 class ExitCode(enum.IntEnum):
-    """The conductor's exit codes (`run` adds its own: conductor.cli.exits.RunExit)."""
+    """The conductor's exit codes, each with what it means to a user: the one definition
+    that `--help`, the README and the docs show (`run` adds its own, `RunExit`)."""
 
-    OK = 0
-    FAILED = 1
-    USAGE = 2
-    COMPONENT = 3
-    SIGINT = 130
-    SIGTERM = 143
+    meaning: str
+
+    def __new__(cls, value: int, meaning: str) -> ExitCode:
+        code = int.__new__(cls, value)
+        code._value_ = value
+        code.meaning = meaning
+        return code
+
+    OK = 0, "the client closed the connection and the chain shut down cleanly"
+    FAILED = 1, "internal error"
+    USAGE = 2, "bad configuration or usage; the message names the file, the field and a fix"
+    COMPONENT = 3, "a component failed to start, or exited while the chain was running"
+    SIGINT = 130, "stopped by SIGINT, after a graceful shutdown"
+    SIGTERM = 143, "stopped by SIGTERM, after a graceful shutdown"
 
 
 class ConductorError(Exception):

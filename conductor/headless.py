@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from conductor.client import EditorHandler, open_client_connection
+from conductor.editor.client import EditorHandler, open_client_connection
 from conductor.errors import ConductorError, ConfigError, ConnectionClosedError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.serve import RunOptions, serve_chain
@@ -43,18 +43,32 @@ NOT_FOUND = -32002  # ACP's resource-not-found
 
 
 class RunExit(enum.IntEnum):
-    """Exit codes of `run` (README and docs/run.md have the same table)."""
+    """Exit codes of `run`, each with its meaning: the one definition behind `run --help`,
+    the README and docs/run.md."""
 
-    END_TURN = 0
-    FAILED = 1          # the agent answered the prompt with an error, or an unknown stop reason
-    CONFIG = 2          # bad chain file or usage (also: --session-id but the agent cannot load)
-    COMPONENT = 3       # a component failed to start or exited
-    REFUSAL = 5         # stopReason refusal
-    LIMIT = 6           # stopReason max_tokens or max_turn_requests
-    CANCELLED = 7       # stopReason cancelled, not asked for by --timeout / Ctrl-C
-    POLICY = 8          # --approve fail was hit, or a request was refused by the sandbox
-    TIMEOUT = 124       # --timeout passed; the turn was cancelled
-    INTERRUPTED = 130   # Ctrl-C; the turn was cancelled
+    meaning: str
+
+    def __new__(cls, value: int, meaning: str) -> RunExit:
+        code = int.__new__(cls, value)
+        code._value_ = value
+        code.meaning = meaning
+        return code
+
+    END_TURN = 0, "the turn ended with `end_turn`"
+    FAILED = 1, ("the agent (or a plugin proxy) answered the prompt with an error, or an "
+                 "unknown stop reason")
+    CONFIG = 2, ("bad chain file, proxy or usage (also an empty prompt); `--session-id` but "
+                 "the agent cannot reopen sessions")
+    COMPONENT = 3, "a component failed to start or exited"
+    REFUSAL = 5, "the agent refused (`stopReason: refusal`)"
+    LIMIT = 6, "the agent hit a limit (`max_tokens`, `max_turn_requests`)"
+    CANCELLED = 7, "the agent cancelled the turn (`stopReason: cancelled`)"
+    POLICY = 8, ("policy violation: `--approve fail` was hit, or `run` itself (its `--cwd` "
+                 "sandbox, `--allow-*`) refused a file/terminal request; refusals by a proxy "
+                 "in the chain do not count")
+    TIMEOUT = 124, ("`--timeout` passed; the turn was cancelled with `session/cancel` (or, if "
+                    "the agent never answered `initialize` / `session/new`, `run` gave up)")
+    INTERRUPTED = 130, "Ctrl-C; as 124 (a second Ctrl-C stops at once)"
 
 
 STOP_REASON_EXIT = {"end_turn": RunExit.END_TURN, "refusal": RunExit.REFUSAL,

@@ -8,6 +8,6 @@ class Passthrough(Proxy[NoOptions]):
 
 
 if __name__ == "__main__":  # `python -m proxies.passthrough`: run it as a stdio proxy
-    from conductor.plugins.host import run_stdio
+    from conductor.cli.plugins import run_stdio
 
     run_stdio(lambda: Passthrough())

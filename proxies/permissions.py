@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from conductor.config import Regex
 from conductor.errors import RpcError
 from conductor.plugins import Proxy, ProxyContext, on
-from conductor.regex import Regex
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import JsonValue, Request

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from conductor.client import EditorHandler, RpcError, open_client_connection
+from conductor.editor.client import EditorHandler, RpcError, open_client_connection
 from tests.conftest import child_env, conductor_argv
 
 if TYPE_CHECKING:

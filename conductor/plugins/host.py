@@ -544,30 +544,3 @@ async def serve_proxy(proxy: Proxy[Any], stdin: ByteReceiveStream, stdout: ByteS
     finally:
         with anyio.CancelScope(shield=True):
             await sink.aclose()
-
-
-def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = None) -> None:
-    """Serve a plugin on this process's stdin/stdout (the stand-alone form).
-
-    fd 1 is pointed at stderr before `load` imports any user code, so a stray `print`
-    lands in the log instead of corrupting the wire; the wire keeps the real stdout.
-    """
-    import os
-    import sys
-
-    from conductor.logs import ProxyFormatter
-
-    sys.stdout.flush()
-    wire_fd = os.dup(1)
-    os.dup2(2, 1)
-    for handler in logging.getLogger("acp_conductor.proxy").handlers:
-        handler.setFormatter(ProxyFormatter(prefixed=False))  # the conductor adds our name
-    proxy = load()
-    anyio.run(_serve_fds, proxy, wire_fd, max_frame_bytes)
-
-
-async def _serve_fds(proxy: Proxy[Any], wire_fd: int, max_frame_bytes: int | None) -> None:
-    from conductor.transport.stdio import FdReceiveStream, FdSendStream
-
-    await serve_proxy(proxy, FdReceiveStream(0), FdSendStream(wire_fd),
-                      max_frame_bytes=max_frame_bytes)

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from conductor.cli import handle_errors, main
+from conductor.cli.context import global_options, globals_of, handle_errors
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from conductor.plugins.api import Proxy
 
 
 def _options(text: str | None) -> dict[str, Any] | None:
@@ -22,11 +28,12 @@ def _options(text: str | None) -> dict[str, Any] | None:
     return value
 
 
-@main.command("serve-proxy")
+@click.command("serve-proxy")
 @click.argument("plugin", metavar="NAME_OR_PATH")
 @click.option("--options", "options_json", metavar="JSON",
               help='The proxy\'s options as a JSON object, e.g. \'{"patterns": ["sk-\\\\w+"]}\'.')
 @click.option("--name", help="The name the proxy uses in logs and errors.")
+@global_options
 @click.pass_context
 @handle_errors
 def serve_proxy(ctx: click.Context, plugin: str, options_json: str | None,
@@ -37,15 +44,14 @@ def serve_proxy(ctx: click.Context, plugin: str, options_json: str | None,
     or path/to/file.py[:Class]. It speaks `_proxy/initialize` / `_proxy/successor`, so it
     works under any conductor, including the Rust one.
     """
-    from conductor.plugins.host import run_stdio
     from conductor.plugins.registry import load_proxy
 
     options = _options(options_json)
     run_stdio(lambda: load_proxy(plugin, options, name=name, file="--options", where=""),
-              max_frame_bytes=ctx.obj.get("max_frame_bytes"))
+              max_frame_bytes=globals_of(ctx).max_frame_bytes)
 
 
-@main.command("proxies")
+@click.command("proxies")
 @handle_errors
 def list_proxies() -> None:
     """List the installed plugin proxies (entry-point group acp_conductor.proxies)."""
@@ -58,3 +64,26 @@ def list_proxies() -> None:
     width = max(len(p.name) for p in found)
     for p in found:
         click.echo(f"{p.name:<{width}}  {p.description()}  [{p.value}]")
+
+
+def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = None) -> None:
+    """Serve a plugin on this process's stdin/stdout (the stand-alone form).
+
+    Stdout is claimed before `load` imports any user code, so a stray `print` lands in the
+    log instead of corrupting the wire; the wire keeps the real stdout.
+    """
+    import anyio
+
+    from conductor.cli.logs import ProxyFormatter
+    from conductor.plugins.host import serve_proxy
+    from conductor.transport.stdio import FdReceiveStream, FdSendStream, claim_stdout
+
+    wire_fd = claim_stdout()
+    for handler in logging.getLogger("acp_conductor.proxy").handlers:
+        handler.setFormatter(ProxyFormatter(prefixed=False))  # the conductor adds our name
+    proxy = load()
+
+    async def serve() -> None:
+        await serve_proxy(proxy, FdReceiveStream(0), FdSendStream(wire_fd),
+                          max_frame_bytes=max_frame_bytes)
+    anyio.run(serve)

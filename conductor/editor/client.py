@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from conductor.jsonrpc.message import JsonValue
     from conductor.transport.base import Incoming
 
-log = logging.getLogger("acp_conductor.client")
+log = logging.getLogger("acp_conductor.editor.client")
 
 
 class EditorHandler:

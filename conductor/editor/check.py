@@ -16,7 +16,7 @@ import msgspec
 from msgspec import UNSET
 
 from conductor import acp
-from conductor.client import open_client_connection
+from conductor.editor.client import open_client_connection
 from conductor.errors import ConductorError, ConnectionClosedError, RpcError
 from conductor.jsonrpc.message import Notification, Request, Response
 from conductor.serve import RunOptions, serve_chain

@@ -1,0 +1,143 @@
+"""The `acp-conductor` command: serving an editor (the default, `agent`, `proxy`), and the
+other subcommands, each loaded only when it is the one asked for (start-up stays light).
+
+Nothing but JSON-RPC ever goes to stdout while serving.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from conductor.cli.context import global_options, globals_of, handle_errors
+from conductor.cli.exits import epilog
+from conductor.errors import ExitCode
+
+if TYPE_CHECKING:
+    from conductor.config import ChainConfig
+
+# name -> "module:attribute"; imported on first use
+LAZY_COMMANDS = {
+    "run": "conductor.cli.run:run_command",
+    "check": "conductor.cli.check:check_command",
+    "trace": "conductor.cli.trace:trace_group",
+    "serve-proxy": "conductor.cli.plugins:serve_proxy",
+    "proxies": "conductor.cli.plugins:list_proxies",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported only when invoked (or listed in --help)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        ref = LAZY_COMMANDS.get(cmd_name)
+        if ref is None:
+            return super().get_command(ctx, cmd_name)
+        module, _, attr = ref.partition(":")
+        command = getattr(importlib.import_module(module), attr)
+        assert isinstance(command, click.Command)
+        return command
+
+
+def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
+    """Serve the editor on our stdin/stdout with `config`'s chain, then exit."""
+    import anyio
+
+    from conductor.serve import RunOptions, serve_chain
+    from conductor.tracing.sink import open_trace_sink, run_flushed
+    from conductor.transport.stdio import stdio_streams
+
+    options = globals_of(ctx)
+    stdin, stdout = stdio_streams()  # claims stdout before any plugin is imported
+    with open_trace_sink(options.trace, config, unredacted=options.trace_unredacted) as tracer:
+        run = RunOptions(mode=mode, max_frame_bytes=options.max_frame_bytes, tracer=tracer)
+        code = anyio.run(run_flushed, tracer, serve_chain, config, stdin, stdout, run)
+    sys.exit(code)
+
+
+@click.group(cls=LazyGroup, invoke_without_command=True,
+             epilog=epilog("Exit codes", ExitCode),
+             context_settings={"help_option_names": ["-h", "--help"]})
+@global_options
+@click.version_option(package_name="acp-conductor")
+@click.pass_context
+@handle_errors
+def main(ctx: click.Context) -> None:
+    """Run a chain of ACP proxies and an agent that an editor sees as one agent.
+
+    \b
+    Point your editor at:   acp-conductor --chain chain.toml
+    Without a chain file:   acp-conductor agent "python my_proxy.py" "npx some-acp-agent"
+    Try it in a terminal:   acp-conductor run --chain chains/demo.toml "hello"
+
+    stdout carries JSON-RPC only; logs and each component's stderr (prefixed with
+    its name) go to stderr or --log-file. Global options may also follow the subcommand.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from conductor.config import load_chain
+
+    chain_file = globals_of(ctx).chain_file
+    if chain_file is None:
+        click.echo(ctx.get_help(), err=True)
+        click.echo("\nacp-conductor: error: give --chain FILE, or a command such as `agent`",
+                   err=True)
+        sys.exit(ExitCode.USAGE)
+    serve(load_chain(chain_file), ctx, "agent")
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("commands", nargs=-1, required=True)
+@global_options
+@click.pass_context
+@handle_errors
+def agent(ctx: click.Context, commands: tuple[str, ...]) -> None:
+    """Serve COMMANDS as a chain: every one a proxy, the last one the agent.
+
+    Quote each command: acp-conductor agent "python proxy.py" "npx my-agent --flag"
+    """
+    from conductor.config import chain_from_commands
+
+    if globals_of(ctx).chain_file:
+        raise click.UsageError("give either --chain FILE or agent COMMANDS, not both")
+    serve(chain_from_commands(list(commands), with_agent=True), ctx, "agent")
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("commands", nargs=-1)
+@global_options
+@click.pass_context
+@handle_errors
+def proxy(ctx: click.Context, commands: tuple[str, ...]) -> None:
+    """Act as one proxy made of a chain of proxies (chains nest).
+
+    Give proxy COMMANDS, or --chain with a file that has no [agent]. With neither, it is a
+    transparent proxy: everything passes straight through to its successor.
+    """
+    from conductor.config import chain_from_commands, load_chain
+
+    chain_file = globals_of(ctx).chain_file
+    if chain_file and commands:
+        raise click.UsageError("give either --chain or COMMANDS, not both")
+    if chain_file:
+        config = load_chain(chain_file)
+    else:
+        config = chain_from_commands(list(commands), with_agent=False)
+    serve(config, ctx, "proxy")
+
+
+@main.command("demo-agent")
+@click.option("--protocol-version", type=int, default=None,
+              help="Answer initialize with this version instead of the client's.")
+@handle_errors
+def demo_agent(protocol_version: int | None) -> None:
+    """The built-in deterministic demo agent (speaks ACP on stdin/stdout)."""
+    from conductor.demo_agent import serve_stdio
+
+    serve_stdio(protocol_version=protocol_version)

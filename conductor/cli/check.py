@@ -1,0 +1,97 @@
+"""`acp-conductor check`: start a chain, initialize it, show each component, stop it."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any
+
+import anyio
+import click
+import msgspec
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from conductor.cli.context import global_options, globals_of, handle_errors
+from conductor.cli.run import claim_stdout, flush
+from conductor.config import load_chain
+from conductor.tracing.sink import open_trace_sink, run_flushed
+
+
+def _short_command(argv: list[str]) -> str:
+    """The command as a person reads it: the program's name, not its full path (the full
+    argv is in --json)."""
+    if not argv:
+        return "-"
+    if argv[0].startswith("(in-process)"):
+        return "in-process " + argv[0].split()[-1].rsplit(":", 1)[-1]
+    return " ".join([os.path.basename(argv[0]), *argv[1:]])
+
+
+def _capabilities_text(caps: dict[str, Any]) -> str:
+    parts = []
+    if caps.get("loadSession"):
+        parts.append("loadSession")
+    prompt = caps.get("promptCapabilities")
+    if isinstance(prompt, dict):
+        kinds = [k for k, v in prompt.items() if v is True]
+        if kinds:
+            parts.append("prompt: " + ",".join(kinds))
+    session = caps.get("sessionCapabilities") or caps.get("session")
+    if isinstance(session, dict):
+        keys = [k for k, v in session.items() if v is not None and k != "mcp"]
+        if keys:
+            parts.append("session: " + ",".join(keys))
+    return "\n".join(parts) or "-"
+
+
+@click.command("check")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True, help="How long initialize may take.")
+@global_options
+@click.pass_context
+@handle_errors
+def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
+    """Validate a chain file, start it, initialize it, show each component, shut it down.
+
+    Each row is what that component answered on its own hop. Exits 0 when the chain
+    initializes; 2 for a bad file; 3 (with the component's stderr tail) when a
+    component fails; 1 otherwise.
+    """
+    from conductor.editor.check import check_chain
+
+    out = claim_stdout()
+    options = globals_of(ctx)
+    path = options.chain()
+    config = load_chain(path)
+    with open_trace_sink(options.trace, config, unredacted=options.trace_unredacted) as tracer:
+        report = anyio.run(run_flushed, tracer,
+                           functools.partial(check_chain, config, timeout=timeout, tracer=tracer))
+    if as_json:
+        click.echo(msgspec.json.encode({"chain": path, **report.to_json()}).decode(), file=out)
+    else:
+        table = Table(title=f"{path}: {'ok' if report.ok else 'FAILED'}")
+        for column in ("name", "role", "command", "pid", "protocol", "capabilities",
+                       "MCP transports", "auth methods"):
+            table.add_column(column, overflow="fold", min_width=len(column) if
+                             column in ("name", "role", "pid", "protocol") else None)
+        for c in report.components:
+            s = c.summary()
+            table.add_row(s["name"], s["role"], _short_command(s["command"]),
+                          str(s["pid"] or "-"), str(s["protocolVersion"] or "-"),
+                          _capabilities_text(s["capabilities"]),
+                          ", ".join(s["mcpTransports"]) if c.result else "-",
+                          ", ".join(map(str, s["authMethods"])) or "-")
+        Console(file=out).print(table)
+    if not report.ok:
+        err = Console(stderr=True)
+        err.print(Text(f"acp-conductor: check failed: {report.reason}", style="bold red"))
+        if report.failed:
+            err.print(f"failing component: {report.failed}")
+        for line in report.stderr_tail:
+            err.print(Text(f"  {report.failed}| {line}", style="dim"))
+    flush(out)
+    sys.exit(report.exit_code)

@@ -1,0 +1,52 @@
+"""`acp-conductor trace show|html`: read a trace written with --trace FILE."""
+
+from __future__ import annotations
+
+import os
+
+import click
+from rich.console import Console
+
+from conductor.cli.context import handle_errors
+
+
+@click.group("trace")
+def trace_group() -> None:
+    """Read a trace written with --trace FILE."""
+
+
+@trace_group.command("show")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True))
+@click.option("--session", help="Only messages of this session id.")
+@click.option("--method", help="Only messages whose method matches this glob (session/*).")
+@click.option("--component", help="Only messages on or to/from this component, and its lifecycle.")
+@handle_errors
+def trace_show(file: str, session: str | None, method: str | None,
+               component: str | None) -> None:
+    """A timeline with one lane per component: arrows, pairing, durations, errors in red."""
+    from conductor.tracing.view import load_trace, render, select
+
+    trace = load_trace(file)
+    console = Console(width=max(Console().width, 60 + 14 * len(trace.lanes)))
+    render(trace, select(trace, session=session, method=method, component=component), console)
+
+
+@trace_group.command("html")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="Where to write the page (created 0600: it holds every payload).")
+@click.option("--shareable", is_flag=True,
+              help="Make the page readable by everyone (0644), e.g. to serve or attach it.")
+@handle_errors
+def trace_html(file: str, output: str, shareable: bool) -> None:
+    """Write one self-contained HTML page (no network): lanes, arrows, click for JSON."""
+    from conductor.output import PRIVATE, open_output
+    from conductor.tracing.html import render_html
+    from conductor.tracing.view import load_trace
+
+    trace = load_trace(file)
+    page = render_html(trace, f"acp-conductor trace: {os.path.basename(file)}")
+    fd = open_output(output, option="--output", mode=0o644 if shareable else PRIVATE)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(page)
+    click.echo(f"wrote {output} ({len(trace.events)} events)", err=True)
