@@ -88,13 +88,13 @@ class _Recorder:
                 self._asked[(hop, bytes(msg.id))] = hop
                 self.get(hop).asked = True
             elif direction == "in" and isinstance(msg, Response) and \
-                    self._asked.pop((hop, bytes(msg.id)), None):
+                    self._asked.pop((hop, bytes(msg.id)), None) is not None:
                 report = self.get(hop)
-                if msg.result is not UNSET:
-                    value = msgspec.json.decode(msg.result)
-                    report.result = value if isinstance(value, dict) else {"result": value}
+                if msg.is_error:
+                    report.error = msg.error_value()
                 else:
-                    report.error = msgspec.json.decode(msg.error)
+                    value = msg.result_value()
+                    report.result = value if isinstance(value, dict) else {"result": value}
 
     def lifecycle(self, component: str, event: str, **fields: object) -> None:
         report = self.get(component)
