@@ -1,4 +1,7 @@
-"""A spawned component: its own process group, stderr read continuously, stopped gracefully."""
+"""A spawned component: its own process group, stderr read continuously, stopped gracefully.
+
+How it is stopped is `escalation.py`; this module holds the OS side.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ import errno
 import logging
 import os
 import secrets
-import signal
 import subprocess
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -19,6 +21,7 @@ import anyio
 
 from conductor.errors import ComponentStartError
 from conductor.supervise import _linux
+from conductor.supervise.escalation import stop_escalating
 from conductor.transport.stdio import FdReceiveStream, FdSendStream
 
 log = logging.getLogger("acp_conductor.supervise")
@@ -142,49 +145,44 @@ class Component:
         return await self.process.wait()
 
     async def stop(self, grace: float) -> None:
-        """EOF on stdin, wait, SIGTERM the group, wait, SIGKILL the group, then the strays.
-
-        Always bounded; a second call returns at once.
-        """
+        """EOF on stdin, wait, SIGTERM the group, wait, SIGKILL the group, then the strays
+        (`escalation.stop_escalating`). Always bounded; a second call returns at once."""
         if self._stopped:
             return
         self._stopped = True
+        await stop_escalating(_Control(self), grace)
+
+
+class _Control:
+    """`ProcessControl` for a real component."""
+
+    def __init__(self, component: Component) -> None:
+        self._component = component
+        self._pgid = component.pid  # a group leader: its pid names its group
+
+    async def close_input(self) -> None:
         try:
-            await self.stdin.aclose()
+            await self._component.stdin.aclose()
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
-        with anyio.move_on_after(grace):
-            await self.wait_exited()
-        # The group is signalled even when the leader exited: npx/uvx leave grandchildren.
-        if _signal_group(self.pid, signal.SIGTERM):
-            with anyio.move_on_after(grace):
-                await _wait_group_gone(self.pid)
-            if _signal_group(self.pid, signal.SIGKILL):
-                with anyio.move_on_after(2.0):
-                    await _wait_group_gone(self.pid)
-        with anyio.move_on_after(2.0):
-            await self.wait_exited()
-        await _sweep(self.spec.token, grace)
 
+    async def wait_exited(self) -> None:
+        await self._component.wait_exited()
 
-async def _sweep(token: str, grace: float) -> None:
-    """TERM, then KILL, whatever still carries the component's token: descendants that left
-    its process group (setsid, double fork) or outlived their parent. Bounded."""
-    survivors = await _scan(token)
-    if not survivors:
-        return
-    log.warning("stopping %d process(es) that left the component's process group",
-                len(survivors))
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in survivors:
+    def signal_group(self, sig: int) -> bool:
+        try:
+            os.killpg(self._pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    async def find_strays(self) -> list[int]:
+        return await _scan(self._component.spec.token)
+
+    def signal_strays(self, pids: Sequence[int], sig: int) -> None:
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-        with anyio.move_on_after(grace if sig == signal.SIGTERM else 2.0):
-            while survivors:  # not our children: nothing to wait on, so check briefly
-                await anyio.sleep(0.02)
-                survivors = await _scan(token)
-        if not survivors:
-            return
 
 
 async def _scan(token: str) -> list[int]:
@@ -196,25 +194,6 @@ async def _scan(token: str) -> list[int]:
                                               abandon_on_cancel=True)
     log.warning("gave up looking for stray processes: /proc did not answer in time")
     return []
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Signal a process group; False when nobody is left in it."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False
-    return True
-
-
-async def _wait_group_gone(pgid: int) -> None:
-    # Grandchildren are not our children: nothing to wait on but the group itself, so this
-    # checks at a short interval (the leader is reaped by `Child.watch_exit`, so it does not
-    # linger as a zombie member). Unbounded: callers bound it.
-    while _signal_group(pgid, 0):  # noqa: ASYNC110
-        await anyio.sleep(0.02)
 
 
 @asynccontextmanager
