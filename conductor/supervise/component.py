@@ -1,6 +1,9 @@
-"""A spawned component: its own process group, stderr read continuously, stopped gracefully.
+"""A spawned component: its own process group, stderr read continuously, stopped gracefully,
+and not outliving the conductor even when the conductor is killed.
 
-How it is stopped is `escalation.py`; this module holds the OS side.
+How it is stopped is `escalation.py`; this module holds the OS side. Against a conductor
+killed with SIGKILL, two things: on Linux each component gets a parent-death signal
+(SIGTERM), and `watchdog.py` TERMs, then KILLs, what is left (see docs/design.md).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import errno
 import logging
 import os
 import secrets
+import signal
 import subprocess
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -22,6 +26,7 @@ import anyio
 from conductor.errors import ComponentStartError
 from conductor.supervise import _linux
 from conductor.supervise.escalation import stop_escalating
+from conductor.supervise.watchdog import WATCHDOG, tag
 from conductor.transport.stdio import FdReceiveStream, FdSendStream
 
 log = logging.getLogger("acp_conductor.supervise")
@@ -51,12 +56,13 @@ class LaunchSpec:
     cwd: str | None = None
     shutdown_grace: float = 3.0
     # Put in the component's environment: its descendants inherit it even when they leave
-    # its process group, so shutdown can still find them.
+    # its process group, so shutdown can still find them. Its value is the conductor's
+    # `tag()`, by which the watchdog finds them if the conductor is killed.
     token: str = field(default_factory=lambda: secrets.token_hex(8))
 
     def environment(self) -> dict[str, str]:
         return {**(os.environ if self.env is None else self.env),
-                f"{TOKEN_PREFIX}{self.token}": "1"}
+                f"{TOKEN_PREFIX}{self.token}": tag()}
 
 
 class Child:
@@ -151,6 +157,7 @@ class Component:
             return
         self._stopped = True
         await stop_escalating(_Control(self), grace)
+        WATCHDOG.release(self.pid)
 
 
 class _Control:
@@ -218,6 +225,7 @@ async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIt
     finally:
         for fd in (stdin_r, stdout_w, stderr_w):  # the child has its own copies now
             os.close(fd)
+    WATCHDOG.watch(popen.pid, spec.shutdown_grace)
     process = Child(popen)
     component = Component(spec, process, on_stderr, stdin=FdSendStream(stdin_w),
                           stdout=FdReceiveStream(stdout_r, owns_fd=True),
@@ -238,8 +246,9 @@ async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIt
 
 
 def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
-    """Fork and exec in this thread, the event loop's, as asyncio's own spawn does: the exec
-    result is known at once (a few ms at most).
+    """Fork and exec in this thread, the event loop's: the parent-death signal is tied to
+    the forking thread (trio's `open_process` forks in a worker thread), and the exec
+    result is known at once (a few ms at most, as asyncio's own spawn blocks).
 
     Raises:
         ComponentStartError: the command could not be started.
@@ -247,7 +256,8 @@ def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int, stderr: int) -> subproc
     try:
         return subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=spec.environment(),
                                 start_new_session=True, stdin=stdin, stdout=stdout,
-                                stderr=stderr)
+                                stderr=stderr,
+                                preexec_fn=_linux.parent_death_signal(signal.SIGTERM))
     except FileNotFoundError as e:
         # One stat on an error path after a failed spawn: not worth a worker thread.
         cwd_missing = spec.cwd and not os.path.isdir(spec.cwd)
