@@ -74,6 +74,9 @@ class Child:
         self._popen = popen
         self.pid = popen.pid
         self._exited = anyio.Event()
+        # Shielded: a cancelled chain's cleanup still needs the exit seen (and the leader
+        # reaped, or it stays in its group as a zombie); `stop_watching` ends it.
+        self._watching = anyio.CancelScope(shield=True)
 
     @property
     def returncode(self) -> int | None:
@@ -87,15 +90,19 @@ class Child:
 
     async def watch_exit(self) -> None:
         """Reap the leader when it exits: at once on Linux (pidfd), by polling elsewhere."""
-        pidfd = _linux.open_pidfd(self.pid)
-        if pidfd is not None:
-            try:
-                await anyio.wait_readable(pidfd)
-            finally:
-                os.close(pidfd)
-        while self._popen.poll() is None:  # noqa: ASYNC110 (no pidfd: nothing signals it)
-            await anyio.sleep(EXIT_POLL_INTERVAL)
-        self._exited.set()
+        with self._watching:
+            pidfd = _linux.open_pidfd(self.pid)
+            if pidfd is not None:
+                try:
+                    await anyio.wait_readable(pidfd)
+                finally:
+                    os.close(pidfd)
+            while self._popen.poll() is None:  # noqa: ASYNC110 (no pidfd: nothing signals it)
+                await anyio.sleep(EXIT_POLL_INTERVAL)
+            self._exited.set()
+
+    def stop_watching(self) -> None:
+        self._watching.cancel()
 
 
 class Component:
@@ -242,6 +249,7 @@ async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIt
                     await component.stderr_closed.wait()
                 await component.stdout.aclose()
                 await component.stderr.aclose()  # held open by a straggler: close our end
+            process.stop_watching()
             tg.cancel_scope.cancel()
 
 

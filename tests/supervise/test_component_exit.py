@@ -34,3 +34,16 @@ async def test_a_leaders_exit_is_seen_while_a_grandchild_still_holds_its_pipes(
             assert grandchild.is_running()  # holding the pipes: asyncio's wait() would hang
     grandchild.wait(timeout=5)  # the group went with the component (a bound, not a timing)
     assert not grandchild.is_running()
+
+
+async def test_a_cancelled_component_is_still_stopped_and_its_exit_seen() -> None:
+    # `run`'s second Ctrl-C cancels the chain: the shielded cleanup must still see the
+    # leader exit on EOF (not wait out every grace on an unreaped zombie).
+    spec = LaunchSpec("agent", [sys.executable, "-c", "import sys; sys.stdin.read()"],
+                      shutdown_grace=0.5)
+    with anyio.fail_after(10):
+        with anyio.CancelScope() as scope:
+            async with open_component(spec, lambda name, line: None) as comp:
+                scope.cancel()
+                await anyio.sleep_forever()
+    assert comp.returncode == 0  # exited on EOF, and reaped during the cleanup
