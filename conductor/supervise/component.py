@@ -1,4 +1,10 @@
-"""A spawned component: its own process group, stderr read continuously, stopped gracefully."""
+"""A spawned component: its own process group, stderr read continuously, stopped gracefully,
+and not outliving the conductor even when the conductor is killed.
+
+How it is stopped is `escalation.py`; this module holds the OS side. Against a conductor
+killed with SIGKILL, two things: on Linux each component gets a parent-death signal
+(SIGTERM), and `watchdog.py` TERMs, then KILLs, what is left (see docs/design.md).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import logging
 import os
 import secrets
 import signal
+import subprocess
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -17,6 +24,9 @@ from typing import TYPE_CHECKING
 import anyio
 
 from conductor.errors import ComponentStartError
+from conductor.supervise import _linux
+from conductor.supervise.escalation import stop_escalating
+from conductor.supervise.watchdog import WATCHDOG, tag
 from conductor.transport.stdio import FdReceiveStream, FdSendStream
 
 log = logging.getLogger("acp_conductor.supervise")
@@ -26,11 +36,11 @@ TOKEN_PREFIX = "ACP_CONDUCTOR_COMPONENT_"
 SCAN_TIMEOUT = 5.0  # /proc reads can block on a process stuck in the kernel
 
 if TYPE_CHECKING:
-    from anyio.abc import ByteReceiveStream, ByteSendStream, Process
+    from anyio.abc import ByteReceiveStream, ByteSendStream
 
 STDERR_TAIL_LINES = 20
 _MAX_STDERR_LINE = 8192
-EXIT_POLL_INTERVAL = 0.05
+EXIT_POLL_INTERVAL = 0.05  # where no pidfd tells us (not Linux), how often to look
 EXIT_DRAIN = 0.5  # after the leader exits, how long its stdout may stay open (grandchildren)
 
 StderrCallback = Callable[[str, str], None]  # (component name, line)
@@ -46,19 +56,61 @@ class LaunchSpec:
     cwd: str | None = None
     shutdown_grace: float = 3.0
     # Put in the component's environment: its descendants inherit it even when they leave
-    # its process group, so shutdown can still find them.
+    # its process group, so shutdown can still find them. Its value is the conductor's
+    # `tag()`, by which the watchdog finds them if the conductor is killed.
     token: str = field(default_factory=lambda: secrets.token_hex(8))
 
     def environment(self) -> dict[str, str]:
         return {**(os.environ if self.env is None else self.env),
-                f"{TOKEN_PREFIX}{self.token}": "1"}
+                f"{TOKEN_PREFIX}{self.token}": tag()}
+
+
+class Child:
+    """The leader's pid and exit. Its exit is reaped by `watch_exit`, not by the event
+    loop's child watcher: asyncio's `Process.wait()` also waits for every pipe to close,
+    which a grandchild holding them may never do."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self._exited = anyio.Event()
+        # Shielded: a cancelled chain's cleanup still needs the exit seen (and the leader
+        # reaped, or it stays in its group as a zombie); `stop_watching` ends it.
+        self._watching = anyio.CancelScope(shield=True)
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status, or minus the signal that ended it; None while it runs."""
+        return self._popen.returncode
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self._popen.returncode is not None
+        return self._popen.returncode
+
+    async def watch_exit(self) -> None:
+        """Reap the leader when it exits: at once on Linux (pidfd), by polling elsewhere."""
+        with self._watching:
+            pidfd = _linux.open_pidfd(self.pid)
+            if pidfd is not None:
+                try:
+                    await anyio.wait_readable(pidfd)
+                finally:
+                    os.close(pidfd)
+            while self._popen.poll() is None:  # noqa: ASYNC110 (no pidfd: nothing signals it)
+                await anyio.sleep(EXIT_POLL_INTERVAL)
+            self._exited.set()
+
+    def stop_watching(self) -> None:
+        self._watching.cancel()
 
 
 class Component:
     """A running child. `stdin`/`stdout` carry the protocol; stderr is pumped to a callback."""
 
-    def __init__(self, spec: LaunchSpec, process: Process, on_stderr: StderrCallback, *,
-                 stdin: ByteSendStream, stdout: ByteReceiveStream) -> None:
+    def __init__(self, spec: LaunchSpec, process: Child, on_stderr: StderrCallback, *,
+                 stdin: ByteSendStream, stdout: ByteReceiveStream,
+                 stderr: ByteReceiveStream) -> None:
         self.spec = spec
         self.name = spec.name
         self.process = process
@@ -69,6 +121,7 @@ class Component:
         self._on_stderr = on_stderr
         self.stdin = stdin
         self.stdout = stdout
+        self.stderr = stderr
 
     @property
     def returncode(self) -> int | None:
@@ -76,8 +129,7 @@ class Component:
 
     async def pump_stderr(self) -> None:
         """Read stderr line by line until EOF; an unread stderr pipe would wedge the child."""
-        stream = self.process.stderr
-        assert stream is not None
+        stream = self.stderr
         pending = bytearray()
         try:
             while True:
@@ -103,110 +155,59 @@ class Component:
 
     async def wait_exited(self) -> int:
         """The leader's exit, even while a grandchild still holds its pipes open."""
-        # asyncio's process.wait() (3.11) also waits for every pipe to close, which a
-        # grandchild that inherited stdout/stderr may never do; returncode is set at exit.
-        # Nothing signals that moment, hence the poll.
-        while self.process.returncode is None:  # noqa: ASYNC110
-            await anyio.sleep(EXIT_POLL_INTERVAL)
-        return self.process.returncode
+        return await self.process.wait()
 
     async def stop(self, grace: float) -> None:
-        """EOF on stdin, wait, SIGTERM the group, wait, SIGKILL the group, then the strays.
-
-        Always bounded; a second call returns at once.
-        """
+        """EOF on stdin, wait, SIGTERM the group, wait, SIGKILL the group, then the strays
+        (`escalation.stop_escalating`). Always bounded; a second call returns at once."""
         if self._stopped:
             return
         self._stopped = True
+        await stop_escalating(_Control(self), grace)
+        WATCHDOG.release(self.pid)
+
+
+class _Control:
+    """`ProcessControl` for a real component."""
+
+    def __init__(self, component: Component) -> None:
+        self._component = component
+        self._pgid = component.pid  # a group leader: its pid names its group
+
+    async def close_input(self) -> None:
         try:
-            await self.stdin.aclose()
+            await self._component.stdin.aclose()
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
-        with anyio.move_on_after(grace):
-            await self.wait_exited()
-        # The group is signalled even when the leader exited: npx/uvx leave grandchildren.
-        if _signal_group(self.pid, signal.SIGTERM):
-            with anyio.move_on_after(grace):
-                await _wait_group_gone(self.pid, self.process)
-            if _signal_group(self.pid, signal.SIGKILL):
-                with anyio.move_on_after(2.0):
-                    await _wait_group_gone(self.pid, self.process)
-        with anyio.move_on_after(2.0):
-            await self.process.wait()
-        await _sweep(self.spec.token, grace)
 
+    async def wait_exited(self) -> None:
+        await self._component.wait_exited()
 
-async def _sweep(token: str, grace: float) -> None:
-    """TERM, then KILL, whatever still carries the component's token: descendants that left
-    its process group (setsid, double fork) or outlived their parent. Bounded."""
-    survivors = await _scan(token)
-    if not survivors:
-        return
-    log.warning("stopping %d process(es) that left the component's process group",
-                len(survivors))
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in survivors:
+    def signal_group(self, sig: int) -> bool:
+        try:
+            os.killpg(self._pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    async def find_strays(self) -> list[int]:
+        return await _scan(self._component.spec.token)
+
+    def signal_strays(self, pids: Sequence[int], sig: int) -> None:
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-        with anyio.move_on_after(grace if sig == signal.SIGTERM else 2.0):
-            while survivors:  # not our children: nothing to wait on, so check briefly
-                await anyio.sleep(0.02)
-                survivors = await _scan(token)
-        if not survivors:
-            return
 
 
 async def _scan(token: str) -> list[int]:
-    """`_marked` in a worker thread, bounded: a stuck read is abandoned, not waited for."""
+    """Processes carrying `token`, read from /proc in a worker thread, bounded: a stuck
+    read is abandoned, not waited for. Elsewhere nothing is found."""
+    prefix = f"{TOKEN_PREFIX}{token}=".encode()
     with anyio.move_on_after(SCAN_TIMEOUT):
-        return await anyio.to_thread.run_sync(_marked, token, abandon_on_cancel=True)
+        return await anyio.to_thread.run_sync(_linux.processes_with_env, prefix,
+                                              abandon_on_cancel=True)
     log.warning("gave up looking for stray processes: /proc did not answer in time")
     return []
-
-
-def _marked(token: str) -> list[int]:
-    """Pids whose environment carries `token` (Linux /proc; elsewhere nothing is found)."""
-    needle = f"{TOKEN_PREFIX}{token}=1".encode()
-    me = os.getpid()
-    found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue  # gone, or not ours to read
-    return found
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Signal a process group; False when nobody is left in it."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False
-    return True
-
-
-async def _wait_group_gone(pgid: int, process: Process) -> None:
-    # Grandchildren are not our children: nothing to wait on but the group itself, so this
-    # checks at a short interval. Unbounded: callers bound it.
-    while True:
-        if process.returncode is None:
-            with anyio.move_on_after(0.02):
-                await process.wait()
-        else:
-            await anyio.sleep(0.02)
-        if not _signal_group(pgid, 0):
-            return
 
 
 @asynccontextmanager
@@ -216,23 +217,28 @@ async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIt
     Raises:
         ComponentStartError: the command could not be started.
     """
-    # The protocol pipes are our own fds, not asyncio's: a write is one os.write and a read
+    # The pipes are our own fds, not the event loop's: a write is one os.write and a read
     # one os.read (FdSendStream/FdReceiveStream), with no transport, protocol and
     # StreamReader layers and no event-loop yield per message in between.
     stdin_r, stdin_w = os.pipe()
     stdout_r, stdout_w = os.pipe()
+    stderr_r, stderr_w = os.pipe()
     try:
-        process = await _spawn(spec, stdin=stdin_r, stdout=stdout_w)
+        popen = _spawn(spec, stdin=stdin_r, stdout=stdout_w, stderr=stderr_w)
     except BaseException:
-        os.close(stdin_w)
-        os.close(stdout_r)
+        for fd in (stdin_w, stdout_r, stderr_r):
+            os.close(fd)
         raise
     finally:
-        os.close(stdin_r)  # the child has its own copies now
-        os.close(stdout_w)
+        for fd in (stdin_r, stdout_w, stderr_w):  # the child has its own copies now
+            os.close(fd)
+    WATCHDOG.watch(popen.pid, spec.shutdown_grace)
+    process = Child(popen)
     component = Component(spec, process, on_stderr, stdin=FdSendStream(stdin_w),
-                          stdout=FdReceiveStream(stdout_r, owns_fd=True))
+                          stdout=FdReceiveStream(stdout_r, owns_fd=True),
+                          stderr=FdReceiveStream(stderr_r, owns_fd=True))
     async with anyio.create_task_group() as tg:
+        tg.start_soon(process.watch_exit)
         tg.start_soon(component.pump_stderr)
         try:
             yield component
@@ -242,22 +248,27 @@ async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIt
                 with anyio.move_on_after(1.0):
                     await component.stderr_closed.wait()
                 await component.stdout.aclose()
-                if process.stderr is not None:  # held open by a straggler: close our end
-                    with contextlib.suppress(OSError, anyio.BrokenResourceError):
-                        await process.stderr.aclose()
+                await component.stderr.aclose()  # held open by a straggler: close our end
+            process.stop_watching()
             tg.cancel_scope.cancel()
 
 
-async def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int) -> Process:
-    """Raises:
+def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
+    """Fork and exec in this thread, the event loop's: the parent-death signal is tied to
+    the forking thread (trio's `open_process` forks in a worker thread), and the exec
+    result is known at once (a few ms at most, as asyncio's own spawn blocks).
+
+    Raises:
         ComponentStartError: the command could not be started.
     """
     try:
-        return await anyio.open_process(list(spec.argv), cwd=spec.cwd, env=spec.environment(),
-                                        start_new_session=True, stdin=stdin, stdout=stdout)
+        return subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=spec.environment(),
+                                start_new_session=True, stdin=stdin, stdout=stdout,
+                                stderr=stderr,
+                                preexec_fn=_linux.parent_death_signal(signal.SIGTERM))
     except FileNotFoundError as e:
         # One stat on an error path after a failed spawn: not worth a worker thread.
-        cwd_missing = spec.cwd and not os.path.isdir(spec.cwd)  # noqa: ASYNC240
+        cwd_missing = spec.cwd and not os.path.isdir(spec.cwd)
         missing = spec.cwd if cwd_missing else spec.argv[0]
         what = "working directory" if missing == spec.cwd else "command"
         raise ComponentStartError(
@@ -265,6 +276,7 @@ async def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int) -> Process:
     except PermissionError as e:
         raise ComponentStartError(
             spec.name, f"cannot execute {spec.argv[0]}: {e.strerror}") from None
-    except OSError as e:
-        reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+    except (OSError, subprocess.SubprocessError) as e:
+        reason = (e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+                  if isinstance(e, OSError) else str(e))
         raise ComponentStartError(spec.name, f"cannot start {spec.argv[0]}: {reason}") from None

@@ -237,8 +237,8 @@ def main() -> None:
     parser.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM")
     parser.add_argument("--linger", action="store_true", help="keep running after stdin EOF")
     args = parser.parse_args()
-    if args.ignore_term:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.ignore_term:  # and say so on stderr, so a test sees the order of events
+        signal.signal(signal.SIGTERM, lambda *_: say("scripted-agent: ignoring SIGTERM"))
     if args.stderr:
         sys.stderr.write(args.stderr + "\n")
         sys.stderr.flush()
@@ -258,7 +258,16 @@ def main() -> None:
         sys.stdout.buffer.flush()
     ScriptedAgent(args).serve()
     if args.linger:
+        say("scripted-agent: stdin closed; lingering")
         time.sleep(300)
+
+
+def say(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except OSError:  # nobody reads stderr any more (the conductor was killed): linger anyway
+        pass
 
 
 if __name__ == "__main__":

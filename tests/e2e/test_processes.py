@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import time
+import sys
 from pathlib import Path
 
 import anyio
 import psutil
 import pytest
 
+from conductor.supervise.watchdog import SCRIPT as WATCHDOG_SCRIPT
 from tests.wire_client import ConductorProcess, agent_cmd, chain_args, open_conductor, proxy_cmd
 
 
@@ -20,6 +22,19 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def components(c: ConductorProcess) -> list[psutil.Process]:
+    """The conductor's children, its watchdog left out."""
+    watchdog = watchdog_of(c)
+    return [p for p in psutil.Process(c.pid).children() if p.pid != watchdog.pid]
+
+
+def watchdog_of(c: ConductorProcess) -> psutil.Process:
+    for child in psutil.Process(c.pid).children():
+        if str(WATCHDOG_SCRIPT) in " ".join(child.cmdline()):
+            return child
+    raise AssertionError("the conductor started no watchdog")
 
 
 def family(c: ConductorProcess, pidfile: Path) -> list[int]:
@@ -151,7 +166,8 @@ command = {json.dumps(agent_cmd("--grandchild", str(pidfile)))}
     await wait_all_gone(pids)
 
 
-async def test_a_component_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
+async def test_a_component_that_ignores_eof_and_sigterm_is_killed(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
     chain = write_chain(tmp_path, f"""
 [conductor]
 shutdown_grace = 0.3
@@ -159,15 +175,19 @@ shutdown_grace = 0.3
 [agent]
 command = {json.dumps(agent_cmd("--ignore-term", "--linger"))}
 """)
-    async with open_conductor("--chain", chain) as c:
+    async with open_conductor("--trace", str(trace), "--chain", chain) as c:
         await c.initialize()
-        [agent] = psutil.Process(c.pid).children()
-        started = time.monotonic()
+        [agent] = components(c)
         await c.close_stdin()
-        assert await c.wait() == 0
-        elapsed = time.monotonic() - started
+        assert await c.wait() == 0  # bounded: the agent would linger for 300 s
     assert gone(agent.pid)
-    assert elapsed < 5  # grace (EOF) + grace (TERM) + the kill, not the agent's 300 s linger
+    events = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
+    seen = [e.get("line", f"{e['event']} {e.get('code')}") for e in events
+            if e["type"] == "lifecycle" and e["component"] == "agent"
+            and e["event"] in ("stderr", "exited")]
+    assert seen == ["scripted-agent: stdin closed; lingering",  # EOF first, then TERM,
+                    "scripted-agent: ignoring SIGTERM",
+                    f"exited {-signal.SIGKILL}"]                  # then KILL
 
 
 async def test_a_crashed_agents_grandchildren_are_cleaned_up_too(tmp_path: Path) -> None:
@@ -186,7 +206,7 @@ async def test_a_grandchild_that_left_the_process_group_is_stopped_too(tmp_path:
     async with open_conductor(*chain_args(0, "--detached-grandchild", str(pidfile))) as c:
         await c.initialize()
         detached = int(pidfile.read_text(encoding="utf-8"))
-        assert os.getpgid(detached) != os.getpgid(psutil.Process(c.pid).children()[0].pid)
+        assert os.getpgid(detached) != os.getpgid(components(c)[0].pid)
         await c.close_stdin()
         assert await c.wait() == 0
     await wait_all_gone([detached])
@@ -217,6 +237,73 @@ command = {json.dumps(conductor_argv("--chain", str(inner)))}
         await c.close_stdin()
         assert await c.wait() == 0
     await wait_all_gone(tree)
+
+
+# -- a conductor killed with SIGKILL ----------------------------------------------------------
+
+async def test_a_sigkilled_conductor_takes_every_process_it_started_with_it(
+        tmp_path: Path) -> None:
+    # The agent outlives stdin EOF; one grandchild stays in its group, one leaves it (setsid).
+    in_group, detached = tmp_path / "grandchild.pid", tmp_path / "detached.pid"
+    chain = write_chain(tmp_path, f"""
+[conductor]
+shutdown_grace = 0.5
+
+[[proxy]]
+command = {json.dumps(proxy_cmd())}
+
+[agent]
+command = {json.dumps(agent_cmd("--linger", "--grandchild", str(in_group),
+                                 "--detached-grandchild", str(detached)))}
+""")
+    async with open_conductor("--chain", chain) as c:
+        await c.initialize()
+        pids = family(c, in_group)
+        stray = int(detached.read_text(encoding="utf-8"))
+        assert stray in pids and len(pids) >= 4  # proxy, agent, both grandchildren
+        c.signal(signal.SIGKILL)
+        assert await c.wait() == -signal.SIGKILL
+    if sys.platform != "linux":  # no /proc: a process that left its group is out of reach
+        pids.remove(stray)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stray, signal.SIGKILL)
+    await wait_all_gone(pids)  # the watchdog itself included
+
+
+async def test_after_a_sigkill_a_component_that_ignores_sigterm_is_killed(
+        tmp_path: Path) -> None:
+    chain = write_chain(tmp_path, f"""
+[conductor]
+shutdown_grace = 0.3
+
+[agent]
+command = {json.dumps(agent_cmd("--ignore-term", "--linger"))}
+""")
+    async with open_conductor("--chain", chain) as c:
+        await c.initialize()
+        [agent] = components(c)
+        c.signal(signal.SIGKILL)
+        await c.wait()
+    await wait_all_gone([agent.pid])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="parent-death signals are Linux-only")
+async def test_a_component_gets_a_parent_death_signal_even_when_its_watchdog_dies_too(
+        tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    async with open_conductor(*chain_args(0, "--linger", "--grandchild", str(pidfile))) as c:
+        await c.initialize()
+        watchdog = watchdog_of(c)
+        [agent] = components(c)
+        grandchild = int(pidfile.read_text(encoding="utf-8"))
+        watchdog.kill()
+        c.signal(signal.SIGKILL)
+        await c.wait()
+    try:
+        await wait_all_gone([agent.pid])
+    finally:  # nothing promises this one's end without the watchdog: do not leak it
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(grandchild, signal.SIGKILL)
 
 
 # -- environment ------------------------------------------------------------------------------

@@ -1,0 +1,84 @@
+"""What only Linux offers: a parent-death signal, exit notification by pidfd, /proc scans.
+
+Each function says "not available" (None, or nothing found) on other systems.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+_PR_SET_PDEATHSIG = 1
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    if sys.platform != "linux":
+        return None
+    import ctypes  # here, not at import: ~2 ms that only a spawn needs
+
+    try:
+        function = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                         ctypes.c_ulong]
+    prctl: Callable[..., int] = function
+    return prctl
+
+
+def parent_death_signal(sig: int) -> Callable[[], None] | None:
+    """A `preexec_fn` that has the kernel send `sig` to the child when its parent dies.
+
+    The "parent" is the *thread* that forked: spawn from the event loop's thread, never from
+    a worker thread (idle workers exit, and would take their children with them).
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: nobody will signal us
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A file descriptor that becomes readable when `pid` exits (Linux 5.3+), or None."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        return int(pidfd_open(pid))
+    except OSError:  # an older kernel, a sandbox that forbids it, or already reaped
+        return None
+
+
+def processes_with_env(entry_prefix: bytes) -> list[int]:
+    """Pids (other than ours) whose initial environment has an entry starting with
+    `entry_prefix`. Reads /proc; finds nothing elsewhere, and skips processes not ours."""
+    me = os.getpid()
+    found: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if any(item.startswith(entry_prefix) for item in f.read().split(b"\0")):
+                    found.append(int(entry))
+        except OSError:
+            continue  # gone, or not ours to read
+    return found

@@ -1,0 +1,49 @@
+"""A component's exit is seen when it happens, even while a grandchild holds its pipes,
+with a pidfd (Linux) and without one (the polling fallback)."""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+import psutil
+import pytest
+
+from conductor.supervise import _linux
+from conductor.supervise.component import LaunchSpec, open_component
+
+# The leader says which sleep it started and exits 3; the sleep keeps stdout and stderr open.
+LEADER = [sys.executable, "-c", "import subprocess, sys; "
+          "print(subprocess.Popen(['sleep', '60']).pid, flush=True); sys.exit(3)"]
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "polling"])
+async def test_a_leaders_exit_is_seen_while_a_grandchild_still_holds_its_pipes(
+        monkeypatch: pytest.MonkeyPatch, pidfd: bool) -> None:
+    if not pidfd:
+        monkeypatch.setattr(_linux, "open_pidfd", lambda pid: None)
+    spec = LaunchSpec("agent", LEADER, shutdown_grace=0.5)
+    with anyio.fail_after(10):
+        async with open_component(spec, lambda name, line: None) as comp:
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await comp.stdout.receive()
+            grandchild = psutil.Process(int(line))
+            assert await comp.wait_exited() == 3
+            assert comp.returncode == 3
+            assert grandchild.is_running()  # holding the pipes: asyncio's wait() would hang
+    grandchild.wait(timeout=5)  # the group went with the component (a bound, not a timing)
+    assert not grandchild.is_running()
+
+
+async def test_a_cancelled_component_is_still_stopped_and_its_exit_seen() -> None:
+    # `run`'s second Ctrl-C cancels the chain: the shielded cleanup must still see the
+    # leader exit on EOF (not wait out every grace on an unreaped zombie).
+    spec = LaunchSpec("agent", [sys.executable, "-c", "import sys; sys.stdin.read()"],
+                      shutdown_grace=0.5)
+    with anyio.fail_after(10):
+        with anyio.CancelScope() as scope:
+            async with open_component(spec, lambda name, line: None) as comp:
+                scope.cancel()
+                await anyio.sleep_forever()
+    assert comp.returncode == 0  # exited on EOF, and reaped during the cleanup
