@@ -31,6 +31,23 @@ def test_ruff_finds_nothing_in_the_code_tests_and_bench() -> None:
     assert done.returncode == 0, f"ruff check failed:\n{done.stdout}{done.stderr}"
 
 
+def test_the_code_type_checks_under_mypy_strict() -> None:
+    # [tool.mypy] in pyproject.toml: strict, over conductor/ and proxies/. A fresh cache
+    # directory per run: a stale cache must not hide an error.
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", "/dev/null"], cwd=ROOT,
+        capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"mypy --strict failed:\n{done.stdout}{done.stderr}"
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    # [tool.importlinter] in pyproject.toml: the layers docs/architecture.md draws.
+    linter = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run([str(linter), "--no-cache"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"an import breaks the layering:\n{done.stdout}{done.stderr}"
+
+
 def test_no_module_under_conductor_imports_asyncio() -> None:
     offenders = []
     for path in _modules("conductor"):

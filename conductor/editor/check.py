@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import msgspec
-from msgspec import UNSET
 
 from conductor import acp
 from conductor.editor.client import open_client_connection

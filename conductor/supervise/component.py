@@ -148,7 +148,7 @@ class Component:
         finally:
             self.stderr_closed.set()
 
-    def _line(self, line: bytes) -> None:
+    def _line(self, line: bytes | bytearray) -> None:
         text = line[:_MAX_STDERR_LINE].decode("utf-8", "replace").rstrip("\r")
         self.stderr_tail.append(text)
         self._on_stderr(self.name, text)
