@@ -1,3 +1,3 @@
-from conductor.cli import main
+from conductor.cli.app import main
 
 main()

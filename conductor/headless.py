@@ -57,18 +57,22 @@ class RunExit(enum.IntEnum):
     END_TURN = 0, "the turn ended with `end_turn`"
     FAILED = 1, ("the agent (or a plugin proxy) answered the prompt with an error, or an "
                  "unknown stop reason")
-    CONFIG = 2, ("bad chain file, proxy or usage (also an empty prompt); `--session-id` but "
-                 "the agent cannot reopen sessions")
-    COMPONENT = 3, "a component failed to start or exited"
+    CONFIG = 2, ("bad chain file, proxy (unknown `use`, bad `options`) or usage (no or empty "
+                 "prompt, `--approve ask` off a terminal); `--session-id` but the agent cannot "
+                 "reopen sessions. No `result` line")
+    COMPONENT = 3, ("a component failed to start or exited (the message names it, with its "
+                    "stderr tail)")
     REFUSAL = 5, "the agent refused (`stopReason: refusal`)"
     LIMIT = 6, "the agent hit a limit (`max_tokens`, `max_turn_requests`)"
     CANCELLED = 7, "the agent cancelled the turn (`stopReason: cancelled`)"
-    POLICY = 8, ("policy violation: `--approve fail` was hit, or `run` itself (its `--cwd` "
-                 "sandbox, `--allow-*`) refused a file/terminal request; refusals by a proxy "
-                 "in the chain do not count")
-    TIMEOUT = 124, ("`--timeout` passed; the turn was cancelled with `session/cancel` (or, if "
-                    "the agent never answered `initialize` / `session/new`, `run` gave up)")
-    INTERRUPTED = 130, "Ctrl-C; as 124 (a second Ctrl-C stops at once)"
+    POLICY = 8, ("policy violation: `--approve fail` was hit, or `run` itself refused a "
+                 "file/terminal request (its `--cwd` sandbox, `--allow-write`, "
+                 "`--allow-terminal`). Requests a proxy in the chain refuses never reach `run` "
+                 "and do not count")
+    TIMEOUT = 124, ("`--timeout` passed: the turn was cancelled with `session/cancel`, or "
+                    "`run` gave up waiting for setup")
+    INTERRUPTED = 130, ("Ctrl-C: the turn was cancelled, or `run` gave up waiting for setup; a "
+                        "second Ctrl-C stops at once")
 
 
 STOP_REASON_EXIT = {"end_turn": RunExit.END_TURN, "refusal": RunExit.REFUSAL,

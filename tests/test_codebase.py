@@ -85,3 +85,13 @@ def test_the_public_api_names_resolve_and_importing_the_package_stays_light() ->
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+def test_the_exit_code_tables_in_the_docs_are_rendered_from_their_one_definition() -> None:
+    from conductor.cli.exits import DOCS, synced
+
+    for name in DOCS:
+        text = (ROOT / name).read_text(encoding="utf-8")
+        assert "<!-- exit-codes:" in text, f"{name} lost its exit-code table"
+        assert synced(text) == text, (f"{name}: exit-code table out of date; "
+                                      "run: python -m conductor.cli.exits --write")

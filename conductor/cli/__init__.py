@@ -1,5 +1,1 @@
-"""The command line: `acp-conductor` and its subcommands."""
-
-from conductor.cli.app import main
-
-__all__ = ["main"]
+"""The command line: `acp-conductor` (cli/app.py) and its subcommands."""

@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    import enum
     from collections.abc import Iterable
 
 
@@ -40,9 +40,45 @@ def markdown_table(codes: Iterable[_Code]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def all_tables() -> dict[str, type[enum.IntEnum]]:
+def all_tables() -> dict[str, Iterable[_Code]]:
     """Every table by the marker name the docs use."""
     from conductor.errors import ExitCode
     from conductor.headless import RunExit
 
     return {"conductor": ExitCode, "run": RunExit}
+
+
+DOCS = ("README.md", "docs/run.md")
+_BLOCK = re.compile(r"(<!-- exit-codes:(\w+) -->\n)(.*?)(<!-- /exit-codes -->)", re.S)
+
+
+def synced(text: str) -> str:
+    """`text` with every marked exit-code table rendered afresh from its definition."""
+    tables = all_tables()
+    return _BLOCK.sub(lambda m: m.group(1) + markdown_table(tables[m.group(2)]) + m.group(4),
+                      text)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m conductor.cli.exits [--write] ROOT`: check (or rewrite) the docs' tables."""
+    from pathlib import Path
+
+    write = "--write" in argv
+    root = Path(next((a for a in argv if not a.startswith("--")), "."))
+    stale = []
+    for name in DOCS:
+        path = root / name
+        text = path.read_text(encoding="utf-8")
+        if synced(text) != text:
+            stale.append(name)
+            if write:
+                path.write_text(synced(text), encoding="utf-8")
+    if stale and not write:
+        sys.stderr.write(f"exit-code tables out of date in {', '.join(stale)}; "
+                         "run: python -m conductor.cli.exits --write\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
