@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from conductor.errors import RpcError
+from conductor.errors import ComponentExitedError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import (
     Batch,
@@ -63,6 +63,7 @@ class TestPeer:
         self.name = name
         self.endpoint: Endpoint | None = None
         self.received: list[Call] = []   # every request and notification that arrived
+        self.batches: list[int] = []     # the size of every batch that arrived
         self.tg: TaskGroup | None = None
         self._changed = anyio.Event()
 
@@ -92,8 +93,15 @@ class TestPeer:
         """Send `$/cancel_request` for one of our requests, by its id."""
         await self.notify("$/cancel_request", {"requestId": request_id})
 
+    async def hang_up(self) -> None:
+        """Close our side of the connection, as a process does when it exits (an agent that
+        hangs up is a component that died: the router answers what it owed)."""
+        await self._ep.sink.aclose()
+
     async def deliver(self, item: Incoming) -> None:
         """What arrived on the connection (called by the transport's reader)."""
+        if isinstance(item, Batch):
+            self.batches.append(len(item.items))
         items = item.items if isinstance(item, Batch) else [item]
         for message in items:
             if isinstance(message, Response):
@@ -253,9 +261,13 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
                 task_status.started(hop)
                 await anyio.sleep_forever()
 
+        async def agent_gone(hop: Hop) -> None:
+            await chain.fail_hop(hop, ComponentExitedError("agent", None))
+
         async def starter() -> list[ComponentLink]:
             links = [ComponentLink(p.name, Role.PROXY, await tg.start(host, p)) for p in proxies]
-            agent_hop = _link_peer(agent, "agent", tg, transport, tracer, to_chain, sinks)
+            agent_hop = _link_peer(agent, "agent", tg, transport, tracer, to_chain, sinks,
+                                   on_eof=agent_gone)
             return [*links, ComponentLink("agent", Role.AGENT, agent_hop)]
 
         chain = Chain(client_hop, starter, tracer=tracer)
@@ -272,7 +284,8 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
 
 def _link_peer(peer: TestPeer, name: str, tg: TaskGroup, transport: Transport,
                tracer: TraceSink | None, to_chain: Callable[[Hop, Incoming], Awaitable[None]],
-               sinks: list[MessageSink]) -> Hop:
+               sinks: list[MessageSink],
+               on_eof: Callable[[Hop], Awaitable[None]] | None = None) -> Hop:
     """Connect `peer` to the router both ways; returns the router's hop for it."""
     to_peer, peer_in = open_link(transport)
     from_peer, chain_in = open_link(transport)
@@ -282,8 +295,13 @@ def _link_peer(peer: TestPeer, name: str, tg: TaskGroup, transport: Transport,
 
     async def into_chain(item: Incoming) -> None:
         await to_chain(hop, item)
+
+    async def read() -> None:
+        await chain_in.serve(into_chain)
+        if on_eof is not None:
+            await on_eof(hop)
     tg.start_soon(peer_in.serve, peer.deliver)
-    tg.start_soon(chain_in.serve, into_chain)
+    tg.start_soon(read)
     return hop
 
 

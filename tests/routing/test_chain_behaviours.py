@@ -1,0 +1,135 @@
+"""The router's behaviours in memory, once over message links and once over framed pipes:
+cancellation hop by hop, batches, per-hop order, and answers when a component dies.
+(The e2e tests check the same over real processes.)"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+
+from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.message import Notification, Raw
+from conductor.plugins import Proxy, ProxyContext, on
+from conductor.testing import ScriptedAgent, open_test_chain
+from proxies.passthrough import Passthrough
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Request
+    from conductor.transport.memory import Transport
+
+
+@pytest.fixture(params=["memory", "pipes"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+class Visits(Proxy):
+    """Handles every request from the editor side, so each one really crosses it."""
+
+    @on("*")
+    async def everything(self, ctx: ProxyContext, message: Request) -> object:
+        return await ctx.forward()
+
+
+def update(sid: str, n: int) -> dict[str, object]:
+    return {"sessionId": sid, "update": {"sessionUpdate": "agent_message_chunk",
+                                         "content": {"type": "text", "text": f"{n} "}}}
+
+
+async def test_a_cancel_reaches_the_agent_once_with_the_agents_own_id(
+        transport: Transport) -> None:
+    asked = anyio.Event()
+
+    async def slow(agent: ScriptedAgent, message: Request) -> object:
+        asked.set()
+        await agent.wait_for("$/cancel_request")
+        return {"stopped": True}
+
+    agent = ScriptedAgent({"_ext/slow": slow})
+    async with open_test_chain([Visits(), Visits()], agent, transport=transport) as client:
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                answers: list[object] = []
+
+                async def ask() -> None:
+                    answers.append((await client.request("_ext/slow", {}, ident=77)).result_value())
+                tg.start_soon(ask)
+                await asked.wait()
+                await client.cancel(77)
+    assert answers == [{"stopped": True}]
+    cancels = agent.received_params("$/cancel_request")
+    slow_id = next(m.id for m in agent.received if m.method == "_ext/slow")  # type: ignore[union-attr]
+    assert cancels == [{"requestId": int(bytes(slow_id))}]
+
+
+async def test_a_batch_is_answered_as_one_array_in_which_notifications_have_no_answer(
+        transport: Transport) -> None:
+    async with open_test_chain([Passthrough()], transport=transport) as client:
+        endpoint = client.endpoint
+        assert endpoint is not None
+        with anyio.fail_after(5):
+            a, first = endpoint.open_request("_ext/a", Raw(b"{}"))
+            b, second = endpoint.open_request("_ext/b", Raw(b"{}"))
+            await endpoint.sink.send([first, Notification(method="_ext/note"), second])
+            answers = [await endpoint.wait(a), await endpoint.wait(b)]
+    assert client.batches == [2]  # both answers came back together, in one array
+    assert [r.error_code() for r in answers] == [ErrorCode.METHOD_NOT_FOUND] * 2
+
+
+async def test_updates_arrive_in_the_order_the_agent_sent_them_across_proxies(
+        transport: Transport) -> None:
+    async def chatty(agent: ScriptedAgent, message: Request) -> object:
+        sid = message.params_value()["sessionId"]
+        for n in range(200):
+            await agent.notify("session/update", update(sid, n))
+        return {"stopReason": "end_turn"}
+
+    agent = ScriptedAgent({"session/prompt": chatty})
+    async with open_test_chain([Visits(), Passthrough(), Visits()], agent,
+                               transport=transport) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session()
+            await client.prompt(sid, "go")
+    assert client.agent_text(sid) == "".join(f"{n} " for n in range(200))
+
+
+async def test_when_the_agent_dies_every_request_it_owed_is_answered_naming_it(
+        transport: Transport) -> None:
+    waiting = anyio.Event()
+
+    async def never(agent: ScriptedAgent, message: Request) -> object:
+        waiting.set()
+        await anyio.sleep_forever()
+
+    agent = ScriptedAgent({"_ext/never": never})
+    async with open_test_chain([Visits()], agent, transport=transport) as client:
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                answers: list[object] = []
+
+                async def ask() -> None:
+                    answers.append((await client.request("_ext/never", {})).error_value())
+                tg.start_soon(ask)
+                tg.start_soon(ask)
+                await waiting.wait()
+                await anyio.wait_all_tasks_blocked()
+                await agent.hang_up()
+            later = (await client.request("_ext/never", {})).error_value()
+    assert len(answers) == 2
+    for error in [*answers, later]:
+        assert error["code"] == ErrorCode.COMPONENT_FAILED
+        assert error["data"]["component"] == "agent"
+
+
+async def test_a_notification_before_initialize_starts_nothing_and_a_request_is_refused(
+        transport: Transport) -> None:
+    agent = ScriptedAgent()
+    async with open_test_chain([], agent, initialize=False, transport=transport) as client:
+        with anyio.fail_after(5):
+            await client.notify("session/update", update("s", 0))
+            refused = (await client.request("session/new", {"cwd": "/"})).error_value()
+            await client.initialize()
+    assert refused["code"] == ErrorCode.INVALID_REQUEST
+    assert [m.method for m in agent.received] == ["initialize"]
