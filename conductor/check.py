@@ -89,11 +89,14 @@ class _Recorder:
             elif direction == "in" and msg.method is UNSET and \
                     self._asked.pop((hop, bytes(msg.id)), None):
                 report = self.get(hop)
-                if msg.result is not UNSET:
-                    value = msgspec.json.decode(msg.result)
-                    report.result = value if isinstance(value, dict) else {"result": value}
-                else:
-                    report.error = msgspec.json.decode(msg.error)
+                try:
+                    if msg.result is not UNSET:
+                        value = msg.result_value()
+                        report.result = value if isinstance(value, dict) else {"result": value}
+                    else:
+                        report.error = msg.error_value()
+                except msgspec.DecodeError as e:  # nested too deeply: say so, do not crash
+                    report.error = {"message": f"its initialize answer cannot be read: {e}"}
 
     def lifecycle(self, component: str, event: str, **fields: object) -> None:
         report = self.get(component)

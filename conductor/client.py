@@ -21,6 +21,7 @@ import msgspec
 
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, OversizedFrame
+from conductor.jsonrpc.head import Head, read_head
 from conductor.transport.pipes import serve_frames
 
 if TYPE_CHECKING:
@@ -135,16 +136,37 @@ class ClientConnection:
 
     async def _receive(self, frame: bytes | OversizedFrame) -> None:
         if isinstance(frame, OversizedFrame):
-            log.warning("dropped an oversized message (%d bytes)", frame.size)
+            await self._unreadable(frame.top, frame.head, f"{frame.size} bytes, over the "
+                                   f"{frame.limit}-byte limit")
             return
         try:
             value = msgspec.json.decode(frame)
-        except msgspec.DecodeError:
-            log.warning("dropped a non-JSON line: %r", frame[:200])
+        except msgspec.DecodeError as e:
+            await self._unreadable(read_head(frame), frame, str(e))
+            return
+        except RecursionError:
+            await self._unreadable(read_head(frame), frame, "nested too deeply to decode")
             return
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, dict):
                 await self._receive_one(item)
+
+    async def _unreadable(self, head: Head, frame: bytes | bytearray, why: str) -> None:
+        """Drop a frame that cannot be decoded, but answer for it when its id can be read:
+        a request gets an error, an awaited answer becomes one (nobody waits forever)."""
+        log.warning("dropped a line that cannot be read (%s): %r", why, frame[:200])
+        if head.id is None or head.is_batch:
+            return
+        ident = msgspec.json.decode(head.id)
+        if head.has_method:
+            await self._write({"id": ident, "error": {"code": ErrorCode.INVALID_REQUEST,
+                                                      "message": f"unreadable request: {why}"}})
+            return
+        entry = self._pending.get(ident)  # type: ignore[arg-type]
+        if entry is not None:
+            entry.error = RpcError(ErrorCode.PARSE_ERROR,
+                                   f"the answer to {entry.method} cannot be read: {why}")
+            entry.done.set()
 
     async def _receive_one(self, msg: dict[str, Any]) -> None:
         method = msg.get("method")

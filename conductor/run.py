@@ -27,8 +27,7 @@ from conductor.errors import (
 )
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
-from conductor.jsonrpc.head import read_head
-from conductor.jsonrpc.message import ParseError, decode, error_response
+from conductor.jsonrpc.message import ParseError, UnreadableFrame, decode, error_response
 from conductor.plugins.api import Proxy
 from conductor.plugins.host import open_inprocess_wire
 from conductor.plugins.registry import load_component_proxy
@@ -283,10 +282,13 @@ async def _serve_wire(chain: Chain, wire: Wire, stream: ByteReceiveStream, max_f
     """Feed what arrives on `stream` to the router as `wire`'s messages, until EOF."""
     async def handle(frame: bytes | bytearray | OversizedFrame) -> None:
         if isinstance(frame, OversizedFrame):
-            await chain.refuse_oversized(wire, read_head(frame.head), frame.size, frame.limit)
+            await chain.refuse_oversized(wire, frame.top, frame.size, frame.limit)
             return
         try:
             item = decode(frame)
+        except UnreadableFrame as e:
+            await chain.refuse_unreadable(wire, e.head, e.code, e.reason)
+            return
         except ParseError as e:
             await not_json(frame, e)
             return

@@ -30,6 +30,7 @@ from conductor.jsonrpc.message import (
     Batch,
     JsonValue,
     Message,
+    UnreadableFrame,
     decode,
     error_response,
     id_key,
@@ -323,6 +324,14 @@ async def open_process_client(argv: Sequence[str], *, env: dict[str, str] | None
                         raise AssertionError(f"oversized frame of {frame.size} bytes")
                     try:
                         item = decode(frame)
+                    except UnreadableFrame as e:
+                        head = e.head
+                        if e.code != ErrorCode.INVALID_REQUEST or head.has_method or \
+                                head.id is None:
+                            raise AssertionError(f"{e}: {frame[:200]!r}") from None
+                        # Valid JSON too deep to decode: the request it answers fails.
+                        await client.deliver(error_response(head.id, e.code, str(e)))
+                        return
                     except ValueError:
                         raise AssertionError(f"not JSON on the wire: {frame[:200]!r}") from None
                     if isinstance(item, Batch):

@@ -230,3 +230,16 @@ def test_trace_html_loads_in_headless_chromium_with_lanes_and_messages(recorded:
         assert f'data-lane="{lane}"' in out
     assert "session/prompt #3" in out
     assert out.count('class="msg error"') == 0
+
+
+def test_a_trace_event_nested_too_deeply_to_show_is_skipped_not_fatal(tmp_path: Path) -> None:
+    from conductor.trace_view import load_trace
+
+    path = tmp_path / "t.jsonl"
+    deep = "[" * 5000 + "]" * 5000
+    path.write_text('{"type":"trace","version":1}\n'
+                    f'{{"type":"message","seq":1,"hop":"client","payload":{deep}}}\n'
+                    '{"type":"lifecycle","seq":2,"component":"agent","event":"spawned"}\n',
+                    encoding="utf-8")
+    trace = load_trace(path)
+    assert [e["seq"] for e in trace.events] == [2]

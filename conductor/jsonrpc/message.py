@@ -14,6 +14,7 @@ import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.head import Head, read_head
 
 JsonValue = Any  # JSON-compatible Python value; the one loose public type
 T = TypeVar("T")
@@ -42,14 +43,14 @@ class Message(msgspec.Struct, gc=False):
         return self.method is UNSET
 
     def params_value(self) -> JsonValue:
-        """Decode params (a copy; the message keeps its bytes)."""
-        return None if self.params is UNSET else msgspec.json.decode(self.params)
+        """Decode params (a copy; the message keeps its bytes). Raises msgspec.DecodeError."""
+        return _value(self.params)
 
     def result_value(self) -> JsonValue:
-        return None if self.result is UNSET else msgspec.json.decode(self.result)
+        return _value(self.result)
 
     def error_value(self) -> JsonValue:
-        return None if self.error is UNSET else msgspec.json.decode(self.error)
+        return _value(self.error)
 
     # Typed views are opt-in and never change the message: it keeps its bytes.
     def params_as(self, model: type[T]) -> T:
@@ -67,12 +68,24 @@ class Message(msgspec.Struct, gc=False):
         return msgspec.structs.replace(self, result=payload(value), error=UNSET)
 
 
+def _value(data: Raw | UnsetType) -> JsonValue:
+    if data is UNSET:
+        return None
+    try:
+        return msgspec.json.decode(data)
+    except RecursionError:  # an error its callers already handle, not a crash
+        raise msgspec.DecodeError("JSON nested too deeply to decode") from None
+
+
 def _view(data: Raw | UnsetType, model: type[T]) -> T:
     body = b"null" if data is UNSET else bytes(data)
     validate = getattr(model, "model_validate_json", None)  # pydantic, without importing it here
     if validate is not None:
         return validate(body)  # type: ignore[no-any-return]
-    return msgspec.json.decode(body, type=model)
+    try:
+        return msgspec.json.decode(body, type=model)
+    except RecursionError:
+        raise msgspec.DecodeError("JSON nested too deeply to decode") from None
 
 
 def payload(value: object) -> Raw:
@@ -119,21 +132,54 @@ class ParseError(ValueError):
     """The frame is not JSON at all."""
 
 
+class UnreadableFrame(ParseError):
+    """A frame the conductor will not decode: not UTF-8, or nested too deeply to decode.
+
+    `head` is what a scan of its top level found (its id, whether it has a method), so the
+    sender can still be answered; `code` is the JSON-RPC error code to answer with.
+    """
+
+    def __init__(self, code: int, reason: str, head: Head) -> None:
+        super().__init__(reason)
+        self.code, self.reason, self.head = code, reason, head
+
+
 def decode(frame: bytes | bytearray) -> Message | InvalidMessage | Batch:
-    """Decode one frame. Raises ParseError when the frame is not JSON.
+    """Decode one frame.
 
     Payloads reference `frame` without copying it; it must not change afterwards.
+    Raises:
+        UnreadableFrame: the frame is not UTF-8, or is nested too deeply to decode.
+        ParseError: the frame is not JSON.
     """
+    if not frame.isascii():  # most frames are ASCII: only the others need checking
+        _check_utf8(frame)
     first = frame[:1]
     if first.isspace():  # rare: lstrip() copies the whole frame
         first = frame.lstrip()[:1]
-    if first == b"[":
-        try:
-            raws = _batch_decoder.decode(frame)
-        except msgspec.DecodeError as e:
-            raise ParseError(str(e)) from None
-        return Batch([_decode_item(bytes(r)) for r in raws])
-    return _decode_item(frame)
+    try:
+        if first == b"[":
+            try:
+                raws = _batch_decoder.decode(frame)
+            except msgspec.DecodeError as e:
+                raise ParseError(str(e)) from None
+            return Batch([_decode_item(bytes(r)) for r in raws])
+        return _decode_item(frame)
+    except RecursionError:
+        # msgspec's limit is Python's recursion limit (about 1,000 levels, less the stack in
+        # use); JSON that deep is no ACP message, and must not take the reader down.
+        raise UnreadableFrame(ErrorCode.INVALID_REQUEST, "nested too deeply to decode",
+                              read_head(frame)) from None
+
+
+def _check_utf8(frame: bytes | bytearray) -> None:
+    try:
+        str(frame, "utf-8")
+    except UnicodeDecodeError as e:
+        raise UnreadableFrame(
+            ErrorCode.PARSE_ERROR,
+            f"not valid UTF-8 (byte 0x{frame[e.start]:02x} at offset {e.start})",
+            read_head(frame)) from None
 
 
 def _decode_item(frame: bytes | bytearray) -> Message | InvalidMessage:
@@ -242,6 +288,7 @@ __all__ = [
     "Message",
     "ParseError",
     "Raw",
+    "UnreadableFrame",
     "UnsetType",
     "decode",
     "encode",

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+import msgspec
 from msgspec import UNSET, UnsetType
 from pydantic import BaseModel, ConfigDict
 
@@ -271,7 +272,11 @@ def answer_or_raise(answer: Message) -> Message:
     """
     if answer.error is UNSET:
         return answer
-    error = answer.error_value()
+    try:
+        error = answer.error_value()
+    except msgspec.DecodeError as e:
+        raise RpcError(ErrorCode.INTERNAL_ERROR, f"an error answer that cannot be read: {e}"
+                       ) from None
     if not isinstance(error, dict):
         raise RpcError(ErrorCode.INTERNAL_ERROR, str(error))
     raise RpcError(int(error.get("code", ErrorCode.INTERNAL_ERROR)), str(error.get("message", "")),

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
@@ -34,6 +35,7 @@ from conductor.jsonrpc.message import (
     InvalidMessage,
     Message,
     ParseError,
+    UnreadableFrame,
     decode,
     error_response,
     id_key,
@@ -54,6 +56,7 @@ from conductor.transport.pipes import CoalescedWrites, PipeSink, serve_frames
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup, TaskStatus
 
+    from conductor.jsonrpc.head import Head
     from conductor.transport.base import MessageSink
 
 log = logging.getLogger("acp_conductor.plugins")
@@ -453,7 +456,11 @@ class ProxyHost:
                        params: Raw | UnsetType) -> SessionScope:
         setup = None
         if params is not UNSET:
-            setup = Message(params=params).params_value()
+            try:
+                setup = Message(params=params).params_value()
+            except msgspec.DecodeError:
+                log.warning("%s: session %s set up with params nested too deeply to read",
+                            self.name, sid)
         scope = SessionScope(sid, how, owned=owned, setup=setup, _host=self)
         previous = self.sessions.get(sid)
         if previous is not None:  # a reload keeps the state and the handlers
@@ -568,13 +575,27 @@ async def serve_proxy(proxy: Proxy[Any], stdin: ByteReceiveStream, stdout: ByteS
     decoder = FrameDecoder() if max_frame_bytes is None else FrameDecoder(
         max_frame_bytes=max_frame_bytes)
 
+    async def refuse(head: Head, code: int, reason: str) -> None:
+        """Answer for a frame not decoded: a request gets an error, an answer settles the
+        request it answered with one, so nobody waits for what was dropped."""
+        log.error("%s: %s; dropped", proxy.name, reason)
+        if head.is_batch or head.is_notification:
+            return
+        if head.has_method:
+            await host.emit(error_response(head.id, code, reason, {"component": proxy.name}))
+        elif head.id is not None:
+            await host.dispatch(error_response(head.id, ErrorCode.INTERNAL_ERROR, reason))
+
     async def handle(frame: bytes | OversizedFrame) -> None:
         if isinstance(frame, OversizedFrame):
-            log.error("%s: a %d-byte message exceeds the frame limit; dropped", proxy.name,
-                      frame.size)
+            await refuse(frame.top, ErrorCode.INVALID_REQUEST,
+                         f"a {frame.size}-byte message exceeds the {frame.limit}-byte limit")
             return
         try:
             item = decode(frame)
+        except UnreadableFrame as e:
+            await refuse(e.head, e.code, f"a message from the conductor is {e.reason}")
+            return
         except ParseError as e:
             log.warning("%s: not JSON from the conductor (dropped): %s", proxy.name, e)
             return

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
@@ -518,37 +519,54 @@ class Chain:
                          source=wire.name)
 
     async def refuse_oversized(self, wire: Wire, head: Head, size: int, limit: int) -> None:
-        """A frame over the size limit arrived on `wire` and was skipped unread.
-
-        A request is refused to its sender (with id null when its id lay beyond the bytes
-        that could be read); a notification is only logged (a frame whose params begin
-        before any id is taken for one: every SDK writes the id first); an answer fails the
-        request it answered, so the asker is not left waiting.
-        """
+        """A frame over the size limit arrived on `wire` and was skipped unread."""
         reason = (f"{wire.name} sent a message of {size} bytes, over the {limit}-byte limit "
                   "on messages")
         log.error("%s; dropped", reason)
         if self._tracer is not None:
             self._tracer.lifecycle(wire.name, "oversized", size=size, limit=limit)
         hint = "raise the limit with --max-frame-bytes or [conductor] max_frame_bytes"
-        if head.is_batch:  # refused as a whole: one error, id null (JSON-RPC 2.0 §6)
-            await self._reply(wire, error_response(None, ErrorCode.INVALID_REQUEST, reason, hint))
+        await self.refuse_frame(wire, head, ErrorCode.INVALID_REQUEST, reason, hint)
+
+    async def refuse_unreadable(self, wire: Wire, head: Head, code: int, why: str) -> None:
+        """A frame arrived on `wire` that is not UTF-8 or is nested too deeply to decode."""
+        reason = f"{wire.name} sent a message that is {why}"
+        log.error("%s; dropped", reason)
+        if self._tracer is not None:
+            self._tracer.lifecycle(wire.name, "unreadable", reason=why)
+        await self.refuse_frame(wire, head, code, reason, None)
+
+    async def refuse_frame(self, wire: Wire, head: Head, code: int, reason: str,
+                           data: str | None) -> None:
+        """Answer for a frame from `wire` that was not decoded, by what its `head` shows.
+
+        A request is refused to its sender (with id null when its id could not be read); a
+        notification is never answered (a frame whose params begin before any id, when the
+        rest could not be scanned, is taken for one: every SDK writes the id first); an
+        answer fails the request it answered, so the asker is not left waiting; a batch is
+        refused as a whole (JSON-RPC 2.0 §6), and so is call-shaped junk.
+        """
+        if head.is_batch or (head.id_known and not head.has_method and head.id is None
+                             and not head.bad_id):  # neither a method nor an id
+            await self._reply(wire, error_response(None, code, reason, data))
             return
         if head.is_notification:
             return  # a notification is never answered
         if head.has_method:  # a request: refuse it, by id when the id could be read
-            await self._reply(wire, error_response(head.id, ErrorCode.INVALID_REQUEST,
-                                                   reason, hint))
+            await self._reply(wire, error_response(head.id, code, reason, data))
             return
         if head.id is None:
             return  # an answer to nobody we can tell: responses are never answered
         try:
-            pending = wire.pending.pop(id_key(head.id), None) if head.id is not None else None
+            pending = wire.pending.pop(id_key(head.id), None)
         except ValueError:
             pending = None
         if pending is not None:
-            await self._settle(pending, error_response(
-                None, ErrorCode.INTERNAL_ERROR, reason, {"component": wire.name, "hint": hint}))
+            detail: dict[str, object] = {"component": wire.name}
+            if data is not None:
+                detail["hint"] = data
+            await self._settle(pending, error_response(None, ErrorCode.INTERNAL_ERROR, reason,
+                                                       detail))
 
     # -- I/O and failure ---------------------------------------------------------------------
 
@@ -619,7 +637,10 @@ class Chain:
 def _is_method_not_found(answer: Message) -> bool:
     if answer.error is UNSET:
         return False
-    error = answer.error_value()
+    try:
+        error = answer.error_value()
+    except msgspec.DecodeError:
+        return False
     return isinstance(error, dict) and error.get("code") == ErrorCode.METHOD_NOT_FOUND
 
 

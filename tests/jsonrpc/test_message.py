@@ -6,7 +6,7 @@ import json
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conductor.jsonrpc.message import (
@@ -16,6 +16,7 @@ from conductor.jsonrpc.message import (
     Message,
     ParseError,
     Raw,
+    UnreadableFrame,
     decode,
     encode,
     encode_batch,
@@ -140,3 +141,83 @@ def test_params_value_decodes_a_copy() -> None:
     assert isinstance(msg, Message)
     assert msg.params_value() == {"a": [1, 2]}
     assert msgspec.json.decode(msg.params) == {"a": [1, 2]}  # type: ignore[arg-type]
+
+
+# -- frames the conductor will not decode -------------------------------------------------------
+
+def nested(depth: int, open_: str = "[", close: str = "]") -> bytes:
+    return (open_ * depth + close * depth).encode()
+
+
+DEEP = 5_000  # past msgspec's limit (Python's recursion limit) from any stack depth
+
+
+@pytest.mark.parametrize(("frame", "ident", "has_method"), [
+    (b'{"jsonrpc":"2.0","id":1,"method":"m","params":' + nested(DEEP) + b"}", b"1", True),
+    (b'{"jsonrpc":"2.0","method":"m","params":[' + nested(DEEP) + b'],"id":"late"}',
+     b'"late"', True),
+    (b'{"jsonrpc":"2.0","id":9,"result":' + b'{"a":' * DEEP + b"1" + b"}" * DEEP + b"}",
+     b"9", False),
+    (b'{"jsonrpc":"2.0","method":"n","params":' + nested(DEEP) + b"}", None, True),
+])
+def test_a_frame_nested_too_deeply_is_unreadable_with_its_top_level_id(
+        frame: bytes, ident: bytes | None, has_method: bool) -> None:
+    with pytest.raises(UnreadableFrame) as caught:
+        decode(frame)
+    assert caught.value.code == -32600
+    assert "nested too deeply" in caught.value.reason
+    head = caught.value.head
+    assert (None if head.id is None else bytes(head.id)) == ident
+    assert head.has_method is has_method
+    assert head.id_known
+
+
+def test_a_deeply_nested_batch_is_unreadable_as_a_whole() -> None:
+    with pytest.raises(UnreadableFrame) as caught:
+        decode(b'[{"jsonrpc":"2.0","id":1,"method":"m","params":' + nested(DEEP) + b"}]")
+    assert caught.value.head.is_batch
+    with pytest.raises(UnreadableFrame):
+        decode(nested(DEEP))
+
+
+@settings(max_examples=50, deadline=None)
+@given(depth=st.integers(0, 3_000), where=st.sampled_from(["params", "batch", "top"]))
+def test_any_nesting_depth_decodes_or_is_unreadable_never_crashes(depth: int,
+                                                                  where: str) -> None:
+    inner = nested(depth).decode()
+    frame = {"params": f'{{"jsonrpc":"2.0","id":1,"method":"m","params":[{inner}]}}',
+             "batch": f'[{{"jsonrpc":"2.0","id":1,"method":"m","params":[{inner}]}}]',
+             "top": f"[{inner}]"}[where].encode()
+    try:
+        decode(frame)
+    except UnreadableFrame as e:
+        assert e.code == -32600
+
+
+@pytest.mark.parametrize(("frame", "ident"), [
+    (b'{"jsonrpc":"2.0","id":8,"method":"m","params":{"t":"\xff"}}', b"8"),
+    (b'{"jsonrpc":"2.0","method":"m","params":{"t":"\xc3("},"id":"x"}', b'"x"'),
+    (b'{"jsonrpc":"2.0","id":"\xff","method":"m","params":{}}', None),  # never echoed
+    (b'{"jsonrpc":"2.0","id":3,"result":"\xed\xa0\x80"}', b"3"),  # an encoded surrogate
+])
+def test_a_frame_that_is_not_utf8_is_unreadable_with_its_id_when_that_is_clean(
+        frame: bytes, ident: bytes | None) -> None:
+    with pytest.raises(UnreadableFrame) as caught:
+        decode(frame)
+    assert caught.value.code == -32700
+    assert "UTF-8" in caught.value.reason
+    head = caught.value.head
+    assert (None if head.id is None else bytes(head.id)) == ident
+
+
+def test_non_ascii_utf8_frames_decode_as_before() -> None:
+    frame = '{"jsonrpc":"2.0","id":"é","method":"m","params":{"t":"日本 🎉"}}'.encode()
+    msg = decode(frame)
+    assert isinstance(msg, Message)
+    assert encode(msg) == frame + b"\n"
+
+
+def test_payload_values_too_deep_to_decode_raise_a_decode_error() -> None:
+    msg = Message(method="m", params=Raw(nested(DEEP)))
+    with pytest.raises(msgspec.DecodeError, match="nested too deeply"):
+        msg.params_value()
