@@ -7,6 +7,7 @@ order, escapes, number spellings and unknown fields survive every hop.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -19,11 +20,15 @@ from conductor.jsonrpc.head import Head, read_head
 JsonValue = Any  # JSON-compatible Python value; the one loose public type
 T = TypeVar("T")
 
+# The default of `Message.jsonrpc`. A decoded message whose `jsonrpc` *is* this object (not
+# merely equal to it) had no such member: msgspec fills in the default, never a copy.
+_VERSION: Final = "2.0"
+
 
 class Message(msgspec.Struct, gc=False):
     """One JSON-RPC message. Request: method+id; notification: method; response: id+result/error."""
 
-    jsonrpc: str = "2.0"
+    jsonrpc: str = _VERSION
     id: Raw | UnsetType = UNSET
     method: str | UnsetType = UNSET
     params: Raw | UnsetType = UNSET
@@ -103,6 +108,12 @@ class _Probe(msgspec.Struct):
 
     id: Raw | UnsetType = UNSET
     method: Raw | UnsetType = UNSET
+    result: Raw | UnsetType = UNSET
+    error: Raw | UnsetType = UNSET
+
+
+class _VersionProbe(msgspec.Struct):
+    jsonrpc: Raw | UnsetType = UNSET
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +122,7 @@ class InvalidMessage:
 
     reason: str
     id: Raw | None
-    call_shaped: bool  # had a method or no result/error: deserves a -32600 answer
+    call_shaped: bool  # a request or call-shaped junk: deserves a -32600 answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +134,9 @@ class Batch:
 
 _decoder: Final = msgspec.json.Decoder(Message)
 _probe: Final = msgspec.json.Decoder(_Probe)
+_version_probe: Final = msgspec.json.Decoder(_VersionProbe)
+_first_byte: Final = struct.Struct("B").unpack_from  # of a Raw, without copying it
+_STRUCTURED: Final = frozenset(b"{[n")  # params: an object, an array (or null, as some send)
 _batch_decoder: Final = msgspec.json.Decoder(list[Raw])
 _encoder: Final = msgspec.json.Encoder()
 NULL: Final = Raw(b"null")
@@ -199,8 +213,21 @@ def _decode_item(frame: bytes | bytearray) -> Message | InvalidMessage:
             # like the answer to the peer's own request with that id.
             return InvalidMessage("a response needs exactly one of result and error", msg.id,
                                   call_shaped=False)
-    elif msg.result is not UNSET or msg.error is not UNSET:
-        return InvalidMessage("a request cannot carry result or error", msg.id, True)
+        return msg  # `jsonrpc` is not checked on answers: refusing one leaves its asker waiting
+    # A notification is never answered, whatever is wrong with it: call_shaped only with an id.
+    ident = None if msg.id is UNSET else msg.id
+    if msg.result is not UNSET or msg.error is not UNSET:
+        return InvalidMessage("a request cannot carry result or error", ident,
+                              call_shaped=ident is not None)
+    if msg.jsonrpc is _VERSION and _version_probe.decode(frame).jsonrpc is UNSET:
+        return InvalidMessage('the "jsonrpc" member is missing (it must be "2.0")', ident,
+                              call_shaped=ident is not None)
+    if msg.jsonrpc != "2.0":
+        return InvalidMessage(f'"jsonrpc" must be "2.0", not {msg.jsonrpc!r}', ident,
+                              call_shaped=ident is not None)
+    if msg.params is not UNSET and _first_byte(msg.params)[0] not in _STRUCTURED:
+        return InvalidMessage("params must be an object or an array", ident,
+                              call_shaped=ident is not None)
     return msg
 
 
@@ -215,7 +242,14 @@ def _invalid(frame: bytes | bytearray, reason: str) -> InvalidMessage:
     except msgspec.MsgspecError:
         return InvalidMessage(f"not a JSON-RPC message: {reason}", None, call_shaped=True)
     ident = None if probe.id is UNSET else probe.id
-    return InvalidMessage(f"not a JSON-RPC message: {reason}", ident, call_shaped=True)
+    if ident is not None and not _valid_id(ident):
+        ident = None
+    # Without a method, and with a result or an error, it is an answer: never answered.
+    answer = probe.method is UNSET and (probe.result is not UNSET or probe.error is not UNSET)
+    # A notification (a method, no id) is never answered either.
+    notification = probe.method is not UNSET and ident is None and probe.id is UNSET
+    return InvalidMessage(f"not a JSON-RPC message: {reason}", ident,
+                          call_shaped=not answer and not notification)
 
 
 def encode(message: Message) -> bytes:

@@ -147,8 +147,9 @@ class Chain:
             if isinstance(item, InvalidMessage):
                 if self._tracer is not None:
                     self._tracer.lifecycle(wire.name, "invalid-message", reason=item.reason)
-                collector.replies.append(error_response(item.id, ErrorCode.INVALID_REQUEST,
-                                                        "Invalid Request", item.reason))
+                if item.call_shaped:  # answers and notifications are never answered
+                    collector.replies.append(error_response(item.id, ErrorCode.INVALID_REQUEST,
+                                                            "Invalid Request", item.reason))
             else:
                 await self._receive_message(wire, item)
         await wire.end_batch(collector)
@@ -184,6 +185,11 @@ class Chain:
         method = msg.method
         assert isinstance(method, str)
         if method == acp.CANCEL_REQUEST:
+            if msg.id is not UNSET:  # nobody would answer it (in a batch: nor the batch)
+                await self._reply(wire, error_response(
+                    msg.id, ErrorCode.INVALID_REQUEST, "Invalid Request",
+                    f"`{method}` is a notification: send it without an id"))
+                return
             await self._on_cancel(wire, msg.params)
             return
         wrapped = acp.SUCCESSOR_METHODS.get(method)

@@ -34,15 +34,30 @@ class Pending:
 
 @dataclass(slots=True)
 class BatchCollector:
-    """Answers owed for one batch that arrived on a wire; sent as one array when complete."""
+    """Answers owed for one batch that arrived on a wire; sent as one array when complete.
 
-    wanted: set[object]
+    `wanted` counts the answers still owed per id, keyed by the id's exact bytes (answers
+    echo them): a batch may repeat an id, or use ids that are not keys elsewhere (1.5).
+    """
+
+    wanted: dict[bytes, int]
     replies: list[Message] = field(default_factory=list)
     intake_open: bool = True
 
     @property
     def complete(self) -> bool:
         return not self.intake_open and not self.wanted
+
+    def claim(self, ident: bytes) -> bool:
+        """Count an answer with this id against the batch; False when it owes none."""
+        left = self.wanted.get(ident)
+        if left is None:
+            return False
+        if left == 1:
+            del self.wanted[ident]
+        else:
+            self.wanted[ident] = left - 1
+        return True
 
 
 class _WriterTurn:
@@ -145,12 +160,10 @@ class Wire:
 
     def open_batch(self, request_ids: list[Raw]) -> BatchCollector:
         """Start collecting: replies to these ids are held back until `end_batch`."""
-        wanted: set[object] = set()
+        wanted: dict[bytes, int] = {}
         for ident in request_ids:
-            try:
-                wanted.add(id_key(ident))
-            except ValueError:
-                continue
+            key = bytes(ident)
+            wanted[key] = wanted.get(key, 0) + 1
         batch = BatchCollector(wanted)
         self._batches.append(batch)
         return batch
@@ -160,13 +173,9 @@ class Wire:
         await self._flush_if_complete(batch)
 
     def _collector_for(self, message: Message) -> BatchCollector | None:
-        try:
-            key = id_key(message.id)  # type: ignore[arg-type]
-        except ValueError:
-            return None
+        key = bytes(message.id)  # type: ignore[arg-type]
         for batch in self._batches:
-            if key in batch.wanted:
-                batch.wanted.discard(key)
+            if batch.claim(key):
                 return batch
         return None
 

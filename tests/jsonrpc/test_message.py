@@ -39,7 +39,12 @@ def spell(value: object, style: dict) -> str:  # type: ignore[type-arg]
     return json.dumps(value, **style).replace("\n", "\r\t ")  # no newline inside a frame
 
 
-@given(value=json_values, style=spellings, ident=st.sampled_from(
+# Request params are structured (JSON-RPC 2.0 §4.2): an array or an object of any values.
+structured = st.lists(json_values, max_size=4) | st.dictionaries(st.text(), json_values,
+                                                                 max_size=4)
+
+
+@given(value=structured, style=spellings, ident=st.sampled_from(
     ['1', '"a"', '-5', '123456789012345678901234567890', '1.5', 'null', '"\\u00e9"']))
 def test_a_request_round_trips_byte_for_byte(value: object, style: dict, ident: str) -> None:  # type: ignore[type-arg]
     payload = spell(value, style)
@@ -215,6 +220,38 @@ def test_non_ascii_utf8_frames_decode_as_before() -> None:
     msg = decode(frame)
     assert isinstance(msg, Message)
     assert encode(msg) == frame + b"\n"
+
+
+@pytest.mark.parametrize(("frame", "reason"), [
+    (b'{"jsonrpc":"1.0","id":1,"method":"m","params":{}}', '"jsonrpc" must be "2.0"'),
+    (b'{"id":1,"method":"m","params":{}}', '"jsonrpc" member is missing'),
+    (b'{"jsonrpc":"2.0","id":1,"method":"m","params":5}', "an object or an array"),
+    (b'{"jsonrpc":"2.0","id":1,"method":"m","params":true}', "an object or an array"),
+    (b'{"jsonrpc":"2.0","id":1,"method":"m","params":"[x]"}', "an object or an array"),
+])
+def test_a_call_that_breaks_json_rpc_2_is_invalid_and_answered_only_with_an_id(
+        frame: bytes, reason: str) -> None:
+    request = decode(frame)
+    assert isinstance(request, InvalidMessage)
+    assert reason in request.reason
+    assert request.call_shaped
+    assert request.id is not None
+    assert bytes(request.id) == b"1"
+    notification = decode(frame.replace(b'"id":1,', b""))
+    assert isinstance(notification, InvalidMessage)
+    assert not notification.call_shaped  # a notification is never answered
+
+
+def test_a_message_the_conductor_makes_carries_jsonrpc_2() -> None:
+    assert encode(Message(method="m")) == b'{"jsonrpc":"2.0","method":"m"}\n'
+    decoded = decode(b'{"jsonrpc":"2.0","method":"m","params":[]}')
+    assert isinstance(decoded, Message)
+
+
+def test_an_invalid_answer_is_never_answered() -> None:
+    item = decode(b'{"jsonrpc":2,"id":4,"result":{}}')  # jsonrpc not even a string
+    assert isinstance(item, InvalidMessage)
+    assert not item.call_shaped
 
 
 def test_payload_values_too_deep_to_decode_raise_a_decode_error() -> None:

@@ -1,5 +1,5 @@
-"""What the router refuses, driven in memory through the real decoder and Chain: frames and
-payloads nested too deeply to decode."""
+"""What the router refuses, driven in memory through the real decoder and Chain: envelopes
+that break JSON-RPC 2.0, and batches whose answers must all come back in their array."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import anyio
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -69,6 +70,140 @@ class Harness:
                 await self.line(self.agent_wire, json.dumps(
                     {"jsonrpc": "2.0", "id": asked["id"],
                      "result": {"echo": asked.get("params")}}).encode())
+
+
+LENIENT = [
+    pytest.param(b'{"jsonrpc":"1.0","id":7,"method":"_test/echo","params":{}}', "2.0",
+                 id="jsonrpc-1.0"),
+    pytest.param(b'{"id":7,"method":"_test/echo","params":{}}', "missing", id="no-jsonrpc"),
+    pytest.param(b'{"jsonrpc":"2.0","id":7,"method":"_test/echo","params":5}',
+                 "object or an array", id="params-5"),
+    pytest.param(b'{"jsonrpc":"2.0","id":7,"method":"_test/echo","params":"x"}',
+                 "object or an array", id="params-string"),
+]
+
+
+@pytest.mark.parametrize(("frame", "why"), LENIENT)
+async def test_a_request_that_breaks_json_rpc_2_is_refused_and_not_forwarded(
+        frame: bytes, why: str) -> None:
+    h = Harness()
+    await h.start()
+    await h.line(h.client_wire, frame)
+    [refused] = h.client.sent
+    assert refused["id"] == 7
+    assert refused["error"]["code"] == -32600
+    assert why in refused["error"]["data"]
+    assert h.agent.sent == []
+
+
+@pytest.mark.parametrize(("frame", "why"), LENIENT)
+async def test_a_notification_that_breaks_json_rpc_2_is_dropped_unanswered(
+        frame: bytes, why: str) -> None:
+    h = Harness()
+    await h.start()
+    await h.line(h.client_wire, frame.replace(b'"id":7,', b""))
+    await h.line(h.agent_wire, frame.replace(b'"id":7,', b""))
+    assert h.client.sent == []
+    assert h.agent.sent == []
+
+
+async def test_a_request_from_the_agent_that_breaks_json_rpc_2_is_refused_to_the_agent() -> None:
+    h = Harness()
+    await h.start()
+    await h.line(h.agent_wire, b'{"id":"a1","method":"fs/read_text_file","params":{}}')
+    assert h.client.sent == []
+    [refused] = h.agent.sent
+    assert (refused["id"], refused["error"]["code"]) == ("a1", -32600)
+
+
+async def test_params_null_is_accepted_as_no_params() -> None:
+    h = Harness()
+    await h.start()
+    await h.line(h.client_wire, b'{"jsonrpc":"2.0","id":7,"method":"_test/echo","params":null}')
+    [forwarded] = h.agent.sent
+    assert forwarded["method"] == "_test/echo"
+    assert forwarded["params"] is None
+
+
+async def test_an_answer_without_jsonrpc_still_answers_its_request() -> None:
+    h = Harness()
+    await h.start()
+    await h.line(h.client_wire, b'{"jsonrpc":"2.0","id":7,"method":"_test/echo","params":{}}')
+    [asked] = h.agent.sent
+    await h.line(h.agent_wire, b'{"id":%d,"result":{"ok":true}}' % asked["id"])
+    # The conductor writes its own envelope: the client gets a proper 2.0 answer.
+    assert h.client.sent == [{"jsonrpc": "2.0", "id": 7, "result": {"ok": True}}]
+
+
+async def test_a_cancel_sent_as_a_request_is_refused_instead_of_left_unanswered() -> None:
+    h = Harness()
+    await h.start()
+    await h.line(h.client_wire, b'[{"jsonrpc":"2.0","id":1,"method":"_test/echo","params":{}},'
+                                b'{"jsonrpc":"2.0","id":2,"method":"$/cancel_request",'
+                                b'"params":{"requestId":1}}]')
+    await h.answer_everything()
+    [batch] = h.client.sent
+    by_id = {r["id"]: r for r in batch}
+    assert by_id[2]["error"]["code"] == -32600
+    assert "result" in by_id[1]
+
+
+@pytest.mark.parametrize("ids", [
+    pytest.param([1, 1], id="duplicate"),
+    pytest.param([1.5, 2], id="float"),
+    pytest.param([1.0, 1], id="float-and-int"),
+    pytest.param(["a", "a", "a", 3], id="three-times"),
+])
+async def test_every_answer_to_a_batch_comes_back_inside_its_array(ids: list[object]) -> None:
+    h = Harness()
+    await h.start()
+    members = [f'{{"jsonrpc":"2.0","id":{json.dumps(i)},"method":"_test/echo","params":[{n}]}}'
+               for n, i in enumerate(ids)]
+    await h.line(h.client_wire, ("[" + ",".join(members) + "]").encode())
+    await h.answer_everything()
+    [batch] = h.client.sent
+    assert isinstance(batch, list)
+    assert sorted(r["result"]["echo"][0] for r in batch) == list(range(len(ids)))
+    assert sorted(map(json.dumps, (r["id"] for r in batch))) == sorted(map(json.dumps, ids))
+
+
+ident = st.sampled_from(["1", "1.0", "1.5", "-2", '"a"', '"1"', "null", "1e2"])
+member = st.one_of(
+    st.tuples(st.just("request"), ident),
+    st.tuples(st.just("notification"), st.none()),
+    st.tuples(st.just("invalid"), ident),
+    st.tuples(st.just("answer"), ident))
+
+
+@settings(max_examples=60, deadline=None)
+@given(members=st.lists(member, min_size=1, max_size=8))
+def test_a_batch_gets_all_its_answers_in_one_array_and_nothing_outside_it(
+        members: list[tuple[str, str | None]]) -> None:
+    async def scenario() -> None:
+        h = Harness()
+        await h.start()
+        parts, answered = [], 0
+        for n, (kind, i) in enumerate(members):
+            if kind == "request":
+                parts.append(f'{{"jsonrpc":"2.0","id":{i},"method":"_test/echo","params":[{n}]}}')
+                answered += 1
+            elif kind == "notification":
+                parts.append('{"jsonrpc":"2.0","method":"_ext/note","params":{}}')
+            elif kind == "invalid":  # call-shaped junk: answered inside the array
+                parts.append(f'{{"jsonrpc":"2.0","id":{i},"method":"_test/echo","params":5}}')
+                answered += 1
+            else:  # response-shaped junk: never answered
+                parts.append(f'{{"jsonrpc":"2.0","id":{i},"result":{{}}}}')
+        await h.line(h.client_wire, ("[" + ",".join(parts) + "]").encode())
+        await h.answer_everything()
+        if answered == 0:
+            assert h.client.sent == []
+            return
+        [batch] = h.client.sent  # one send: the array, nothing outside it
+        assert isinstance(batch, list)
+        assert len(batch) == answered
+
+    anyio.run(scenario)
 
 
 # -- payloads nested deeper than the router's helpers can decode -------------------------------
