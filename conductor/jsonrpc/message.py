@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
@@ -20,15 +20,16 @@ from conductor.jsonrpc.head import Head, read_head
 JsonValue = Any  # JSON-compatible Python value; the one loose public type
 T = TypeVar("T")
 
-# The default of `Message.jsonrpc`. A decoded message whose `jsonrpc` *is* this object (not
-# merely equal to it) had no such member: msgspec fills in the default, never a copy.
-_VERSION: Final = "2.0"
+# The default of `Message.jsonrpc`: "2.0", built at run time so that it is no other "2.0"
+# object. A decoded message whose `jsonrpc` *is* this object had no such member (msgspec
+# fills in the default itself); any value but "2.0" fails decoding (the Literal).
+_VERSION: Final = "".join(("2", ".0"))
 
 
 class Message(msgspec.Struct, gc=False):
     """One JSON-RPC message. Request: method+id; notification: method; response: id+result/error."""
 
-    jsonrpc: str = _VERSION
+    jsonrpc: Literal["2.0"] = _VERSION  # type: ignore[assignment]
     id: Raw | UnsetType = UNSET
     method: str | UnsetType = UNSET
     params: Raw | UnsetType = UNSET
@@ -136,7 +137,9 @@ _decoder: Final = msgspec.json.Decoder(Message)
 _probe: Final = msgspec.json.Decoder(_Probe)
 _version_probe: Final = msgspec.json.Decoder(_VersionProbe)
 _first_byte: Final = struct.Struct("B").unpack_from  # of a Raw, without copying it
+_OBJECT: Final = (0x7B,)  # what _first_byte gives for an object
 _STRUCTURED: Final = frozenset(b"{[n")  # params: an object, an array (or null, as some send)
+_ID_START: Final = frozenset(b'"-0123456789n')  # a string, a number or null (Raw is valid JSON)
 _batch_decoder: Final = msgspec.json.Decoder(list[Raw])
 _encoder: Final = msgspec.json.Encoder()
 NULL: Final = Raw(b"null")
@@ -168,16 +171,17 @@ def decode(frame: bytes | bytearray) -> Message | InvalidMessage | Batch:
     """
     if not frame.isascii():  # most frames are ASCII: only the others need checking
         _check_utf8(frame)
-    first = frame[:1]
-    if first.isspace():  # rare: lstrip() copies the whole frame
-        first = frame.lstrip()[:1]
     try:
-        if first == b"[":
-            try:
-                raws = _batch_decoder.decode(frame)
-            except msgspec.DecodeError as e:
-                raise ParseError(str(e)) from None
-            return Batch([_decode_item(bytes(r)) for r in raws])
+        first = frame[:1]
+        if first != b"{":  # almost every frame is an object: one test
+            if first.isspace():  # rare: lstrip() copies the whole frame
+                first = frame.lstrip()[:1]
+            if first == b"[":
+                try:
+                    raws = _batch_decoder.decode(frame)
+                except msgspec.DecodeError as e:
+                    raise ParseError(str(e)) from None
+                return Batch([_decode_item(bytes(r)) for r in raws])
         return _decode_item(frame)
     except RecursionError:
         # msgspec's limit is Python's recursion limit (about 1,000 levels, less the stack in
@@ -214,26 +218,36 @@ def _decode_item(frame: bytes | bytearray) -> Message | InvalidMessage:
             return InvalidMessage("a response needs exactly one of result and error", msg.id,
                                   call_shaped=False)
         return msg  # `jsonrpc` is not checked on answers: refusing one leaves its asker waiting
-    # A notification is never answered, whatever is wrong with it: call_shaped only with an id.
+    # One cheap test on the hot path (params are almost always objects); which rule is
+    # broken, if any, is worked out only when one may be.
+    params = msg.params
+    if (msg.jsonrpc is _VERSION or msg.result is not UNSET or msg.error is not UNSET
+            or (params is not UNSET and _first_byte(params) != _OBJECT)):
+        return _invalid_call(frame, msg)
+    return msg
+
+
+def _invalid_call(frame: bytes | bytearray, msg: Message) -> Message | InvalidMessage:
+    """The JSON-RPC 2.0 rule a request or notification breaks, if any.
+
+    A notification is never answered, whatever is wrong with it: call_shaped only with an id.
+    """
     ident = None if msg.id is UNSET else msg.id
+
+    def invalid(reason: str) -> InvalidMessage:
+        return InvalidMessage(reason, ident, call_shaped=ident is not None)
+
     if msg.result is not UNSET or msg.error is not UNSET:
-        return InvalidMessage("a request cannot carry result or error", ident,
-                              call_shaped=ident is not None)
+        return invalid("a request cannot carry result or error")
     if msg.jsonrpc is _VERSION and _version_probe.decode(frame).jsonrpc is UNSET:
-        return InvalidMessage('the "jsonrpc" member is missing (it must be "2.0")', ident,
-                              call_shaped=ident is not None)
-    if msg.jsonrpc != "2.0":
-        return InvalidMessage(f'"jsonrpc" must be "2.0", not {msg.jsonrpc!r}', ident,
-                              call_shaped=ident is not None)
+        return invalid('the "jsonrpc" member is missing (it must be "2.0")')
     if msg.params is not UNSET and _first_byte(msg.params)[0] not in _STRUCTURED:
-        return InvalidMessage("params must be an object or an array", ident,
-                              call_shaped=ident is not None)
+        return invalid("params must be an object or an array")
     return msg
 
 
 def _valid_id(ident: Raw) -> bool:
-    first = bytes(ident)[:1]
-    return first == b'"' or first == b"-" or first.isdigit() or bytes(ident) == b"null"
+    return _first_byte(ident)[0] in _ID_START
 
 
 def _invalid(frame: bytes | bytearray, reason: str) -> InvalidMessage:
@@ -244,6 +258,8 @@ def _invalid(frame: bytes | bytearray, reason: str) -> InvalidMessage:
     ident = None if probe.id is UNSET else probe.id
     if ident is not None and not _valid_id(ident):
         ident = None
+    if reason.endswith("`$.jsonrpc`"):
+        reason = f'"jsonrpc" must be "2.0" ({reason})'
     # Without a method, and with a result or an error, it is an answer: never answered.
     answer = probe.method is UNSET and (probe.result is not UNSET or probe.error is not UNSET)
     # A notification (a method, no id) is never answered either.

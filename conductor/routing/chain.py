@@ -172,7 +172,7 @@ class Chain:
             # Fast path: a plain notification whose next hop takes it plainly (component ->
             # client, client -> agent) needs no ids, hooks or wrapping: send it as it came.
             route = self._plain_route.get(wire)
-            if route is not None and msg.method not in _NOT_PLAIN and msg.jsonrpc == "2.0":
+            if route is not None and msg.method not in _NOT_PLAIN:
                 target, gates, up, source = route
                 if not gates or all(gate(msg.method, up) for gate in gates):  # type: ignore[arg-type]
                     if target.failure is None:
