@@ -93,6 +93,8 @@ def decode_envelope(params: Raw | UnsetType) -> Envelope:
         return _envelope_decoder.decode(params)
     except msgspec.MsgspecError as e:
         raise ValueError(f"malformed successor envelope: {e}") from None
+    except RecursionError:
+        raise ValueError("the successor envelope is nested too deeply to decode") from None
 
 
 def encode_envelope(method: str, params: Raw | UnsetType, meta: Raw | UnsetType,
@@ -141,7 +143,7 @@ def result_protocol_version(payload: Raw | UnsetType) -> object:
         if probe.protocolVersion is UNSET:
             return None
         return msgspec.json.decode(probe.protocolVersion)
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         return None
 
 
@@ -154,7 +156,7 @@ def is_legacy_proxy_initialize(params: Raw | UnsetType) -> bool:
         if meta is UNSET:
             return False
         value = msgspec.json.decode(meta)
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         return False
     return isinstance(value, dict) and value.get("proxy") is True
 
@@ -168,6 +170,8 @@ def _object(payload: Raw | UnsetType) -> dict[str, Raw]:
         return msgspec.json.decode(payload, type=dict[str, Raw])
     except msgspec.MsgspecError as e:
         raise ValueError(f"expected a JSON object: {e}") from None
+    except RecursionError:  # msgspec skips nested values recursively too
+        raise ValueError("nested too deeply to decode") from None
 
 
 def set_key(payload: Raw | UnsetType, key: str, value: Raw) -> Raw:
@@ -189,7 +193,10 @@ def with_legacy_proxy_meta(params: Raw | UnsetType) -> Raw:
 def append_to_list(payload: Raw | UnsetType, key: str, items: list[Raw]) -> Raw:
     """Append to a list under `key` (created when missing); nothing else changes."""
     obj = _object(payload)
-    current = msgspec.json.decode(obj[key], type=list[Raw]) if key in obj else []
+    try:
+        current = msgspec.json.decode(obj[key], type=list[Raw]) if key in obj else []
+    except RecursionError:
+        raise ValueError(f"{key} is nested too deeply to decode") from None
     obj[key] = Raw(_encoder.encode([*current, *items]))
     return Raw(_encoder.encode(obj))
 
@@ -199,7 +206,7 @@ def get_str(payload: Raw | UnsetType, key: str) -> str | None:
     try:
         value = _object(payload).get(key)
         decoded = None if value is None else msgspec.json.decode(value)
-    except (ValueError, msgspec.MsgspecError):
+    except (ValueError, msgspec.MsgspecError, RecursionError):
         return None
     return decoded if isinstance(decoded, str) else None
 

@@ -133,10 +133,13 @@ async def serve_chain(
     stopped: list[anyio.Event] = []  # one per component, set once it is fully stopped
     hosted: list[Hop] = []  # in-process plugin proxies
 
-    def fatal(error: ComponentError) -> None:
-        if outcome.fatal is None:
+    def failed(error: ComponentError) -> None:
+        if outcome.fatal is None:  # the first failure is the one reported
             outcome.fatal = error
             log.error("%s", error)
+
+    def fatal(error: ComponentError) -> None:
+        failed(error)
         stop.set()
 
     def broken(hop: Hop) -> None:
@@ -181,7 +184,13 @@ async def serve_chain(
                     if tracer is not None:
                         tracer.lifecycle(launch.name, "exited", code=code, expected=False)
                         exit_traced.set()
+                    failed(error)
                     await chain.fail_hop(hop, error)
+                    # Its answers go to its predecessor; behind proxies they still have to
+                    # travel up to the client, so stop the others only once the client has
+                    # its answers (bounded: a wedged proxy cannot hold the shutdown).
+                    with anyio.move_on_after(config.conductor.shutdown_grace):
+                        await client.wait_quiet()
                     fatal(error)
 
                 inner.start_soon(read)

@@ -37,6 +37,7 @@ from conductor.plugins.host import open_inprocess_hop
 from conductor.routing.chain import Chain
 from conductor.routing.topology import ComponentLink, Hop, Role
 from conductor.rpc.endpoint import Endpoint
+from conductor.transport.base import Unreadable
 from conductor.transport.memory import open_link
 from conductor.transport.pipes import PipeSink, PipeSource
 
@@ -324,6 +325,10 @@ async def open_process_client(argv: Sequence[str], *, env: dict[str, str] | None
             client.connect(sink, tg)
 
             async def read(item: Incoming) -> None:
+                if isinstance(item, Unreadable) and item.code == ErrorCode.INVALID_REQUEST:
+                    # Valid JSON too deep to decode: the request it answers fails.
+                    await client._ep.refuse_unread(item.head, item.code, item.reason)
+                    return
                 if not isinstance(item, Request | Notification | Response | Batch):
                     raise AssertionError(f"not JSON-RPC on the wire: {item!r}")
                 await client.deliver(item)

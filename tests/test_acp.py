@@ -121,3 +121,24 @@ def test_dialects_spell_the_handshake_and_the_envelope() -> None:
     assert Dialect.SPEC.successor_method(is_request=True) == "proxy/successor"
     assert Dialect.PROXY.successor_method(is_request=False) == "_proxy/successor"
     assert all(acp.SUCCESSOR_METHODS[d.successor_method(is_request=True)] is d for d in Dialect)
+
+
+DEEP = Raw(b'{"sessionId":"s","protocolVersion":1,"_meta":{"x":' + b"[" * 5000 + b"]" * 5000
+           + b"},\"mcpServers\":" + b"[" * 5000 + b"]" * 5000 + b"}")
+
+
+def test_payload_helpers_answer_for_params_nested_too_deeply_instead_of_crashing() -> None:
+    assert acp.get_str(DEEP, "sessionId") is None
+    assert acp.get_raw(DEEP, "sessionId") is None
+    assert acp.result_protocol_version(DEEP) is None
+    assert acp.is_legacy_proxy_initialize(DEEP) is False
+    with pytest.raises(ProtocolVersionError):
+        acp.protocol_version(DEEP)
+    for edit in (lambda: acp.set_key(DEEP, "k", Raw(b"1")),
+                 lambda: acp.with_legacy_proxy_meta(DEEP),
+                 lambda: acp.append_to_list(Raw(b'{"l":' + b"[" * 5000 + b"]" * 5000 + b"}"),
+                                            "l", [Raw(b"1")]),
+                 lambda: acp.decode_envelope(Raw(b'{"method":"m","params":' + bytes(DEEP)
+                                                 + b"}"))):
+        with pytest.raises(ValueError, match="nested too deeply"):
+            edit()

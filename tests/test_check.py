@@ -76,3 +76,17 @@ def test_check_of_an_invalid_file_exits_2() -> None:
     result = check("--chain", "does/not/exist.toml")
     assert result.returncode == 2
     assert "file not found" in result.stderr
+
+
+def test_an_initialize_answer_nested_too_deeply_is_reported_not_fatal() -> None:
+    from conductor.editor.check import _Recorder
+    from conductor.jsonrpc.message import Raw, Request, Response
+
+    recorder = _Recorder()
+    recorder.message("agent", "out", Request(id=Raw(b"1"), method="initialize",
+                                             params=Raw(b"{}")))
+    recorder.message("agent", "in", Response(id=Raw(b"1"),
+                                             result=Raw(b"[" * 5000 + b"]" * 5000)))
+    error = recorder.get("agent").error
+    assert isinstance(error, dict)
+    assert "nested too deeply" in error["message"]

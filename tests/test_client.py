@@ -63,3 +63,33 @@ async def test_client_drives_a_traced_conductor_in_editor_mode(tmp_path: Path) -
     assert [e["method"] for e in client if e["dir"] == "in" and e["kind"] == "request"] == [
         "initialize", "session/new", "session/prompt", "no/such_method"]
     assert any(e.get("event") == "spawned" for e in events)
+
+
+DEEP = b"[" * 5000 + b"]" * 5000
+
+
+async def test_an_answer_nested_too_deeply_fails_its_request_instead_of_hanging() -> None:
+    from conductor.transport.memory import memory_pipe
+
+    to_client, client_in = memory_pipe()
+    client_out, from_client = memory_pipe()
+    with anyio.fail_after(5):
+        async with to_client, client_in, client_out, from_client, \
+                open_client_connection(client_in, client_out) as conn:
+            async with anyio.create_task_group() as tg:
+                async def agent() -> None:
+                    asked = json.loads(await from_client.receive())
+                    await to_client.send(b'{"jsonrpc":"2.0","method":"x","params":' + DEEP
+                                         + b',"id":"deep-q"}\n')
+                    refused = json.loads(await from_client.receive())
+                    assert refused["id"] == "deep-q"
+                    assert refused["error"]["code"] == -32600
+                    await to_client.send(b'{"jsonrpc":"2.0","id":%d,"result":' % asked["id"]
+                                         + DEEP + b"}\n")
+                tg.start_soon(agent)
+                try:
+                    await conn.request("session/prompt", {})
+                    raise AssertionError("expected an error")
+                except RpcError as e:
+                    assert "cannot be read" in e.message
+                    assert "nested too deeply" in e.message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import anyio
@@ -448,3 +449,28 @@ async def test_a_message_routed_past_a_proxy_never_overtakes_one_it_is_still_han
     order = [m.method for m in client.received
              if m.method in ("session/request_permission", "session/update")]
     assert order == ["session/request_permission", "session/update"]
+
+
+async def test_a_stand_alone_proxy_answers_requests_it_cannot_read_by_id() -> None:
+    from conductor.plugins.host import serve_proxy
+    from conductor.transport.memory import memory_pipe
+
+    to_proxy, proxy_in = memory_pipe()
+    proxy_out, from_proxy = memory_pipe()
+    deep = b"[" * 5000 + b"]" * 5000
+    with anyio.fail_after(5):
+        async with to_proxy, proxy_in, proxy_out, from_proxy, anyio.create_task_group() as tg:
+            tg.start_soon(lambda: serve_proxy(Passthrough(), proxy_in, proxy_out,
+                                              max_frame_bytes=65536))
+            await to_proxy.send(b'{"jsonrpc":"2.0","method":"x","params":' + deep
+                                + b',"id":"deep"}\n')
+            await to_proxy.send(b'{"jsonrpc":"2.0","method":"x","params":{"d":"'
+                                + b"o" * 100_000 + b'"},"id":"big"}\n')
+            await to_proxy.send(b'{"jsonrpc":"2.0","id":"bad","method":"x","params":"\xff"}\n')
+            out = b""
+            while out.count(b"\n") < 3:  # writes may be coalesced: count lines, not chunks
+                out += await from_proxy.receive()
+            answers = [json.loads(line) for line in out.splitlines()]
+            tg.cancel_scope.cancel()
+    assert [(a["id"], a["error"]["code"]) for a in answers] == [
+        ("deep", -32600), ("big", ErrorCode.FRAME_TOO_LARGE), ("bad", -32700)]

@@ -305,3 +305,16 @@ async def test_a_hung_agent_s_initialize_reaches_the_trace_file_while_the_conduc
             while not _agent_bound(trace, "initialize"):  # noqa: ASYNC110
                 await anyio.sleep(0.01)
         assert c.process.returncode is None  # seen while the agent still hangs, not at exit
+
+
+def test_a_trace_event_nested_too_deeply_to_show_is_skipped_not_fatal(tmp_path: Path) -> None:
+    from conductor.tracing.view import load_trace
+
+    path = tmp_path / "t.jsonl"
+    deep = "[" * 5000 + "]" * 5000
+    path.write_text('{"type":"trace","version":1}\n'
+                    f'{{"type":"message","seq":1,"hop":"client","payload":{deep}}}\n'
+                    '{"type":"lifecycle","seq":2,"component":"agent","event":"spawned"}\n',
+                    encoding="utf-8")
+    trace = load_trace(path)
+    assert [e["seq"] for e in trace.events] == [2]

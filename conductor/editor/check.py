@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 
 from conductor import acp
 from conductor.editor.client import open_client_connection
@@ -88,11 +89,14 @@ class _Recorder:
             elif direction == "in" and isinstance(msg, Response) and \
                     self._asked.pop((hop, bytes(msg.id)), None) is not None:
                 report = self.get(hop)
-                if msg.is_error:
-                    report.error = msg.error_value()
-                else:
-                    value = msg.result_value()
-                    report.result = value if isinstance(value, dict) else {"result": value}
+                try:
+                    if msg.is_error:
+                        report.error = msg.error_value()
+                    else:
+                        value = msg.result_value()
+                        report.result = value if isinstance(value, dict) else {"result": value}
+                except msgspec.DecodeError as e:  # nested too deeply: say so, do not crash
+                    report.error = {"message": f"its initialize answer cannot be read: {e}"}
 
     def lifecycle(self, component: str, event: str, **fields: object) -> None:
         report = self.get(component)

@@ -21,6 +21,7 @@ from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
 from conductor.jsonrpc.message import Batch, Notification, Request, Response
 from conductor.rpc.endpoint import Endpoint
 from conductor.rpc.failure import raise_for_error
+from conductor.transport.base import Oversized, Unreadable
 from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
@@ -85,6 +86,13 @@ class ClientConnection:
                 self._tg.start_soon(self.endpoint.answer, one, self._answer)
             elif isinstance(one, Notification):
                 await self._notification(one)
+            elif isinstance(one, Unreadable | Oversized):
+                # Answer for it when its id can be read: nobody waits for what was dropped.
+                reason = one.reason if isinstance(one, Unreadable) else (
+                    f"{one.size} bytes, over the {one.limit}-byte limit")
+                log.warning("dropped a message that cannot be read: %s", reason)
+                code = one.code if isinstance(one, Unreadable) else ErrorCode.FRAME_TOO_LARGE
+                await self.endpoint.refuse_unread(one.head, code, f"a message that cannot be read: {reason}")
             else:
                 log.warning("dropped unusable input: %r", one)
 

@@ -1,19 +1,24 @@
-"""Newline-delimited frames from arbitrary chunks. No I/O, no JSON."""
+"""Newline-delimited frames from arbitrary chunks. No I/O; no JSON but an oversized frame's
+top-level keys, read as it is skipped."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from conductor.jsonrpc.head import Head, HeadScanner
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
 class OversizedFrame:
-    """A frame that exceeded the limit and was skipped; `head` is its first bytes."""
+    """A frame that exceeded the limit and was skipped; `head` is its first bytes, `top` its
+    top-level id and method as scanned over all of its bytes."""
 
     size: int
     limit: int
     head: bytes
+    top: Head = field(default_factory=lambda: Head(None, False, False), compare=False)
 
 
 class FrameDecoder:
@@ -21,7 +26,8 @@ class FrameDecoder:
 
     A frame over the limit is not an error that ends the stream: its bytes are discarded
     as they arrive (memory stays bounded) and one `OversizedFrame` takes its place, so the
-    connection's other traffic continues.
+    connection's other traffic continues. The skipped bytes go through a `HeadScanner` on
+    their way out, so the frame's id is known even when it comes after a huge `params`.
     """
 
     HEAD_BYTES = 4096
@@ -31,6 +37,7 @@ class FrameDecoder:
         self._max = max_frame_bytes
         self._skipping: int | None = None  # bytes of the oversized frame seen so far
         self._skip_head = b""
+        self._scan = HeadScanner()
 
     @property
     def max_frame_bytes(self) -> int:
@@ -49,10 +56,15 @@ class FrameDecoder:
             size = end - start
             if self._skipping is not None:
                 self._skipping += size
+                if not self._scan.done:
+                    self._scan.feed(chunk, start, end)
             elif len(self._pending) + size > self._max:
                 self._skip_head = (bytes(self._pending[: self.HEAD_BYTES])
                                    + chunk[start:min(end, start + self.HEAD_BYTES)])
                 self._skipping = len(self._pending) + size
+                self._scan = HeadScanner()
+                self._scan.feed(self._pending)
+                self._scan.feed(chunk, start, end)
                 self._pending = bytearray()
             elif nl >= 0 and not self._pending:
                 # Fast path: a whole frame inside this chunk, no copy into the buffer.
@@ -64,10 +76,7 @@ class FrameDecoder:
             if nl < 0:
                 break
             if self._skipping is not None:
-                out.append(OversizedFrame(self._skipping, self._max,
-                                          self._skip_head[: self.HEAD_BYTES]))
-                self._skipping = None
-                self._skip_head = b""
+                out.append(self._skipped())
             elif self._pending:
                 frame, self._pending = self._pending, bytearray()
                 if not frame.isspace():
@@ -78,8 +87,14 @@ class FrameDecoder:
     def end(self) -> bytes | bytearray | OversizedFrame | None:
         """The stream ended: return a final unterminated frame, if any."""
         if self._skipping is not None:
-            skipped = OversizedFrame(self._skipping, self._max, self._skip_head[: self.HEAD_BYTES])
-            self._skipping = None
-            return skipped
+            return self._skipped()
         rest, self._pending = bytes(self._pending), bytearray()
         return rest if rest.strip() else None
+
+    def _skipped(self) -> OversizedFrame:
+        assert self._skipping is not None
+        skipped = OversizedFrame(self._skipping, self._max, self._skip_head[: self.HEAD_BYTES],
+                                 self._scan.head())
+        self._skipping = None
+        self._skip_head = b""
+        return skipped

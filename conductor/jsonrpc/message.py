@@ -11,25 +11,36 @@ JSON-RPC), or a `Batch` of those.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.head import Head, read_head
 
 JsonValue = Any  # JSON-compatible Python value; the one loose public type
 T = TypeVar("T")
+
+# The default of `_Envelope.jsonrpc`: "2.0", built at run time so that it is no other "2.0"
+# object. A decoded envelope whose `jsonrpc` *is* this object had no such member (msgspec
+# fills in the default itself); any value but "2.0" fails decoding (the Literal).
+_VERSION: Final = "".join(("2", ".0"))
 
 
 class _Call(msgspec.Struct, kw_only=True, gc=False):
     """What requests and notifications share: a method and raw params."""
 
     def params_value(self) -> JsonValue:
-        """Decode params (a copy; the message keeps its bytes)."""
+        """Decode params (a copy; the message keeps its bytes).
+
+        Raises:
+            msgspec.DecodeError: nested too deeply to decode.
+        """
         params: Raw | UnsetType = getattr(self, "params", UNSET)
-        return None if params is UNSET else msgspec.json.decode(params)
+        return _value(params)
 
     # Typed views are opt-in and never change the message: it keeps its bytes.
     def params_as(self, model: type[T]) -> T:
@@ -75,10 +86,10 @@ class Response(msgspec.Struct, kw_only=True, gc=False):
         return self.error is not UNSET
 
     def result_value(self) -> JsonValue:
-        return None if self.result is UNSET else msgspec.json.decode(self.result)
+        return _value(self.result)
 
     def error_value(self) -> JsonValue:
-        return None if self.error is UNSET else msgspec.json.decode(self.error)
+        return _value(self.error)
 
     def error_code(self) -> int | None:
         """The error's `code`, when this is an error answer with an integer code."""
@@ -86,7 +97,7 @@ class Response(msgspec.Struct, kw_only=True, gc=False):
             return None
         try:
             code = msgspec.json.decode(self.error, type=_ErrorHead).code
-        except msgspec.MsgspecError:
+        except (msgspec.MsgspecError, RecursionError):
             return None
         return code if isinstance(code, int) else None
 
@@ -109,13 +120,25 @@ class _ErrorHead(msgspec.Struct):
     code: object = None
 
 
+def _value(data: Raw | UnsetType) -> JsonValue:
+    if data is UNSET:
+        return None
+    try:
+        return msgspec.json.decode(data)
+    except RecursionError:  # an error its callers already handle, not a crash
+        raise msgspec.DecodeError("JSON nested too deeply to decode") from None
+
+
 def _view(data: Raw | UnsetType, model: type[T]) -> T:
     body = b"null" if data is UNSET else bytes(data)
     validate = getattr(model, "model_validate_json", None)  # pydantic, without importing it here
     if validate is not None:
         view: T = validate(body)
         return view
-    return msgspec.json.decode(body, type=model)
+    try:
+        return msgspec.json.decode(body, type=model)
+    except RecursionError:
+        raise msgspec.DecodeError("JSON nested too deeply to decode") from None
 
 
 def payload(value: object) -> Raw:
@@ -131,7 +154,7 @@ def payload(value: object) -> Raw:
 class _Envelope(msgspec.Struct, gc=False):
     """Every member a JSON-RPC message can have, each optional: what a frame decodes into."""
 
-    jsonrpc: Raw | UnsetType = UNSET
+    jsonrpc: Literal["2.0"] = _VERSION  # type: ignore[assignment]  # see _VERSION
     id: Raw | UnsetType = UNSET
     method: str | UnsetType = UNSET
     params: Raw | UnsetType = UNSET
@@ -144,6 +167,12 @@ class _Probe(msgspec.Struct):
 
     id: Raw | UnsetType = UNSET
     method: Raw | UnsetType = UNSET
+    result: Raw | UnsetType = UNSET
+    error: Raw | UnsetType = UNSET
+
+
+class _VersionProbe(msgspec.Struct):
+    jsonrpc: Raw | UnsetType = UNSET
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +181,7 @@ class InvalidMessage:
 
     reason: str
     id: Raw | None
-    call_shaped: bool  # had a method or no result/error: deserves a -32600 answer
+    call_shaped: bool  # a request or call-shaped junk: deserves a -32600 answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,31 +193,69 @@ class Batch:
 
 _decoder: Final = msgspec.json.Decoder(_Envelope)
 _probe: Final = msgspec.json.Decoder(_Probe)
+_version_probe: Final = msgspec.json.Decoder(_VersionProbe)
+_first_byte: Final = struct.Struct("B").unpack_from  # of a Raw, without copying it
+_OBJECT: Final = (0x7B,)  # what _first_byte gives for an object
+_STRUCTURED: Final = frozenset(b"{[n")  # params: an object, an array (or null, as some send)
+_ID_START: Final = frozenset(b'"-0123456789n')  # a string, a number or null (Raw is valid JSON)
 _batch_decoder: Final = msgspec.json.Decoder(list[Raw])
 _encoder: Final = msgspec.json.Encoder()
 NULL: Final = Raw(b"null")
-_VERSION: Final = b'"2.0"'
 
 
 class ParseError(ValueError):
     """The frame is not JSON at all."""
 
 
+class UnreadableFrame(ParseError):
+    """A frame the conductor will not decode: not UTF-8, or nested too deeply to decode.
+
+    `head` is what a scan of its top level found (its id, whether it has a method), so the
+    sender can still be answered; `code` is the JSON-RPC error code to answer with.
+    """
+
+    def __init__(self, code: int, reason: str, head: Head) -> None:
+        super().__init__(reason)
+        self.code, self.reason, self.head = code, reason, head
+
+
 def decode(frame: bytes | bytearray) -> Message | InvalidMessage | Batch:
-    """Decode one frame. Raises ParseError when the frame is not JSON.
+    """Decode one frame.
 
     Payloads reference `frame` without copying it; it must not change afterwards.
+    Raises:
+        UnreadableFrame: the frame is not UTF-8, or is nested too deeply to decode.
+        ParseError: the frame is not JSON.
     """
-    first = frame[:1]
-    if first.isspace():  # rare: lstrip() copies the whole frame
-        first = frame.lstrip()[:1]
-    if first == b"[":
-        try:
-            raws = _batch_decoder.decode(frame)
-        except msgspec.DecodeError as e:
-            raise ParseError(str(e)) from None
-        return Batch([_decode_item(bytes(r)) for r in raws])
-    return _decode_item(frame)
+    if not frame.isascii():  # most frames are ASCII: only the others need checking
+        _check_utf8(frame)
+    try:
+        first = frame[:1]
+        if first != b"{":  # almost every frame is an object: one test
+            if first.isspace():  # rare: lstrip() copies the whole frame
+                first = frame.lstrip()[:1]
+            if first == b"[":
+                try:
+                    raws = _batch_decoder.decode(frame)
+                except msgspec.DecodeError as e:
+                    raise ParseError(str(e)) from None
+                return Batch([_decode_item(bytes(r)) for r in raws])
+        return _decode_item(frame)
+    except RecursionError:
+        # msgspec's limit is Python's recursion limit (about 1,000 levels, less the stack in
+        # use); JSON that deep is no ACP message, and must not take the reader down.
+        raise UnreadableFrame(ErrorCode.INVALID_REQUEST, "nested too deeply to decode",
+                              read_head(frame)) from None
+
+
+def _check_utf8(frame: bytes | bytearray) -> None:
+    try:
+        str(frame, "utf-8")
+    except UnicodeDecodeError as e:
+        raise UnreadableFrame(
+            ErrorCode.PARSE_ERROR,
+            f"not valid UTF-8 (byte 0x{frame[e.start]:02x} at offset {e.start})",
+            read_head(frame)) from None
 
 
 def _decode_item(frame: bytes | bytearray) -> Message | InvalidMessage:
@@ -210,19 +277,42 @@ def _decode_item(frame: bytes | bytearray) -> Message | InvalidMessage:
             # like the answer to the peer's own request with that id.
             return InvalidMessage("a response needs exactly one of result and error", ident,
                                   call_shaped=False)
+        # `jsonrpc` is not checked on answers: refusing one leaves its asker waiting.
         return Response(id=ident, result=env.result, error=env.error)
-    if env.result is not UNSET or env.error is not UNSET:
-        return InvalidMessage("a request cannot carry result or error",
-                              None if ident is UNSET else ident, True)
+    # One cheap test on the hot path (params are almost always objects); which rule is
+    # broken, if any, is worked out only when one may be.
+    params = env.params
+    if (env.jsonrpc is _VERSION or env.result is not UNSET or env.error is not UNSET
+            or (params is not UNSET and _first_byte(params) != _OBJECT)):
+        invalid = _invalid_call(frame, env)
+        if invalid is not None:
+            return invalid
     if ident is UNSET:
-        return Notification(method=method, params=env.params)
-    return Request(id=ident, method=method, params=env.params)
+        return Notification(method=method, params=params)
+    return Request(id=ident, method=method, params=params)
+
+
+def _invalid_call(frame: bytes | bytearray, env: _Envelope) -> InvalidMessage | None:
+    """The JSON-RPC 2.0 rule a request or notification breaks, if any.
+
+    A notification is never answered, whatever is wrong with it: call_shaped only with an id.
+    """
+    ident = None if env.id is UNSET else env.id
+
+    def invalid(reason: str) -> InvalidMessage:
+        return InvalidMessage(reason, ident, call_shaped=ident is not None)
+
+    if env.result is not UNSET or env.error is not UNSET:
+        return invalid("a request cannot carry result or error")
+    if env.jsonrpc is _VERSION and _version_probe.decode(frame).jsonrpc is UNSET:
+        return invalid('the "jsonrpc" member is missing (it must be "2.0")')
+    if env.params is not UNSET and _first_byte(env.params)[0] not in _STRUCTURED:
+        return invalid("params must be an object or an array")
+    return None
 
 
 def _valid_id(ident: Raw) -> bool:
-    text = bytes(ident)
-    first = text[:1]
-    return first == b'"' or first == b"-" or first.isdigit() or text == b"null"
+    return _first_byte(ident)[0] in _ID_START
 
 
 def _invalid(frame: bytes | bytearray, reason: str) -> InvalidMessage:
@@ -231,7 +321,16 @@ def _invalid(frame: bytes | bytearray, reason: str) -> InvalidMessage:
     except msgspec.MsgspecError:
         return InvalidMessage(f"not a JSON-RPC message: {reason}", None, call_shaped=True)
     ident = None if probe.id is UNSET else probe.id
-    return InvalidMessage(f"not a JSON-RPC message: {reason}", ident, call_shaped=True)
+    if ident is not None and not _valid_id(ident):
+        ident = None
+    if reason.endswith("`$.jsonrpc`"):
+        reason = f'"jsonrpc" must be "2.0" ({reason})'
+    # Without a method, and with a result or an error, it is an answer: never answered.
+    answer = probe.method is UNSET and (probe.result is not UNSET or probe.error is not UNSET)
+    # A notification (a method, no id) is never answered either.
+    notification = probe.method is not UNSET and ident is None and probe.id is UNSET
+    return InvalidMessage(f"not a JSON-RPC message: {reason}", ident,
+                          call_shaped=not answer and not notification)
 
 
 def encode(message: Message) -> bytes:
@@ -300,6 +399,7 @@ __all__ = [
     "Raw",
     "Request",
     "Response",
+    "UnreadableFrame",
     "UnsetType",
     "decode",
     "encode",

@@ -42,6 +42,7 @@ from conductor.routing.sessions import Lifecycle, Step, lifecycle
 from conductor.routing.topology import Hop
 from conductor.rpc.endpoint import Endpoint, Inbound, Outgoing
 from conductor.rpc.failure import failure_response
+from conductor.transport.base import Oversized, Unreadable
 from conductor.transport.pipes import CoalescedWrites, PipeSink, PipeSource
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from conductor.jsonrpc.message import Call
     from conductor.tracing.sink import TraceSink
     from conductor.transport.base import Incoming, MessageSink
+
 
 log = logging.getLogger("acp_conductor.plugins")
 
@@ -414,7 +416,13 @@ class ProxyHost:
 
     async def _install(self, sid: str, how: str, owned: bool,
                        params: Raw | UnsetType) -> SessionScope:
-        setup = None if params is UNSET else msgspec.json.decode(params)
+        setup = None
+        if params is not UNSET:
+            try:
+                setup = msgspec.json.decode(params)
+            except (msgspec.DecodeError, RecursionError):
+                log.warning("%s: session %s set up with params that cannot be read",
+                            self.name, sid)
         scope = SessionScope(sid, how, owned=owned, setup=setup, host=self)
         previous = self._sessions.get(sid)
         if previous is not None:  # a reload keeps the state and the handlers
@@ -525,6 +533,13 @@ async def serve_proxy(proxy: Proxy[Any], stdin: ByteReceiveStream, stdout: ByteS
     async def handle(item: Incoming) -> None:
         if isinstance(item, Request | Notification | Response):
             await host.dispatch(item)
+        elif isinstance(item, Unreadable | Oversized):
+            reason = item.reason if isinstance(item, Unreadable) else (
+                f"a {item.size}-byte message exceeds the {item.limit}-byte limit")
+            log.error("%s: a message from the conductor: %s; dropped", proxy.name, reason)
+            code = item.code if isinstance(item, Unreadable) else ErrorCode.FRAME_TOO_LARGE
+            await host.endpoint.refuse_unread(item.head, code, reason,
+                                              {"component": proxy.name})
         elif isinstance(item, Batch):
             for one in item.items:
                 if isinstance(one, Request | Notification | Response):

@@ -35,7 +35,7 @@ from conductor.routing.sessions import Lifecycle, SessionTable, Step, lifecycle
 from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Role, Topology
 from conductor.rpc.endpoint import Inbound, Outgoing
 from conductor.rpc.failure import failure_response
-from conductor.transport.base import NotJson, Oversized
+from conductor.transport.base import NotJson, Oversized, Unreadable
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Call
@@ -115,6 +115,8 @@ class Chain:
             await self._answer_invalid(hop, item)
         elif isinstance(item, NotJson):
             await self._not_json(hop, item)
+        elif isinstance(item, Unreadable):
+            await self.refuse_unreadable(hop, item)
         else:
             await self.refuse_oversized(hop, item)
 
@@ -127,8 +129,9 @@ class Chain:
         for item in batch.items:
             if isinstance(item, InvalidMessage):
                 self._trace_lifecycle(hop.name, "invalid-message", reason=item.reason)
-                replies.replies.append(error_response(item.id, ErrorCode.INVALID_REQUEST,
-                                                      "Invalid Request", item.reason))
+                if item.call_shaped:  # answers and notifications are never answered
+                    replies.replies.append(error_response(item.id, ErrorCode.INVALID_REQUEST,
+                                                          "Invalid Request", item.reason))
             else:
                 await self._receive_message(hop, item)
         await hop.end_batch(replies)
@@ -174,6 +177,11 @@ class Chain:
         src = self.topology.node_of(hop)
         method = msg.method
         if method == acp.CANCEL_REQUEST:
+            if isinstance(msg, Request):  # nobody would answer it (in a batch: nor the batch)
+                await self._send(hop, error_response(
+                    msg.id, ErrorCode.INVALID_REQUEST, "Invalid Request",
+                    f"`{method}` is a notification: send it without an id"))
+                return
             await hop.cancel_inbound(msg.params)
             return
         wrapped = acp.SUCCESSOR_METHODS.get(method)
@@ -396,31 +404,22 @@ class Chain:
     # -- oversized frames --------------------------------------------------------------------
 
     async def refuse_oversized(self, hop: Hop, item: Oversized) -> None:
-        """A frame over the size limit arrived on `hop` and was skipped unread.
-
-        A request is refused to its sender (with id null when its id lay beyond the bytes
-        that could be read); a notification is only logged (a frame whose params begin
-        before any id is taken for one: every SDK writes the id first); an answer fails the
-        request it answered, so the asker is not left waiting.
-        """
-        head = item.head
+        """A frame over the size limit arrived on `hop` and was skipped unread: answered by
+        what its top level showed (`Endpoint.refuse_unread`)."""
         reason = (f"{hop.name} sent a message of {item.size} bytes, over the {item.limit}-byte "
                   "limit on messages")
         log.error("%s; dropped", reason)
         self._trace_lifecycle(hop.name, "oversized", size=item.size, limit=item.limit)
-        data = {"component": hop.name, "size": item.size, "limit": item.limit,
-                "hint": FRAME_LIMIT_HINT}
-        if head.is_batch:  # refused as a whole: one error, id null (JSON-RPC 2.0 §6)
-            await self._send(hop, error_response(None, ErrorCode.FRAME_TOO_LARGE, reason, data))
-            return
-        if head.is_notification:
-            return  # a notification is never answered
-        if head.has_method:  # a request: refuse it, by id when the id could be read
-            await self._send(hop, error_response(head.id, ErrorCode.FRAME_TOO_LARGE, reason,
-                                                 data))
-            return
-        if head.id is not None:  # an answer: fail the request it answered
-            await hop.settle(error_response(head.id, ErrorCode.FRAME_TOO_LARGE, reason, data))
+        await hop.refuse_unread(item.head, ErrorCode.FRAME_TOO_LARGE, reason,
+                                {"component": hop.name, "size": item.size,
+                                 "limit": item.limit, "hint": FRAME_LIMIT_HINT})
+
+    async def refuse_unreadable(self, hop: Hop, item: Unreadable) -> None:
+        """A frame arrived on `hop` that is not UTF-8 or is nested too deeply to decode."""
+        reason = f"{hop.name} sent a message that is {item.reason}"
+        log.error("%s; dropped", reason)
+        self._trace_lifecycle(hop.name, "unreadable", reason=item.reason)
+        await hop.refuse_unread(item.head, item.code, reason, {"component": hop.name})
 
     # -- I/O and failure ---------------------------------------------------------------------
 

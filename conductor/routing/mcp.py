@@ -63,7 +63,7 @@ class McpInjection:
             return
         try:
             value = msgspec.json.decode(result)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return
         if not isinstance(value, dict):
             return
@@ -84,7 +84,7 @@ class McpInjection:
         try:
             present = {s.name for s in msgspec.json.decode(acp.get_raw(params, "mcpServers")
                                                           or b"[]", type=list[_Named])}
-        except msgspec.MsgspecError:
+        except (msgspec.MsgspecError, RecursionError):
             log.warning("session setup has an mcpServers value that is not a list; "
                         "global MCP servers not injected")
             return params

@@ -34,6 +34,7 @@ from conductor.jsonrpc.message import (
     Notification,
     Request,
     Response,
+    error_response,
     id_key,
     int_id,
     payload,
@@ -41,6 +42,8 @@ from conductor.jsonrpc.message import (
 from conductor.rpc.failure import cancelled_response, failure_response, raise_for_error
 
 if TYPE_CHECKING:
+    from conductor.jsonrpc.head import Head
+    from conductor.jsonrpc.message import JsonValue
     from conductor.transport.base import MessageSink
 
 # What a request handler returns: a Response (e.g. one it got by forwarding), a Raw
@@ -389,6 +392,30 @@ class Endpoint:
                     pass  # the peer left: its reader ends the connection
         finally:
             self.untrack_inbound(request.id)
+
+    async def refuse_unread(self, head: Head, code: int, reason: str,
+                            data: JsonValue = None) -> None:
+        """A frame from the peer could not be decoded (too large, not UTF-8, too deep):
+        answer for it by what a scan of its top level showed, so nobody waits for what was
+        dropped. A request gets the error under its own id; an answer fails the request it
+        answered; a notification gets nothing; a batch, or junk with neither a method nor an
+        id, gets one error with id null (JSON-RPC 2.0 §6)."""
+        error = error_response
+        if head.is_batch or (head.id_known and not head.has_method and head.id is None
+                             and not head.bad_id):
+            await self._send_quietly(error(None, code, reason, data))
+        elif head.is_notification:
+            return
+        elif head.has_method:
+            await self._send_quietly(error(head.id, code, reason, data))
+        elif head.id is not None:
+            await self.settle(error(head.id, code, reason, data))
+
+    async def _send_quietly(self, message: Message) -> None:
+        try:
+            await self.send(message)
+        except _GONE:
+            pass  # the peer left: its reader ends the connection
 
     # -- batches -------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import msgspec
 from msgspec import UNSET
 
 from conductor.errors import ComponentError, RpcError
@@ -54,7 +55,11 @@ def raise_for_error(answer: Response) -> Response:
     """
     if answer.error is UNSET:
         return answer
-    error: JsonValue = answer.error_value()
+    try:
+        error: JsonValue = answer.error_value()
+    except msgspec.DecodeError as e:
+        raise RpcError(ErrorCode.INTERNAL_ERROR,
+                       f"an error answer that cannot be read: {e}") from None
     if not isinstance(error, dict):
         raise RpcError(ErrorCode.INTERNAL_ERROR, str(error))
     code = error.get("code")

@@ -47,6 +47,8 @@ def load_trace(path: str | Path) -> Trace:
         except msgspec.DecodeError:
             raise ConfigError(f"line {number} is not JSON", file=str(path),
                               hint="pass a file written by --trace") from None
+        except RecursionError:  # a message nested too deeply to show: the rest still shows
+            continue
         if not isinstance(event, dict):
             continue
         if event.get("type") == "trace":

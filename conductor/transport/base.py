@@ -5,7 +5,9 @@ A source hands its reader callback one `Incoming` item at a time, in arrival ord
 reader's own task (routing happens there, so a slow consumer stalls only its producer).
 Bytes, frames and decoding stay below this line: the reader sees a `Request`,
 `Notification` or `Response`, a `Batch`, an `InvalidMessage` (JSON but not JSON-RPC), a
-`NotJson` line, or an `Oversized` frame that was skipped unread.
+`NotJson` line, an `Unreadable` frame (not UTF-8, or nested too deeply to decode), or an
+`Oversized` frame that was skipped unread. The last two carry what a scan of their top
+level found, so their sender can still be answered (`Endpoint.refuse_unread`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ class NotJson:
 
 
 @dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A frame that is not UTF-8 or nested too deeply to decode: refused, never routed.
+    `code` is the JSON-RPC error to answer with; `head` what its top level showed."""
+
+    code: int
+    reason: str
+    head: Head
+
+
+@dataclass(frozen=True, slots=True)
 class Oversized:
     """A frame over the size limit, skipped without being buffered. `head` is what could be
     read of its top-level `id` and `method` while it went by."""
@@ -38,7 +50,7 @@ class Oversized:
     head: Head
 
 
-Incoming: TypeAlias = Message | Batch | InvalidMessage | NotJson | Oversized
+Incoming: TypeAlias = Message | Batch | InvalidMessage | NotJson | Unreadable | Oversized
 Handle: TypeAlias = Callable[[Incoming], Awaitable[None]]
 
 

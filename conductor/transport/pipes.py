@@ -24,16 +24,16 @@ import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, OversizedFrame
-from conductor.jsonrpc.head import read_head
 from conductor.jsonrpc.message import (
     Message,
     ParseError,
     Response,
+    UnreadableFrame,
     decode,
     encode_batch,
     encode_into,
 )
-from conductor.transport.base import NotJson, Oversized
+from conductor.transport.base import NotJson, Oversized, Unreadable
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -232,10 +232,13 @@ class PipeSource:
     async def serve(self, handle: Handle) -> None:
         async def frame(data: bytes | bytearray | OversizedFrame) -> None:
             if isinstance(data, OversizedFrame):
-                await handle(Oversized(data.size, data.limit, read_head(data.head)))
+                await handle(Oversized(data.size, data.limit, data.top))
                 return
             try:
                 item = decode(data)
+            except UnreadableFrame as e:
+                await handle(Unreadable(e.code, e.reason, e.head))
+                return
             except ParseError as e:
                 await handle(NotJson(str(e), bytes(data[:500])))
                 return

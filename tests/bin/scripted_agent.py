@@ -4,8 +4,10 @@ Behaviour is chosen by flags (start-up) and by `_test/*` methods (per request), 
 can drive one agent through exactly the situation it needs:
 
   _test/echo        result = the params, byte for byte as received
-  _test/raw         {"lines": [...], "pad"?: N}: write each string verbatim as a stdout line
-                    (with PAD replaced by N x's, for big lines from a small request), then {}
+  _test/raw         {"lines": [...], "pad"?: N, "latin1"?: true}: write each string verbatim
+                    as a stdout line (with PAD replaced by N x's, for big lines from a small
+                    request; encoded as Latin-1 with "latin1", so "\u00ff" is the byte 0xFF
+                    and the line is not UTF-8), then {}
   _test/ask         {"method", "params"}: ask the client; result {"result"|"error": <answer>}
   _test/ask_cancel  like _test/ask, but cancel the question at once ($/cancel_request)
   _test/hang        notify `_test/hanging`, then never answer until a $/cancel_request
@@ -151,8 +153,10 @@ class ScriptedAgent:
     def on__test_raw(self, params: str, ident: str | None) -> str:
         args = value(params)
         pad = "x" * args.get("pad", 0)  # type: ignore[union-attr]
+        encoding = "latin-1" if args.get("latin1") else "utf-8"  # type: ignore[union-attr]
         for line in args["lines"]:  # type: ignore[index]
-            self.write(line.replace("PAD", pad))
+            self.out.write(line.replace("PAD", pad).encode(encoding) + b"\n")
+            self.out.flush()
         return "{}"
 
     def _ask(self, params: str, *, cancel: bool) -> str:

@@ -87,6 +87,29 @@ async def test_agent_crash_mid_request_answers_every_pending_request_naming_the_
     assert "agent| fatal: out of tokens" in c.stderr_text
 
 
+async def test_an_agent_crash_reaches_the_editor_through_the_proxies_before_they_stop(
+        tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    async with open_conductor("--trace", str(trace), *chain_args(2)) as c:
+        await c.initialize()
+        answer = await c.request("_test/crash", {"code": 5}, ident="boom")
+        code = await c.wait()
+    assert code == 3
+    assert answer["error"]["data"]["component"] == "agent"
+    events = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
+
+    def seq(match: dict[str, object]) -> int:
+        [event] = [e for e in events if all(e.get(k) == v for k, v in match.items())]
+        return int(event["seq"])
+
+    # The answer travelled up agent -> proxy:1 -> proxy:0 -> editor while both proxies
+    # still ran: only then were they stopped (their expected exits come after it).
+    answered = seq({"type": "message", "hop": "client", "dir": "out", "id": "boom"})
+    assert answered < seq({"type": "lifecycle", "component": "proxy:0", "event": "exited"})
+    assert answered < seq({"type": "lifecycle", "component": "proxy:1", "event": "exited"})
+    assert seq({"type": "message", "hop": "proxy:0", "dir": "in", "kind": "error"}) < answered
+
+
 @pytest.mark.parametrize(("proxies", "crashing"), [(1, 0), (2, 1), (2, 0)])
 async def test_proxy_crash_mid_request_answers_the_editor_naming_the_proxy(
         proxies: int, crashing: int) -> None:

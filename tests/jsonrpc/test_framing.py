@@ -82,3 +82,21 @@ def test_a_huge_oversized_frame_keeps_only_its_head() -> None:
     assert skipped.size == 100 * 65536
     assert len(skipped.head) == FrameDecoder.HEAD_BYTES
     assert after == b"{}"
+
+
+def test_an_oversized_frame_whose_id_follows_100_mib_of_params_still_yields_that_id() -> None:
+    decoder = FrameDecoder(max_frame_bytes=1 << 20)
+    out = decoder.feed(b'{"jsonrpc":"2.0","method":"session/prompt","params":{"text":"')
+    chunk = b"p" * (1 << 20)
+    for _ in range(100):  # 100 MiB, never buffered
+        out += decoder.feed(chunk)
+    out += decoder.feed(b'"},"id":42}\n{"jsonrpc":"2.0","method":"after"}\n')
+    [skipped, after] = out
+    assert isinstance(skipped, OversizedFrame)
+    assert skipped.size > 100 * (1 << 20)
+    assert len(skipped.head) == FrameDecoder.HEAD_BYTES
+    assert skipped.top.id is not None
+    assert bytes(skipped.top.id) == b"42"
+    assert skipped.top.has_method
+    assert not skipped.top.is_notification
+    assert after == b'{"jsonrpc":"2.0","method":"after"}'

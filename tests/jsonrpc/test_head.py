@@ -1,10 +1,16 @@
-"""read_head: the top-level id and method of a frame known only by its first bytes."""
+"""read_head and HeadScanner: the top-level id and method of a frame known only by its first
+bytes, or scanned in pieces as it is skipped."""
 
 from __future__ import annotations
 
-import pytest
+import itertools
+import json
 
-from conductor.jsonrpc.head import read_head
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conductor.jsonrpc.head import Head, HeadScanner, read_head
 
 
 def test_an_id_nested_in_the_result_is_not_the_frames_id() -> None:
@@ -49,3 +55,94 @@ def test_a_closed_object_without_an_id_is_surely_a_notification() -> None:
 
 def test_a_batch_is_recognised_as_a_batch() -> None:
     assert read_head(b' [{"jsonrpc":"2.0","id":1,"method":"m","params":{"x":"').is_batch
+
+
+# -- scanning a frame in pieces (an oversized frame, as it is skipped) -------------------------
+
+def scan(pieces: list[bytes]) -> Head:
+    scanner = HeadScanner()
+    for piece in pieces:
+        scanner.feed(piece)
+    return scanner.head()
+
+
+def test_an_id_after_a_huge_params_is_found_in_bounded_pieces() -> None:
+    chunk = b"x" * (1 << 20)
+    pieces = [b'{"jsonrpc":"2.0","method":"session/prompt","params":{"text":"',
+              *[chunk] * 100, b'"},"id":42}']  # 100 MiB of params, then the id
+    head = scan(pieces)
+    assert head.id is not None
+    assert bytes(head.id) == b"42"
+    assert head.has_method
+    assert not head.is_notification
+
+
+def test_a_frame_that_closes_without_an_id_is_a_notification_even_with_params_first() -> None:
+    head = scan([b'{"jsonrpc":"2.0","method":"n","params":{"id":5,"t":"', b"z" * 1000,
+                 b'"}}'])
+    assert head.id is None
+    assert head.id_known
+    assert head.is_notification
+
+
+@pytest.mark.parametrize(("frame", "ident"), [
+    (b'{"\\u0069d":4,"method":"m"}', b"4"),       # an escaped key names the same member
+    (b'{"method":"m","params":{"s":"\\"}\\\\"},"id":"a\\\\"}', b'"a\\\\"'),
+    (b'{"method":"m","params":[{"id":1},["id",2]],"id":null}', b"null"),
+    (b'{ "method" : "m" , "params" : [ ] , "id" : -1.5e3 }', b"-1.5e3"),
+])
+def test_the_top_level_id_is_read_whatever_comes_before_it(frame: bytes, ident: bytes) -> None:
+    head = read_head(frame)
+    assert head.id is not None
+    assert bytes(head.id) == ident
+
+
+@pytest.mark.parametrize("frame", [
+    b'{"id":true,"method":"m"}', b'{"id":{"a":1},"method":"m"}', b'{"id":1x,"method":"m"}',
+    b'{"id":"\xff","method":"m"}',
+])
+def test_an_id_that_cannot_be_echoed_is_bad_and_answered_as_null(frame: bytes) -> None:
+    head = read_head(frame)
+    assert head.id is None
+    assert head.bad_id
+    assert not head.is_notification  # a request with a bad id still gets its -32600
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='ab"\\{}[]:, é'),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.text(alphabet='ab"\\{}id', max_size=4), inner, max_size=3),
+    max_leaves=12)
+ids = st.one_of(st.integers(), st.text(alphabet='ab"\\{}1 é', max_size=6), st.none())
+
+
+@settings(max_examples=300)
+@given(params=json_values, result=json_values, ident=ids,
+       order=st.permutations(["jsonrpc", "id", "method", "params", "extra"]),
+       cuts=st.lists(st.integers(0, 400), max_size=6))
+def test_any_chunking_and_key_order_reads_the_same_top_level_id(
+        params: object, result: object, ident: object, order: list[str],
+        cuts: list[int]) -> None:
+    message = {"jsonrpc": "2.0", "id": ident, "method": "m", "params": params,
+               "extra": {"id": result}}
+    frame = ("{" + ",".join(f"{json.dumps(k)}:{json.dumps(message[k])}" for k in order)
+             + "}").encode()
+    points = sorted({c % (len(frame) + 1) for c in cuts})
+    edges = [0, *points, len(frame)]
+    head = scan([frame[a:b] for a, b in itertools.pairwise(edges)])
+    assert head.id is not None
+    assert json.loads(bytes(head.id)) == ident
+    assert head.has_method
+    assert head.id_known
+
+
+def test_the_scan_gives_up_after_its_budget_with_what_it_knows() -> None:
+    frame = b'{"method":"m","params":[' + b"[]," * 10_000 + b'[]],"id":1}'
+    scanner = HeadScanner(budget=1_000)
+    scanner.feed(frame)
+    assert scanner.done
+    head = scanner.head()
+    assert head.has_method
+    assert head.params_first
+    assert head.id is None  # beyond the budget: unknown, not guessed
+    assert not head.id_known

@@ -6,7 +6,7 @@ import json
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conductor.jsonrpc.message import (
@@ -19,6 +19,7 @@ from conductor.jsonrpc.message import (
     Raw,
     Request,
     Response,
+    UnreadableFrame,
     decode,
     encode,
     encode_batch,
@@ -41,7 +42,12 @@ def spell(value: object, style: dict) -> str:  # type: ignore[type-arg]
     return json.dumps(value, **style).replace("\n", "\r\t ")  # no newline inside a frame
 
 
-@given(value=json_values, style=spellings, ident=st.sampled_from(
+# Request params are structured (JSON-RPC 2.0 §4.2): an array or an object of any values.
+structured = st.lists(json_values, max_size=4) | st.dictionaries(st.text(), json_values,
+                                                                 max_size=4)
+
+
+@given(value=structured, style=spellings, ident=st.sampled_from(
     ['1', '"a"', '-5', '123456789012345678901234567890', '1.5', 'null', '"\\u00e9"']))
 def test_a_request_round_trips_byte_for_byte(value: object, style: dict, ident: str) -> None:  # type: ignore[type-arg]
     payload = spell(value, style)
@@ -140,3 +146,115 @@ def test_params_value_decodes_a_copy() -> None:
     assert isinstance(msg, Message)
     assert msg.params_value() == {"a": [1, 2]}
     assert msgspec.json.decode(msg.params) == {"a": [1, 2]}  # type: ignore[arg-type]
+
+
+# -- frames the conductor will not decode -------------------------------------------------------
+
+def nested(depth: int, open_: str = "[", close: str = "]") -> bytes:
+    return (open_ * depth + close * depth).encode()
+
+
+DEEP = 5_000  # past msgspec's limit (Python's recursion limit) from any stack depth
+
+
+@pytest.mark.parametrize(("frame", "ident", "has_method"), [
+    (b'{"jsonrpc":"2.0","id":1,"method":"m","params":' + nested(DEEP) + b"}", b"1", True),
+    (b'{"jsonrpc":"2.0","method":"m","params":[' + nested(DEEP) + b'],"id":"late"}',
+     b'"late"', True),
+    (b'{"jsonrpc":"2.0","id":9,"result":' + b'{"a":' * DEEP + b"1" + b"}" * DEEP + b"}",
+     b"9", False),
+    (b'{"jsonrpc":"2.0","method":"n","params":' + nested(DEEP) + b"}", None, True),
+])
+def test_a_frame_nested_too_deeply_is_unreadable_with_its_top_level_id(
+        frame: bytes, ident: bytes | None, has_method: bool) -> None:
+    with pytest.raises(UnreadableFrame) as caught:
+        decode(frame)
+    assert caught.value.code == -32600
+    assert "nested too deeply" in caught.value.reason
+    head = caught.value.head
+    assert (None if head.id is None else bytes(head.id)) == ident
+    assert head.has_method is has_method
+    assert head.id_known
+
+
+def test_a_deeply_nested_batch_is_unreadable_as_a_whole() -> None:
+    with pytest.raises(UnreadableFrame) as caught:
+        decode(b'[{"jsonrpc":"2.0","id":1,"method":"m","params":' + nested(DEEP) + b"}]")
+    assert caught.value.head.is_batch
+    with pytest.raises(UnreadableFrame):
+        decode(nested(DEEP))
+
+
+@settings(max_examples=50, deadline=None)
+@given(depth=st.integers(0, 3_000), where=st.sampled_from(["params", "batch", "top"]))
+def test_any_nesting_depth_decodes_or_is_unreadable_never_crashes(depth: int,
+                                                                  where: str) -> None:
+    inner = nested(depth).decode()
+    frame = {"params": f'{{"jsonrpc":"2.0","id":1,"method":"m","params":[{inner}]}}',
+             "batch": f'[{{"jsonrpc":"2.0","id":1,"method":"m","params":[{inner}]}}]',
+             "top": f"[{inner}]"}[where].encode()
+    try:
+        decode(frame)
+    except UnreadableFrame as e:
+        assert e.code == -32600
+
+
+@pytest.mark.parametrize(("frame", "ident"), [
+    (b'{"jsonrpc":"2.0","id":8,"method":"m","params":{"t":"\xff"}}', b"8"),
+    (b'{"jsonrpc":"2.0","method":"m","params":{"t":"\xc3("},"id":"x"}', b'"x"'),
+    (b'{"jsonrpc":"2.0","id":"\xff","method":"m","params":{}}', None),  # never echoed
+    (b'{"jsonrpc":"2.0","id":3,"result":"\xed\xa0\x80"}', b"3"),  # an encoded surrogate
+])
+def test_a_frame_that_is_not_utf8_is_unreadable_with_its_id_when_that_is_clean(
+        frame: bytes, ident: bytes | None) -> None:
+    with pytest.raises(UnreadableFrame) as caught:
+        decode(frame)
+    assert caught.value.code == -32700
+    assert "UTF-8" in caught.value.reason
+    head = caught.value.head
+    assert (None if head.id is None else bytes(head.id)) == ident
+
+
+def test_non_ascii_utf8_frames_decode_as_before() -> None:
+    frame = '{"jsonrpc":"2.0","id":"é","method":"m","params":{"t":"日本 🎉"}}'.encode()
+    msg = decode(frame)
+    assert isinstance(msg, Message)
+    assert encode(msg) == frame + b"\n"
+
+
+@pytest.mark.parametrize(("frame", "reason"), [
+    (b'{"jsonrpc":"1.0","id":1,"method":"m","params":{}}', '"jsonrpc" must be "2.0"'),
+    (b'{"id":1,"method":"m","params":{}}', '"jsonrpc" member is missing'),
+    (b'{"jsonrpc":"2.0","id":1,"method":"m","params":5}', "an object or an array"),
+    (b'{"jsonrpc":"2.0","id":1,"method":"m","params":true}', "an object or an array"),
+    (b'{"jsonrpc":"2.0","id":1,"method":"m","params":"[x]"}', "an object or an array"),
+])
+def test_a_call_that_breaks_json_rpc_2_is_invalid_and_answered_only_with_an_id(
+        frame: bytes, reason: str) -> None:
+    request = decode(frame)
+    assert isinstance(request, InvalidMessage)
+    assert reason in request.reason
+    assert request.call_shaped
+    assert request.id is not None
+    assert bytes(request.id) == b"1"
+    notification = decode(frame.replace(b'"id":1,', b""))
+    assert isinstance(notification, InvalidMessage)
+    assert not notification.call_shaped  # a notification is never answered
+
+
+def test_a_message_the_conductor_makes_carries_jsonrpc_2() -> None:
+    assert encode(Notification(method="m")) == b'{"jsonrpc":"2.0","method":"m"}\n'
+    decoded = decode(b'{"jsonrpc":"2.0","method":"m","params":[]}')
+    assert isinstance(decoded, Message)
+
+
+def test_an_invalid_answer_is_never_answered() -> None:
+    item = decode(b'{"jsonrpc":2,"id":4,"result":{}}')  # jsonrpc not even a string
+    assert isinstance(item, InvalidMessage)
+    assert not item.call_shaped
+
+
+def test_payload_values_too_deep_to_decode_raise_a_decode_error() -> None:
+    msg = Notification(method="m", params=Raw(nested(DEEP)))
+    with pytest.raises(msgspec.DecodeError, match="nested too deeply"):
+        msg.params_value()

@@ -112,3 +112,11 @@ def test_the_agent_receives_the_chain_files_servers_in_session_new(tmp_path: Pat
     seen = json.loads(answers[1]["result"]["raw"])["params"]
     assert seen["mcpServers"] == [{"type": "http", "name": "web", "url": "http://127.0.0.1:1/mcp",
                                    "headers": []}]
+
+
+def test_injection_leaves_params_nested_too_deeply_as_they_are() -> None:
+    inj = McpInjection([STDIO])
+    deep = b"[" * 5000 + b"]" * 5000
+    inj.learn_initialize(1, msgspec.Raw(b'{"agentCapabilities":' + deep + b"}"))
+    params = msgspec.Raw(b'{"cwd":"/w","mcpServers":' + deep + b"}")
+    assert inj.apply(params) is params
