@@ -20,6 +20,7 @@ Variants are a list (`VARIANTS`); add a chain shape by appending one `Variant`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -828,6 +829,9 @@ def imports(work: Path, runs: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller counts, one round")
+    parser.add_argument("--rounds", type=int, metavar="N",
+                        help="interleaved rounds, each figure their median (default: 3; "
+                             "--quick: 1); more where the machine is noisy")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when a target is missed (run by hand: timing is noisy)")
     parser.add_argument("--only", help="comma-separated variant names (default: "
@@ -847,6 +851,8 @@ def main() -> int:
                              "agent mode and --chain mode")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
+    if args.rounds:
+        sizes = dataclasses.replace(sizes, rounds=max(1, args.rounds))
 
     precompile(REPO)
     if args.compare:
