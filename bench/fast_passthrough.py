@@ -1,8 +1,16 @@
 """A passthrough proxy built for speed, to show what a proxy process costs apart from JSON.
 
-Same behaviour as proxies/passthrough.py (the readable reference, which decodes every
+Same behaviour as proxies/passthrough_stdio.py (the readable reference, which decodes every
 message fully with `json`), but only the envelope is decoded: payloads stay msgspec.Raw and
 cross untouched, and every frame answerable from one read goes out in one write.
+
+It speaks both proxy dialects of the successor envelope, so that the benchmark can put
+the same proxy process behind every conductor:
+- ours and the spec's: `_proxy/initialize`, then `_proxy/successor` in both directions;
+- the older one (@thinkwell/conductor): plain `initialize` carrying `_meta.proxy: true`,
+  answered with `_meta.proxy: true`, then `_proxy/successor/request` and
+  `_proxy/successor/notification`.
+The dialect is the one the proxy was initialized in.
 """
 
 from __future__ import annotations
@@ -15,9 +23,12 @@ import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 SUCCESSOR = "_proxy/successor"
+OLD_REQUEST = "_proxy/successor/request"
+OLD_NOTIFICATION = "_proxy/successor/notification"
+WRAPPED = frozenset({SUCCESSOR, OLD_REQUEST, OLD_NOTIFICATION})
 
 
-class Message(msgspec.Struct):
+class Message(msgspec.Struct, omit_defaults=True):
     jsonrpc: str = "2.0"
     id: Raw | UnsetType = UNSET
     method: str | UnsetType = UNSET
@@ -26,7 +37,7 @@ class Message(msgspec.Struct):
     error: Raw | UnsetType = UNSET
 
 
-class Inner(msgspec.Struct):
+class Inner(msgspec.Struct, omit_defaults=True):
     method: str
     params: Raw | UnsetType = UNSET
 
@@ -36,9 +47,20 @@ _decode_inner = msgspec.json.Decoder(Inner).decode
 _encoder = msgspec.json.Encoder()
 
 
+def accept_proxy_role(result: Raw) -> Raw:
+    """The older dialect's initialize answer says `_meta.proxy: true` (once per chain)."""
+    body = msgspec.json.decode(result)
+    if isinstance(body, dict):
+        meta = body.get("_meta")
+        body["_meta"] = {**(meta if isinstance(meta, dict) else {}), "proxy": True}
+    return Raw(_encoder.encode(body))
+
+
 def main() -> None:
     ids = itertools.count(1)
-    pending: dict[bytes, Raw] = {}  # our id -> the id the conductor used
+    # our id -> (the id the conductor used, whether it was an older-dialect initialize)
+    pending: dict[bytes, tuple[Raw, bool]] = {}
+    old_dialect = False
     buf = bytearray()
     out = bytearray()
 
@@ -47,22 +69,36 @@ def main() -> None:
         out.extend(b"\n")
 
     def handle(frame: bytes) -> None:
+        nonlocal old_dialect
         msg = _decode(frame)
         if msg.method is UNSET:  # an answer to something we forwarded
             origin = pending.pop(bytes(msg.id), None) if msg.id is not UNSET else None
             if origin is not None:
-                emit(Message(id=origin, result=msg.result, error=msg.error))
+                result = msg.result
+                if origin[1] and result is not UNSET:
+                    result = accept_proxy_role(result)
+                emit(Message(id=origin[0], result=result, error=msg.error))
             return
-        if msg.method == SUCCESSOR and msg.params is not UNSET:
+        method = msg.method
+        old_init = False
+        if method in WRAPPED and msg.params is not UNSET:
+            # from our successor: hand it to our predecessor plainly
             inner = _decode_inner(msg.params)
             fwd = Message(method=inner.method, params=inner.params)
-        else:
-            method = "initialize" if msg.method == "_proxy/initialize" else msg.method
+        else:  # from our predecessor: wrap it for our successor
+            if method == "_proxy/initialize":
+                method = "initialize"
+            elif method == "initialize":
+                old_dialect = old_init = True
+            if not old_dialect:
+                wrapper = SUCCESSOR
+            else:
+                wrapper = OLD_REQUEST if msg.id is not UNSET else OLD_NOTIFICATION
             body = Inner(method=method, params=msg.params)
-            fwd = Message(method=SUCCESSOR, params=Raw(_encoder.encode(body)))
+            fwd = Message(method=wrapper, params=Raw(_encoder.encode(body)))
         if msg.id is not UNSET:
             ours = str(next(ids)).encode()
-            pending[ours] = msg.id
+            pending[ours] = (msg.id, old_init)
             fwd.id = Raw(ours)
         emit(fwd)
 

@@ -1,13 +1,18 @@
-"""Benchmark the conductor against the same agent talked to directly and through a byte relay.
+"""Benchmark acp-conductor against a byte relay and @thinkwell/conductor, side by side.
 
-    python bench/run_bench.py            # full run (about 2-3 minutes on 2 cores)
-    python bench/run_bench.py --quick    # a smaller run, for a quick check
-    python bench/run_bench.py --only relay,conductor+0 --json out.json
+    python bench/run_bench.py              # full run: 3 interleaved rounds, a few minutes
+    python bench/run_bench.py --quick      # smaller counts, one round
+    python bench/run_bench.py --check      # also exit 1 when a target is missed
+    python bench/run_bench.py --imports    # only: what start-up imports (python -X importtime)
+    python bench/run_bench.py --only relay,acp+0 --phases startup,latency --json out.json
 
 This script is the editor: it starts each variant over real pipes, speaks ACP to it with
 blocking reads and writes (so the editor side is never the bottleneck), and prints one
 table of figures with ratios against the relay measured in the same run, then the targets
-with PASS/FAIL. See docs/performance.md for what each figure means.
+of issue 9 with PASS/FAIL/SKIP. Every conductor runs chains of the same stand-alone proxy
+process (bench/fast_passthrough.py) in front of the same agent (bench/agent.py).
+@thinkwell/conductor is optional: `npm install --prefix bench/node`; without it, its
+variants and the targets that compare against it are skipped. See docs/performance.md.
 
 Variants are a list (`VARIANTS`); add a chain shape by appending one `Variant`.
 """
@@ -15,9 +20,13 @@ Variants are a list (`VARIANTS`); add a chain shape by appending one `Variant`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import re
+import select
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,86 +40,114 @@ from typing import TYPE_CHECKING
 import msgspec
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 PY = sys.executable
 MiB = 1024 * 1024
 
-# -- what the editor starts --------------------------------------------------------------
+# -- what the editor starts ----------------------------------------------------------------
 
 AGENT = [PY, str(BENCH / "agent.py")]
-PASSTHROUGH = [PY, str(REPO / "proxies" / "passthrough_stdio.py")]  # stdlib json stdio proxy
-# the plugin, as a process
+# The one proxy every conductor gets: envelope-only msgspec decoding, both proxy dialects.
+PROXY = [PY, str(BENCH / "fast_passthrough.py")]
+JSON_PROXY = [PY, str(REPO / "proxies" / "passthrough_stdio.py")]  # stdlib json; ours only
 PLUGIN_STANDALONE = [PY, "-m", "conductor", "serve-proxy", "passthrough"]
-FAST_PASSTHROUGH = [PY, str(BENCH / "fast_passthrough.py")]         # msgspec, Raw payloads
+
+THINKWELL_DIR = BENCH / "node"
+THINKWELL_PACKAGE = THINKWELL_DIR / "node_modules" / "@thinkwell" / "conductor" / "package.json"
+THINKWELL_LAUNCHER = THINKWELL_DIR / "thinkwell.mjs"
 
 
-def in_process_chain(workdir: Path, n: int) -> list[str]:
-    """`acp-conductor --chain` with N in-process passthrough plugins (`use = "passthrough"`)."""
+def thinkwell_version() -> str | None:
+    """The installed @thinkwell/conductor version, or None when it cannot run here."""
+    if shutil.which("node") is None or not THINKWELL_PACKAGE.exists():
+        return None
+    version = json.loads(THINKWELL_PACKAGE.read_text(encoding="utf-8")).get("version")
+    return str(version) if version else "?"
+
+
+def acp_agent_mode(*components: list[str]) -> list[str]:
+    """`acp-conductor agent PROXY... AGENT`, run from the variant's checkout."""
+    return [PY, "-m", "conductor", "agent", *(shlex.join(c) for c in components)]
+
+
+def chain_file(workdir: Path, n: int) -> Path:
+    """A chain file with N in-process passthrough plugins (`use = "passthrough"`)."""
     chain = workdir / f"inprocess-{n}.toml"
     proxies = "".join(f'[[proxy]]\nname = "p{i}"\nuse = "passthrough"\n\n' for i in range(n))
     chain.write_text(f"{proxies}[agent]\ncommand = {json.dumps(AGENT)}\n", encoding="utf-8")
-    return [PY, "-m", "conductor", "--chain", str(chain)]
+    return chain
 
 
-def conductor(*components: list[str]) -> list[str]:
-    """`acp-conductor agent PROXY... AGENT` run from this checkout."""
-    return [PY, "-m", "conductor", "agent", *(shlex.join(c) for c in components)]
+def acp_chain_mode(workdir: Path, n: int) -> list[str]:
+    return [PY, "-m", "conductor", "--chain", str(chain_file(workdir, n))]
+
+
+def thinkwell(*components: list[str]) -> list[str]:
+    return ["node", str(THINKWELL_LAUNCHER), *(json.dumps(c) for c in components)]
 
 
 @dataclass(frozen=True)
 class Variant:
-    name: str                                   # column header
+    name: str                                   # row label
     about: str                                  # one line for the legend
     argv: Callable[[Path], list[str]]           # workdir -> the command the editor starts
-    quick: bool = True                          # also run under --quick
+    conductor: str                              # "relay", "acp", "thinkwell" or "direct"
+    n: int = 0                                  # proxies in the chain
+    default: bool = True                        # run without --only
     pythonpath: Path = REPO                     # which checkout's conductor runs
 
 
 VARIANTS: list[Variant] = [
-    Variant("direct", "the bench agent, no hop", lambda _: AGENT),
+    Variant("direct", "the bench agent, no hop", lambda _: AGENT, "direct", default=False),
     Variant("relay", "bench/relay.py: one byte-copying process in between (the floor)",
-            lambda _: [PY, str(BENCH / "relay.py"), *AGENT]),
-    Variant("conductor+0", "acp-conductor agent AGENT",
-            lambda _: conductor(AGENT)),
-    Variant("conductor+1i", "one in-process passthrough plugin (use = \"passthrough\")",
-            lambda w: in_process_chain(w, 1)),
-    Variant("conductor+3i", "three in-process passthrough plugins",
-            lambda w: in_process_chain(w, 3)),
-    Variant("conductor+1p", "the passthrough plugin stand-alone (serve-proxy passthrough)",
-            lambda _: conductor(PLUGIN_STANDALONE, AGENT), quick=False),
-    Variant("conductor+1", "one proxies/passthrough_stdio.py (json) in front of the agent",
-            lambda _: conductor(PASSTHROUGH, AGENT)),
-    Variant("conductor+3", "three proxies/passthrough.py (json)",
-            lambda _: conductor(PASSTHROUGH, PASSTHROUGH, PASSTHROUGH, AGENT), quick=False),
-    Variant("conductor+1f", "one bench/fast_passthrough.py (msgspec, Raw payloads)",
-            lambda _: conductor(FAST_PASSTHROUGH, AGENT)),
-    Variant("conductor+3f", "three bench/fast_passthrough.py",
-            lambda _: conductor(FAST_PASSTHROUGH, FAST_PASSTHROUGH, FAST_PASSTHROUGH, AGENT)),
+            lambda _: [PY, str(BENCH / "relay.py"), *AGENT], "relay"),
+    Variant("acp+0", "acp-conductor agent AGENT", lambda _: acp_agent_mode(AGENT), "acp"),
+    Variant("thinkwell+0", "@thinkwell/conductor (bench/node/thinkwell.mjs) AGENT",
+            lambda _: thinkwell(AGENT), "thinkwell"),
+    Variant("acp+1", "acp-conductor agent PROXY AGENT (PROXY = bench/fast_passthrough.py)",
+            lambda _: acp_agent_mode(PROXY, AGENT), "acp", 1),
+    Variant("thinkwell+1", "@thinkwell/conductor PROXY AGENT",
+            lambda _: thinkwell(PROXY, AGENT), "thinkwell", 1),
+    Variant("acp+3", "acp-conductor agent PROXY PROXY PROXY AGENT",
+            lambda _: acp_agent_mode(PROXY, PROXY, PROXY, AGENT), "acp", 3),
+    Variant("thinkwell+3", "@thinkwell/conductor PROXY PROXY PROXY AGENT",
+            lambda _: thinkwell(PROXY, PROXY, PROXY, AGENT), "thinkwell", 3),
+    Variant("acp+3i", "acp-conductor --chain FILE: 3 in-process passthrough plugins",
+            lambda w: acp_chain_mode(w, 3), "acp", 3),
+    # Not run by default (name them with --only):
+    Variant("acp+1i", "acp-conductor --chain FILE: 1 in-process passthrough plugin",
+            lambda w: acp_chain_mode(w, 1), "acp", 1, default=False),
+    Variant("acp+1j", "acp-conductor agent with proxies/passthrough_stdio.py (json)",
+            lambda _: acp_agent_mode(JSON_PROXY, AGENT), "acp", 1, default=False),
+    Variant("acp+3j", "three proxies/passthrough_stdio.py (json)",
+            lambda _: acp_agent_mode(JSON_PROXY, JSON_PROXY, JSON_PROXY, AGENT), "acp", 3,
+            default=False),
+    Variant("acp+1p", "the passthrough plugin stand-alone (serve-proxy passthrough)",
+            lambda _: acp_agent_mode(PLUGIN_STANDALONE, AGENT), "acp", 1, default=False),
 ]
 BASELINE = "relay"
-TARGET_VARIANT = "conductor+0"
+PHASES = ("startup", "latency", "small", "burst", "large", "big")
 
 
 @dataclass(frozen=True)
 class Sizes:
-    startups: int
+    rounds: int          # interleaved rounds; each figure is the median over them
     warmup: int
-    requests: int
+    requests: int        # per round
     small_count: int
     small_text: int
     large_count: int
     large_text: int
     big_prompt: int
-    reps: int
 
 
-FULL = Sizes(startups=3, warmup=200, requests=2000, small_count=20_000, small_text=32,
-             large_count=200, large_text=64 * 1024, big_prompt=10 * 1000 * 1000, reps=5)
-QUICK = Sizes(startups=1, warmup=50, requests=300, small_count=5_000, small_text=32,
-              large_count=50, large_text=64 * 1024, big_prompt=10 * 1000 * 1000, reps=1)
+FULL = Sizes(rounds=3, warmup=200, requests=1000, small_count=20_000, small_text=32,
+             large_count=200, large_text=64 * 1024, big_prompt=10 * 1000 * 1000)
+QUICK = Sizes(rounds=1, warmup=50, requests=300, small_count=5_000, small_text=32,
+              large_count=50, large_text=64 * 1024, big_prompt=10 * 1000 * 1000)
 
 # -- the editor ----------------------------------------------------------------------------
 
@@ -128,6 +165,17 @@ class _Response(msgspec.Struct):
 _response = msgspec.json.Decoder(_Response)
 
 
+def precompile(checkout: Path) -> None:
+    """Write the byte-code caches an installed package has, so that every start measures
+    the same thing even where PYTHONDONTWRITEBYTECODE is set (each start would otherwise
+    compile the checkout's modules from source: tens of ms)."""
+    import compileall
+
+    for package in ("conductor", "proxies"):
+        if (checkout / package).is_dir():
+            compileall.compile_dir(checkout / package, quiet=1)
+
+
 def child_env(pythonpath: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
@@ -139,10 +187,13 @@ class Editor:
 
     profile_dir: Path | None = None
 
-    def __init__(self, argv: list[str], stderr_path: Path, pythonpath: Path = REPO) -> None:
-        if self.profile_dir is not None and argv[1:3] == ["-m", "conductor"]:
-            out = self.profile_dir / f"{stderr_path.stem}.prof"
-            argv = [argv[0], "-m", "cProfile", "-o", str(out), *argv[1:]]
+    def __init__(self, argv: list[str], stderr_path: Path, pythonpath: Path = REPO,
+                 python_flags: tuple[str, ...] = ()) -> None:
+        if argv[1:3] == ["-m", "conductor"]:
+            if self.profile_dir is not None:
+                out = self.profile_dir / f"{stderr_path.stem}.prof"
+                python_flags = (*python_flags, "-m", "cProfile", "-o", str(out))
+            argv = [argv[0], *python_flags, *argv[1:]]
         self._stderr = stderr_path.open("ab")
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -229,11 +280,54 @@ class Editor:
                     return int(line.split()[1]) * 1024
         raise BenchError("no VmHWM in /proc status")
 
-    def close(self) -> None:
+    def close_and_time_exits(self) -> tuple[float, float | None]:
+        """Close stdin (EOF) and wait for the variant and every process under it to exit.
+
+        Returns (EOF -> variant's exit, last component's exit -> variant's exit); the second
+        is None where exits cannot be watched (pidfd_open is Linux only), and negative if
+        the variant left before its components did.
+        """
+        kids = descendants(self.proc.pid) if hasattr(os, "pidfd_open") else []
+        components = [k for k in kids if is_component(k)]
+        watched: dict[int, int] = {}  # pidfd -> pid
+        poller = select.poll()
+        for pid in [self.proc.pid, *kids]:
+            try:
+                fd = os.pidfd_open(pid)
+            except (ProcessLookupError, AttributeError):
+                continue
+            watched[fd] = pid
+            poller.register(fd, select.POLLIN)
+        exited: dict[int, float] = {}
+        eof = time.perf_counter()
+        self._close_stdin()
+        try:
+            deadline = eof + 15
+            while len(exited) < len(watched):
+                left = deadline - time.perf_counter()
+                events = poller.poll(max(0, left) * 1000) if left > 0 else []
+                now = time.perf_counter()
+                if not events:
+                    raise BenchError(f"{len(watched) - len(exited)} processes still running "
+                                     f"15 s after EOF; see {self.stderr_path}")
+                for fd, _ in events:
+                    exited[watched[fd]] = now
+                    poller.unregister(fd)
+        finally:
+            for fd in watched:
+                os.close(fd)
+            self._reap()
+        gone = exited.get(self.proc.pid, time.perf_counter())
+        children = [exited[k] for k in components if k in exited]
+        return gone - eof, (gone - max(children)) if children else None
+
+    def _close_stdin(self) -> None:
         try:
             self.proc.stdin.close()  # type: ignore[union-attr]
         except OSError:
             pass
+
+    def _reap(self) -> None:
         try:
             self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
@@ -245,9 +339,50 @@ class Editor:
             self.proc.stdout.close()  # type: ignore[union-attr]
             self._stderr.close()
 
+    def close(self) -> None:
+        self._close_stdin()
+        self._reap()
+
+
+# How a chain's components are told from a conductor's own helper processes (such as
+# acp-conductor's watchdog, which exits with the conductor): by the script they run.
+COMPONENT_MARKERS = (AGENT[1], PROXY[1], JSON_PROXY[1], "serve-proxy")
+
+
+def is_component(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return False
+    return any(marker in argv for marker in COMPONENT_MARKERS)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` (children, their children...), from /proc."""
+    parent_of: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(b")", 1)[1].split()[1])  # the name may hold spaces and ")"
+        parent_of.setdefault(ppid, []).append(int(entry.name))
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        kids = parent_of.get(stack.pop(), [])
+        out += kids
+        stack += kids
+    return out
+
 
 INIT = b'{"protocolVersion":1,"clientCapabilities":{"fs":{"readTextFile":false}},' \
        b'"clientInfo":{"name":"bench","version":"0"}}'
+SESSION_NEW = b'{"cwd":"/tmp","mcpServers":[]}'
 
 
 def prompt(op: dict[str, object], text: str = "hi") -> bytes:
@@ -266,27 +401,38 @@ def end_turn(result: bytes) -> None:
 
 @dataclass
 class Figures:
-    startup_s: float = 0.0
-    p50_s: float = 0.0
-    p99_s: float = 0.0
-    small_msgs: float = 0.0
-    small_mbs: float = 0.0
-    burst_msgs: float = 0.0
-    burst_mbs: float = 0.0
-    large_msgs: float = 0.0
-    large_mbs: float = 0.0
-    big_rt_s: float = 0.0
-    peak_rss: int = 0
+    """None: not measured in this run (a phase left out, or not measurable here)."""
+
+    startup_s: float | None = None
+    exit_eof_s: float | None = None
+    exit_after_child_s: float | None = None
+    p50_s: float | None = None
+    p99_s: float | None = None
+    small_msgs: float | None = None
+    small_mbs: float | None = None
+    burst_msgs: float | None = None
+    burst_mbs: float | None = None
+    large_msgs: float | None = None
+    large_mbs: float | None = None
+    big_rt_s: float | None = None
+    peak_rss: int | None = None
     largest_frame: int = 0
     notes: list[str] = field(default_factory=list)
 
 
-def measure_startup(variant: Variant, work: Path) -> float:
-    editor = Editor(variant.argv(work), work / f"{variant.name}.stderr", variant.pythonpath)
-    editor.call("initialize", INIT)
-    elapsed = time.perf_counter() - editor.started
-    editor.close()
-    return elapsed
+def start_stop(variant: Variant, work: Path) -> tuple[float, float, float | None]:
+    """A fresh start: (spawn -> initialize answered, EOF -> exit, last child -> exit)."""
+    editor = Editor(variant.argv(work), work / f"{variant.name}.startup.stderr",
+                    variant.pythonpath)
+    try:
+        editor.call("initialize", INIT)
+        startup = time.perf_counter() - editor.started
+        editor.call("session/new", SESSION_NEW)
+    except BaseException:
+        editor.close()
+        raise
+    after_eof, after_child = editor.close_and_time_exits()
+    return startup, after_eof, after_child
 
 
 def stream(editor: Editor, count: int, size: int, burst: bool = False) -> tuple[float, int]:
@@ -315,7 +461,7 @@ def round_trip(editor: Editor, size: int) -> tuple[float, int]:
     last = editor.read_frame()
     elapsed = time.perf_counter() - t0
     writer.join()
-    # JSON-equal, not byte-equal: proxies/passthrough.py re-serialises with `json`.
+    # JSON-equal, not byte-equal: a proxy may re-serialise.
     content = msgspec.json.decode(echoed)["params"]["update"]["content"]
     if content != {"type": "text", "text": text}:
         raise BenchError("the echoed prompt is not the one sent")
@@ -335,18 +481,29 @@ def latencies(editor: Editor, count: int) -> list[float]:
     return out
 
 
-def measure_all(variants: list[Variant], work: Path, sizes: Sizes,
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def measure_all(variants: list[Variant], work: Path, sizes: Sizes, phases: set[str],
                 progress: Callable[[str], None]) -> dict[str, Figures]:
     """Every phase runs each variant in turn, round after round, so that load from anything
     else on the machine spreads over all variants instead of skewing one of them."""
     figs = {v.name: Figures() for v in variants}
-    progress("startup")
-    starts: dict[str, list[float]] = {v.name: [] for v in variants}
-    for _ in range(sizes.startups):
+    if "startup" in phases:
+        progress("start-up and exit")
+        runs: dict[str, list[tuple[float, float, float | None]]] = {v.name: [] for v in variants}
+        for _ in range(sizes.rounds):
+            for v in variants:
+                runs[v.name].append(start_stop(v, work))
         for v in variants:
-            starts[v.name].append(measure_startup(v, work))
-    for v in variants:
-        figs[v.name].startup_s = statistics.median(starts[v.name])
+            f, rs = figs[v.name], runs[v.name]
+            f.startup_s = median([r[0] for r in rs])
+            f.exit_eof_s = median([r[1] for r in rs])
+            after_child = [r[2] for r in rs if r[2] is not None]
+            f.exit_after_child_s = median(after_child) if after_child else None
+    if not phases - {"startup"}:
+        return figs
 
     editors: dict[str, Editor] = {}
     try:
@@ -354,48 +511,54 @@ def measure_all(variants: list[Variant], work: Path, sizes: Sizes,
             editor = Editor(v.argv(work), work / f"{v.name}.stderr", v.pythonpath)
             editors[v.name] = editor
             editor.call("initialize", INIT)
-            editor.call("session/new", b'{"cwd":"/tmp","mcpServers":[]}')
+            editor.call("session/new", SESSION_NEW)
             latencies(editor, sizes.warmup)
 
-        progress("latency")
-        lat: dict[str, list[float]] = {v.name: [] for v in variants}
-        blocks = 4
-        for _ in range(blocks):
+        if "latency" in phases:
+            progress("latency")
+            p50s: dict[str, list[float]] = {v.name: [] for v in variants}
+            p99s: dict[str, list[float]] = {v.name: [] for v in variants}
+            for _ in range(sizes.rounds):
+                for v in variants:
+                    xs = sorted(latencies(editors[v.name], sizes.requests))
+                    p50s[v.name].append(xs[len(xs) // 2])
+                    p99s[v.name].append(xs[min(len(xs) - 1, int(len(xs) * 0.99))])
             for v in variants:
-                lat[v.name] += latencies(editors[v.name], sizes.requests // blocks)
-        for v in variants:
-            xs = sorted(lat[v.name])
-            figs[v.name].p50_s = xs[len(xs) // 2]
-            figs[v.name].p99_s = xs[min(len(xs) - 1, int(len(xs) * 0.99))]
+                figs[v.name].p50_s = median(p50s[v.name])
+                figs[v.name].p99_s = median(p99s[v.name])
 
-        def rounds(run: Callable[[Editor], tuple[float, int]]) -> dict[str, tuple[float, int]]:
+        def rounds(run: Callable[[Editor], tuple[float, int]]) -> Iterator[tuple[str, float, int]]:
             got: dict[str, list[tuple[float, int]]] = {v.name: [] for v in variants}
-            for _ in range(sizes.reps):
+            for _ in range(sizes.rounds):
                 for v in variants:
                     got[v.name].append(run(editors[v.name]))
-            return {k: (statistics.median(r[0] for r in rs), max(r[1] for r in rs))
-                    for k, rs in got.items()}
+            for name, rs in got.items():
+                yield name, median([r[0] for r in rs]), max(r[1] for r in rs)
 
-        progress("small updates")
-        for name, (secs, nbytes) in rounds(
-                lambda e: stream(e, sizes.small_count, sizes.small_text)).items():
-            figs[name].small_msgs, figs[name].small_mbs = sizes.small_count / secs, \
-                nbytes / secs / MiB
-        progress("small updates, burst-written")
-        for name, (secs, nbytes) in rounds(
-                lambda e: stream(e, sizes.small_count, sizes.small_text, burst=True)).items():
-            figs[name].burst_msgs, figs[name].burst_mbs = sizes.small_count / secs, \
-                nbytes / secs / MiB
-        progress("64 KiB updates")
-        for name, (secs, nbytes) in rounds(
-                lambda e: stream(e, sizes.large_count, sizes.large_text)).items():
-            figs[name].large_msgs, figs[name].large_mbs = sizes.large_count / secs, \
-                nbytes / secs / MiB
-            figs[name].largest_frame = nbytes // sizes.large_count
-        progress("10 MB round trip")
-        for name, (secs, nbytes) in rounds(lambda e: round_trip(e, sizes.big_prompt)).items():
-            figs[name].big_rt_s = secs
-            figs[name].largest_frame = max(figs[name].largest_frame, nbytes)
+        if "small" in phases:
+            progress("small updates (one write per frame)")
+            for name, secs, nbytes in rounds(
+                    lambda e: stream(e, sizes.small_count, sizes.small_text)):
+                figs[name].small_msgs = sizes.small_count / secs
+                figs[name].small_mbs = nbytes / secs / MiB
+        if "burst" in phases:
+            progress("small updates, burst-written")
+            for name, secs, nbytes in rounds(
+                    lambda e: stream(e, sizes.small_count, sizes.small_text, burst=True)):
+                figs[name].burst_msgs = sizes.small_count / secs
+                figs[name].burst_mbs = nbytes / secs / MiB
+        if "large" in phases:
+            progress("64 KiB updates")
+            for name, secs, nbytes in rounds(
+                    lambda e: stream(e, sizes.large_count, sizes.large_text)):
+                figs[name].large_msgs = sizes.large_count / secs
+                figs[name].large_mbs = nbytes / secs / MiB
+                figs[name].largest_frame = nbytes // sizes.large_count
+        if "big" in phases:
+            progress("10 MB round trip")
+            for name, secs, nbytes in rounds(lambda e: round_trip(e, sizes.big_prompt)):
+                figs[name].big_rt_s = secs
+                figs[name].largest_frame = max(figs[name].largest_frame, nbytes)
         for v in variants:
             figs[v.name].peak_rss = editors[v.name].peak_rss()
     finally:
@@ -406,123 +569,338 @@ def measure_all(variants: list[Variant], work: Path, sizes: Sizes,
 
 # -- report --------------------------------------------------------------------------------
 
-ROWS: list[tuple[str, str, Callable[[Figures], float], Callable[[float], str]]] = [
-    # label, unit, value, format
-    ("startup to initialize", "ms", lambda f: f.startup_s * 1e3, lambda v: f"{v:.0f}"),
-    ("request latency p50", "µs", lambda f: f.p50_s * 1e6, lambda v: f"{v:.0f}"),
-    ("request latency p99", "µs", lambda f: f.p99_s * 1e6, lambda v: f"{v:.0f}"),
-    ("small updates", "msg/s", lambda f: f.small_msgs, lambda v: f"{v / 1000:.1f}k"),
-    ("small updates", "MB/s", lambda f: f.small_mbs, lambda v: f"{v:.1f}"),
-    ("small updates, burst-written", "msg/s", lambda f: f.burst_msgs,
-     lambda v: f"{v / 1000:.1f}k"),
-    ("small updates, burst-written", "MB/s", lambda f: f.burst_mbs, lambda v: f"{v:.1f}"),
-    ("64 KiB updates", "msg/s", lambda f: f.large_msgs, lambda v: f"{v:.0f}"),
-    ("64 KiB updates", "MB/s", lambda f: f.large_mbs, lambda v: f"{v:.0f}"),
-    ("10 MB prompt round trip", "ms", lambda f: f.big_rt_s * 1e3, lambda v: f"{v:.0f}"),
-    ("peak RSS of started proc", "MB", lambda f: f.peak_rss / MiB, lambda v: f"{v:.1f}"),
+
+def _ms(v: float) -> str:
+    return f"{v:.0f}" if abs(v) >= 10 else f"{v:.1f}"
+
+
+# heading, value (None: not measured), format, ratio against the relay shown; LEGEND says more
+COLUMNS: list[tuple[str, Callable[[Figures], float | None], Callable[[float], str], bool]] = [
+    ("start ms", lambda f: f.startup_s and f.startup_s * 1e3, _ms, True),
+    ("exit/EOF ms", lambda f: f.exit_eof_s and f.exit_eof_s * 1e3, _ms, False),
+    ("exit/child ms",
+     lambda f: None if f.exit_after_child_s is None else f.exit_after_child_s * 1e3, _ms, False),
+    ("p50 µs", lambda f: f.p50_s and f.p50_s * 1e6, lambda v: f"{v:.0f}", True),
+    ("p99 µs", lambda f: f.p99_s and f.p99_s * 1e6, lambda v: f"{v:.0f}", True),
+    ("small msg/s", lambda f: f.small_msgs, lambda v: f"{v / 1000:.0f}k", True),
+    ("burst msg/s", lambda f: f.burst_msgs, lambda v: f"{v / 1000:.0f}k", True),
+    ("64 KiB MB/s", lambda f: f.large_mbs, lambda v: f"{v:.0f}", True),
+    ("10 MB ms", lambda f: f.big_rt_s and f.big_rt_s * 1e3, _ms, True),
+    ("RSS MB", lambda f: f.peak_rss and f.peak_rss / MiB, lambda v: f"{v:.0f}", True),
 ]
+LEGEND = """\
+start: spawn -> initialize answered. exit/EOF: stdin closed -> the variant exited.
+exit/child: its last component exited -> the variant exited. p50/p99: one session/prompt
+answered at once, one in flight. small: 196-byte session/update frames, the agent writing
+each with its own write() (burst: up to 1 MiB of frames per write). 64 KiB: updates of
+64 KiB text. 10 MB: a 10 MB prompt echoed back in one update. RSS: peak resident set of
+the started process (not its children)."""
 
 
-def table(results: dict[str, Figures]) -> str:
-    names = list(results)
+def table_cells(results: dict[str, Figures], variants: dict[str, Variant]) -> list[list[str]]:
     base = results.get(BASELINE)
-    label_w = max(len(f"{label} ({unit})") for label, unit, _, _ in ROWS)
-    cells: list[list[str]] = []
-    for label, unit, value, fmt in ROWS:
-        row = [f"{label} ({unit})"]
-        for name in names:
-            v = value(results[name])
+    shown = [c for c in COLUMNS if any(c[1](f) is not None for f in results.values())]
+    rows = [["", "N", *(heading for heading, _, _, _ in shown)]]
+    for name, fig in results.items():
+        row = [name, str(variants[name].n)]
+        for _, value, fmt, ratio in shown:
+            v = value(fig)
+            if v is None:
+                row.append("")
+                continue
             cell = fmt(v)
-            if base is not None and name != BASELINE and value(base):
-                cell += f" ×{v / value(base):.2f}"
+            b = value(base) if base is not None and ratio and name != BASELINE else None
+            if b:
+                cell += f" ×{v / b:.2f}"
             row.append(cell)
-        cells.append(row)
-    widths = [label_w] + [max(len(n), *(len(r[i + 1]) for r in cells)) for i, n in
-                          enumerate(names)]
-    lines = ["  ".join(h.rjust(w) if i else h.ljust(w)
-                       for i, (h, w) in enumerate(zip(["", *names], widths, strict=True)))]
-    lines.append("  ".join("-" * w for w in widths))
-    for row in cells:
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
+        rows.append(row)
+    return rows
+
+
+def text_table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, row in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def in_process_targets(results: dict[str, Figures]) -> list[tuple[str, bool, str]]:
-    """Issue 4: three in-process passthroughs cost at most 1.2x the bare conductor."""
-    zero, three = results.get(TARGET_VARIANT), results.get("conductor+3i")
-    if zero is None or three is None:
-        return []
-    return [
-        ("p50 latency ≤ 1.2× conductor+0", three.p50_s <= 1.2 * zero.p50_s,
-         f"{three.p50_s * 1e6:.0f} µs vs {zero.p50_s * 1e6:.0f} µs "
-         f"(×{three.p50_s / zero.p50_s:.2f})"),
-        ("small-message throughput ≥ 1/1.2 of conductor+0",
-         three.small_msgs * 1.2 >= zero.small_msgs,
-         f"{three.small_msgs:.0f} vs {zero.small_msgs:.0f} msg/s "
-         f"(×{zero.small_msgs / three.small_msgs:.2f} slower)"),
-    ]
+def markdown_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(rows[0]) + " |",
+             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(rows[0]))) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return "\n".join(lines)
 
 
-def targets(results: dict[str, Figures]) -> list[tuple[str, bool, str]]:
-    base, fig = results.get(BASELINE), results.get(TARGET_VARIANT)
-    if base is None or fig is None:
-        return []
-    rss_limit = 64 * MiB + 2 * fig.largest_frame
-    return [
-        ("p50 latency ≤ 1.5× relay", fig.p50_s <= 1.5 * base.p50_s,
-         f"{fig.p50_s * 1e6:.0f} µs vs {base.p50_s * 1e6:.0f} µs (×{fig.p50_s / base.p50_s:.2f})"),
-        ("small-message throughput ≥ 50% of relay", fig.small_msgs >= 0.5 * base.small_msgs,
-         f"{fig.small_msgs:.0f} vs {base.small_msgs:.0f} msg/s "
-         f"({100 * fig.small_msgs / base.small_msgs:.0f}%)"),
-        ("  the same, agent writing 1 MiB bursts", fig.burst_msgs >= 0.5 * base.burst_msgs,
-         f"{fig.burst_msgs:.0f} vs {base.burst_msgs:.0f} msg/s "
-         f"({100 * fig.burst_msgs / base.burst_msgs:.0f}%)"),
-        ("10 MB round trip ≤ 1.5× relay", fig.big_rt_s <= 1.5 * base.big_rt_s,
-         f"{fig.big_rt_s * 1e3:.0f} ms vs {base.big_rt_s * 1e3:.0f} ms "
-         f"(×{fig.big_rt_s / base.big_rt_s:.2f})"),
-        ("peak RSS < 64 MB + 2× largest frame", fig.peak_rss < rss_limit,
-         f"{fig.peak_rss / MiB:.1f} MB vs limit {rss_limit / MiB:.1f} MB "
-         f"(largest frame {fig.largest_frame / MiB:.1f} MB)"),
-    ]
+@dataclass(frozen=True)
+class Target:
+    group: str
+    label: str
+    status: str  # PASS, FAIL or SKIP
+    detail: str
+
+
+def targets(results: dict[str, Figures], tw: str | None) -> list[Target]:
+    """Issue 9's targets, for this checkout's acp-conductor variants."""
+    out: list[Target] = []
+
+    def add(group: str, label: str, ok: bool | None, detail: str) -> None:
+        status = "SKIP" if ok is None else "PASS" if ok else "FAIL"
+        out.append(Target(group, label, status, detail))
+
+    def get(name: str, attr: str) -> float | None:
+        fig = results.get(name)
+        return None if fig is None else getattr(fig, attr)
+
+    def missing(*names: str) -> str:
+        gone = [n for n in names if n not in results]
+        if not gone:
+            return "not measured in this run (--phases)"
+        if tw is None and any(n.startswith("thinkwell") for n in gone):
+            return f"{', '.join(gone)}: @thinkwell/conductor is not installed"
+        return f"{', '.join(gone)} not run (--only)"
+
+    def vs_relay(group: str, label: str, name: str, attr: str, limit: float, scale: float,
+                 unit: str, at_most: bool = True) -> None:
+        v, b = get(name, attr), get(BASELINE, attr)
+        if v is None or b is None or not b:
+            add(group, label, None, missing(name, BASELINE))
+            return
+        ratio = v / b
+        ok = ratio <= limit if at_most else ratio >= limit
+        add(group, label, ok, f"{v * scale:.0f} vs {b * scale:.0f} {unit} (×{ratio:.2f})")
+
+    def vs_peer(group: str, label: str, name: str, peer: str, attr: str, scale: float,
+                unit: str, strict: bool) -> None:
+        v, p = get(name, attr), get(peer, attr)
+        if v is None or p is None or not p:
+            add(group, label, None, missing(name, peer))
+            return
+        ok = v < p if strict else v <= p
+        add(group, label, ok, f"{v * scale:.0f} vs {p * scale:.0f} {unit} (×{v / p:.2f})")
+
+    g = "start-up (spawn → initialize answered)"
+    vs_relay(g, "agent mode (acp+0) ≤ 2× relay", "acp+0", "startup_s", 2.0, 1e3, "ms")
+    vs_relay(g, "--chain mode (acp+3i) ≤ 2× relay", "acp+3i", "startup_s", 2.0, 1e3, "ms")
+    for n in (0, 1, 3):
+        vs_peer(g, f"acp+{n} ≤ thinkwell+{n}", f"acp+{n}", f"thinkwell+{n}", "startup_s", 1e3,
+                "ms", strict=False)
+    vs_peer(g, "--chain mode (acp+3i) ≤ thinkwell+0", "acp+3i", "thinkwell+0", "startup_s", 1e3,
+            "ms", strict=False)
+
+    g = "shutdown (conductor's exit after its last child's, stdin EOF)"
+    for name in ("acp+0", "acp+1", "acp+3", "acp+3i"):
+        v = get(name, "exit_after_child_s")
+        if v is None:
+            add(g, f"{name} ≤ 50 ms", None, missing(name) if name not in results
+                else "child exits not watchable here (needs os.pidfd_open)")
+        else:
+            eof = get(name, "exit_eof_s") or 0.0
+            add(g, f"{name} ≤ 50 ms", v <= 0.050,
+                f"{v * 1e3:.0f} ms after its last child ({eof * 1e3:.0f} ms after EOF)")
+
+    g = "latency (p50 request)"
+    vs_relay(g, "acp+0 ≤ 1.3× relay", "acp+0", "p50_s", 1.3, 1e6, "µs")
+    for n in (1, 3):
+        vs_peer(g, f"acp+{n} < thinkwell+{n}", f"acp+{n}", f"thinkwell+{n}", "p50_s", 1e6, "µs",
+                strict=True)
+
+    g = "throughput"
+    vs_relay(g, "acp+0 small messages (one write per frame) ≥ 0.6× relay", "acp+0",
+             "small_msgs", 0.6, 1e-3, "k msg/s", at_most=False)
+
+    g = "no regressions"
+    vs_relay(g, "acp+0 10 MB round trip ≤ 1.3× relay", "acp+0", "big_rt_s", 1.3, 1e3, "ms")
+    fig = results.get("acp+0")
+    if fig is None or fig.peak_rss is None or not fig.largest_frame:
+        add(g, "acp+0 peak RSS < 64 MB + 2× largest frame", None, missing("acp+0"))
+    else:
+        limit = 64 * MiB + 2 * fig.largest_frame
+        add(g, "acp+0 peak RSS < 64 MB + 2× largest frame", fig.peak_rss < limit,
+            f"{fig.peak_rss / MiB:.1f} MB vs limit {limit / MiB:.1f} MB "
+            f"(largest frame {fig.largest_frame / MiB:.1f} MB)")
+    zero, three = results.get("acp+0"), results.get("acp+3i")
+    if zero is None or three is None or zero.p50_s is None or three.p50_s is None:
+        add(g, "in-process acp+3i p50 ≤ 1.2× acp+0", None, missing("acp+0", "acp+3i"))
+    else:
+        ratio = three.p50_s / zero.p50_s
+        add(g, "in-process acp+3i p50 ≤ 1.2× acp+0", ratio <= 1.2,
+            f"{three.p50_s * 1e6:.0f} vs {zero.p50_s * 1e6:.0f} µs (×{ratio:.2f})")
+    if zero is None or three is None or not zero.small_msgs or not three.small_msgs:
+        add(g, "in-process acp+3i small msg/s ≥ acp+0 / 1.2", None, missing("acp+0", "acp+3i"))
+    else:
+        slower = zero.small_msgs / three.small_msgs
+        add(g, "in-process acp+3i small msg/s ≥ acp+0 / 1.2", slower <= 1.2,
+            f"{three.small_msgs / 1e3:.0f}k vs {zero.small_msgs / 1e3:.0f}k msg/s "
+            f"(×{slower:.2f} slower)")
+    return out
+
+
+def print_targets(checks: list[Target]) -> None:
+    group = None
+    for t in checks:
+        if t.group != group:
+            group = t.group
+            print(f"\n{group}:")
+        print(f"  {t.status}  {t.label}: {t.detail}")
+    counts = {s: sum(t.status == s for t in checks) for s in ("PASS", "FAIL", "SKIP")}
+    print(f"\n{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+
+
+def print_profiles(prof_dir: Path, top: int = 15) -> None:
+    import pstats
+
+    for prof in sorted(prof_dir.glob("*.prof")):
+        print(f"\n--- {prof.name}: top {top} functions by own time")
+        pstats.Stats(str(prof), stream=sys.stdout).sort_stats("tottime").print_stats(top)
+
+
+# -- start-up imports ----------------------------------------------------------------------
+
+_IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")
+# What issue 9 wants off the serving path (pydantic only where a chain file is validated).
+WATCHED_IMPORTS = ("rich", "pydantic", "click", "acp", "asyncio", "trio",
+                   "conductor.tracing.view", "conductor.tracing.html", "conductor.editor")
+
+
+def import_run(argv: list[str], work: Path, label: str) -> tuple[float, dict[str, tuple[
+        int, int, int]]]:
+    """One `python -X importtime` start up to the answer to `initialize`:
+    (elapsed s, module -> (self µs, cumulative µs, nesting depth))."""
+    stderr = work / f"imports-{label}.stderr"
+    stderr.unlink(missing_ok=True)
+    editor = Editor(argv, stderr, REPO, python_flags=("-X", "importtime"))
+    try:
+        editor.call("initialize", INIT)
+        elapsed = time.perf_counter() - editor.started
+        cut = stderr.stat().st_size  # imports logged after this came after the answer
+    finally:
+        editor.close()
+    text = stderr.read_bytes()[:cut].decode("utf-8", "replace")
+    return elapsed, {m[4]: (int(m[1]), int(m[2]), len(m[3]) // 2)
+                     for m in _IMPORT_LINE.finditer(text)}
+
+
+def import_profile(argv: list[str], work: Path, label: str, runs: int, top: int = 15) -> None:
+    """Median per module over `runs` starts (import times here swing with the machine's load)."""
+    Editor(argv, work / "imports-warmup.stderr").close()  # warm the byte-code and page caches
+    got = [import_run(argv, work, label.split()[0]) for _ in range(runs)]
+    elapsed = median([g[0] for g in got])
+    modules = set().union(*(g[1] for g in got))
+    rows = []
+    for module in modules:
+        seen = [g[1][module] for g in got if module in g[1]]
+        rows.append((int(median([x[0] for x in seen])), int(median([x[1] for x in seen])),
+                     seen[0][2], module))
+    total = sum(r[0] for r in rows)
+    by_package: dict[str, int] = {}
+    for self_us, _, _, module in rows:
+        package = module.split(".")[0]
+        by_package[package] = by_package.get(package, 0) + self_us
+    heavy = sorted(by_package.items(), key=lambda kv: -kv[1])[:12]
+    cumulative = {r[3]: r[1] for r in rows}
+    print(f"\n{label}: python -X importtime {shlex.join(argv[1:])}")
+    print(f"  median of {runs}: spawn → initialize answered {elapsed * 1e3:.0f} ms (slowed by "
+          f"-X importtime); {len(rows)} modules imported by then, {total / 1e3:.0f} ms of "
+          f"import time")
+    print("  own import time by top-level package (ms): "
+          + ", ".join(f"{p} {us / 1e3:.0f}" for p, us in heavy))
+    print("  imported? (cumulative ms): " + ", ".join(
+        f"{m} {cumulative[m] / 1e3:.0f}" if m in cumulative else f"{m} no"
+        for m in WATCHED_IMPORTS))
+    print(f"  top {top} by cumulative time (indent = nesting):")
+    print(f"    {'cumul ms':>8}  {'self ms':>7}  module")
+    for self_us, cumul_us, depth, module in sorted(rows, key=lambda r: -r[1])[:top]:
+        print(f"    {cumul_us / 1e3:8.1f}  {self_us / 1e3:7.1f}  {'  ' * depth}{module}")
+
+
+def imports(work: Path, runs: int) -> None:
+    import_profile(acp_agent_mode(AGENT), work, "agent mode", runs)
+    import_profile(acp_chain_mode(work, 3), work, "--chain mode (3 in-process passthroughs)",
+                   runs)
+
+
+# -- main ----------------------------------------------------------------------------------
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller counts, one repetition")
-    parser.add_argument("--only", help="comma-separated variant names (default: all)")
+    parser.add_argument("--quick", action="store_true", help="smaller counts, one round")
+    parser.add_argument("--rounds", type=int, metavar="N",
+                        help="interleaved rounds, each figure their median (default: 3; "
+                             "--quick: 1); more where the machine is noisy")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a target is missed (run by hand: timing is noisy)")
+    parser.add_argument("--only", help="comma-separated variant names (default: "
+                        + ", ".join(v.name for v in VARIANTS if v.default) + "; also: "
+                        + ", ".join(v.name for v in VARIANTS if not v.default) + ")")
+    parser.add_argument("--phases", help=f"comma-separated, of {', '.join(PHASES)} (default: all)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--compare", type=Path, metavar="CHECKOUT",
-                        help="also run the conductor variants from another checkout")
+                        help="also run the acp-conductor variants from another checkout")
     parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="run each conductor under cProfile, writing DIR/VARIANT.prof "
-                             "(the overhead distorts every figure: use for where, not how fast)")
+                        help="run each acp-conductor under cProfile, writing DIR/VARIANT.prof "
+                             "(and VARIANT.startup.prof), then print the top functions (the "
+                             "overhead distorts every figure: use for where, not how fast)")
+    parser.add_argument("--imports", action="store_true",
+                        help="only print what start-up imports (python -X importtime), in "
+                             "agent mode and --chain mode")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
+    if args.rounds:
+        sizes = dataclasses.replace(sizes, rounds=max(1, args.rounds))
+
+    precompile(REPO)
+    if args.compare:
+        precompile(args.compare.resolve())
+    if args.imports:
+        with tempfile.TemporaryDirectory(prefix="acp-bench-") as tmp:
+            imports(Path(tmp), 1 if args.quick else 5)
+        return 0
+
+    phases = set(PHASES) if not args.phases else set(args.phases.split(","))
+    if phases - set(PHASES):
+        parser.error(f"unknown phases: {', '.join(sorted(phases - set(PHASES)))}")
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
         Editor.profile_dir = args.profile.resolve()
-    chosen = [v for v in VARIANTS if args.quick is False or v.quick]
+    chosen = [v for v in VARIANTS if v.default]
     if args.only:
-        wanted = set(args.only.split(","))
-        chosen = [v for v in VARIANTS if v.name in wanted]
-        unknown = wanted - {v.name for v in chosen}
+        wanted = args.only.split(",")
+        known = {v.name: v for v in VARIANTS}
+        unknown = [n for n in wanted if n not in known]
         if unknown:
-            parser.error(f"unknown variants: {', '.join(sorted(unknown))}")
-
+            parser.error(f"unknown variants: {', '.join(unknown)}")
+        chosen = [v for v in VARIANTS if v.name in wanted]
+    tw = thinkwell_version()
+    if tw is None and any(v.conductor == "thinkwell" for v in chosen):
+        print("@thinkwell/conductor is not installed (npm install --prefix bench/node), "
+              "or node is missing: its variants are skipped", file=sys.stderr)
+        chosen = [v for v in chosen if v.conductor != "thinkwell"]
     if args.compare:
         # The same chain shapes run from another checkout (e.g. `mkdir /tmp/old && git archive
         # HEAD~3 | tar -x -C /tmp/old`), interleaved with this one: before/after in one table.
-        for v in [v for v in chosen if v.name.startswith("conductor")]:
-            chosen.append(Variant(f"{v.name}@{args.compare.name}", f"{v.about} ({args.compare})",
-                                  v.argv, v.quick, args.compare.resolve()))
+        with_old: list[Variant] = []
+        for v in chosen:
+            with_old.append(v)
+            if v.conductor == "acp":
+                with_old.append(Variant(f"{v.name}@{args.compare.name}",
+                                        f"{v.about} ({args.compare})", v.argv, v.conductor, v.n,
+                                        v.default, args.compare.resolve()))
+        chosen = with_old
+    if not chosen:
+        parser.error("no variant left to run")
 
     t_all = time.perf_counter()
     print(f"variants: {', '.join(v.name for v in chosen)}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="acp-bench-") as tmp:
         work = Path(tmp)
         try:
-            results = measure_all(chosen, work, sizes, lambda phase: print(
+            results = measure_all(chosen, work, sizes, phases, lambda phase: print(
                 f"  {time.perf_counter() - t_all:5.1f}s  {phase}", file=sys.stderr))
         except BenchError as e:
             print(f"FAILED: {e}", file=sys.stderr)
@@ -530,34 +908,35 @@ def main() -> int:
                 text = log.read_text(encoding="utf-8", errors="replace")[-2000:]
                 if text.strip():
                     sys.stderr.write(f"--- {log.name}\n{text}\n")
-            return 1
+            return 2
 
     nproc = os.cpu_count()
-    print(f"\nacp-conductor benchmark ({'quick' if args.quick else 'full'}): "
-          f"Python {sys.version.split()[0]}, {nproc} CPUs, {time.perf_counter() - t_all:.0f}s")
-    print(f"{sizes.requests} requests; {sizes.small_count} × {sizes.small_text} B and "
-          f"{sizes.large_count} × {sizes.large_text // 1024} KiB updates; "
-          f"{sizes.big_prompt / 1e6:.0f} MB prompt; median of {sizes.reps}. "
-          f"×N = this variant / {BASELINE}.\n")
-    print(table(results))
-    checks = targets(results)
-    if checks:
-        print(f"\ntargets ({TARGET_VARIANT} vs {BASELINE}):")
-        for label, ok, detail in checks:
-            print(f"  {'PASS' if ok else 'FAIL'}  {label}: {detail}")
-    inproc = in_process_targets(results)
-    if inproc:
-        print("\ntargets (3 in-process passthroughs vs conductor+0):")
-        for label, ok, detail in inproc:
-            print(f"  {'PASS' if ok else 'FAIL'}  {label}: {detail}")
-    checks = [*checks, *inproc]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"\nacp-conductor benchmark ({'quick' if args.quick else 'full'}), "
+          f"{time.strftime('%Y-%m-%d %H:%M')}: Python {sys.version.split()[0]}, "
+          f"{nproc} CPUs, load average {load:.1f} at the end, "
+          f"@thinkwell/conductor {tw or 'not installed'}, {time.perf_counter() - t_all:.0f} s")
+    print(f"Median of {sizes.rounds} interleaved round(s): fresh starts; {sizes.requests} "
+          f"requests; {sizes.small_count} × {sizes.small_text} B and {sizes.large_count} × "
+          f"{sizes.large_text // 1024} KiB updates; a {sizes.big_prompt / 1e6:.0f} MB prompt. "
+          f"×N = this variant / {BASELINE}. N = proxies (bench/fast_passthrough.py "
+          f"processes; in-process plugins for +3i).\n")
+    rows = table_cells(results, {v.name: v for v in chosen})
+    print(markdown_table(rows) if args.markdown else text_table(rows))
+    print(f"\n{LEGEND}")
+    checks = targets(results, tw)
+    print_targets(checks)
+    if args.profile:
+        print_profiles(args.profile)
     if args.json:
         args.json.write_text(json.dumps(
             {"python": sys.version.split()[0], "cpus": nproc, "quick": args.quick,
+             "thinkwell": tw, "date": time.strftime("%Y-%m-%d %H:%M"),
              "figures": {k: vars(v) for k, v in results.items()},
-             "targets": [{"target": t, "pass": ok, "detail": d} for t, ok, d in checks]},
-            indent=2), encoding="utf-8")
-    return 0 if all(ok for _, ok, _ in checks) else 1
+             "targets": [vars(t) for t in checks]}, indent=2), encoding="utf-8")
+    if args.check and any(t.status == "FAIL" for t in checks):
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
