@@ -154,7 +154,10 @@ class SettingsSpec(BaseModel):
     max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024)
     shutdown_grace: float = Field(default=3.0, ge=0, le=300)
     redact: list[Regex] = Field(default=[], description="regexes whose matches traces redact")
-
+    # -- reliability (docs/reliability.md) --
+    session_idle_expiry: float | None = Field(
+        default=None, gt=0, description="seconds without a turn after which a session's "
+        "state in the conductor is released (off by default)")
 
 
 class ChainConfig(BaseModel):

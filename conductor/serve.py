@@ -239,6 +239,7 @@ async def serve_chain(
         async def serve_client() -> None:
             await _serve(chain, client, stdin, max_frame)
             log.info("client closed its input")
+            chain.disconnected()
             # Give the client's in-flight requests a bounded time to be answered.
             with anyio.move_on_after(config.conductor.shutdown_grace):
                 await client.wait_quiet()
@@ -253,6 +254,8 @@ async def serve_chain(
                     return
 
         tg.start_soon(serve_client)
+        if config.conductor.session_idle_expiry is not None:
+            tg.start_soon(chain.serve_idle_expiry, config.conductor.session_idle_expiry)
         if options.handle_signals:
             tg.start_soon(watch_signals)
         await stop.wait()

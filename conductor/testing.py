@@ -242,10 +242,13 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
                           client: TestClient | None = None,
                           initialize: bool = True,
                           tracer: TraceSink | None = None,
-                          transport: Transport = "memory") -> AsyncIterator[TestClient]:
+                          transport: Transport = "memory",
+                          session_idle_expiry: float | None = None,
+                          ) -> AsyncIterator[TestClient]:
     """client -> proxies (in-process, in order) -> agent, all in one process. Yields the
     client, initialized unless `initialize=False`. `tracer` sees every message on every
-    hop. `transport="pipes"` frames the client's and the agent's links as real pipes do."""
+    hop. `transport="pipes"` frames the client's and the agent's links as real pipes do.
+    `session_idle_expiry` is the chain file's `[conductor]` setting of that name."""
     agent = agent if agent is not None else ScriptedAgent()
     client = client if client is not None else TestClient()
     sinks: list[MessageSink] = []
@@ -272,6 +275,8 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
             return [*links, ComponentLink("agent", Role.AGENT, agent_hop)]
 
         chain = Chain(client_hop, starter, tracer=tracer)
+        if session_idle_expiry is not None:
+            tg.start_soon(chain.serve_idle_expiry, session_idle_expiry)
         try:
             if initialize:
                 await client.initialize()

@@ -30,6 +30,7 @@ from conductor.jsonrpc.message import (
     Response,
     payload,
 )
+from conductor.routing.sessions import SessionEnd
 from conductor.rpc.failure import raise_for_error
 
 if TYPE_CHECKING:
@@ -124,7 +125,8 @@ class Proxy(Generic[OptionsT]):
         """Hook: a session's route was installed (before any message of it is dispatched)."""
 
     async def session_closed(self, session: SessionScope) -> None:
-        """Hook: a session was closed; its route is gone."""
+        """Hook: a session ended and its state is released; `session.ended` says why
+        (`SessionEnd`: closed, refused, expired, disconnected, lost)."""
 
 
 class PendingRequest(Protocol):
@@ -185,6 +187,7 @@ class SessionScope:
     state: dict[str, Any] = field(default_factory=dict)
     handlers: dict[tuple[Side, str], Handler] = field(default_factory=dict)
     host: ProxyHost | None = field(default=None, repr=False)
+    ended: SessionEnd | None = None   # why it ended, once it has (see Proxy.session_closed)
 
     @property
     def cwd(self) -> str | None:
@@ -327,4 +330,4 @@ def _params(params: object) -> Raw | UnsetType:
 
 
 __all__ = ["Handler", "NoOptions", "Notification", "PendingRequest", "Proxy", "ProxyContext",
-           "ProxyHost", "Reply", "Request", "SessionScope", "Side", "on"]
+           "ProxyHost", "Reply", "Request", "SessionEnd", "SessionScope", "Side", "on"]

@@ -38,7 +38,7 @@ from conductor.jsonrpc.message import (
     error_response,
 )
 from conductor.plugins.api import Handler, Proxy, ProxyContext, SessionScope, Side
-from conductor.routing.sessions import Lifecycle, Step, lifecycle
+from conductor.routing.sessions import Lifecycle, SessionEnd, Step, lifecycle
 from conductor.routing.topology import Hop
 from conductor.rpc.endpoint import Endpoint, Inbound, Outgoing
 from conductor.rpc.failure import failure_response
@@ -65,6 +65,10 @@ _ALWAYS_VISIT: Final = frozenset({acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS,
                                   *acp.SUCCESSOR_METHODS, *acp.SESSION_SETUP,
                                   acp.SESSION_CLOSE, acp.SESSION_DELETE, acp.CANCEL_REQUEST})
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
+# How long a stopping proxy's session_closed hooks may take, all together.
+SESSION_END_BOUND: Final = 2.0
+# Scopes kept for sessions a proxy never saw set up (see ProxyHost.session_of).
+MAX_STRAY_SCOPES: Final = 1024
 
 
 class _Everything:
@@ -105,6 +109,7 @@ class _Sent:
     owned: bool                  # a session it opens is the proxy's own
     origin_id: Raw | None = None  # a pass-through forward: answer the conductor's id
     params: Raw | UnsetType = UNSET  # the request's (a session's setup, for its scope)
+    fresh: bool = False          # a load/resume installed a scope that was not there before
 
 
 class _CallbackSink:
@@ -133,6 +138,7 @@ class ProxyHost:
         self.endpoint.before_wait = self.release_dispatch
         self.task_group: TaskGroup | None = None
         self._sessions: dict[str, SessionScope] = {}
+        self._strays: dict[str, None] = {}  # scopes made for sessions never set up, oldest first
         self._handlers = proxy.handlers()
         self._routed = False   # some session has its own handlers or is ours: read sessionId
         self._dialect = Dialect.PROXY
@@ -180,6 +186,7 @@ class ProxyHost:
             if sent.rule is not None and sent.rule.step is Step.OPEN_NOW:
                 # Replay precedes the answer: the route must exist before the request goes out.
                 assert sent.rule.session_id is not None
+                sent.fresh = sent.rule.session_id not in self._sessions
                 await self._install(sent.rule.session_id, method, sent.owned, params)
         deliver = self._answered if sent.rule is not None or sent.origin_id is not None \
             else None
@@ -393,6 +400,13 @@ class ProxyHost:
         if scope is None and create:  # a session we never saw set up: still give it state
             scope = SessionScope(sid, "unknown", owned=False, host=self)
             self._sessions[sid] = scope
+            # No setup, so no close or expiry will name it (an update trailing a close, an
+            # editor's stale id): keep only the latest few, so they cannot pile up.
+            self._strays[sid] = None
+            if len(self._strays) > MAX_STRAY_SCOPES:
+                oldest = next(iter(self._strays))
+                del self._strays[oldest]
+                self._sessions.pop(oldest, None)
         return scope
 
     def handlers_changed(self) -> None:
@@ -410,9 +424,12 @@ class ProxyHost:
         opened = rule.opened_by(answer)
         if opened is not None and rule.step is Step.OPEN_ON_ANSWER:
             await self._install(opened, rule.method, sent.owned, sent.params)
+        elif sent.fresh and answer.is_error:  # a refused load or resume opened nothing
+            assert rule.session_id is not None
+            await self._remove(rule.session_id, SessionEnd.REFUSED)
         closed = rule.closed_by(answer)
         if closed is not None:
-            await self._remove(closed)
+            await self._remove(closed, SessionEnd.CLOSED)
 
     async def _install(self, sid: str, how: str, owned: bool,
                        params: Raw | UnsetType) -> SessionScope:
@@ -424,6 +441,7 @@ class ProxyHost:
                 log.warning("%s: session %s set up with params that cannot be read",
                             self.name, sid)
         scope = SessionScope(sid, how, owned=owned, setup=setup, host=self)
+        self._strays.pop(sid, None)
         previous = self._sessions.get(sid)
         if previous is not None:  # a reload keeps the state and the handlers
             scope.succeed(previous)
@@ -433,23 +451,59 @@ class ProxyHost:
         await self._proxy.session_opened(scope)
         return scope
 
-    async def _remove(self, sid: str) -> None:
+    async def _remove(self, sid: str, reason: SessionEnd) -> None:
         scope = self._sessions.pop(sid, None)
-        self._routed = any(s.owned or s.handlers for s in self._sessions.values())
-        if scope is not None:
-            await self._proxy.session_closed(scope)
+        if scope is None:
+            return
+        if scope.owned or scope.handlers:  # only such a scope can have made us route
+            self._routed = any(s.owned or s.handlers for s in self._sessions.values())
+        scope.ended = reason
+        if self._strays.pop(sid, False) is None:
+            return  # never opened (see session_of): no hook for its end either
+        await self._proxy.session_closed(scope)
+
+    async def release(self, sid: str, reason: SessionEnd) -> None:
+        """The conductor ended a session without a message crossing this proxy (idle expiry,
+        a lost session): drop its scope and tell the plugin. A hook's failure is logged."""
+        try:
+            await self._remove(sid, reason)
+        except Exception as e:
+            self._log_failure(e, f"session_closed of {sid}")
+
+    async def end_sessions(self, reason: SessionEnd) -> None:
+        """Every session ends (the connection or the chain did): release them all."""
+        for sid in list(self._sessions):
+            await self.release(sid, reason)
 
 
 # -- running a host -----------------------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class _Release:
+    """In the inbox, in order with messages: the router ended this session."""
+
+    session_id: str
+    reason: SessionEnd
+
+
+_InboxItem = Message | list[Message] | _Release
+
+
 class _InboxSink:
     """The conductor's sink toward an in-process proxy: hands message objects over."""
 
-    def __init__(self, send: MemoryObjectSendStream[Message | list[Message]],
-                 host: ProxyHost) -> None:
+    def __init__(self, send: MemoryObjectSendStream[_InboxItem], host: ProxyHost) -> None:
         self._send = send
         self._host = host
         self.passes = host.passes  # the router asks the host directly: no extra call
+
+    async def release(self, session_id: str, reason: SessionEnd) -> None:
+        """Queued behind what the proxy was already sent, so a message of that session
+        handed over earlier is still dispatched with its state."""
+        try:
+            await self._send.send(_Release(session_id, reason))
+        except _GONE:
+            pass  # the proxy is stopping: it releases every session itself
 
     async def send(self, item: Message | list[Message]) -> None:
         self._host.queued += len(item) if isinstance(item, list) else 1
@@ -467,7 +521,7 @@ async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Callable[[Message], A
                                ) -> AsyncIterator[_InboxSink]:
     """Run `proxy` in this process. Yields the sink the conductor writes to; what the proxy
     sends goes to `deliver` (the router, as if read from the proxy's hop)."""
-    send, receive = anyio.create_memory_object_stream[Message | list[Message]](INBOX_SIZE)
+    send, receive = anyio.create_memory_object_stream[_InboxItem](INBOX_SIZE)
     host = ProxyHost(proxy, _CallbackSink(deliver))
     async with anyio.create_task_group() as tg:
         host.task_group = tg
@@ -486,6 +540,9 @@ async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Callable[[Message], A
                     writes.begin()
                     try:
                         while True:
+                            if isinstance(item, _Release):
+                                await host.release(item.session_id, item.reason)
+                                item = []
                             for message in item if isinstance(item, list) else (item,):
                                 try:
                                     await host.dispatch(message)
@@ -505,6 +562,8 @@ async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Callable[[Message], A
         finally:
             send.close()
             tg.cancel_scope.cancel()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(SESSION_END_BOUND):
+                await host.end_sessions(SessionEnd.DISCONNECTED)
 
 
 @asynccontextmanager
@@ -518,7 +577,8 @@ async def open_inprocess_hop(proxy: Proxy[Any],
         await receive(hop, message)
 
     async with open_inprocess_proxy(proxy, deliver) as sink:
-        hop = Hop(proxy.name, sink, dialect=Dialect.PROXY, passes=sink.passes, tracer=tracer)
+        hop = Hop(proxy.name, sink, dialect=Dialect.PROXY, passes=sink.passes,
+                  release=sink.release, tracer=tracer)
         yield hop
 
 
@@ -558,4 +618,6 @@ async def serve_proxy(proxy: Proxy[Any], stdin: ByteReceiveStream, stdout: ByteS
             tg.cancel_scope.cancel()  # the conductor closed our stdin: we are done
     finally:
         with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(SESSION_END_BOUND):
+                await host.end_sessions(SessionEnd.DISCONNECTED)
             await sink.aclose()

@@ -31,7 +31,7 @@ from conductor.jsonrpc.message import (
     error_response,
 )
 from conductor.routing.handshake import Handshake, ResponseHook, chain_hooks
-from conductor.routing.sessions import Lifecycle, SessionTable, Step, lifecycle
+from conductor.routing.sessions import Lifecycle, SessionEnd, SessionTable, Step, lifecycle
 from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Role, Topology
 from conductor.rpc.endpoint import Inbound, Outgoing
 from conductor.rpc.failure import failure_response
@@ -366,9 +366,10 @@ class Chain:
         if rule.step is Step.OPEN_NOW:
             # Install the route before the request goes out: replayed updates precede the answer.
             assert rule.session_id is not None
+            fresh = rule.session_id not in table
             table.opened(rule.session_id, by=source.name, rank=source.index,
                          served_by=last.name, how=method)
-            return None
+            return self._refused_hook(rule.session_id) if fresh else None
         if rule.step is Step.OPEN_ON_ANSWER:
             return self._opened_hook(rule, source)
         if target is not last:
@@ -389,6 +390,16 @@ class Chain:
             return answer
         return opened
 
+    def _refused_hook(self, session_id: str) -> ResponseHook:
+        table = self.sessions
+
+        async def refused(answer: Response) -> Response:
+            # A load or resume that failed opened nothing: forget what it installed.
+            if answer.is_error:
+                table.closed(session_id, SessionEnd.REFUSED)
+            return answer
+        return refused
+
     def _ended_hook(self, rule: Lifecycle) -> ResponseHook:
         table = self.sessions
 
@@ -400,6 +411,41 @@ class Chain:
                 table.closed(rule.session_id)
             return answer
         return ended
+
+    # -- releasing sessions ------------------------------------------------------------------
+
+    async def end_sessions(self, session_ids: list[str], reason: SessionEnd) -> None:
+        """The router ends these sessions without a message saying so (idle expiry, a lost
+        session): its record goes, and each in-process proxy drops its state for them. The
+        agent and subprocess proxies are not told."""
+        released = [sid for sid in session_ids if self.sessions.closed(sid, reason) is not None]
+        if not released:
+            return
+        for hop in self.topology.hops():
+            if hop.release is not None and hop.failure is None:
+                for sid in released:
+                    await hop.release(sid, reason)
+
+    async def expire_idle(self, seconds: float) -> list[str]:
+        """End every session idle for `seconds` or more; returns their ids."""
+        expired = self.sessions.idle_longer_than(seconds)
+        if expired:
+            log.info("%d session(s) idle for %gs or more expired: %s", len(expired), seconds,
+                     ", ".join(expired[:5]) + (" ..." if len(expired) > 5 else ""))
+            await self.end_sessions(expired, SessionEnd.EXPIRED)
+        return expired
+
+    async def serve_idle_expiry(self, seconds: float) -> None:
+        """Expire idle sessions until cancelled: one scan every eighth of `seconds`, so a
+        session goes between `seconds` and 1.125 x `seconds` after its last turn."""
+        while True:
+            await anyio.sleep(seconds / 8)
+            await self.expire_idle(seconds)
+
+    def disconnected(self) -> None:
+        """The client's connection ended: every record goes (in-process proxies release
+        their own state as they stop)."""
+        self.sessions.clear(SessionEnd.DISCONNECTED)
 
     # -- oversized frames --------------------------------------------------------------------
 
@@ -447,6 +493,7 @@ class Chain:
             self._tracer.lifecycle(component, event, **fields)
 
     def _trace_session(self, event: str, record: SessionRecord) -> None:
+        extra = {"reason": str(record.ended)} if record.ended is not None else {}
         self._trace_lifecycle(record.opened_by, f"session-{event}", session=record.session_id,
                               how=record.how, servedBy=record.served_by,
-                              prompts=record.prompts)
+                              prompts=record.prompts, **extra)

@@ -11,7 +11,9 @@ state, so they cannot drift apart.
 The `SessionTable` is the router's record of which sessions are open, who opened them and
 whether a turn is running. It is read by traces (session events), by MCP-over-ACP
 routing (connections end with their session) and by shutdown (which turns to cancel). A
-closed session's record is released at once, so the table holds only open sessions.
+session's record is released as soon as it ends, however it ends (`SessionEnd`): closed,
+refused on load, idle past `[conductor] session_idle_expiry`, or the connection ended. So
+the table holds only open sessions, and memory does not grow with every session.
 """
 
 from __future__ import annotations
@@ -80,6 +82,16 @@ def lifecycle(method: str, params: Raw | UnsetType = UNSET) -> Lifecycle | None:
     return Lifecycle(step, method, sid)
 
 
+class SessionEnd(enum.StrEnum):
+    """Why a session's local state was released (`SessionScope.ended` for plugins)."""
+
+    CLOSED = "closed"              # session/close or session/delete succeeded
+    REFUSED = "refused"            # the session/load or session/resume that opened it failed
+    EXPIRED = "expired"            # idle longer than session_idle_expiry; the agent is not told
+    DISCONNECTED = "disconnected"  # the connection (or the chain) ended
+    LOST = "lost"                  # the agent restarted and could not reopen it
+
+
 class SessionState(enum.StrEnum):
     IDLE = "idle"
     PROMPTING = "prompting"
@@ -94,6 +106,8 @@ class SessionRecord:
     state: SessionState = SessionState.IDLE
     opened_at: float = field(default_factory=time.time)
     prompts: int = 0
+    idle_since: float = 0.0          # the table's clock: when its last turn ended (or it opened)
+    ended: SessionEnd | None = None  # set once it is released
 
 
 Observer = Callable[[str, SessionRecord], None]  # ("opened" | "closed", record)
@@ -102,10 +116,12 @@ Observer = Callable[[str, SessionRecord], None]  # ("opened" | "closed", record)
 class SessionTable:
     """The open sessions. Written by the router; read by traces, MCP routing, shutdown."""
 
-    def __init__(self, observer: Observer | None = None) -> None:
+    def __init__(self, observer: Observer | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._records: dict[str, SessionRecord] = {}
         self._rank: dict[str, int] = {}  # how close to the client the opener is (lower: closer)
         self._observers: list[Observer] = [observer] if observer is not None else []
+        self.clock = clock
 
     def observe(self, observer: Observer) -> None:
         self._observers.append(observer)
@@ -126,14 +142,16 @@ class SessionTable:
         """A setup answer or request named this session on a hop at `rank` (0 = client)."""
         record = self._records.get(session_id)
         if record is None:
-            record = SessionRecord(session_id, by, served_by, how)
+            record = SessionRecord(session_id, by, served_by, how, idle_since=self.clock())
             self._records[session_id] = record
             self._rank[session_id] = rank
             self._tell("opened", record)
-        elif rank < self._rank[session_id]:  # the answer travelled further up: that hop opened it
-            record.opened_by = by
-            self._rank[session_id] = rank
-            self._tell("opened", record)
+        else:
+            record.idle_since = self.clock()  # set up again (a reload): a fresh start
+            if rank < self._rank[session_id]:  # the answer travelled further up: that hop opened it
+                record.opened_by = by
+                self._rank[session_id] = rank
+                self._tell("opened", record)
 
     def prompting(self, session_id: str) -> None:
         record = self._records.get(session_id)
@@ -145,24 +163,35 @@ class SessionTable:
         record = self._records.get(session_id)
         if record is not None:
             record.state = SessionState.IDLE
+            record.idle_since = self.clock()
 
-    def closed(self, session_id: str) -> None:
-        """The session ended: its record is released."""
+    def closed(self, session_id: str, reason: SessionEnd = SessionEnd.CLOSED
+               ) -> SessionRecord | None:
+        """The session ended: its record is released (and returned; None if unknown)."""
         record = self._records.pop(session_id, None)
         self._rank.pop(session_id, None)
         if record is not None:
+            record.ended = reason
             self._tell("closed", record)
+        return record
 
-    def clear(self) -> None:
+    def idle_longer_than(self, seconds: float) -> list[str]:
+        """Sessions with no turn running and none started for `seconds`."""
+        cutoff = self.clock() - seconds
+        return [r.session_id for r in self._records.values()
+                if r.state is SessionState.IDLE and r.idle_since <= cutoff]
+
+    def clear(self, reason: SessionEnd = SessionEnd.DISCONNECTED) -> None:
         """The connection ended: every session is gone."""
         for session_id in list(self._records):
-            self.closed(session_id)
+            self.closed(session_id, reason)
 
     def _tell(self, event: str, record: SessionRecord) -> None:
         # Answers travel up hop by hop: only the client's hop (rank 0) is surely the opener.
         rank = self._rank.get(record.session_id, 0)
+        what = f"{event} ({record.ended})" if record.ended is not None else event
         log.log(logging.INFO if rank == 0 or event == "closed" else logging.DEBUG,
                 "session %s: %s (%s by %s, served by %s, %d prompts)", record.session_id,
-                event, record.how, record.opened_by, record.served_by, record.prompts)
+                what, record.how, record.opened_by, record.served_by, record.prompts)
         for observer in self._observers:
             observer(event, record)

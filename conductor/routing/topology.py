@@ -9,12 +9,13 @@ virtual `successor`, reached through the client's own connection.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from conductor import acp
 from conductor.jsonrpc.message import Message, Response, id_key
+from conductor.routing.sessions import SessionEnd
 from conductor.rpc.endpoint import Endpoint
 
 if TYPE_CHECKING:
@@ -35,17 +36,22 @@ class Role(enum.StrEnum):
 # (method, travelling up from the successor side) -> True when an in-process proxy would
 # forward it untouched with nothing earlier still in its dispatch (see Chain._forward).
 Passes = Callable[[str, bool], bool]
+# (session id, why): an in-process proxy drops its state for a session the router ended
+# without a message crossing it (idle expiry, a lost session, the end of the connection).
+Release = Callable[[str, SessionEnd], Awaitable[None]]
 
 
 class Hop(Endpoint):
     """The conductor's end of one component's connection. Everything sent on it is traced."""
 
     def __init__(self, name: str, sink: MessageSink, *, dialect: Dialect | None = None,
-                 passes: Passes | None = None, tracer: TraceSink | None = None) -> None:
+                 passes: Passes | None = None, release: Release | None = None,
+                 tracer: TraceSink | None = None) -> None:
         super().__init__(name, sink)
         self.dialect = dialect                 # for proxies: how they spell the envelope
         self.dialect_forced = dialect is not None
         self.passes = passes                   # in-process proxies only
+        self.release = release                 # in-process proxies only
         self.tracer = tracer
 
     async def send(self, message: Message, *, source: str = "conductor",

@@ -1,0 +1,154 @@
+"""Everything a session holds is released when it ends: closed, refused, idle, disconnected.
+
+Issue 11.4: memory grew with every session. These tests count what is left (session
+records, proxy scopes) after many sessions, in memory; bench/soak.py measures the RSS.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+
+from conductor.errors import RpcError
+from conductor.plugins import Proxy, SessionEnd, SessionScope
+from conductor.routing.sessions import SessionRecord
+from conductor.testing import ScriptedAgent, open_test_chain
+from proxies.context import Context, ContextOptions
+from proxies.permissions import Permissions, PermissionsOptions
+from proxies.redact import Redact, RedactOptions
+from proxies.transcript import Transcript, TranscriptOptions
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from conductor.jsonrpc.message import Request
+
+
+class Recorder(Proxy):
+    """Records each session's end and why."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended: list[tuple[str, SessionEnd | None]] = []
+        self.changed = anyio.Event()
+
+    async def session_closed(self, session: SessionScope) -> None:
+        self.ended.append((session.session_id, session.ended))
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    async def wait_ended(self, count: int) -> None:
+        while len(self.ended) < count:
+            await self.changed.wait()
+
+
+def built_ins(tmp_path: Path) -> list[Proxy]:
+    proxies: list[Proxy] = [
+        Permissions(PermissionsOptions(default="allow")),
+        Context(ContextOptions(text="Answer briefly.")),
+        Redact(RedactOptions(patterns=["sk-[a-z0-9]{8,}"])),
+        Transcript(TranscriptOptions(directory=str(tmp_path / "transcripts"))),
+    ]
+    for i, proxy in enumerate(proxies):
+        proxy.rename(f"p{i}")
+    return proxies
+
+
+def alive(kind: type) -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is kind)
+
+
+async def refuse_odd_loads(agent: ScriptedAgent, message: Request) -> object:
+    sid = message.params_value()["sessionId"]
+    if int(sid.rsplit("-", 1)[1]) % 2:
+        raise RpcError(-32002, "Resource not found", sid)
+    return None
+
+
+async def test_sessions_closed_or_refused_leave_nothing_behind_in_the_router_or_the_proxies(
+        tmp_path: Path) -> None:
+    agent = ScriptedAgent({"session/load": refuse_odd_loads})
+    proxies = [*built_ins(tmp_path), Recorder()]
+    async with open_test_chain(proxies, agent, transport="pipes") as client:
+        with anyio.fail_after(30):
+            for i in range(60):
+                sid = await client.new_session(str(tmp_path))
+                await client.prompt(sid, "hello sk-abcdefgh1")
+                await client.call("session/close", {"sessionId": sid})
+                loaded = await client.request("session/load", {
+                    "sessionId": f"old-{i}", "cwd": str(tmp_path), "mcpServers": []})
+                assert loaded.is_error == bool(i % 2)
+                if not loaded.is_error:
+                    await client.call("session/close", {"sessionId": f"old-{i}"})
+            assert alive(SessionScope) == 0
+            assert alive(SessionRecord) == 0
+    refused = [sid for sid, why in proxies[-1].ended if why is SessionEnd.REFUSED]
+    assert len(refused) == 30
+
+
+async def test_an_idle_session_expires_but_one_in_a_turn_does_not_and_the_agent_is_not_told(
+) -> None:
+    recorder = Recorder()
+    during_turn: list[tuple[str, SessionEnd | None]] = []
+
+    async def prompt(agent: ScriptedAgent, message: Request) -> object:
+        await recorder.wait_ended(1)  # the idle session expires while this turn runs
+        during_turn.extend(recorder.ended)
+        return {"stopReason": "end_turn"}
+
+    agent = ScriptedAgent({"session/prompt": prompt})
+    async with open_test_chain([recorder], agent, session_idle_expiry=0.3) as client:
+        with anyio.fail_after(5):
+            busy, idle = await client.new_session(), await client.new_session()
+            await client.prompt(busy, "a long turn")
+            assert during_turn == [(idle, SessionEnd.EXPIRED)]
+            await recorder.wait_ended(2)  # once its turn ended, the busy one goes too
+    assert recorder.ended == [(idle, SessionEnd.EXPIRED), (busy, SessionEnd.EXPIRED)]
+    assert agent.received_params("session/close") == []
+
+
+async def test_sessions_still_open_when_the_connection_ends_are_released_as_disconnected(
+) -> None:
+    recorder = Recorder()
+    async with open_test_chain([recorder]) as client:
+        with anyio.fail_after(5):
+            sids = [await client.new_session() for _ in range(3)]
+    assert sorted(recorder.ended) == [(sid, SessionEnd.DISCONNECTED) for sid in sorted(sids)]
+
+
+@pytest.mark.parametrize("expiry", [0, -1])
+def test_session_idle_expiry_must_be_positive(expiry: float) -> None:
+    from conductor.config import parse_chain
+    from conductor.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="session_idle_expiry"):
+        parse_chain({"conductor": {"session_idle_expiry": expiry},
+                     "agent": {"command": "x"}})
+
+
+async def test_scopes_made_for_sessions_never_set_up_are_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from conductor.plugins import ProxyContext, on
+    from conductor.plugins import host as plugin_host
+
+    class Touch(Proxy):
+        """Keeps per-session state on every prompt, like context and transcript do."""
+
+        @on("session/prompt")
+        async def prompt(self, ctx: ProxyContext, message: Request) -> object:
+            assert ctx.session is not None
+            ctx.session.state["seen"] = True
+            return await ctx.forward()
+
+    monkeypatch.setattr(plugin_host, "MAX_STRAY_SCOPES", 10)
+    recorder = Recorder()
+    async with open_test_chain([Touch(), recorder]) as client:
+        with anyio.fail_after(10):
+            for i in range(50):  # an editor's stale ids: never set up, never closed
+                await client.prompt(f"stale-{i}", "hi")
+            assert alive(SessionScope) == 10
+    assert recorder.ended == []  # never opened: no hook for their end either
