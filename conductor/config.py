@@ -23,6 +23,7 @@ from pydantic import (
 from conductor.acp import Dialect
 from conductor.errors import ConfigError
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
+from conductor.routing.deadlines import Timeouts
 from conductor.routing.mcp import McpServer
 
 
@@ -158,6 +159,16 @@ class SettingsSpec(BaseModel):
     session_idle_expiry: float | None = Field(
         default=None, gt=0, description="seconds without a turn after which a session's "
         "state in the conductor is released (off by default)")
+    request_timeout: float | None = Field(
+        default=None, gt=0, description="seconds a request toward the agent may go "
+        "unanswered before the conductor answers it with an error (off by default)")
+    prompt_timeout: float | None = Field(
+        default=None, gt=0, description="the same for session/prompt, a whole turn "
+        "(off by default)")
+
+    def timeouts(self) -> Timeouts:
+        return Timeouts(request=self.request_timeout, prompt=self.prompt_timeout,
+                        session_idle_expiry=self.session_idle_expiry)
 
 
 class ChainConfig(BaseModel):

@@ -234,7 +234,8 @@ async def serve_chain(
             return links
 
         chain = Chain(client, starter, proxy_mode=options.mode == "proxy", tracer=tracer,
-                      on_fatal=fatal, on_broken=broken, mcp=injection)
+                      on_fatal=fatal, on_broken=broken, mcp=injection,
+                      timeouts=config.conductor.timeouts())
 
         async def serve_client() -> None:
             await _serve(chain, client, stdin, max_frame)
@@ -254,8 +255,7 @@ async def serve_chain(
                     return
 
         tg.start_soon(serve_client)
-        if config.conductor.session_idle_expiry is not None:
-            tg.start_soon(chain.serve_idle_expiry, config.conductor.session_idle_expiry)
+        tg.start_soon(chain.serve_timers)
         if options.handle_signals:
             tg.start_soon(watch_signals)
         await stop.wait()

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     from conductor.jsonrpc.message import Call
     from conductor.plugins.api import Proxy
+    from conductor.routing.deadlines import Timeouts
     from conductor.tracing.sink import TraceSink
     from conductor.transport.base import Incoming, MessageSink
     from conductor.transport.memory import Transport
@@ -243,12 +244,13 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
                           initialize: bool = True,
                           tracer: TraceSink | None = None,
                           transport: Transport = "memory",
-                          session_idle_expiry: float | None = None,
+                          timeouts: Timeouts | None = None,
                           ) -> AsyncIterator[TestClient]:
     """client -> proxies (in-process, in order) -> agent, all in one process. Yields the
     client, initialized unless `initialize=False`. `tracer` sees every message on every
     hop. `transport="pipes"` frames the client's and the agent's links as real pipes do.
-    `session_idle_expiry` is the chain file's `[conductor]` setting of that name."""
+    `timeouts` are the chain file's `request_timeout`, `prompt_timeout` and
+    `session_idle_expiry` (`SettingsSpec.timeouts()`)."""
     agent = agent if agent is not None else ScriptedAgent()
     client = client if client is not None else TestClient()
     sinks: list[MessageSink] = []
@@ -274,9 +276,8 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
                                    on_eof=agent_gone)
             return [*links, ComponentLink("agent", Role.AGENT, agent_hop)]
 
-        chain = Chain(client_hop, starter, tracer=tracer)
-        if session_idle_expiry is not None:
-            tg.start_soon(chain.serve_idle_expiry, session_idle_expiry)
+        chain = Chain(client_hop, starter, tracer=tracer, timeouts=timeouts)
+        tg.start_soon(chain.serve_timers)
         try:
             if initialize:
                 await client.initialize()

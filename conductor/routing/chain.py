@@ -29,7 +29,9 @@ from conductor.jsonrpc.message import (
     Request,
     Response,
     error_response,
+    payload,
 )
+from conductor.routing.deadlines import Deadlines, Expired, Timeouts
 from conductor.routing.handshake import Handshake, ResponseHook, chain_hooks
 from conductor.routing.sessions import Lifecycle, SessionEnd, SessionTable, Step, lifecycle
 from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Role, Topology
@@ -38,6 +40,8 @@ from conductor.rpc.failure import failure_response
 from conductor.transport.base import NotJson, Oversized, Unreadable
 
 if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
     from conductor.jsonrpc.message import Call
     from conductor.routing.mcp import McpInjection
     from conductor.routing.sessions import SessionRecord
@@ -52,6 +56,7 @@ _NOT_PLAIN = frozenset({acp.CANCEL_REQUEST, acp.INITIALIZE, *acp.PROXY_INITIALIZ
                         *acp.SUCCESSOR_METHODS, *acp.SESSION_SETUP, acp.SESSION_PROMPT,
                         acp.SESSION_CLOSE, acp.SESSION_DELETE})
 FRAME_LIMIT_HINT = "raise the limit with --max-frame-bytes or [conductor] max_frame_bytes"
+CANCEL_WRITE_BOUND = 5.0  # a timed-out request's cancel waits at most this long for the pipe
 
 Starter = Callable[[], Awaitable[list[ComponentLink]]]
 
@@ -64,6 +69,7 @@ class Forward:
     origin_id: Raw     # ... with this id, echoed back exactly
     target: Hop        # where it was forwarded
     hook: ResponseHook | None = None
+    timed_out: bool = False  # the conductor answered it (request_timeout)
 
 
 class Chain:
@@ -79,6 +85,7 @@ class Chain:
         on_fatal: Callable[[ComponentError], None] | None = None,
         on_broken: Callable[[Hop], None] | None = None,
         mcp: McpInjection | None = None,
+        timeouts: Timeouts | None = None,
     ) -> None:
         self.client = client
         self.topology = Topology(client, proxy_mode=proxy_mode)
@@ -94,6 +101,9 @@ class Chain:
         # _plan_plain_routes): target, the in-process proxies' `passes` to ask, whether it
         # travels up (from the successor side), and the sender's name for traces.
         self._plain_route: dict[Hop, tuple[Hop, tuple[Passes, ...], bool, str]] = {}
+        self.timeouts = timeouts or Timeouts()
+        self._deadlines = Deadlines(self.timeouts) if self.timeouts.any_deadline else None
+        self._timers: TaskGroup | None = None  # serve_timers' tasks
 
     @property
     def started(self) -> bool:
@@ -321,6 +331,11 @@ class Chain:
             outgoing, request = hop.open_request(out_method, out_params,
                                                  deliver=self._answered, context=forward)
         origin.track_inbound(msg.id, Inbound(target=hop, target_id=outgoing.ident))
+        if self._deadlines is not None and downward:
+            prompt = method == acp.SESSION_PROMPT
+            self._deadlines.add(hop, outgoing, prompt=prompt,
+                                after=len(self.topology.nodes) - 1 - target.index,
+                                session_id=acp.get_str(params, "sessionId") if prompt else None)
         await self._send(hop, request, source=source.name, origin=(origin.name, msg.id))
 
     def _dialect_of(self, target: Node) -> Dialect:
@@ -354,7 +369,8 @@ class Chain:
         if origin.failure is not None:
             log.info("answer for %s dropped: %s is gone", outgoing.method, origin.name)
             return
-        source = "conductor" if forward.target.failure is not None else forward.target.name
+        source = "conductor" if forward.target.failure is not None or forward.timed_out \
+            else forward.target.name
         await self._send(origin, answer.answering(forward.origin_id), source=source)
 
     def _track_session(self, method: str, params: Raw | UnsetType, source: Node,
@@ -435,12 +451,53 @@ class Chain:
             await self.end_sessions(expired, SessionEnd.EXPIRED)
         return expired
 
-    async def serve_idle_expiry(self, seconds: float) -> None:
-        """Expire idle sessions until cancelled: one scan every eighth of `seconds`, so a
-        session goes between `seconds` and 1.125 x `seconds` after its last turn."""
+    async def serve_timers(self) -> None:
+        """Run the timers `timeouts` asks for (none: return at once), until cancelled."""
+        expiry = self.timeouts.session_idle_expiry
+        if expiry is None and self._deadlines is None:
+            return
+        async with anyio.create_task_group() as tg:
+            self._timers = tg
+            if expiry is not None:
+                tg.start_soon(self._serve_idle_expiry, expiry)
+            if self._deadlines is not None:
+                tg.start_soon(self._deadlines.serve, self._timed_out)
+
+    async def _serve_idle_expiry(self, seconds: float) -> None:
+        # One scan every eighth of `seconds`: a session goes between `seconds` and
+        # 1.125 x `seconds` after its last turn.
         while True:
             await anyio.sleep(seconds / 8)
             await self.expire_idle(seconds)
+
+    # -- request timeouts --------------------------------------------------------------------
+
+    async def _timed_out(self, expired: Expired) -> None:
+        """A forwarded request outlived its timeout: answer it for the holder, then cancel
+        it there (in a task of its own: a wedged component may not read its input)."""
+        hop, outgoing = expired.hop, expired.outgoing
+        reason = f"{hop.name} did not answer {outgoing.method} within {expired.timeout:g}s"
+        forward = outgoing.context
+        if isinstance(forward, Forward):
+            forward.timed_out = True
+        answered = await hop.expire(outgoing, error_response(
+            outgoing.id, ErrorCode.REQUEST_TIMEOUT, reason,
+            {"component": hop.name, "method": outgoing.method, "timeout": expired.timeout}))
+        if not answered:
+            return
+        log.warning("%s; answered for it and cancelled it there", reason)
+        self._trace_lifecycle(hop.name, "request-timeout", method=outgoing.method,
+                              timeout=expired.timeout)
+        assert self._timers is not None  # expiries come from serve_timers
+        self._timers.start_soon(self._cancel_held, hop, outgoing.ident, expired.session_id)
+
+    async def _cancel_held(self, hop: Hop, ident: int, session_id: str | None) -> None:
+        with anyio.move_on_after(CANCEL_WRITE_BOUND):
+            await self._send(hop, Notification(method=acp.CANCEL_REQUEST,
+                                               params=payload({"requestId": ident})))
+            if session_id is not None:  # the turn itself: ACP's way to stop it
+                await self._send(hop, Notification(method=acp.SESSION_CANCEL,
+                                                   params=payload({"sessionId": session_id})))
 
     def disconnected(self) -> None:
         """The client's connection ended: every record goes (in-process proxies release

@@ -286,6 +286,16 @@ class Endpoint:
             return None
         return self.pending.pop(key, None) if isinstance(key, int) else None
 
+    async def expire(self, outgoing: Outgoing, response: Response) -> bool:
+        """Answer `outgoing` here, with `response`, instead of waiting for the peer (it took
+        too long); a later answer from the peer is then for an unknown id. False when it
+        was answered meanwhile (then nothing is done)."""
+        if self.pending.get(outgoing.ident) is not outgoing:
+            return False
+        del self.pending[outgoing.ident]
+        await self._resolve(outgoing, response)
+        return True
+
     async def _resolve(self, outgoing: Outgoing, response: Response) -> None:
         # `deliver` runs first (it may set another answer, e.g. when a hook fails); then a
         # task waiting for it wakes with that answer.

@@ -14,6 +14,7 @@ import pytest
 
 from conductor.errors import RpcError
 from conductor.plugins import Proxy, SessionEnd, SessionScope
+from conductor.routing.deadlines import Timeouts
 from conductor.routing.sessions import SessionRecord
 from conductor.testing import ScriptedAgent, open_test_chain
 from proxies.context import Context, ContextOptions
@@ -101,7 +102,8 @@ async def test_an_idle_session_expires_but_one_in_a_turn_does_not_and_the_agent_
         return {"stopReason": "end_turn"}
 
     agent = ScriptedAgent({"session/prompt": prompt})
-    async with open_test_chain([recorder], agent, session_idle_expiry=0.3) as client:
+    expiry = Timeouts(session_idle_expiry=0.3)
+    async with open_test_chain([recorder], agent, timeouts=expiry) as client:
         with anyio.fail_after(5):
             busy, idle = await client.new_session(), await client.new_session()
             await client.prompt(busy, "a long turn")

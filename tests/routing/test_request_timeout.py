@@ -1,0 +1,174 @@
+"""request_timeout and prompt_timeout: nobody waits forever for a component that is stuck.
+
+Driven in memory through the real router; the timeouts are a fraction of a second and every
+wait is for an event (the answer), bounded by fail_after.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import anyio
+
+from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.message import Batch, Response
+from conductor.plugins import Proxy, ProxyContext, on
+from conductor.routing.deadlines import Deadlines, Timeouts
+from conductor.rpc.endpoint import Endpoint
+from conductor.testing import ScriptedAgent, TestClient, open_test_chain
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Request
+    from conductor.transport.base import Incoming
+
+
+class CountingClient(TestClient):
+    """Counts every answer that arrives, by id: each request must get exactly one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: dict[bytes, int] = {}
+
+    async def deliver(self, item: Incoming) -> None:
+        for message in item.items if isinstance(item, Batch) else [item]:
+            if isinstance(message, Response):
+                key = bytes(message.id)
+                self.answers[key] = self.answers.get(key, 0) + 1
+        await super().deliver(item)
+
+
+async def hang(agent: ScriptedAgent, message: Request) -> object:
+    await anyio.sleep_forever()  # until cancelled by $/cancel_request
+    raise AssertionError("unreachable")
+
+
+def error_of(answer: Response) -> dict[str, object]:
+    error = answer.error_value()
+    assert isinstance(error, dict)
+    return error
+
+
+async def test_a_request_the_agent_never_answers_gets_a_timeout_naming_it_and_is_cancelled(
+) -> None:
+    agent = ScriptedAgent({"session/new": hang})
+    client = CountingClient()
+    async with open_test_chain([], agent, client=client,
+                               timeouts=Timeouts(request=0.1)) as client:
+        with anyio.fail_after(5):
+            answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
+            await agent.wait_for("$/cancel_request")
+    error = error_of(answer)
+    assert error["code"] == ErrorCode.REQUEST_TIMEOUT
+    assert error["message"] == "agent did not answer session/new within 0.1s"
+    assert error["data"] == {"component": "agent", "method": "session/new", "timeout": 0.1}
+    asked = next(m for m in agent.received if m.method == "session/new")
+    assert agent.received_params("$/cancel_request") == [
+        {"requestId": int(bytes(asked.id))}]
+    assert set(client.answers.values()) == {1}  # the agent's late -32800 never arrives
+
+
+class Forwarding(Proxy):
+    """Handles session/new by forwarding it (so the router cannot route past it)."""
+
+    @on("session/new")
+    async def new(self, ctx: ProxyContext, message: Request) -> object:
+        return await ctx.forward()
+
+
+class Holding(Proxy):
+    """Never answers session/new."""
+
+    @on("session/new")
+    async def new(self, ctx: ProxyContext, message: Request) -> object:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+async def test_behind_a_proxy_the_timeout_names_the_agent_that_holds_the_request() -> None:
+    agent = ScriptedAgent({"session/new": hang})
+    async with open_test_chain([Forwarding()], agent, timeouts=Timeouts(request=0.4)) as client:
+        with anyio.fail_after(5):
+            answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
+    assert error_of(answer)["data"] == {"component": "agent", "method": "session/new",
+                                        "timeout": 0.4}
+
+
+async def test_a_proxy_that_holds_a_request_itself_is_the_one_named() -> None:
+    holding = Holding()
+    holding.rename("holder")
+    async with open_test_chain([holding], timeouts=Timeouts(request=0.1)) as client:
+        with anyio.fail_after(5):
+            answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
+    error = error_of(answer)
+    assert error["code"] == ErrorCode.REQUEST_TIMEOUT
+    assert error["message"] == "holder did not answer session/new within 0.1s"
+
+
+async def test_a_turn_past_prompt_timeout_is_answered_and_cancelled_with_session_cancel(
+) -> None:
+    agent = ScriptedAgent({"session/prompt": hang})
+    async with open_test_chain([], agent, timeouts=Timeouts(prompt=0.1)) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            answer = await client.request("session/prompt", {
+                "sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]})
+            await agent.wait_for("session/cancel")
+    assert error_of(answer)["message"] == "agent did not answer session/prompt within 0.1s"
+    assert agent.received_params("session/cancel") == [{"sessionId": sid}]
+    assert len(agent.received_params("$/cancel_request")) == 1
+
+
+async def test_request_timeout_leaves_turns_and_requests_to_the_editor_alone() -> None:
+    """A turn outlives request_timeout, and so does the permission request inside it:
+    the turn waits for a session/new sent after it to time out first."""
+    new_timed_out = anyio.Event()
+
+    async def prompt(agent: ScriptedAgent, message: Request) -> object:
+        asked = await agent.request("session/request_permission", {
+            "sessionId": message.params_value()["sessionId"], "toolCall": {"toolCallId": "t"},
+            "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"}]})
+        assert not asked.is_error
+        return {"stopReason": "end_turn"}
+
+    async def permission(message: Request) -> object:
+        await new_timed_out.wait()
+        return {"outcome": {"outcome": "selected", "optionId": "allow"}}
+
+    async def new_session(agent: ScriptedAgent, message: Request) -> object:
+        if message.params_value()["cwd"] == "/hang":
+            await anyio.sleep_forever()
+        return {"sessionId": "s1"}
+
+    agent = ScriptedAgent({"session/prompt": prompt, "session/new": new_session})
+    client = TestClient({"session/request_permission": permission})
+    async with open_test_chain([], agent, client=client,
+                               timeouts=Timeouts(request=0.1)) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            async with anyio.create_task_group() as tg:
+                result: list[object] = []
+
+                async def turn() -> None:
+                    result.append(await client.prompt(sid, "hi"))
+                tg.start_soon(turn)
+                await client.wait_for("session/request_permission")
+                late = await client.request("session/new", {"cwd": "/hang", "mcpServers": []})
+                assert error_of(late)["code"] == ErrorCode.REQUEST_TIMEOUT
+                new_timed_out.set()
+    assert result == [{"stopReason": "end_turn"}]
+
+
+class FakeHop(Endpoint):
+    def __init__(self) -> None:
+        super().__init__("agent", sink=None)  # type: ignore[arg-type]  # never sends
+
+
+def test_answered_requests_do_not_pile_up_in_the_deadline_heap() -> None:
+    hop = FakeHop()
+    deadlines = Deadlines(Timeouts(request=600))
+    for _ in range(10_000):
+        outgoing, _request = hop.open_request("session/new")
+        deadlines.add(hop, outgoing, prompt=False, after=0)  # type: ignore[arg-type]
+        hop.take(outgoing.id)  # answered at once
+    assert len(deadlines) <= 1025
+    assert deadlines.due() == []
