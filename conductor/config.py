@@ -77,6 +77,13 @@ class ComponentSpec(BaseModel):
     dialect: Dialect | None = None
     shutdown_grace: float | None = Field(default=None, ge=0, le=300)
     secret_env: list[str] = Field(default=[], description="env names whose values traces redact")
+    # -- reliability (docs/reliability.md) --
+    restart: Literal["never", "on-failure"] = Field(
+        default="never", description="start it again when it exits unexpectedly")
+    max_restarts: int = Field(default=5, ge=1, le=1000,
+                              description="consecutive failed runs before it is given up")
+    optional: bool = Field(default=False, description="a proxy the chain goes on without "
+                           "when it fails to start or fails for good")
 
     @field_validator("command")
     @classmethod
@@ -101,6 +108,9 @@ class ComponentSpec(BaseModel):
         if self.command is None and (self.env or self.cwd or self.dialect):
             raise ValueError("env, cwd and dialect are for command components; an in-process "
                              "plugin shares the conductor's")
+        if self.command is None and (self.restart != "never" or self.optional):
+            raise ValueError("restart and optional are for command components; an in-process "
+                             "plugin runs, and fails, with the conductor")
         return self
 
     @property
@@ -251,6 +261,10 @@ def parse_chain(data: dict[str, Any], *, file: str | None = None,
         raise ConfigError("the agent must be a command; plugins run as proxies", file=file,
                           field="agent.use" if config.agent.use else "agent.plugin",
                           hint="move it to a [[proxy]] table and give [agent] a command")
+    if config.agent is not None and config.agent.optional:
+        raise ConfigError("the agent cannot be optional: there is no chain without it",
+                          file=file, field="agent.optional",
+                          hint='remove it; `restart = "on-failure"` brings a failed agent back')
     names = [*config.proxy_names(), config.agent_name()]
     seen: set[str] = set()
     for i, name in enumerate(names):

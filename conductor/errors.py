@@ -9,6 +9,7 @@
     ├── ComponentError       (3)    always carries `.component` ("redact", "agent")
     │   ├── ComponentStartError     spawn failed (ENOENT, EACCES)
     │   ├── ComponentExitedError    died mid-session: `.returncode`, last stderr lines
+    │   ├── ComponentRestartingError  exited and is being restarted (`restart = "on-failure"`)
     │   └── ComponentStoppedError   stopped by the conductor's shutdown before it answered
     └── ConnectionClosedError (1)   the peer closed the connection with requests outstanding
 
@@ -136,6 +137,16 @@ class ComponentExitedError(ComponentError):
     def wire_data(self) -> dict[str, JsonValue]:
         return {"component": self.component, "returncode": self.returncode,
                 "stderrTail": self.stderr_tail}
+
+
+class ComponentRestartingError(ComponentError):
+    """`component` exited and is being restarted: what a request gets meanwhile."""
+
+    def __init__(self, component: str, why: str) -> None:
+        super().__init__(component, f"{why}; it is being restarted, send this again shortly")
+
+    def wire_data(self) -> dict[str, JsonValue]:
+        return {"component": self.component, "restarting": True}
 
 
 class ComponentStoppedError(ComponentError):

@@ -38,6 +38,7 @@ from conductor.routing.chain import Chain
 from conductor.routing.mcp import McpInjection
 from conductor.routing.topology import ComponentLink, Hop, Role
 from conductor.supervise.component import EXIT_DRAIN, Component, LaunchSpec, open_component
+from conductor.supervise.restart import Backoff
 from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
@@ -149,60 +150,123 @@ async def serve_chain(
 
         async def supervise(role: Role, spec: ComponentSpec, launch: LaunchSpec, *,
                             task_status: TaskStatus[tuple[Component, Hop]]) -> None:
+            # One run per start; a restart policy decides whether a failed run is followed
+            # by another (docs/reliability.md).
+            backoff = Backoff(spec.max_restarts)
+            first = True
+            while True:
+                began = anyio.current_time()
+                # At the first start a ComponentStartError propagates to the starter.
+                error, hop = await run_once(role, spec, launch, task_status, first=first)
+                first = False
+                if error is None:
+                    return  # stopped with the chain
+                delay = backoff.failed(anyio.current_time() - began) \
+                    if spec.restart == "on-failure" else None
+                if delay is not None and not stop.is_set():
+                    if hop is not None:
+                        chain.restarting(hop, error)
+                    log.warning("%s; restarting it in %gs (restart %d of at most %d)", error,
+                                delay, backoff.failures, spec.max_restarts)
+                    if tracer is not None:
+                        tracer.lifecycle(launch.name, "restarting", delay=delay,
+                                         attempt=backoff.failures, reason=str(error))
+                    with anyio.move_on_after(delay):
+                        await stop.wait()
+                    if stop.is_set():
+                        return
+                    continue
+                if role is Role.PROXY and spec.optional and chain.bypass(launch.name, error):
+                    return
+                failed(error)
+                # Its answers go to its predecessor; behind proxies they still have to travel
+                # up to the client, so stop the others only once the client has its answers
+                # (bounded: a wedged proxy cannot hold the shutdown).
+                with anyio.move_on_after(config.conductor.shutdown_grace):
+                    await client.wait_quiet()
+                fatal(error)
+                return
+
+        async def run_once(role: Role, spec: ComponentSpec, launch: LaunchSpec,
+                           task_status: TaskStatus[tuple[Component, Hop]], *, first: bool
+                           ) -> tuple[ComponentError | None, Hop | None]:
+            """Start the component once and serve it until it exits or the chain stops:
+            (the error it failed with, or None when stopped; its hop)."""
             def on_stderr(name: str, line: str) -> None:
                 stderr_log.info("%s", line, extra={"component": name})
                 if tracer is not None:
                     tracer.lifecycle(name, "stderr", line=line)
 
-            async with open_component(launch, on_stderr) as comp, \
-                    anyio.create_task_group() as inner:
-                hop = Hop(launch.name, PipeSink(comp.stdin), dialect=spec.dialect,
-                          tracer=tracer)
-                components.append((comp, hop))
-                done = anyio.Event()
-                stopped.append(done)
-                log.info("started %s (pid %s): %s", launch.name, comp.pid, " ".join(launch.argv))
-                if tracer is not None:
-                    tracer.lifecycle(launch.name, "spawned", pid=comp.pid, argv=list(launch.argv),
-                                     role=str(role))
-                task_status.started((comp, hop))
-                exit_traced = anyio.Event()
-
-                async def read() -> None:
-                    async with anyio.create_task_group() as watch:
-                        watch.start_soon(_stop_reading_after_exit, comp)
-                        await _serve(chain, hop, comp.stdout, max_frame)
-                        watch.cancel_scope.cancel()
-                    if stop.is_set():
-                        return
-                    with anyio.move_on_after(2.0):  # a wedged leader: report what is known
-                        await comp.wait_exited()
-                    with anyio.move_on_after(0.5):  # the last stderr lines complete the tail
-                        await comp.stderr_closed.wait()
-                    code = comp.process.returncode
-                    error = ComponentExitedError(launch.name, code, comp.stderr_tail)
+            outcome: list[ComponentError] = []
+            try:
+                async with open_component(launch, on_stderr) as comp, \
+                        anyio.create_task_group() as inner:
+                    hop = Hop(launch.name, PipeSink(comp.stdin), dialect=spec.dialect,
+                              tracer=tracer)
+                    components.append((comp, hop))
+                    done = anyio.Event()
+                    stopped.append(done)
+                    log.info("started %s (pid %s): %s", launch.name, comp.pid,
+                             " ".join(launch.argv))
                     if tracer is not None:
-                        tracer.lifecycle(launch.name, "exited", code=code, expected=False)
-                        exit_traced.set()
-                    failed(error)
-                    await chain.fail_hop(hop, error)
-                    # Its answers go to its predecessor; behind proxies they still have to
-                    # travel up to the client, so stop the others only once the client has
-                    # its answers (bounded: a wedged proxy cannot hold the shutdown).
-                    with anyio.move_on_after(config.conductor.shutdown_grace):
-                        await client.wait_quiet()
-                    fatal(error)
+                        tracer.lifecycle(launch.name, "spawned", pid=comp.pid,
+                                         argv=list(launch.argv), role=str(role))
+                    exit_traced = anyio.Event()
+                    wake = anyio.Event()  # the chain stops, or this run ended
 
-                inner.start_soon(read)
-                await stop.wait()
-                # Stop while the reader still drains: a proxy may flush answers on EOF.
-                await comp.stop(launch.shutdown_grace)
-                with anyio.move_on_after(1.0):
-                    await comp.stderr_closed.wait()
-                if tracer is not None and not exit_traced.is_set():
-                    tracer.lifecycle(launch.name, "exited", code=comp.returncode, expected=True)
-                done.set()
-                inner.cancel_scope.cancel()
+                    async def read() -> None:
+                        async with anyio.create_task_group() as watch:
+                            watch.start_soon(_stop_reading_after_exit, comp)
+                            await _serve(chain, hop, comp.stdout, max_frame)
+                            watch.cancel_scope.cancel()
+                        if stop.is_set():
+                            return
+                        with anyio.move_on_after(2.0):  # a wedged leader: report what is known
+                            await comp.wait_exited()
+                        with anyio.move_on_after(0.5):  # the last stderr lines complete the tail
+                            await comp.stderr_closed.wait()
+                        code = comp.process.returncode
+                        error = ComponentExitedError(launch.name, code, comp.stderr_tail)
+                        if tracer is not None:
+                            tracer.lifecycle(launch.name, "exited", code=code, expected=False)
+                            exit_traced.set()
+                        await chain.fail_hop(hop, error)
+                        outcome.append(error)
+                        wake.set()
+
+                    async def on_stop() -> None:
+                        await stop.wait()
+                        wake.set()
+
+                    inner.start_soon(read)
+                    inner.start_soon(on_stop)
+                    if first:
+                        task_status.started((comp, hop))
+                    else:
+                        try:
+                            await chain.reattach(launch.name, hop)
+                        except ComponentError as e:  # it came back broken, or not at all
+                            await chain.fail_hop(hop, e)
+                            if not outcome:
+                                outcome.append(e)
+                            wake.set()
+                    await wake.wait()
+                    # Stop while the reader still drains: a proxy may flush answers on EOF.
+                    await comp.stop(launch.shutdown_grace)
+                    with anyio.move_on_after(1.0):
+                        await comp.stderr_closed.wait()
+                    if tracer is not None and not exit_traced.is_set():
+                        tracer.lifecycle(launch.name, "exited", code=comp.returncode,
+                                         expected=not outcome)
+                    done.set()
+                    inner.cancel_scope.cancel()
+            except ComponentStartError as e:
+                if first:
+                    raise
+                if tracer is not None:  # a restart that could not even be spawned
+                    tracer.lifecycle(launch.name, "error", message=str(e))
+                return e, None
+            return (outcome[0] if outcome and not stop.is_set() else None), hop
 
         async def host_plugin(proxy: Proxy[Any], *, task_status: TaskStatus[Hop]) -> None:
             async with open_inprocess_hop(proxy, chain.receive, tracer=tracer) as hop:
@@ -229,6 +293,11 @@ async def serve_chain(
                 except ComponentStartError as e:
                     if tracer is not None:
                         tracer.lifecycle(launch.name, "error", message=str(e))
+                    if role is Role.PROXY and spec.optional:
+                        log.warning("%s; it is optional: the chain starts without it", e)
+                        if tracer is not None:
+                            tracer.lifecycle(launch.name, "bypassed", reason=str(e))
+                        continue
                     raise
                 links.append(ComponentLink(launch.name, role, hop))
             return links

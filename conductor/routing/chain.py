@@ -19,7 +19,7 @@ from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
 from conductor.acp import Dialect
-from conductor.errors import ComponentError, ComponentStartError
+from conductor.errors import ComponentError, ComponentRestartingError, ComponentStartError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import (
     Batch,
@@ -33,6 +33,7 @@ from conductor.jsonrpc.message import (
 )
 from conductor.routing.deadlines import Deadlines, Expired, Timeouts
 from conductor.routing.handshake import Handshake, ResponseHook, chain_hooks
+from conductor.routing.recovery import Recovery
 from conductor.routing.sessions import Lifecycle, SessionEnd, SessionTable, Step, lifecycle
 from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Role, Topology
 from conductor.rpc.endpoint import Inbound, Outgoing
@@ -104,6 +105,7 @@ class Chain:
         self.timeouts = timeouts or Timeouts()
         self._deadlines = Deadlines(self.timeouts) if self.timeouts.any_deadline else None
         self._timers: TaskGroup | None = None  # serve_timers' tasks
+        self.recovery = Recovery(self)
 
     @property
     def started(self) -> bool:
@@ -172,6 +174,8 @@ class Chain:
                             bytes(msg.id).decode(errors="replace"))
             return
         if isinstance(msg, Notification):
+            if self.recovery.muted and self.recovery.is_muted(msg):
+                return  # replayed by a restarted agent's session/load: the editor has it
             # Fast path: a plain notification whose next hop takes it plainly (component ->
             # client, client -> agent) needs no ids, hooks or wrapping: send it as it came.
             route = self._plain_route.get(hop)
@@ -197,9 +201,15 @@ class Chain:
         wrapped = acp.SUCCESSOR_METHODS.get(method)
         if wrapped is not None and (src.role is Role.PROXY or
                                     (src.role is Role.CLIENT and self.topology.proxy_mode)):
-            await self._unwrap(src, msg, wrapped)
+            await self._unwrap(hop, src, msg, wrapped)
             return
         if src.role is Role.CLIENT:
+            if self.recovery.lost:
+                refusal = self.recovery.lost_answer(msg)
+                if isinstance(refusal, Response):
+                    await self._send(hop, refusal)
+                if refusal is not False:
+                    return
             if method in acp.PROXY_INITIALIZE_METHODS:  # in proxy mode too: once was enough
                 await self.handshake.reject_proxy_initialize(msg, method, self._replier(hop))
                 return
@@ -253,8 +263,8 @@ class Chain:
 
     # -- forwarding --------------------------------------------------------------------------
 
-    async def _unwrap(self, src: Node, msg: Call, dialect: Dialect) -> None:
-        hop = src.hop
+    async def _unwrap(self, hop: Hop, src: Node, msg: Call, dialect: Dialect) -> None:
+        # `hop` is where it arrived: `src.hop` itself, or a restarted proxy's new hop
         if src.role is Role.PROXY:
             if not hop.dialect_forced:
                 hop.dialect = dialect
@@ -294,13 +304,22 @@ class Chain:
         out_method, out_params = method, params
         hooks: list[ResponseHook] = []
         if method == acp.INITIALIZE and downward:
+            if source.role is Role.PROXY and self.recovery.reinitializing:
+                replay = self.recovery.replay_for(source.name)
+                if replay is not None and isinstance(msg, Request):
+                    # A restarted proxy: its successor was initialized once already.
+                    await self._send(origin, replay.answering(msg.id))
+                    return
+            self.recovery.initialize_seen(target, params)
             init = self.handshake.downward(params, target, is_request=is_request,
                                            resend=self._resender(origin, msg, source, target))
             out_method, out_params, hooks = init.method, init.params, init.hooks
+            if source.role is Role.PROXY:
+                hooks.append(self._initialize_answer_hook(source.name))
         if self._mcp is not None and method in acp.SESSION_SETUP \
                 and target.role in (Role.AGENT, Role.SUCCESSOR):
             out_params = self._mcp.apply(out_params)
-        session_hook = self._track_session(method, params, source, target)
+        session_hook = self._track_session(method, params, source, target, out_params)
         if session_hook is not None:
             hooks.append(session_hook)
 
@@ -338,6 +357,12 @@ class Chain:
                                 session_id=acp.get_str(params, "sessionId") if prompt else None)
         await self._send(hop, request, source=source.name, origin=(origin.name, msg.id))
 
+    def _initialize_answer_hook(self, proxy: str) -> ResponseHook:
+        async def remember(answer: Response) -> Response:
+            self.recovery.remember_answer(proxy, answer)
+            return answer
+        return remember
+
     def _dialect_of(self, target: Node) -> Dialect:
         if target.role is Role.PROXY:
             return target.hop.dialect or Dialect.PROXY
@@ -374,20 +399,21 @@ class Chain:
         await self._send(origin, answer.answering(forward.origin_id), source=source)
 
     def _track_session(self, method: str, params: Raw | UnsetType, source: Node,
-                       target: Node) -> ResponseHook | None:
+                       target: Node, sent: Raw | UnsetType) -> ResponseHook | None:
         rule = lifecycle(method, params)
         if rule is None:
             return None
         table, last = self.sessions, self.topology.last
+        setup = sent if target is last else UNSET  # what reopens it on a restarted agent
         if rule.step is Step.OPEN_NOW:
             # Install the route before the request goes out: replayed updates precede the answer.
             assert rule.session_id is not None
             fresh = rule.session_id not in table
             table.opened(rule.session_id, by=source.name, rank=source.index,
-                         served_by=last.name, how=method)
+                         served_by=last.name, how=method, setup=setup)
             return self._refused_hook(rule.session_id) if fresh else None
         if rule.step is Step.OPEN_ON_ANSWER:
-            return self._opened_hook(rule, source)
+            return self._opened_hook(rule, source, setup)
         if target is not last:
             return None  # turns and closes count where they reach the agent
         assert rule.session_id is not None
@@ -395,14 +421,15 @@ class Chain:
             table.prompting(rule.session_id)
         return self._ended_hook(rule)
 
-    def _opened_hook(self, rule: Lifecycle, source: Node) -> ResponseHook:
+    def _opened_hook(self, rule: Lifecycle, source: Node,
+                     setup: Raw | UnsetType) -> ResponseHook:
         table, last = self.sessions, self.topology.last
 
         async def opened(answer: Response) -> Response:
             sid = rule.opened_by(answer)
             if sid is not None:
                 table.opened(sid, by=source.name, rank=source.index, served_by=last.name,
-                             how=rule.method)
+                             how=rule.method, setup=setup)
             return answer
         return opened
 
@@ -544,6 +571,37 @@ class Chain:
     async def fail_hop(self, hop: Hop, error: ComponentError) -> None:
         """`hop`'s component is gone: answer everything it owed, refuse what comes next."""
         await hop.fail(error, component=hop.name)
+
+    # -- components restarted or bypassed (recovery.py) ---------------------------------------
+
+    def restarting(self, hop: Hop, error: ComponentError) -> None:
+        """`hop`'s component failed (`fail_hop` answered what it owed) and is being
+        restarted: what is sent to it meanwhile is answered so."""
+        hop.failure = ComponentRestartingError(hop.name, error.reason)
+
+    async def reattach(self, name: str, hop: Hop) -> None:
+        """The restarted `name` is on `hop`: see `Recovery.reattach`.
+
+        Raises:
+            ComponentError: it did not come back.
+        """
+        await self.recovery.reattach(name, hop)
+
+    def bypass(self, name: str, error: ComponentError) -> bool:
+        """The optional proxy `name` failed for good: the chain goes on without it."""
+        if not self.recovery.bypass(name):
+            return False
+        log.warning("%s; it is optional: the chain goes on without it", error)
+        self._trace_lifecycle(name, "bypassed", reason=str(error))
+        return True
+
+    def replan(self) -> None:
+        """The topology changed: plan the plain-notification shortcuts again."""
+        self._plain_route.clear()
+        self._plan_plain_routes()
+
+    def trace_lifecycle(self, component: str, event: str, **fields: object) -> None:
+        self._trace_lifecycle(component, event, **fields)
 
     def _trace_lifecycle(self, component: str, event: str, **fields: object) -> None:
         if self._tracer is not None:

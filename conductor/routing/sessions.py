@@ -108,6 +108,9 @@ class SessionRecord:
     prompts: int = 0
     idle_since: float = 0.0          # the table's clock: when its last turn ended (or it opened)
     ended: SessionEnd | None = None  # set once it is released
+    # The setup request's params as the agent received them (cwd, mcpServers, ...): what
+    # reopens the session on a restarted agent.
+    setup: Raw | UnsetType = UNSET
 
 
 Observer = Callable[[str, SessionRecord], None]  # ("opened" | "closed", record)
@@ -138,16 +141,21 @@ class SessionTable:
     def records(self) -> list[SessionRecord]:
         return list(self._records.values())
 
-    def opened(self, session_id: str, *, by: str, rank: int, served_by: str, how: str) -> None:
-        """A setup answer or request named this session on a hop at `rank` (0 = client)."""
+    def opened(self, session_id: str, *, by: str, rank: int, served_by: str, how: str,
+               setup: Raw | UnsetType = UNSET) -> None:
+        """A setup answer or request named this session on a hop at `rank` (0 = client).
+        `setup`: the params the agent got (given where the request reached the agent)."""
         record = self._records.get(session_id)
         if record is None:
-            record = SessionRecord(session_id, by, served_by, how, idle_since=self.clock())
+            record = SessionRecord(session_id, by, served_by, how, idle_since=self.clock(),
+                                   setup=setup)
             self._records[session_id] = record
             self._rank[session_id] = rank
             self._tell("opened", record)
         else:
             record.idle_since = self.clock()  # set up again (a reload): a fresh start
+            if setup is not UNSET:
+                record.setup = setup
             if rank < self._rank[session_id]:  # the answer travelled further up: that hop opened it
                 record.opened_by = by
                 self._rank[session_id] = rank

@@ -109,6 +109,38 @@ class Topology:
     def node_of(self, hop: Hop) -> Node:
         return self._node_of[hop]
 
+    def named(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if n.name == name and n.role is not Role.CLIENT),
+                    None)
+
+    # -- a component restarted or gone (docs/reliability.md) --
+
+    def adopt(self, node: Node, hop: Hop) -> None:
+        """Messages from `hop` (a restarted component) are `node`'s from now on; messages to
+        `node` still go to its old hop until `swap`."""
+        self._node_of[hop] = node
+
+    def disown(self, hop: Hop) -> None:
+        """`hop` was adopted but never swapped in (its component did not come back)."""
+        node = self._node_of.get(hop)
+        if node is not None and node.hop is not hop:
+            del self._node_of[hop]
+
+    def swap(self, node: Node, hop: Hop) -> Hop:
+        """`node` is reached on `hop` from now on; returns the old hop."""
+        old, node.hop = node.hop, hop
+        self._node_of[hop] = node
+        if old is not hop:
+            self._node_of.pop(old, None)
+        return old
+
+    def remove(self, node: Node) -> None:
+        """`node` (an optional proxy) is gone: the chain closes up around it."""
+        self.nodes.remove(node)
+        self._node_of.pop(node.hop, None)
+        for i, each in enumerate(self.nodes):
+            each.index = i
+
     def first(self) -> Node:
         return self.nodes[1]
 

@@ -1,0 +1,228 @@
+"""Bringing the chain back after a component failed (docs/reliability.md).
+
+- A restarted component is re-attached to its place: first initialized again with the
+  params it got the first time (a proxy's own initialize toward its successor is answered
+  from what its successor said then, so the agent is not initialized twice); then, for the
+  agent, each session the table holds open is reopened with `session/resume` or, failing
+  that, `session/load` (its replayed updates are dropped: the editor has them), as the
+  restarted agent's capabilities allow. A session that cannot be reopened is *lost*: its
+  state is released and the editor's next request naming it is answered `SESSION_LOST`.
+- An optional proxy that failed for good is taken out of the chain, which closes up
+  around it.
+
+Only the swap at the end makes the restarted component reachable: until then the old,
+failed hop answers what is sent to it (`ComponentRestartingError`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Final
+
+import anyio
+import msgspec
+from msgspec import UNSET, Raw, UnsetType
+
+from conductor import acp
+from conductor.errors import ComponentStartError
+from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.message import Notification, Request, Response, error_response, payload
+from conductor.routing.sessions import SessionEnd
+from conductor.routing.topology import Role
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Call
+    from conductor.routing.chain import Chain
+    from conductor.routing.topology import Hop, Node
+
+log = logging.getLogger("acp_conductor.routing")
+
+REATTACH_TIMEOUT: Final = 30.0  # each request of a re-attach, when request_timeout is off
+MAX_LOST: Final = 4096          # lost session ids remembered, to answer SESSION_LOST
+
+
+class Recovery:
+    """What the router remembers in order to bring a component back, and doing it."""
+
+    def __init__(self, chain: Chain) -> None:
+        self._chain = chain
+        # node name -> the initialize params it first received (before its dialect's form)
+        self.first_initialize: dict[str, Raw | UnsetType] = {}
+        # proxy name -> its successor's answer to that proxy's initialize
+        self.initialize_answers: dict[str, Response] = {}
+        self.reinitializing: set[str] = set()  # proxies whose initialize is answered from memory
+        self.muted: set[str] = set()           # sessions being reloaded: replays are dropped
+        self.lost: dict[str, str] = {}         # session id -> why it could not be reopened
+
+    # -- what the router calls on its way ------------------------------------------------------
+
+    def initialize_seen(self, target: Node, params: Raw | UnsetType) -> None:
+        self.first_initialize.setdefault(target.name, params)
+
+    def remember_answer(self, proxy: str, answer: Response) -> None:
+        if not answer.is_error:
+            self.initialize_answers.setdefault(proxy, answer)
+
+    def replay_for(self, proxy: str) -> Response | None:
+        """The answer a re-initializing proxy gets for its initialize toward its successor."""
+        return self.initialize_answers.get(proxy) if proxy in self.reinitializing else None
+
+    def is_muted(self, msg: Notification) -> bool:
+        return acp.get_str(msg.params, "sessionId") in self.muted
+
+    def lost_answer(self, msg: Call) -> Response | bool:
+        """For a client message naming a lost session: the error for a request, True for a
+        notification (dropped); False when it names no lost session."""
+        sid = acp.get_str(msg.params, "sessionId")
+        if sid is None or sid not in self.lost:
+            return False
+        if msg.method in acp.SESSION_SETUP:  # the editor sets it up again: let it through
+            del self.lost[sid]
+            return False
+        if not isinstance(msg, Request):
+            log.info("%s for lost session %s dropped", msg.method, sid)
+            return True
+        agent = self._chain.topology.last.name
+        return error_response(
+            msg.id, ErrorCode.SESSION_LOST,
+            f"session {sid} was lost: {agent} restarted and could not reopen it "
+            f"({self.lost[sid]}); start a new session",
+            {"component": agent, "sessionId": sid})
+
+    # -- restart -------------------------------------------------------------------------------
+
+    async def reattach(self, name: str, hop: Hop) -> None:
+        """`name` was restarted and is reached on `hop`: initialize it again, reopen its
+        sessions (the agent), then route to it.
+
+        Raises:
+            ComponentError: it did not come back (an error answer, its exit, no answer).
+        """
+        chain = self._chain
+        node = chain.topology.named(name)
+        if node is None:
+            raise ComponentStartError(name, "is no longer part of the chain")
+        chain.topology.adopt(node, hop)
+        if not hop.dialect_forced:  # how it spells the envelope was learnt once already
+            hop.dialect = node.hop.dialect
+        try:
+            if name in self.first_initialize:  # it had been initialized: again, the same way
+                init = chain.handshake.downward(self.first_initialize[name], node,
+                                                is_request=True,
+                                                resend=_no_resend)
+                if node.role is Role.PROXY:
+                    self.reinitializing.add(name)
+                try:
+                    answer = await self._ask(hop, init.method, init.params)
+                finally:
+                    self.reinitializing.discard(name)
+                if answer.is_error:
+                    raise ComponentStartError(name, "answered initialize with an error after "
+                                              f"its restart: {_message(answer)}")
+                if node.role is Role.AGENT:
+                    await self._reopen_sessions(hop, answer)
+        except BaseException:
+            chain.topology.disown(hop)
+            raise
+        chain.topology.swap(node, hop)
+        chain.replan()
+        log.warning("%s is back after its restart", name)
+        chain.trace_lifecycle(name, "reattached", sessions=len(chain.sessions))
+
+    async def _ask(self, hop: Hop, method: str, params: Raw | UnsetType) -> Response:
+        outgoing, request = hop.open_request(method, params)
+        try:
+            await hop.send(request)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # it is gone already: its reader fails the hop, and so this request
+        timeout = self._chain.timeouts.request or REATTACH_TIMEOUT
+        try:
+            with anyio.fail_after(timeout):
+                return await hop.wait(outgoing, cancel_on_abort=False)
+        except TimeoutError:
+            raise ComponentStartError(hop.name, f"did not answer {method} within {timeout:g}s "
+                                      "after its restart") from None
+
+    async def _reopen_sessions(self, hop: Hop, answer: Response) -> None:
+        chain = self._chain
+        method = reopen_method(answer, chain.handshake.version or 1)
+        lost: dict[str, str] = {}
+        for record in chain.sessions.records():
+            sid = record.session_id
+            if method is None:
+                lost[sid] = "it supports neither session/resume nor session/load"
+                continue
+            if record.setup is UNSET:
+                lost[sid] = "how it was set up is not known"
+                continue
+            try:
+                params = acp.set_key(record.setup, "sessionId", payload(sid))
+            except ValueError:  # a setup the agent took, but we cannot edit (too deep)
+                lost[sid] = "its setup request cannot be repeated"
+                continue
+            if method == acp.SESSION_LOAD:
+                self.muted.add(sid)
+            try:
+                reopened = await self._ask(hop, method, params)
+            finally:
+                self.muted.discard(sid)
+            if reopened.is_error:
+                lost[sid] = f"{method} failed: {_message(reopened)}"
+                continue
+            log.info("session %s reopened on the restarted %s (%s)", sid, hop.name, method)
+            chain.trace_lifecycle(hop.name, "session-reopened", session=sid, how=method)
+        if lost:
+            for sid, why in lost.items():
+                log.warning("session %s lost: %s restarted and %s", sid, hop.name, why)
+                self.lost[sid] = why
+                while len(self.lost) > MAX_LOST:
+                    del self.lost[next(iter(self.lost))]
+            await chain.end_sessions(list(lost), SessionEnd.LOST)
+
+    # -- optional proxies ----------------------------------------------------------------------
+
+    def bypass(self, name: str) -> bool:
+        """Take the proxy `name` out of the chain; False when it is not in it."""
+        chain = self._chain
+        node = chain.topology.named(name)
+        if node is None or node.role is not Role.PROXY:
+            return False
+        chain.topology.remove(node)
+        chain.replan()
+        return True
+
+
+def reopen_method(answer: Response, version: int) -> str | None:
+    """How a (restarted) agent's initialize answer says sessions can be reopened:
+    session/resume (v1 `sessionCapabilities.resume`; v2 any `capabilities.session`), else
+    session/load (v1 `loadSession: true`), else None."""
+    try:
+        result = msgspec.json.decode(answer.result) if answer.result is not UNSET else None
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if not isinstance(result, dict):
+        return None
+    if version >= 2:
+        caps = result.get("capabilities")
+        return acp.SESSION_RESUME if isinstance(caps, dict) and \
+            isinstance(caps.get("session"), dict) else None
+    caps = result.get("agentCapabilities")
+    if not isinstance(caps, dict):
+        return None
+    session = caps.get("sessionCapabilities")
+    if isinstance(session, dict) and session.get("resume") is not None:
+        return acp.SESSION_RESUME
+    return acp.SESSION_LOAD if caps.get("loadSession") is True else None
+
+
+def _message(answer: Response) -> str:
+    try:
+        error = answer.error_value()
+    except msgspec.DecodeError:
+        return "an error that cannot be read"
+    message = error.get("message") if isinstance(error, dict) else None
+    return str(message) if message else str(error)
+
+
+async def _no_resend(method: str, params: Raw) -> None:
+    raise AssertionError("a re-initialize has no legacy fallback: the dialect is known")

@@ -1,0 +1,204 @@
+"""Restart and bypass on real processes: `restart = "on-failure"`, `optional = true`, and an
+agent's sessions reopened after its restart (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from typing import TYPE_CHECKING
+
+from tests.conftest import REPO
+from tests.wire_client import open_conductor
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tests.wire_client import ConductorProcess
+
+FAULTY = REPO / "tests" / "faults" / "faulty.py"
+SESSION_LOST = -33006
+COMPONENT_FAILED = -33001
+
+
+def faulty(*flags: str) -> str:
+    return json.dumps([sys.executable, str(FAULTY), *flags])
+
+
+def chain(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "chain.toml"
+    path.write_text("[conductor]\nshutdown_grace = 1.0\n\n" + body, encoding="utf-8")
+    return str(path)
+
+
+async def prompt(c: ConductorProcess, sid: str) -> dict[str, object]:
+    answer = await c.request("session/prompt", {"sessionId": sid,
+                                                "prompt": [{"type": "text", "text": "hi"}]})
+    return answer
+
+
+async def text_of_next_update(c: ConductorProcess, sid: str) -> str:
+    update = await c.read_until(lambda m: m.get("method") == "session/update"
+                                and m["params"]["sessionId"] == sid)
+    return str(update["params"]["update"]["content"]["text"])
+
+
+async def crash(c: ConductorProcess, who: str, component: str | None = None
+                ) -> dict[str, object]:
+    """Crash the faulty component `who` (its chain name: `component`, default the same)."""
+    answer = await c.request("_fault/crash", {"who": who})
+    error = answer["error"]
+    assert error["code"] == COMPONENT_FAILED, answer
+    assert error["data"]["component"] == (component or who)
+    return error
+
+
+async def test_a_crashed_agent_is_restarted_and_its_sessions_resumed(tmp_path: Path) -> None:
+    state = tmp_path / "sessions"
+    state.mkdir()
+    path = chain(tmp_path, f"""
+[[proxy]]
+name = "p0"
+command = {faulty("--role", "proxy", "--name", "p0")}
+
+[agent]
+command = {faulty("--name", "agent", "--resume", "--state", str(state))}
+restart = "on-failure"
+""")
+    async with open_conductor("--chain", path, "--log-level", "info", check_exit=True) as c:
+        await c.initialize()
+        sid = await c.new_session()
+        assert "result" in await prompt(c, sid)
+        before = await text_of_next_update(c, sid)
+        await crash(c, "agent")
+        await c.wait_stderr("agent is back after its restart")
+        assert "result" in await prompt(c, sid)  # the same session, on the new agent
+        after = await text_of_next_update(c, sid)
+        assert after != before  # "answer from <pid>": another process answered
+        assert "session " + sid + " reopened" in c.stderr_text
+        other = await c.new_session()
+        assert "result" in await prompt(c, other)
+
+
+async def test_sessions_an_agent_cannot_reopen_are_lost_and_new_sessions_work(
+        tmp_path: Path) -> None:
+    path = chain(tmp_path, f"""
+[agent]
+command = {faulty("--name", "agent")}
+restart = "on-failure"
+""")
+    async with open_conductor("--chain", path, check_exit=True) as c:
+        await c.initialize()
+        sid = await c.new_session()
+        await crash(c, "agent")
+        await c.wait_stderr("agent is back after its restart")
+        lost = (await prompt(c, sid))["error"]
+        assert lost["code"] == SESSION_LOST
+        assert lost["data"] == {"component": "agent", "sessionId": sid}
+        assert "supports neither session/resume nor session/load" in lost["message"]
+        other = await c.new_session()
+        assert "result" in await prompt(c, other)
+
+
+async def test_a_session_reloaded_after_a_restart_does_not_replay_to_the_editor(
+        tmp_path: Path) -> None:
+    state = tmp_path / "sessions"
+    state.mkdir()
+    path = chain(tmp_path, f"""
+[agent]
+command = {faulty("--name", "agent", "--load", "--state", str(state))}
+restart = "on-failure"
+""")
+    async with open_conductor("--chain", path, check_exit=True) as c:
+        await c.initialize()
+        sid = await c.new_session()
+        await crash(c, "agent")
+        await c.wait_stderr("agent is back after its restart")
+        assert "result" in await prompt(c, sid)
+        assert (await text_of_next_update(c, sid)).startswith("answer from")  # not "replayed"
+
+
+async def test_an_agent_that_keeps_failing_is_given_up_after_max_restarts(
+        tmp_path: Path) -> None:
+    flag = tmp_path / "started-once"
+    once = (f"if [ -e {shlex.quote(str(flag))} ]; then echo 'cannot start' >&2; exit 4; fi; "
+            f"touch {shlex.quote(str(flag))}; exec {shlex.join([sys.executable, str(FAULTY)])}")
+    path = chain(tmp_path, f"""
+[agent]
+command = {json.dumps(["sh", "-c", once])}
+restart = "on-failure"
+max_restarts = 2
+""")
+    async with open_conductor("--chain", path) as c:
+        await c.initialize()
+        await crash(c, "faulty", "agent")
+        await c.wait_stderr("restart 2 of at most 2")
+        assert await c.wait() == 3
+    assert "agent: exited with status 4; last stderr: cannot start" in c.stderr_text
+
+
+async def test_an_optional_proxy_that_cannot_start_is_left_out(tmp_path: Path) -> None:
+    path = chain(tmp_path, f"""
+[[proxy]]
+name = "missing"
+command = "/nonexistent/proxy"
+optional = true
+
+[agent]
+command = {faulty("--name", "agent")}
+""")
+    async with open_conductor("--chain", path, check_exit=True) as c:
+        await c.initialize()
+        assert "result" in await prompt(c, await c.new_session())
+    assert "missing: command not found: /nonexistent/proxy" in c.stderr_text
+    assert "it is optional: the chain starts without it" in c.stderr_text
+
+
+async def test_an_optional_proxy_that_crashes_is_bypassed_visibly(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    path = chain(tmp_path, f"""
+[[proxy]]
+name = "p0"
+command = {faulty("--role", "proxy", "--name", "p0")}
+optional = true
+
+[agent]
+command = {faulty("--name", "agent")}
+""")
+    async with open_conductor("--trace", str(trace), "--chain", path, check_exit=True) as c:
+        await c.initialize()
+        sid = await c.new_session()
+        await crash(c, "p0")
+        await c.wait_stderr("it is optional: the chain goes on without it")
+        assert "result" in await prompt(c, sid)
+        assert "result" in await prompt(c, await c.new_session())
+    events = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
+    bypassed = [e for e in events if e.get("event") == "bypassed"]
+    assert [e["component"] for e in bypassed] == ["p0"]
+
+
+async def test_a_restarted_proxy_is_initialized_again_without_initializing_the_agent_twice(
+        tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    path = chain(tmp_path, f"""
+[[proxy]]
+name = "p0"
+command = {faulty("--role", "proxy", "--name", "p0")}
+restart = "on-failure"
+
+[agent]
+command = {faulty("--name", "agent")}
+""")
+    async with open_conductor("--trace", str(trace), "--log-level", "info", "--chain", path,
+                              check_exit=True) as c:
+        await c.initialize()
+        sid = await c.new_session()
+        await crash(c, "p0")
+        await c.wait_stderr("p0 is back after its restart")
+        assert "result" in await prompt(c, sid)
+    events = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
+    to_p0 = [e for e in events if e.get("type") == "message" and e["hop"] == "p0"
+             and e["dir"] == "out" and e.get("method") == "_proxy/initialize"]
+    to_agent = [e for e in events if e.get("type") == "message" and e["hop"] == "agent"
+                and e["dir"] == "out" and e.get("method") == "initialize"]
+    assert (len(to_p0), len(to_agent)) == (2, 1)
