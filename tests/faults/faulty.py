@@ -59,7 +59,7 @@ class Faulty:
         self.out.write(json.dumps(message).encode() + b"\n")
         self.out.flush()
 
-    def reply(self, ident: Any, result: Any, *, up: bool = True) -> None:
+    def reply(self, ident: Any, result: Any) -> None:
         self.write({"jsonrpc": "2.0", "id": ident, "result": result})
 
     def error(self, ident: Any, code: int, message: str) -> None:

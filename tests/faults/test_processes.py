@@ -1,0 +1,165 @@
+"""The fault matrix on real processes: faulty.py as the agent or a proxy of a real conductor.
+
+Pairwise, not the full cross product: every fault runs at each position (agent, first
+proxy, last proxy), at each chain length (0, 1, 2 proxies), and the process faults under
+each way a conductor ends (EOF, SIGTERM, SIGINT, SIGKILL). Each run checks the shared
+invariants: every request answered exactly once, naming the component at fault; stdout
+pure UTF-8 JSON-RPC (open_conductor decodes every line strictly); other sessions
+unaffected; nothing left running.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import psutil
+import pytest
+
+from tests.faults.kit import (
+    COMPONENT_FAILED,
+    FLOOD,
+    FRAME_TOO_LARGE,
+    REQUEST_TIMEOUT,
+    faulty_argv,
+)
+from tests.wire_client import open_conductor
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tests.wire_client import ConductorProcess
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # real processes: the test's own backend adds nothing
+
+
+def write_chain(tmp_path: Path, length: int, faulty: str, flags: list[str]) -> str:
+    """`length` faulty.py proxies (p0, p1, ...) and a faulty.py agent; `faulty` gets `flags`.
+    Prompts are not timed (a flood takes what it takes); other requests time out at 0.5 s."""
+    body = ("[conductor]\nshutdown_grace = 0.1\nmax_frame_bytes = 1048576\n"
+            "request_timeout = 0.5\n\n")
+    def command(name: str, *role: str) -> str:
+        return faulty_argv(*role, "--name", name, f"--flood-count={FLOOD}",
+                           *(flags if faulty == name else []))
+
+    for i in range(length):
+        body += f'[[proxy]]\nname = "p{i}"\ncommand = {command(f"p{i}", "--role", "proxy")}\n\n'
+    body += f"[agent]\ncommand = {command('agent')}\n"
+    path = tmp_path / "chain.toml"
+    path.write_text(body, encoding="utf-8")
+    return str(path)
+
+
+def prompt(sid: str) -> dict[str, Any]:
+    return {"sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]}
+
+
+def answered_once(c: ConductorProcess) -> None:
+    ids: Counter[str] = Counter()
+    for line in c.lines:
+        for msg in (lambda d: d if isinstance(d, list) else [d])(json.loads(line)):
+            if "method" not in msg:
+                ids[json.dumps(msg.get("id"))] += 1
+    assert ids, "no answers at all"
+    assert set(ids.values()) == {1}, ids
+
+
+# -- faults the chain survives --------------------------------------------------------------
+
+NON_FATAL = ["garbage", "deep", "huge", "flood", "silent"]  # at steps 4, 6, 8, 10, 12
+
+
+@pytest.mark.parametrize(("faulty", "length"), [("agent", 0), ("p0", 1), ("p1", 2)])
+async def test_a_misbehaving_process_answers_every_request_once_and_spares_other_sessions(
+        tmp_path: Path, faulty: str, length: int) -> None:
+    flags = [f"--{fault}-at={4 + 2 * i}" for i, fault in enumerate(NON_FATAL)]
+    path = write_chain(tmp_path, length, faulty, flags)
+    async with open_conductor("--chain", path, check_exit=True) as c:
+        await c.initialize()
+        a, b = await c.new_session(), await c.new_session()
+        for fault in NON_FATAL:
+            answer = await c.request("session/new", {"cwd": "/", "mcpServers": []}) \
+                if fault == "silent" else await c.request("session/prompt", prompt(a))
+            error = answer.get("error")
+            if fault in ("garbage", "flood"):
+                assert error is None, (fault, answer)
+            else:
+                code = {"deep": -32600, "huge": FRAME_TOO_LARGE, "silent": REQUEST_TIMEOUT}
+                assert error["code"] == code[fault], (fault, answer)
+                assert error["data"]["component"] == faulty, (fault, answer)
+            other = await c.request("session/prompt", prompt(b))
+            assert "result" in other, (fault, other)
+    answered_once(c)
+    floods = [m for m in c.inbox if m.get("method") == "session/update"
+              and "flood" in json.dumps(m["params"])]
+    assert len(floods) == FLOOD
+    assert f"{faulty} wrote a non-JSON line on stdout (dropped)" in c.stderr_text
+    assert f"{faulty} sent a message that is not valid UTF-8" in c.stderr_text
+
+
+# -- faults that end the chain ----------------------------------------------------------------
+
+@pytest.mark.parametrize(("faulty", "length", "at"), [("agent", 1, 4), ("p0", 2, 4),
+                                                       ("p1", 2, 1)])
+async def test_a_crash_answers_every_pending_request_naming_the_component(
+        tmp_path: Path, faulty: str, length: int, at: int) -> None:
+    path = write_chain(tmp_path, length, faulty, [f"--crash-at={at}", "--silent-at=3"])
+    async with open_conductor("--chain", path) as c:
+        if at == 1:
+            answers = [await c.request("initialize", {"protocolVersion": 1}, ident=0)]
+        else:
+            await c.initialize()
+            sid = await c.new_session()
+            await c.send({"jsonrpc": "2.0", "id": "held", "method": "session/prompt",
+                          "params": prompt(sid)})  # step 3: held, never answered
+            answers = [await c.request("session/prompt", prompt(sid), ident="crashing"),
+                       await c.response("held")]
+        assert await c.wait() == 3
+    for answer in answers:
+        assert answer["error"]["code"] == COMPONENT_FAILED, answer
+        assert answer["error"]["data"]["component"] == faulty
+        assert answer["error"]["data"]["returncode"] == 9
+        assert f"faulty {faulty}: crashing at step {at}" in answer["error"]["message"]
+    answered_once(c)
+
+
+# -- processes that will not go ---------------------------------------------------------------
+
+@pytest.mark.parametrize(("faulty", "length", "end"), [
+    ("agent", 0, "eof"), ("p0", 1, "sigterm"), ("p1", 2, "sigint"), ("agent", 2, "sigkill")])
+async def test_nothing_outlives_the_conductor_however_it_ends(
+        tmp_path: Path, faulty: str, length: int, end: str) -> None:
+    pidfile, grandchild = tmp_path / "faulty.pid", tmp_path / "grandchild.pid"
+    path = write_chain(tmp_path, length, faulty, [
+        "--ignore-term", "--linger", f"--pidfile={pidfile}", f"--grandchild={grandchild}"])
+    async with open_conductor("--chain", path) as c:
+        await c.initialize()
+        assert "result" in await c.request("session/prompt", prompt(await c.new_session()))
+        pids = [int(pidfile.read_text()), int(grandchild.read_text())]
+        if end == "eof":
+            await c.close_stdin()
+        else:
+            c.signal({"sigterm": signal.SIGTERM, "sigint": signal.SIGINT,
+                      "sigkill": signal.SIGKILL}[end])
+        code = await c.wait()
+    assert code == {"eof": 0, "sigterm": 143, "sigint": 130, "sigkill": -9}[end]
+    assert running(pids) == []
+
+
+def running(pids: list[int]) -> list[int]:
+    """Those still running (a zombie has exited: whoever adopted it reaps it), waiting up
+    to 10 s for them: after a SIGKILL the watchdog stops them, asynchronously."""
+    def live(pid: int) -> psutil.Process | None:
+        try:
+            proc = psutil.Process(pid)
+            return None if proc.status() == psutil.STATUS_ZOMBIE else proc
+        except psutil.NoSuchProcess:
+            return None
+    procs = [p for p in map(live, pids) if p is not None]
+    psutil.wait_procs(procs, timeout=10)
+    return [p.pid for p in procs if live(p.pid) is not None]
