@@ -5,6 +5,7 @@
     python bench/soak.py --proxies none          # the router alone
     python bench/soak.py --end forget --idle-expiry 1
                                                  # never close: idle expiry releases them
+    python bench/soak.py --checkout ../other-worktree   # another checkout's conductor
 
 The conductor runs `--chain` with the built-in in-process proxies (permissions, context,
 redact, transcript; transcripts go to a temporary directory) in front of a small agent
@@ -90,9 +91,10 @@ def chain_file(work: Path, proxies: list[str], idle_expiry: float | None) -> Pat
 class Editor:
     """The conductor, driven with blocking reads and writes."""
 
-    def __init__(self, chain: Path, stderr: Path) -> None:
+    def __init__(self, chain: Path, stderr: Path, checkout: Path = REPO) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout),
+                                                          env.get("PYTHONPATH")]))
         self._stderr = stderr.open("wb")
         self.proc = subprocess.Popen([PY, "-m", "conductor", "--chain", str(chain)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -145,48 +147,58 @@ def soak(args: argparse.Namespace) -> None:
     proxies = [] if args.proxies == "none" else args.proxies.split(",")
     with tempfile.TemporaryDirectory(prefix="acp-soak-") as tmp:
         work = Path(tmp)
-        editor = Editor(chain_file(work, proxies, args.idle_expiry), work / "stderr.log")
-        editor.send("initialize", {"protocolVersion": 1, "clientCapabilities": {},
-                                   "clientInfo": {"name": "soak", "version": "0"}})
-        editor.flush_and_wait()
-        print(f"chain: {', '.join(proxies) or 'no proxies'} -> agent; "
-              f"sessions {'closed' if args.end == 'close' else 'forgotten'}, "
-              f"{'one prompt each' if args.prompt else 'no prompts'}")
-        print(f"{'sessions':>9}  {'RSS MB':>7}  {'since last':>10}  {'per session':>11}  "
-              f"{'seconds':>7}")
-        start, last_rss, last_n = time.perf_counter(), editor.rss(), 0
-        print(f"{0:>9}  {last_rss / 2**20:>7.1f}")
-        done = 0
-        while done < args.sessions:
-            n = min(BATCH, args.sessions - done)
-            ids = [editor.send("session/new", {"cwd": str(work), "mcpServers": []})
-                   for _ in range(n)]
-            answers = editor.flush_and_wait()
-            sessions = [answers[i]["result"]["sessionId"] for i in ids]  # type: ignore[index]
-            if args.prompt:
-                for sid in sessions:
-                    editor.send("session/prompt", {"sessionId": sid, "prompt": [
-                        {"type": "text", "text": "hello sk-abcdefgh1234"}]})
-                editor.flush_and_wait()
-            if args.end == "close":
-                for sid in sessions:
-                    editor.send("session/close", {"sessionId": sid})
-                editor.flush_and_wait()
-            done += n
-            if done % args.every == 0 or done == args.sessions:
-                if args.end == "forget" and args.idle_expiry is not None:
-                    time.sleep(args.idle_expiry * 2.5)  # let expiry run before measuring
-                rss = editor.rss()
-                print(f"{done:>9}  {rss / 2**20:>7.1f}  {(rss - last_rss) / 2**20:>+9.1f}M  "
-                      f"{(rss - last_rss) / (done - last_n):>10.0f}B  "
-                      f"{time.perf_counter() - start:>7.1f}", flush=True)
-                last_rss, last_n = rss, done
-        closing = time.perf_counter()
-        code = editor.close()
-        print(f"the conductor exited {code} in {time.perf_counter() - closing:.1f}s")
-        if code != 0:
-            sys.stderr.write((work / "stderr.log").read_text(encoding="utf-8")[-4000:])
-            raise SystemExit(f"the conductor exited {code}")
+        try:
+            run(args, work, proxies)
+        except SystemExit:
+            log = (work / "stderr.log").read_text(encoding="utf-8", errors="replace")
+            sys.stderr.write(log[-4000:])
+            raise
+
+
+def run(args: argparse.Namespace, work: Path, proxies: list[str]) -> None:
+    """One soak: the editor's side, and the figures it prints."""
+    editor = Editor(chain_file(work, proxies, args.idle_expiry), work / "stderr.log",
+                    Path(args.checkout))
+    editor.send("initialize", {"protocolVersion": 1, "clientCapabilities": {},
+                               "clientInfo": {"name": "soak", "version": "0"}})
+    editor.flush_and_wait()
+    print(f"chain: {', '.join(proxies) or 'no proxies'} -> agent; "
+          f"sessions {'closed' if args.end == 'close' else 'forgotten'}, "
+          f"{'one prompt each' if args.prompt else 'no prompts'}")
+    print(f"{'sessions':>9}  {'RSS MB':>7}  {'since last':>10}  {'per session':>11}  "
+          f"{'seconds':>7}")
+    start, last_rss, last_n = time.perf_counter(), editor.rss(), 0
+    print(f"{0:>9}  {last_rss / 2**20:>7.1f}")
+    done = 0
+    while done < args.sessions:
+        n = min(BATCH, args.sessions - done)
+        ids = [editor.send("session/new", {"cwd": str(work), "mcpServers": []})
+               for _ in range(n)]
+        answers = editor.flush_and_wait()
+        sessions = [answers[i]["result"]["sessionId"] for i in ids]  # type: ignore[index]
+        if args.prompt:
+            for sid in sessions:
+                editor.send("session/prompt", {"sessionId": sid, "prompt": [
+                    {"type": "text", "text": "hello sk-abcdefgh1234"}]})
+            editor.flush_and_wait()
+        if args.end == "close":
+            for sid in sessions:
+                editor.send("session/close", {"sessionId": sid})
+            editor.flush_and_wait()
+        done += n
+        if done % args.every == 0 or done == args.sessions:
+            if args.end == "forget" and args.idle_expiry is not None:
+                time.sleep(args.idle_expiry * 2.5)  # let expiry run before measuring
+            rss = editor.rss()
+            print(f"{done:>9}  {rss / 2**20:>7.1f}  {(rss - last_rss) / 2**20:>+9.1f}M  "
+                  f"{(rss - last_rss) / (done - last_n):>10.0f}B  "
+                  f"{time.perf_counter() - start:>7.1f}", flush=True)
+            last_rss, last_n = rss, done
+    closing = time.perf_counter()
+    code = editor.close()
+    print(f"the conductor exited {code} in {time.perf_counter() - closing:.1f}s")
+    if code != 0:
+        raise SystemExit(f"the conductor exited {code}")
 
 
 def main() -> None:
@@ -202,6 +214,8 @@ def main() -> None:
                         help="session/close each session, or just stop using it")
     parser.add_argument("--idle-expiry", type=float, default=None,
                         help="[conductor] session_idle_expiry, in seconds")
+    parser.add_argument("--checkout", default=str(REPO),
+                        help="run the conductor of this checkout (compare before/after)")
     args = parser.parse_args()
     if args.agent:
         serve_agent()
