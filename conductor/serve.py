@@ -304,7 +304,9 @@ async def serve_chain(
 
         chain = Chain(client, starter, proxy_mode=options.mode == "proxy", tracer=tracer,
                       on_fatal=fatal, on_broken=broken, mcp=injection,
-                      timeouts=config.conductor.timeouts())
+                      timeouts=config.conductor.timeouts(),
+                      keep_session_setup=config.agent is not None
+                      and config.agent.restart == "on-failure")
 
         async def serve_client() -> None:
             await _serve(chain, client, stdin, max_frame)

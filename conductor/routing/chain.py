@@ -87,8 +87,12 @@ class Chain:
         on_broken: Callable[[Hop], None] | None = None,
         mcp: McpInjection | None = None,
         timeouts: Timeouts | None = None,
+        keep_session_setup: bool = False,
     ) -> None:
         self.client = client
+        # Remember each session's setup params (to reopen it on a restarted agent): only
+        # when the agent may restart, since they cost memory for every open session.
+        self._keep_setup = keep_session_setup
         self.topology = Topology(client, proxy_mode=proxy_mode)
         self.sessions = SessionTable(self._trace_session if tracer is not None else None)
         self.handshake = Handshake(proxy_mode=proxy_mode,
@@ -404,7 +408,7 @@ class Chain:
         if rule is None:
             return None
         table, last = self.sessions, self.topology.last
-        setup = sent if target is last else UNSET  # what reopens it on a restarted agent
+        setup = sent if target is last and self._keep_setup else UNSET
         if rule.step is Step.OPEN_NOW:
             # Install the route before the request goes out: replayed updates precede the answer.
             assert rule.session_id is not None
