@@ -72,6 +72,20 @@ def test_check_of_a_missing_command_names_it(tmp_path: Path) -> None:
     assert "no-such-agent-binary" in result.stderr
 
 
+def test_check_passes_without_an_optional_proxy_that_cannot_start_and_says_so(
+        tmp_path: Path) -> None:
+    chain = tmp_path / "optional.toml"
+    chain.write_text('[[proxy]]\nname = "extra"\ncommand = "no-such-proxy-binary"\n'
+                     'optional = true\n\n'
+                     '[agent]\ncommand = ["${PYTHON}", "-m", "conductor.demo_agent"]\n',
+                     encoding="utf-8")
+    result = check("--chain", str(chain), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    extra = json.loads(result.stdout)["components"][0]
+    assert extra["name"] == "extra"
+    assert "command not found: no-such-proxy-binary" in extra["bypassed"]
+
+
 def test_check_of_an_invalid_file_exits_2() -> None:
     result = check("--chain", "does/not/exist.toml")
     assert result.returncode == 2

@@ -80,7 +80,8 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
                              column in ("name", "role", "pid", "protocol") else None)
         for c in report.components:
             s = c.summary()
-            table.add_row(s["name"], s["role"], _short_command(s["command"]),
+            role = f"{s['role']} (bypassed: {s['bypassed']})" if s["bypassed"] else s["role"]
+            table.add_row(s["name"], role, _short_command(s["command"]),
                           str(s["pid"] or "-"), str(s["protocolVersion"] or "-"),
                           _capabilities_text(s["capabilities"]),
                           ", ".join(s["mcpTransports"]) if c.result else "-",

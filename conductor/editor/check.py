@@ -43,6 +43,7 @@ class ComponentReport:
     exit_code: int | None = None
     stderr: deque[str] = field(default_factory=lambda: deque(maxlen=20))
     asked: bool = False
+    bypassed: str | None = None  # an optional proxy the chain goes on without: why
 
     def summary(self) -> dict[str, Any]:
         result = self.result or {}
@@ -53,7 +54,7 @@ class ComponentReport:
                 "capabilities": caps, "mcpTransports": mcp_transports(caps),
                 "authMethods": [m.get("id", m.get("name")) if isinstance(m, dict) else m
                                 for m in result.get("authMethods") or []],
-                "error": self.error, "exitCode": self.exit_code}
+                "error": self.error, "exitCode": self.exit_code, "bypassed": self.bypassed}
 
 
 def mcp_transports(caps: dict[str, Any]) -> list[str]:
@@ -110,6 +111,9 @@ class _Recorder:
             report.exit_code = fields.get("code")  # type: ignore[assignment]
         elif event == "error":
             report.error = {"message": fields.get("message")}
+        elif event == "bypassed":  # optional: its failure is reported, not the chain's
+            report.role, report.error = "proxy", None
+            report.bypassed = str(fields.get("reason", ""))
 
     def waiting_on(self) -> ComponentReport | None:
         """The component deepest in the chain that was asked and has not answered."""
