@@ -234,8 +234,11 @@ async def serve_chain(
                         outcome.append(error)
                         wake.set()
 
+                    attaching = anyio.CancelScope()  # a restart's re-attach
+
                     async def on_stop() -> None:
                         await stop.wait()
+                        attaching.cancel()  # the chain stops: no point bringing it back
                         wake.set()
 
                     inner.start_soon(read)
@@ -243,13 +246,14 @@ async def serve_chain(
                     if first:
                         task_status.started((comp, hop))
                     else:
-                        try:
-                            await chain.reattach(launch.name, hop)
-                        except ComponentError as e:  # it came back broken, or not at all
-                            await chain.fail_hop(hop, e)
-                            if not outcome:
-                                outcome.append(e)
-                            wake.set()
+                        with attaching:
+                            try:
+                                await chain.reattach(launch.name, hop)
+                            except ComponentError as e:  # it came back broken, or not at all
+                                await chain.fail_hop(hop, e)
+                                if not outcome:
+                                    outcome.append(e)
+                                wake.set()
                     await wake.wait()
                     # Stop while the reader still drains: a proxy may flush answers on EOF.
                     await comp.stop(launch.shutdown_grace)

@@ -8,6 +8,8 @@ import shlex
 import sys
 from typing import TYPE_CHECKING
 
+import anyio
+
 from tests.conftest import REPO
 from tests.wire_client import open_conductor
 
@@ -202,3 +204,27 @@ command = {faulty("--name", "agent")}
     to_agent = [e for e in events if e.get("type") == "message" and e["hop"] == "agent"
                 and e["dir"] == "out" and e.get("method") == "initialize"]
     assert (len(to_p0), len(to_agent)) == (2, 1)
+
+
+async def test_a_chain_told_to_stop_while_its_agent_is_coming_back_stops_at_once(
+        tmp_path: Path) -> None:
+    flag = tmp_path / "started-once"
+    # The restarted agent never answers initialize: the re-attach would wait 30 s.
+    again = shlex.join([sys.executable, str(FAULTY), "--silent-at=1"])
+    once = (f"if [ -e {shlex.quote(str(flag))} ]; then echo 'second life' >&2; exec {again}; fi; "
+            f"touch {shlex.quote(str(flag))}; exec {shlex.join([sys.executable, str(FAULTY)])}")
+    path = chain(tmp_path, f"""
+[agent]
+command = {json.dumps(["sh", "-c", once])}
+restart = "on-failure"
+shutdown_grace = 3.0
+""")
+    async with open_conductor("--chain", path, "--log-level", "info") as c:
+        await c.initialize()
+        await crash(c, "faulty", "agent")
+        await c.wait_stderr("agent| second life")
+        await c.close_stdin()
+        # Bounded well below the shutdown's own backstop (2 x 3 s + 5 s) and the 30 s the
+        # re-attach would otherwise wait for its answer.
+        with anyio.fail_after(6):
+            assert await c.process.wait() == 0
