@@ -42,6 +42,8 @@ from conductor.supervise.restart import Backoff
 from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from anyio.abc import ByteReceiveStream, ByteSendStream, TaskStatus
 
     from conductor.tracing.sink import TraceSink
@@ -153,19 +155,29 @@ async def serve_chain(
             # One run per start; a restart policy decides whether a failed run is followed
             # by another (docs/reliability.md).
             backoff = Backoff(spec.max_restarts)
+            optional = role is Role.PROXY and spec.optional
+            began = 0.0
+
+            def decide(error: ComponentError) -> float | None:
+                """The run failed: how long until the next start (None: no more). Decided
+                before its answers go out, so that a final failure is the outcome by the
+                time the client reads them (`run` ends on them)."""
+                delay = backoff.failed(anyio.current_time() - began) \
+                    if spec.restart == "on-failure" and not stop.is_set() else None
+                if delay is None and not optional:
+                    failed(error)
+                return delay
+
             first = True
             while True:
                 began = anyio.current_time()
                 # At the first start a ComponentStartError propagates to the starter.
-                error, hop = await run_once(role, spec, launch, task_status, first=first)
+                error, delay = await run_once(role, spec, launch, task_status, decide,
+                                              first=first)
                 first = False
                 if error is None:
                     return  # stopped with the chain
-                delay = backoff.failed(anyio.current_time() - began) \
-                    if spec.restart == "on-failure" else None
-                if delay is not None and not stop.is_set():
-                    if hop is not None:
-                        chain.restarting(hop, error)
+                if delay is not None:
                     log.warning("%s; restarting it in %gs (restart %d of at most %d)", error,
                                 delay, backoff.failures, spec.max_restarts)
                     if tracer is not None:
@@ -176,9 +188,9 @@ async def serve_chain(
                     if stop.is_set():
                         return
                     continue
-                if role is Role.PROXY and spec.optional and chain.bypass(launch.name, error):
+                if optional and chain.bypass(launch.name, error):
                     return
-                failed(error)
+                failed(error)  # (an optional proxy no longer in the chain: fatal after all)
                 # Its answers go to its predecessor; behind proxies they still have to travel
                 # up to the client, so stop the others only once the client has its answers
                 # (bounded: a wedged proxy cannot hold the shutdown).
@@ -188,16 +200,28 @@ async def serve_chain(
                 return
 
         async def run_once(role: Role, spec: ComponentSpec, launch: LaunchSpec,
-                           task_status: TaskStatus[tuple[Component, Hop]], *, first: bool
-                           ) -> tuple[ComponentError | None, Hop | None]:
+                           task_status: TaskStatus[tuple[Component, Hop]],
+                           decide: Callable[[ComponentError], float | None], *, first: bool
+                           ) -> tuple[ComponentError | None, float | None]:
             """Start the component once and serve it until it exits or the chain stops:
-            (the error it failed with, or None when stopped; its hop)."""
+            (the error it failed with, or None when stopped; the wait before a restart)."""
             def on_stderr(name: str, line: str) -> None:
                 stderr_log.info("%s", line, extra={"component": name})
                 if tracer is not None:
                     tracer.lifecycle(name, "stderr", line=line)
 
             outcome: list[ComponentError] = []
+            delays: list[float | None] = []
+
+            async def failing(hop: Hop, error: ComponentError) -> None:
+                # Decide first: answers then say "restarting", or the outcome is recorded.
+                delay = decide(error)
+                outcome.append(error)
+                delays.append(delay)
+                await chain.fail_hop(hop, error)
+                if delay is not None:
+                    chain.restarting(hop, error)
+
             try:
                 async with open_component(launch, on_stderr) as comp, \
                         anyio.create_task_group() as inner:
@@ -230,8 +254,7 @@ async def serve_chain(
                         if tracer is not None:
                             tracer.lifecycle(launch.name, "exited", code=code, expected=False)
                             exit_traced.set()
-                        await chain.fail_hop(hop, error)
-                        outcome.append(error)
+                        await failing(hop, error)
                         wake.set()
 
                     attaching = anyio.CancelScope()  # a restart's re-attach
@@ -250,9 +273,8 @@ async def serve_chain(
                             try:
                                 await chain.reattach(launch.name, hop)
                             except ComponentError as e:  # it came back broken, or not at all
-                                await chain.fail_hop(hop, e)
                                 if not outcome:
-                                    outcome.append(e)
+                                    await failing(hop, e)
                                 wake.set()
                     await wake.wait()
                     # Stop while the reader still drains: a proxy may flush answers on EOF.
@@ -269,8 +291,10 @@ async def serve_chain(
                     raise
                 if tracer is not None:  # a restart that could not even be spawned
                     tracer.lifecycle(launch.name, "error", message=str(e))
-                return e, None
-            return (outcome[0] if outcome and not stop.is_set() else None), hop
+                return e, decide(e)
+            if not outcome or stop.is_set():
+                return None, None
+            return outcome[0], delays[0]
 
         async def host_plugin(proxy: Proxy[Any], *, task_status: TaskStatus[Hop]) -> None:
             async with open_inprocess_hop(proxy, chain.receive, tracer=tracer) as hop:
