@@ -27,7 +27,7 @@ other exception a handler raises becomes a wire error in one place
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -35,17 +35,21 @@ if TYPE_CHECKING:
     from conductor.jsonrpc.message import JsonValue
 
 
-class ExitCode(enum.IntEnum):
-    """The conductor's exit codes, each with what it means to a user: the one definition
-    that `--help`, the README and the docs show (`run` adds its own, `RunExit`)."""
+class ExplainedCode(enum.IntEnum):
+    """An exit code that carries what it means to a user (members: `NAME = value, meaning`)."""
 
     meaning: str
 
-    def __new__(cls, value: int, meaning: str) -> ExitCode:
+    def __new__(cls, value: int, meaning: str) -> Self:
         code = int.__new__(cls, value)
         code._value_ = value
         code.meaning = meaning
         return code
+
+
+class ExitCode(ExplainedCode):
+    """The conductor's exit codes: the one definition that `--help`, the README and the
+    docs show (`run` adds its own, `RunExit`)."""
 
     OK = 0, "the client closed the connection and the chain shut down cleanly"
     FAILED = 1, "internal error"

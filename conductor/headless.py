@@ -8,7 +8,6 @@ exit code (`RunExit`, documented in the README and docs/run.md).
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import signal
@@ -22,7 +21,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 
 from conductor.editor.client import EditorHandler, open_client_connection
-from conductor.errors import ConductorError, ConfigError, ConnectionClosedError, RpcError
+from conductor.errors import (
+    ConductorError,
+    ConfigError,
+    ConnectionClosedError,
+    ExplainedCode,
+    RpcError,
+)
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.serve import RunOptions, serve_chain
 from conductor.transport.memory import memory_pipe
@@ -42,17 +47,9 @@ REFUSED = -32010  # the run's policy refused a client request (fs outside --cwd,
 NOT_FOUND = -32002  # ACP's resource-not-found
 
 
-class RunExit(enum.IntEnum):
-    """Exit codes of `run`, each with its meaning: the one definition behind `run --help`,
-    the README and docs/run.md."""
-
-    meaning: str
-
-    def __new__(cls, value: int, meaning: str) -> RunExit:
-        code = int.__new__(cls, value)
-        code._value_ = value
-        code.meaning = meaning
-        return code
+class RunExit(ExplainedCode):
+    """Exit codes of `run`: the one definition behind `run --help`, the README and
+    docs/run.md."""
 
     END_TURN = 0, "the turn ended with `end_turn`"
     FAILED = 1, ("the agent (or a plugin proxy) answered the prompt with an error, or an "

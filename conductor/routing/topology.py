@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from conductor import acp
-from conductor.jsonrpc.message import Message, Response, id_key
+from conductor.jsonrpc.message import Message, Response
 from conductor.rpc.endpoint import Endpoint
 
 if TYPE_CHECKING:
@@ -147,13 +147,7 @@ def _cancel_target(hop: Hop, params: Raw | UnsetType, wrapped: bool) -> str | No
         if envelope.method != acp.CANCEL_REQUEST:
             return None
         params = envelope.params
-    ident = acp.get_raw(params, "requestId")
-    if ident is None:
-        return None
-    try:
-        inbound = hop.inbound.get(id_key(ident))
-    except ValueError:
-        return None
+    inbound = hop.cancelled_by(params)
     return inbound.target.name if inbound is not None and inbound.target is not None else None
 
 

@@ -340,16 +340,20 @@ class Endpoint:
         """Until every request received on this connection has been answered."""
         await self._quiet.wait()
 
+    def cancelled_by(self, params: Raw | UnsetType) -> Inbound | None:
+        """The open request a `$/cancel_request` with these params names, if any."""
+        ident = acp.get_raw(params, "requestId")
+        if ident is None:
+            return None
+        try:
+            return self.inbound.get(id_key(ident))
+        except ValueError:
+            return None
+
     async def cancel_inbound(self, params: Raw | UnsetType) -> bool:
         """A `$/cancel_request` arrived: cancel that request's handler, or re-issue the
         cancel where it was forwarded. False when it names nothing open (then ignored)."""
-        ident = acp.get_raw(params, "requestId")
-        if ident is None:
-            return False
-        try:
-            inbound = self.inbound.get(id_key(ident))
-        except ValueError:
-            return False
+        inbound = self.cancelled_by(params)
         if inbound is None:
             return False
         if inbound.on_cancel is not None:
