@@ -9,21 +9,25 @@ exit code (`RunExit`, documented in the README and docs/run.md).
 from __future__ import annotations
 
 import enum
+import errno
 import logging
 import os
 import signal
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import anyio
+import msgspec
 
 from conductor.client import ConnectionClosed, EditorHandler, RpcError, open_client_connection
 from conductor.errors import ConductorError, ConfigError
 from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
 from conductor.run import RunOptions, run_conductor
 from conductor.transport.memory import memory_pipe
 
@@ -40,6 +44,11 @@ log = logging.getLogger("acp_conductor.run")
 
 REFUSED = -32010  # the run's policy refused a client request (fs outside --cwd, terminal, ...)
 NOT_FOUND = -32002  # ACP's resource-not-found
+MAX_READ_BYTES = 64 * 1024 * 1024  # the largest file fs/read_text_file serves (docs/run.md)
+# Pseudo filesystems: files that block, never end, or change each read; and devices whose
+# very opening does something (a tape rewinds, a watchdog arms).
+NOT_FILES = ("/proc", "/sys", "/dev")
+_WINDOW_SCAN = 64 * 1024  # newlines are counted this many bytes at a time
 
 
 class RunExit(enum.IntEnum):
@@ -143,6 +152,7 @@ class HeadlessEditor(EditorHandler):
         self._asking: set[anyio.CancelScope] = set()
         self._terminals: dict[str, _Terminal] = {}
         self.last_usage: dict[str, Any] | None = None
+        self.frame_limit = options.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES
 
     # dispatch ------------------------------------------------------------------------------
 
@@ -211,18 +221,39 @@ class HeadlessEditor(EditorHandler):
 
     # file system ---------------------------------------------------------------------------
 
-    def _inside(self, op: str, raw_path: object) -> Path:
+    def _inside(self, op: str, raw_path: object, *, file: bool = True) -> Path:
+        """The real path of `raw_path`, which must lie inside --cwd (and, for a `file`,
+        outside the pseudo filesystems).
+
+        Raises:
+            RpcError: INVALID_PARAMS when it is not an absolute path (ACP requires one) or
+                has a NUL byte; REFUSED when it resolves outside --cwd.
+        """
         if not isinstance(raw_path, str) or not raw_path:
-            raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params", "path must be a string")
+            self._invalid(op, repr(raw_path), f"path must be a string, got {raw_path!r}")
+        if "\0" in raw_path:
+            self._invalid(op, repr(raw_path), f"path {raw_path!r} has a NUL byte")
+        if not os.path.isabs(raw_path):
+            # An editor would resolve it against a directory of its own choosing.
+            self._invalid(op, raw_path, f"paths must be absolute (ACP), got {raw_path!r}")
         path = Path(raw_path)
-        if not path.is_absolute():
-            path = self.root / path
         resolved = Path(os.path.realpath(path))
         if resolved != self.root and self.root not in resolved.parents:
             self._refuse(op, str(path), f"{path} is outside the run's --cwd {self.root}")
+        if file and any(resolved == Path(top) or Path(top) in resolved.parents
+                        for top in NOT_FILES):
+            self._refuse(op, str(path), f"{path} is not a regular file (it is under "
+                                        f"/{resolved.parts[1]})")
         return resolved
 
-    def _refuse(self, op: str, target: str, reason: str) -> None:
+    def _invalid(self, op: str, target: str, reason: str) -> NoReturn:
+        """A malformed request: shown as refused, but not a policy violation."""
+        self.events.decision({"type": "access", "op": op, "target": target, "allowed": False,
+                              "reason": reason})
+        raise RpcError(ErrorCode.INVALID_PARAMS, f"invalid params: {reason}",
+                       {"op": op, "target": target})
+
+    def _refuse(self, op: str, target: str, reason: str) -> NoReturn:
         self._violation(op, reason, path=target)
         self.events.decision({"type": "access", "op": op, "target": target, "allowed": False,
                               "reason": reason})
@@ -232,20 +263,38 @@ class HeadlessEditor(EditorHandler):
     def _violation(self, op: str, reason: str, **extra: Any) -> None:
         self.violations.append({"op": op, "reason": reason, **extra})
 
+    def _open_failed(self, op: str, path: Path, error: Exception) -> NoReturn:
+        if isinstance(error, _NotRegular):
+            self._refuse(op, str(path), f"{path} is {error.kind}, not a regular file")
+        if isinstance(error, _Escaped):
+            self._refuse(op, str(path), f"{path} changed while being opened and now leads "
+                                        f"outside the run's --cwd {self.root}")
+        if isinstance(error, _TooLarge):
+            self._refuse(op, str(path), error.reason)
+        if isinstance(error, FileNotFoundError):
+            raise RpcError(NOT_FOUND, f"file not found: {path}", {"path": str(path)}) from None
+        if isinstance(error, OSError) and error.errno == errno.ELOOP:  # O_NOFOLLOW hit a link
+            self._refuse(op, str(path), f"{path} became a symlink while being opened")
+        reason = error.strerror if isinstance(error, OSError) else str(error)
+        raise RpcError(ErrorCode.INTERNAL_ERROR, f"cannot {op} {path}: {reason}") from None
+
     async def _read(self, p: dict[str, Any]) -> JsonValue:
         path = self._inside("read", p.get("path"))
+        limit = min(MAX_READ_BYTES, self.frame_limit)
         try:
-            text = await anyio.Path(path).read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            raise RpcError(NOT_FOUND, f"file not found: {path}", {"path": str(path)}) from None
-        except OSError as e:
-            raise RpcError(ErrorCode.INTERNAL_ERROR, f"cannot read {path}: {e.strerror}") from None
-        line, limit = p.get("line"), p.get("limit")
-        if isinstance(line, int) or isinstance(limit, int):
-            lines = text.splitlines(keepends=True)
-            start = max((line or 1) - 1, 0)
-            end = start + limit if isinstance(limit, int) else None
-            text = "".join(lines[start:end])
+            # In a worker that is abandoned on cancel: a read stuck in the kernel (NFS, a
+            # dying disk) must not keep --timeout and Ctrl-C from ending the run.
+            data = await anyio.to_thread.run_sync(_read_file, path, self.root, limit,
+                                                  abandon_on_cancel=True)
+        except (OSError, _Refusal) as e:
+            self._open_failed("read", path, e)
+        text = _lines(data, _count(p.get("line")), _count(p.get("limit"))).decode(
+            "utf-8", "replace")
+        # The answer must fit one frame; JSON escapes can make it far bigger than the file.
+        encoded = len(msgspec.json.encode(text))
+        if encoded > self.frame_limit - 256:  # room for the envelope and the id
+            self._refuse("read", str(path), f"{path} would be {encoded} bytes as JSON, over "
+                                            f"the frame limit of {self.frame_limit} bytes")
         self.events.decision({"type": "access", "op": "read", "target": str(path),
                               "allowed": True})
         return {"content": text}
@@ -258,11 +307,13 @@ class HeadlessEditor(EditorHandler):
         content = p.get("content")
         if not isinstance(content, str):
             raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params", "content must be a string")
+        data = content.encode("utf-8", "replace")  # a lone surrogate from a \ud800 escape
         try:
             await anyio.Path(path.parent).mkdir(parents=True, exist_ok=True)
-            await anyio.Path(path).write_text(content, encoding="utf-8")
-        except OSError as e:
-            raise RpcError(ErrorCode.INTERNAL_ERROR, f"cannot write {path}: {e.strerror}") from None
+            await anyio.to_thread.run_sync(_write_file, path, self.root, data,
+                                           abandon_on_cancel=True)
+        except (OSError, _Refusal) as e:
+            self._open_failed("write", path, e)
         self.events.decision({"type": "access", "op": "write", "target": str(path),
                               "allowed": True})
         return {}
@@ -300,7 +351,7 @@ class HeadlessEditor(EditorHandler):
         command = p.get("command")
         if not isinstance(command, str) or not command:
             raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params", "command must be a string")
-        cwd = self._inside("terminal", p.get("cwd") or str(self.root))
+        cwd = self._inside("terminal", p.get("cwd") or str(self.root), file=False)
         env = dict(os.environ)
         for item in p.get("env") or []:
             if isinstance(item, dict) and isinstance(item.get("name"), str):
@@ -342,6 +393,141 @@ class HeadlessEditor(EditorHandler):
                     pass
                 with anyio.move_on_after(2):
                     await term.process.wait()
+
+
+class _Refusal(Exception):
+    """A file the sandbox will not serve, found while opening it (in a worker thread)."""
+
+
+class _NotRegular(_Refusal):
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+class _Escaped(_Refusal):
+    pass
+
+
+class _TooLarge(_Refusal):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISLNK, "a symlink"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
+def _open_regular(path: Path, root: Path, flags: int) -> int:
+    """An fd on the regular file `path`, checked after opening. Nothing that is not a
+    regular file is opened at all (a FIFO would block; opening some devices acts).
+
+    Raises:
+        _NotRegular: not a regular file.  _Escaped: it now lies outside `root` (a link
+        swapped in after the path was checked).  OSError: from the system.
+    """
+    try:
+        before = os.lstat(path)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    else:
+        if not stat.S_ISREG(before.st_mode):
+            raise _NotRegular(_kind(before.st_mode))
+    # O_NONBLOCK: should a FIFO be swapped in after the lstat, opening it returns at once.
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY,
+                 0o666)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _NotRegular(_kind(mode))
+        try:  # Linux: where the fd really points, whatever happened to the path's parents
+            opened = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            opened = None
+        if opened is not None and opened != root and root not in opened.parents:
+            raise _Escaped(str(opened))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_file(path: Path, root: Path, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file `path`, read once, or refused.
+
+    Raises:
+        _Refusal, OSError: see `_open_regular`; _TooLarge over `limit`.
+    """
+    fd = _open_regular(path, root, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise _TooLarge(f"{path} is {size} bytes, over the {limit} bytes run serves")
+        chunks, total = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:  # it grew while being read
+                raise _TooLarge(f"{path} grew past the {limit} bytes run serves")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, root: Path, data: bytes) -> None:
+    """Replace the content of the regular file `path` (created if missing).
+
+    Raises:
+        _Refusal, OSError: see `_open_regular`.
+    """
+    fd = _open_regular(path, root, os.O_WRONLY | os.O_CREAT)
+    try:
+        os.ftruncate(fd, 0)  # only now: a FIFO or device found by fstat is left untouched
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def _count(value: object) -> int | None:
+    """A `line` or `limit` value: a non-negative integer, else absent (ACP deserialises
+    invalid values to the default)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _skip_lines(data: bytes, start: int, n: int) -> int:
+    """The offset just past the `n`th newline from `start` (len(data) if there are fewer).
+    Newlines are counted a block at a time in C, so this is linear in what it passes."""
+    pos = start
+    while n > 0 and pos < len(data):
+        block = min(pos + _WINDOW_SCAN, len(data))
+        found = data.count(b"\n", pos, block)
+        if found < n:
+            n, pos = n - found, block
+            continue
+        for _ in range(n):
+            pos = data.index(b"\n", pos, block) + 1
+        return pos
+    return pos if n == 0 else len(data)
+
+
+def _lines(data: bytes, line: int | None, limit: int | None) -> bytes:
+    """Lines `line` (1-based; 0 and absent mean 1) to `line + limit - 1`; lines end at
+    newlines, which they keep."""
+    start = _skip_lines(data, 0, max((line or 1) - 1, 0))
+    if limit is None:
+        return data[start:]
+    return data[start:_skip_lines(data, start, limit)]
 
 
 def _pick(options: list[dict[str, Any]], kinds: tuple[str, ...]) -> str | None:
