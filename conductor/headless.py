@@ -12,6 +12,7 @@ import enum
 import errno
 import logging
 import os
+import secrets
 import signal
 import stat
 import subprocess
@@ -29,6 +30,7 @@ from conductor.errors import ConductorError, ConfigError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
 from conductor.run import RunOptions, run_conductor
+from conductor.supervise.component import TOKEN_PREFIX, sweep_strays
 from conductor.transport.memory import memory_pipe
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ MAX_READ_BYTES = 64 * 1024 * 1024  # the largest file fs/read_text_file serves (
 # very opening does something (a tape rewinds, a watchdog arms).
 NOT_FILES = ("/proc", "/sys", "/dev")
 _WINDOW_SCAN = 64 * 1024  # newlines are counted this many bytes at a time
+TERMINAL_STRAY_GRACE = 1.0  # how long a terminal's strays get between SIGTERM and SIGKILL
 
 
 class RunExit(enum.IntEnum):
@@ -114,6 +117,7 @@ def _package_version() -> str:
 class _Terminal:
     process: Process
     limit: int | None
+    token: str  # in its environment: finds what left its process group (setsid, daemons)
     output: bytearray = field(default_factory=bytearray)
     truncated: bool = False
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -337,13 +341,9 @@ class HeadlessEditor(EditorHandler):
             await term.done.wait()
             return term.status() or {"exitCode": None, "signal": None}
         if method in ("terminal/kill", "terminal/release"):
-            if term.process.returncode is None:
-                try:
-                    os.killpg(term.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             if method == "terminal/release":
                 self._terminals.pop(str(p.get("terminalId")), None)
+            await _stop_terminal(term)
             return {}
         raise RpcError(ErrorCode.METHOD_NOT_FOUND, "Method not found", {"method": method})
 
@@ -356,6 +356,8 @@ class HeadlessEditor(EditorHandler):
         for item in p.get("env") or []:
             if isinstance(item, dict) and isinstance(item.get("name"), str):
                 env[item["name"]] = str(item.get("value", ""))
+        token = secrets.token_hex(8)
+        env[f"{TOKEN_PREFIX}{token}"] = "1"  # after the agent's env: it cannot drop it
         argv = [command, *map(str, p.get("args") or [])]
         try:
             process = await anyio.open_process(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
@@ -364,7 +366,7 @@ class HeadlessEditor(EditorHandler):
             raise RpcError(ErrorCode.INTERNAL_ERROR,
                            f"cannot start {command}: {e.strerror}") from None
         limit = p.get("outputByteLimit")
-        term = _Terminal(process, limit if isinstance(limit, int) else None)
+        term = _Terminal(process, limit if isinstance(limit, int) else None, token)
         ident = f"term-{len(self._terminals) + 1}-{process.pid}"
         self._terminals[ident] = term
         self.events.decision({"type": "access", "op": "terminal", "target": " ".join(argv),
@@ -384,15 +386,24 @@ class HeadlessEditor(EditorHandler):
         return {"terminalId": ident}
 
     async def aclose(self) -> None:
-        """Kill what the agent left running."""
-        for term in self._terminals.values():
-            if term.process.returncode is None:
-                try:
-                    os.killpg(term.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                with anyio.move_on_after(2):
-                    await term.process.wait()
+        """Kill what the agent left running (released terminals were stopped already)."""
+        terminals = list(self._terminals.values())
+        self._terminals.clear()
+        for term in terminals:
+            await _stop_terminal(term)
+
+
+async def _stop_terminal(term: _Terminal) -> None:
+    """SIGKILL the terminal's process group, then TERM and KILL whatever still carries its
+    token (descendants that left the group). Bounded; harmless when all are gone."""
+    with anyio.CancelScope(shield=True):
+        try:
+            os.killpg(term.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        await sweep_strays(term.token, TERMINAL_STRAY_GRACE)
+        with anyio.move_on_after(2):
+            await term.process.wait()
 
 
 class _Refusal(Exception):

@@ -133,10 +133,10 @@ class Component:
                     await _wait_group_gone(self.pid, self.process)
         with anyio.move_on_after(2.0):
             await self.process.wait()
-        await _sweep(self.spec.token, grace)
+        await sweep_strays(self.spec.token, grace)
 
 
-async def _sweep(token: str, grace: float) -> None:
+async def sweep_strays(token: str, grace: float) -> None:
     """TERM, then KILL, whatever still carries the component's token: descendants that left
     its process group (setsid, double fork) or outlived their parent. Bounded."""
     survivors = await _scan(token)

@@ -1,6 +1,7 @@
 """`run`'s sandbox against an agent that tries to get out of --cwd, or to wedge the run.
 
-The file and terminal handlers of `HeadlessEditor` are called directly, in memory.
+The file and terminal handlers of `HeadlessEditor` are called directly, in memory; only
+the signal and orphan behaviour needs a real `acp-conductor run`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import psutil
 import pytest
 
 from conductor.client import RpcError
@@ -272,3 +274,58 @@ async def test_a_terminal_cwd_that_is_relative_or_outside_is_refused(root: Path,
                                                     "cwd": cwd.format(root=root,
                                                                       tmp=root.parent)})
     assert caught.value.code in (REFUSED, ErrorCode.INVALID_PARAMS)
+
+
+async def spawner(tg: anyio.abc.TaskGroup) -> Callable[..., Awaitable[None]]:
+    async def spawn(func: Callable[[], Awaitable[None]]) -> None:
+        tg.start_soon(func)
+    return spawn
+
+
+async def run_terminal(ed: HeadlessEditor, script: str) -> tuple[str, str]:
+    """Run `sh -c script` to its end; (terminalId, output)."""
+    created = await ed.handle_request("terminal/create", {"command": "sh",
+                                                          "args": ["-c", script]})
+    tid = created["terminalId"]
+    await ed.handle_request("terminal/wait_for_exit", {"terminalId": tid})
+    output = await ed.handle_request("terminal/output", {"terminalId": tid})
+    return tid, output["output"]
+
+
+def gone(pids: list[int]) -> bool:
+    """True once every pid has exited (bounded wait: they were just killed)."""
+    procs = [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)]
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    return all(p.status() == psutil.STATUS_ZOMBIE for p in alive if p.is_running())
+
+
+DETACH = "setsid sleep 300 >/dev/null 2>&1 & echo $!; sleep 300 >/dev/null 2>&1 & echo $!"
+
+
+@pytest.mark.parametrize("how", ["release", "kill", "run end"])
+async def test_a_terminal_takes_its_detached_children_with_it(root: Path, how: str) -> None:
+    async with anyio.create_task_group() as tg:
+        ed, _ = editor(root, spawn=await spawner(tg), allow_terminal=True)
+        try:
+            with anyio.fail_after(10):
+                tid, output = await run_terminal(ed, DETACH)
+                pids = [int(p) for p in output.split()]
+                assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+                if how == "run end":
+                    await ed.aclose()
+                else:
+                    await ed.handle_request(f"terminal/{how}", {"terminalId": tid})
+            assert gone(pids)
+        finally:
+            await ed.aclose()
+
+
+async def test_a_released_terminal_is_gone_and_its_id_unknown(root: Path) -> None:
+    async with anyio.create_task_group() as tg:
+        ed, _ = editor(root, spawn=await spawner(tg), allow_terminal=True)
+        with anyio.fail_after(10):
+            tid, output = await run_terminal(ed, "echo hi")
+            assert output == "hi\n"
+            await ed.handle_request("terminal/release", {"terminalId": tid})
+            await refused(ed.handle_request("terminal/output", {"terminalId": tid}), NOT_FOUND)
+            await ed.aclose()
