@@ -35,6 +35,7 @@ Exit codes of run:
   8    policy violation: --approve fail was hit, or run refused a file/terminal request
   124  --timeout passed (the turn was cancelled with session/cancel)
   130  Ctrl-C (the turn was cancelled with session/cancel)
+  143  SIGTERM (as Ctrl-C)
 """
 
 

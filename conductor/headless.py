@@ -67,6 +67,7 @@ class RunExit(enum.IntEnum):
     POLICY = 8          # --approve fail was hit, or a request was refused by the sandbox
     TIMEOUT = 124       # --timeout passed; the turn was cancelled
     INTERRUPTED = 130   # Ctrl-C; the turn was cancelled
+    TERMINATED = 143    # SIGTERM; the turn was cancelled
 
 
 STOP_REASON_EXIT = {"end_turn": RunExit.END_TURN, "refusal": RunExit.REFUSAL,
@@ -553,7 +554,7 @@ def _pick(options: list[dict[str, Any]], kinds: tuple[str, ...]) -> str | None:
 
 @dataclass
 class _Turn:
-    trigger: str | None = None     # "timeout" | "interrupt" | "policy"
+    trigger: str | None = None     # "timeout" | "interrupt" | "terminate" | "policy"
     result: dict[str, Any] | None = None
     error: RpcError | None = None
     closed: bool = False
@@ -615,7 +616,7 @@ async def run_headless(config: ChainConfig, options: HeadlessOptions, events: Ru
         editor = HeadlessEditor(options, events, policy_failure, spawn)
         tg.start_soon(conductor)
         if options.handle_signals:
-            tg.start_soon(_watch_sigint, turn, events)
+            tg.start_soon(_watch_signals, turn, events)
         try:
             with turn.scope:  # a second Ctrl-C cancels it
                 async with open_client_connection(from_conductor, to_conductor, editor) as conn:
@@ -662,18 +663,22 @@ def _usage_of(update: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in update.items() if k in ("used", "size", "cost")}
 
 
-async def _watch_sigint(turn: _Turn, events: RunEvents) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT) as signals:
+async def _watch_signals(turn: _Turn, events: RunEvents) -> None:
+    """Ctrl-C and SIGTERM cancel the turn and stop the chain gracefully; a second one of
+    either stops now. Either way the result line is written and nothing is left running."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         count = 0
-        async for _ in signals:
+        async for signum in signals:
             count += 1
+            name = "interrupted" if signum == signal.SIGINT else "terminated"
             if count == 1:
                 doing = "cancelling the turn" if turn.prompted else "giving up"
-                events.notice(f"interrupted: {doing} (Ctrl-C again to stop now)")
-                turn.interrupt("interrupt")
+                again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+                events.notice(f"{name}: {doing} ({again} again to stop now)")
+                turn.interrupt("interrupt" if signum == signal.SIGINT else "terminate")
             else:
                 # Not KeyboardInterrupt: that would skip the result line and print a traceback.
-                events.notice("interrupted again: stopping now")
+                events.notice(f"{name} again: stopping now")
                 turn.force()
                 return
 
@@ -707,7 +712,7 @@ async def _converse(conn: Any, editor: HeadlessEditor, options: HeadlessOptions,
         if not turn.prompted:
             # No turn to cancel yet: the agent is stuck answering a setup request.
             why = f"timeout after {options.timeout:g}s" if turn.trigger == "timeout" \
-                else "interrupted"
+                else "terminated" if turn.trigger == "terminate" else "interrupted"
             events.notice(f"{why}: the agent never answered {turn.step}; giving up")
             tg.cancel_scope.cancel()
             return
@@ -783,6 +788,8 @@ def _exit_code(turn: _Turn, editor: HeadlessEditor, conductor_code: int | None) 
         return RunExit.TIMEOUT
     if turn.trigger == "interrupt":
         return RunExit.INTERRUPTED
+    if turn.trigger == "terminate":
+        return RunExit.TERMINATED
     if turn.error is not None or turn.result is None:
         return RunExit.FAILED
     return STOP_REASON_EXIT.get(str(turn.result.get("stopReason")), RunExit.FAILED)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +23,7 @@ import pytest
 from conductor.client import RpcError
 from conductor.headless import MAX_READ_BYTES, NOT_FOUND, REFUSED, HeadlessEditor, HeadlessOptions
 from conductor.jsonrpc.codes import ErrorCode
+from tests.conftest import REPO, child_env, conductor_argv
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -329,3 +333,65 @@ async def test_a_released_terminal_is_gone_and_its_id_unknown(root: Path) -> Non
             await ed.handle_request("terminal/release", {"terminalId": tid})
             await refused(ed.handle_request("terminal/output", {"terminalId": tid}), NOT_FOUND)
             await ed.aclose()
+
+
+# -- a real run: SIGTERM -------------------------------------------------------------------
+
+def chain_with_a_lingering_agent(tmp_path: Path) -> Path:
+    """The demo agent behind a wrapper that ignores SIGTERM, starts a detached grandchild
+    and lingers after the agent exits: what a careless npx-style agent does."""
+    wrapper = tmp_path / "agent.sh"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        "trap '' TERM\n"
+        "setsid sleep 300 >/dev/null 2>&1 &\n"
+        f"{sys.executable} -m conductor.demo_agent\n"
+        "sleep 300\n", encoding="utf-8")
+    wrapper.chmod(0o755)
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[conductor]\nshutdown_grace = 0.5\n\n'
+                     f'[agent]\nname = "demo"\ncommand = ["{wrapper}"]\n', encoding="utf-8")
+    return chain
+
+
+def marked(marker: str) -> list[psutil.Process]:
+    """Live processes started under the run (they inherit its marker variable)."""
+    found = []
+    for proc in psutil.process_iter(["environ", "status"]):
+        if (proc.info.get("environ") or {}).get("SANDBOX_TEST_RUN") == marker and \
+                proc.info.get("status") != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def test_sigterm_cancels_the_turn_prints_the_result_and_leaves_nothing_behind(
+        tmp_path: Path) -> None:
+    chain = chain_with_a_lingering_agent(tmp_path)
+    marker = f"run-{os.getpid()}-{tmp_path.name}"
+    proc = subprocess.Popen(conductor_argv("run", "--chain", str(chain), "hang", "--json"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+                            env=child_env(SANDBOX_TEST_RUN=marker))
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the session line: the agent and its grandchild run
+        assert json.loads(first)["type"] == "session"
+        assert len([p for p in marked(marker) if p.pid != proc.pid]) >= 3
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        left = marked(marker)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stray in marked(marker):  # a failing run must not leak into the next tests
+            stray.kill()
+    assert proc.returncode == 143, err
+    lines = [json.loads(line) for line in out.decode().splitlines()]
+    assert any(e["type"] == "notice" and e["message"].startswith(
+        "terminated: cancelling the turn") for e in lines)
+    final = lines[-1]
+    assert final["type"] == "result"
+    assert final["exitCode"] == 143 and final["exitReason"] == "terminated"
+    assert final["cancelledBy"] == "terminate"
+    assert final["stopReason"] == "cancelled"  # the turn was cancelled, not cut off
+    assert left == []
