@@ -629,6 +629,14 @@ def _terminal_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Sub
     # Some editors hand `command` to a shell: a whole command line there is judged as one.
     script = program if not args and any(c.isspace() for c in program) else None
     subject.command = command_of([program, *args], where, script=script)
+    # Environment values name files too: BASH_ENV=.env makes bash run it, LD_PRELOAD loads it.
+    env = params.get("env") or []
+    values = [e.get("value") for e in env if isinstance(e, dict)] if isinstance(env, list) \
+        else None
+    if values is None or not all(isinstance(v, str) for v in values):
+        raise Unplaceable("env is not a list of {name, value} strings")
+    for value in values:
+        subject.command.add_words(_path_words(value, (where,), in_shell=False), (where,))
     _add_words(subject, subject.command, cwd)
     return subject
 

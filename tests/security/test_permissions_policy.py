@@ -103,6 +103,17 @@ async def policy(cwd: Path, options: PermissionsOptions = SHIPPED) -> AsyncItera
             yield Probe(agent, client, await client.new_session(str(cwd)))
 
 
+def fill(value: Any, ws: Path) -> Any:
+    """`value` with every `{ws}` in its strings replaced by the workspace."""
+    if isinstance(value, str):
+        return value.format(ws=ws)
+    if isinstance(value, list):
+        return [fill(v, ws) for v in value]
+    if isinstance(value, dict):
+        return {k: fill(v, ws) for k, v in value.items()}
+    return value
+
+
 # -- what the policy cannot place is denied ----------------------------------------------
 
 @pytest.mark.parametrize("path", ["innocent.txt", "notsecret/k", "ok.txt", "./ok.txt", "",
@@ -212,11 +223,12 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("cat .env"), terminal("/bin/sh", "-ec", "cat '.env'"), terminal("grep", "-f.env"),
     terminal("bash", "--rcfile", "/dev/null", "-c", "cat .env"),
     terminal("bash", "--norc", "--unknown-opt", "x", "-c", "cat .env"),
+    terminal("bash", "-c", "true", env=[{"name": "BASH_ENV", "value": ".env"}]),
+    terminal("ls", env=[{"name": "LD_PRELOAD", "value": "{ws}/secrets/k"}]),
 ])
 async def test_a_terminal_command_that_names_a_protected_file_is_denied(
         ws: Path, request_: dict[str, Any]) -> None:
-    request_ = {k: [a.format(ws=ws) for a in v] if isinstance(v, list) else v.format(ws=ws)
-                for k, v in request_.items()}
+    request_ = fill(request_, ws)
     async with policy(ws) as probe:
         assert not await probe.reaches_editor("terminal/create", request_)
 
@@ -268,6 +280,8 @@ async def test_ordinary_commands_still_reach_the_editor(ws: Path, argv: list[str
     terminal("ls", cwd="sub"), terminal("ls", cwd="/proc/self/cwd"), terminal("ls", cwd=5),
     terminal("cat", "ok.txt\0"), terminal("cat\0", "ok.txt"), {"command": "cat", "args": [1]},
     {"command": 5}, {"args": ["x"]}, terminal("sh", "-c", "cat ok.txt\0"),
+    terminal("ls", env=[{"name": "X", "value": 5}]), terminal("ls", env="X=1"),
+    terminal("ls", env=[{"name": "X", "value": "a\0"}]),
     terminal("sh", "-c", functools.reduce(lambda s, _: f"sh -c {shlex.quote(s)}", range(9), "ls")),
     terminal("cat", *["x"] * 20_000),
 ])
@@ -295,16 +309,8 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
 ])
 async def test_a_permission_request_for_a_protected_or_unplaceable_path_is_rejected(
         ws: Path, tool_call: dict[str, Any]) -> None:
-    def fill(value: Any) -> Any:
-        if isinstance(value, str):
-            return value.format(ws=ws)
-        if isinstance(value, list):
-            return [fill(v) for v in value]
-        if isinstance(value, dict):
-            return {k: fill(v) for k, v in value.items()}
-        return value
     async with policy(ws) as probe:
-        assert await probe.permission({"title": "t", **fill(tool_call)}) == "no"
+        assert await probe.permission({"title": "t", **fill(tool_call, ws)}) == "no"
         assert probe.client.received_params("session/request_permission") == []
 
 
