@@ -7,6 +7,7 @@ Words in the prompt drive the rest, for demos of `run` and for tests:
   read:PATH     reads PATH through the client's fs/read_text_file and quotes it
   writefile:PATH writes a line to PATH through fs/write_text_file
   terminal:CMD  runs `sh -c CMD` through terminal/* and quotes its output
+A relative PATH is resolved against the session's cwd: ACP paths are absolute.
   hang          streams one word, then waits for session/cancel (answers `cancelled`)
   stop:REASON   ends the turn with stopReason REASON
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 from typing import Any
 
@@ -25,7 +27,7 @@ class DemoAgent:
     def __init__(self, out: Any, inp: Any, protocol_version: int | None = None) -> None:
         self.out, self.inp = out, inp
         self.forced_version = protocol_version
-        self.sessions: set[str] = set()
+        self.sessions: dict[str, str] = {}     # session id -> its cwd
         self.ids = itertools.count(1)
         self.queue: list[dict[str, Any]] = []   # messages read while waiting for an answer
         self.cancelled: set[str] = set()
@@ -70,12 +72,12 @@ class DemoAgent:
 
     def on_session_new(self, params: dict[str, Any]) -> dict[str, Any]:
         sid = f"demo-session-{len(self.sessions) + 1}"
-        self.sessions.add(sid)
+        self.sessions[sid] = _cwd(params)
         return {"sessionId": sid}
 
     def on_session_load(self, params: dict[str, Any]) -> None:
         sid = params.get("sessionId", "")
-        self.sessions.add(sid)
+        self.sessions[sid] = _cwd(params)
         self.update(sid, {"sessionUpdate": "user_message_chunk",
                           "content": {"type": "text", "text": "(replayed history)"}})
         return None
@@ -164,20 +166,24 @@ class DemoAgent:
         op, _, arg = word.partition(":")
         if not arg or op not in ("read", "writefile", "terminal"):
             return None
+        cwd = self.sessions.get(sid, "/")
         if op == "read":
-            answer = self.ask("fs/read_text_file", {"sessionId": sid, "path": arg})
+            answer = self.ask("fs/read_text_file", {"sessionId": sid,
+                                                    "path": os.path.join(cwd, arg)})
             if "error" in answer:
                 self.say(sid, f"read failed: {answer['error'].get('message')}\n")
             else:
                 self.say(sid, f"Read: {answer['result'].get('content', '')}\n")
         elif op == "writefile":
-            answer = self.ask("fs/write_text_file", {"sessionId": sid, "path": arg,
+            answer = self.ask("fs/write_text_file", {"sessionId": sid,
+                                                     "path": os.path.join(cwd, arg),
                                                      "content": "written by the demo agent\n"})
             self.say(sid, f"write failed: {answer['error'].get('message')}\n"
                      if "error" in answer else f"Wrote {arg}\n")
         else:
             created = self.ask("terminal/create", {"sessionId": sid, "command": "sh",
-                                                   "args": ["-c", arg.replace("_", " ")]})
+                                                   "args": ["-c", arg.replace("_", " ")],
+                                                   "cwd": cwd})
             if "error" in created:
                 self.say(sid, f"terminal failed: {created['error'].get('message')}\n")
                 return None
@@ -198,6 +204,12 @@ class DemoAgent:
                 self.on_session_cancel(msg.get("params") or {})
             else:
                 self.queue.append(msg)
+
+
+def _cwd(params: dict[str, Any]) -> str:
+    """The session's cwd: ACP requires an absolute one; anything else falls back to /."""
+    cwd = params.get("cwd")
+    return cwd if isinstance(cwd, str) and os.path.isabs(cwd) else "/"
 
 
 def serve_stdio(protocol_version: int | None = None) -> None:

@@ -8,17 +8,21 @@ exit code (`RunExit`, documented in the README and docs/run.md).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import secrets
 import signal
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import anyio
+import msgspec
 
 from conductor.editor.client import EditorHandler, open_client_connection
 from conductor.errors import (
@@ -29,7 +33,9 @@ from conductor.errors import (
     RpcError,
 )
 from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
 from conductor.serve import RunOptions, serve_chain
+from conductor.supervise.component import TOKEN_PREFIX, sweep_strays
 from conductor.transport.memory import memory_pipe
 
 if TYPE_CHECKING:
@@ -43,8 +49,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("acp_conductor.run")
 
-REFUSED = -32010  # the run's policy refused a client request (fs outside --cwd, terminal, ...)
+REFUSED = ErrorCode.POLICY_DENIED  # run's sandbox refused a client request (docs/errors.md)
 NOT_FOUND = -32002  # ACP's resource-not-found
+MAX_READ_BYTES = 64 * 1024 * 1024  # the largest file fs/read_text_file serves (docs/run.md)
+# Pseudo filesystems: files that block, never end, or change each read; and devices whose
+# very opening does something (a tape rewinds, a watchdog arms).
+NOT_FILES = ("/proc", "/sys", "/dev")
+_WINDOW_SCAN = 64 * 1024  # newlines are counted this many bytes at a time
+TERMINAL_STRAY_GRACE = 1.0  # how long a terminal's strays get between SIGTERM and SIGKILL
 
 
 class RunExit(ExplainedCode):
@@ -70,6 +82,8 @@ class RunExit(ExplainedCode):
                     "`run` gave up waiting for setup")
     INTERRUPTED = 130, ("Ctrl-C: the turn was cancelled, or `run` gave up waiting for setup; a "
                         "second Ctrl-C stops at once")
+    TERMINATED = 143, ("SIGTERM: as Ctrl-C (the turn is cancelled, the result line written); "
+                       "a second signal stops at once")
 
 
 STOP_REASON_EXIT = {"end_turn": RunExit.END_TURN, "refusal": RunExit.REFUSAL,
@@ -120,6 +134,7 @@ def _package_version() -> str:
 class _Terminal:
     process: Process
     limit: int | None
+    token: str  # in its environment: finds what left its process group (setsid, daemons)
     output: bytearray = field(default_factory=bytearray)
     truncated: bool = False
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -158,6 +173,7 @@ class HeadlessEditor(EditorHandler):
         self._asking: set[anyio.CancelScope] = set()
         self._terminals: dict[str, _Terminal] = {}
         self.last_usage: dict[str, Any] | None = None
+        self.frame_limit = options.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES
 
     # dispatch ------------------------------------------------------------------------------
 
@@ -226,18 +242,39 @@ class HeadlessEditor(EditorHandler):
 
     # file system ---------------------------------------------------------------------------
 
-    def _inside(self, op: str, raw_path: object) -> Path:
+    def _inside(self, op: str, raw_path: object, *, file: bool = True) -> Path:
+        """The real path of `raw_path`, which must lie inside --cwd (and, for a `file`,
+        outside the pseudo filesystems).
+
+        Raises:
+            RpcError: INVALID_PARAMS when it is not an absolute path (ACP requires one) or
+                has a NUL byte; REFUSED when it resolves outside --cwd.
+        """
         if not isinstance(raw_path, str) or not raw_path:
-            raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params", "path must be a string")
+            self._invalid(op, repr(raw_path), f"path must be a string, got {raw_path!r}")
+        if "\0" in raw_path:
+            self._invalid(op, repr(raw_path), f"path {raw_path!r} has a NUL byte")
+        if not os.path.isabs(raw_path):
+            # An editor would resolve it against a directory of its own choosing.
+            self._invalid(op, raw_path, f"paths must be absolute (ACP), got {raw_path!r}")
         path = Path(raw_path)
-        if not path.is_absolute():
-            path = self.root / path
         resolved = Path(os.path.realpath(path))
         if resolved != self.root and self.root not in resolved.parents:
             self._refuse(op, str(path), f"{path} is outside the run's --cwd {self.root}")
+        if file and any(resolved == Path(top) or Path(top) in resolved.parents
+                        for top in NOT_FILES):
+            self._refuse(op, str(path), f"{path} is not a regular file (it is under "
+                                        f"/{resolved.parts[1]})")
         return resolved
 
-    def _refuse(self, op: str, target: str, reason: str) -> None:
+    def _invalid(self, op: str, target: str, reason: str) -> NoReturn:
+        """A malformed request: shown as refused, but not a policy violation."""
+        self.events.decision({"type": "access", "op": op, "target": target, "allowed": False,
+                              "reason": reason})
+        raise RpcError(ErrorCode.INVALID_PARAMS, f"invalid params: {reason}",
+                       {"op": op, "target": target})
+
+    def _refuse(self, op: str, target: str, reason: str) -> NoReturn:
         self._violation(op, reason, path=target)
         self.events.decision({"type": "access", "op": op, "target": target, "allowed": False,
                               "reason": reason})
@@ -247,20 +284,38 @@ class HeadlessEditor(EditorHandler):
     def _violation(self, op: str, reason: str, **extra: Any) -> None:
         self.violations.append({"op": op, "reason": reason, **extra})
 
+    def _open_failed(self, op: str, path: Path, error: Exception) -> NoReturn:
+        if isinstance(error, _NotRegular):
+            self._refuse(op, str(path), f"{path} is {error.kind}, not a regular file")
+        if isinstance(error, _Escaped):
+            self._refuse(op, str(path), f"{path} changed while being opened and now leads "
+                                        f"outside the run's --cwd {self.root}")
+        if isinstance(error, _TooLarge):
+            self._refuse(op, str(path), error.reason)
+        if isinstance(error, FileNotFoundError):
+            raise RpcError(NOT_FOUND, f"file not found: {path}", {"path": str(path)}) from None
+        if isinstance(error, OSError) and error.errno == errno.ELOOP:  # O_NOFOLLOW hit a link
+            self._refuse(op, str(path), f"{path} became a symlink while being opened")
+        reason = error.strerror if isinstance(error, OSError) else str(error)
+        raise RpcError(ErrorCode.INTERNAL_ERROR, f"cannot {op} {path}: {reason}") from None
+
     async def _read(self, p: dict[str, Any]) -> JsonValue:
         path = self._inside("read", p.get("path"))
+        limit = min(MAX_READ_BYTES, self.frame_limit)
         try:
-            text = await anyio.Path(path).read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            raise RpcError(NOT_FOUND, f"file not found: {path}", {"path": str(path)}) from None
-        except OSError as e:
-            raise RpcError(ErrorCode.INTERNAL_ERROR, f"cannot read {path}: {e.strerror}") from None
-        line, limit = p.get("line"), p.get("limit")
-        if isinstance(line, int) or isinstance(limit, int):
-            lines = text.splitlines(keepends=True)
-            start = max((line or 1) - 1, 0)
-            end = start + limit if isinstance(limit, int) else None
-            text = "".join(lines[start:end])
+            # In a worker that is abandoned on cancel: a read stuck in the kernel (NFS, a
+            # dying disk) must not keep --timeout and Ctrl-C from ending the run.
+            data = await anyio.to_thread.run_sync(_read_file, path, self.root, limit,
+                                                  abandon_on_cancel=True)
+        except (OSError, _Refusal) as e:
+            self._open_failed("read", path, e)
+        text = _lines(data, _count(p.get("line")), _count(p.get("limit"))).decode(
+            "utf-8", "replace")
+        # The answer must fit one frame; JSON escapes can make it far bigger than the file.
+        encoded = len(msgspec.json.encode(text))
+        if encoded > self.frame_limit - 256:  # room for the envelope and the id
+            self._refuse("read", str(path), f"{path} would be {encoded} bytes as JSON, over "
+                                            f"the frame limit of {self.frame_limit} bytes")
         self.events.decision({"type": "access", "op": "read", "target": str(path),
                               "allowed": True})
         return {"content": text}
@@ -273,11 +328,13 @@ class HeadlessEditor(EditorHandler):
         content = p.get("content")
         if not isinstance(content, str):
             raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params", "content must be a string")
+        data = content.encode("utf-8", "replace")  # a lone surrogate from a \ud800 escape
         try:
             await anyio.Path(path.parent).mkdir(parents=True, exist_ok=True)
-            await anyio.Path(path).write_text(content, encoding="utf-8")
-        except OSError as e:
-            raise RpcError(ErrorCode.INTERNAL_ERROR, f"cannot write {path}: {e.strerror}") from None
+            await anyio.to_thread.run_sync(_write_file, path, self.root, data,
+                                           abandon_on_cancel=True)
+        except (OSError, _Refusal) as e:
+            self._open_failed("write", path, e)
         self.events.decision({"type": "access", "op": "write", "target": str(path),
                               "allowed": True})
         return {}
@@ -301,13 +358,9 @@ class HeadlessEditor(EditorHandler):
             await term.done.wait()
             return term.status() or {"exitCode": None, "signal": None}
         if method in ("terminal/kill", "terminal/release"):
-            if term.process.returncode is None:
-                try:
-                    os.killpg(term.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             if method == "terminal/release":
                 self._terminals.pop(str(p.get("terminalId")), None)
+            await _stop_terminal(term)
             return {}
         raise RpcError(ErrorCode.METHOD_NOT_FOUND, "Method not found", {"method": method})
 
@@ -315,11 +368,13 @@ class HeadlessEditor(EditorHandler):
         command = p.get("command")
         if not isinstance(command, str) or not command:
             raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params", "command must be a string")
-        cwd = self._inside("terminal", p.get("cwd") or str(self.root))
+        cwd = self._inside("terminal", p.get("cwd") or str(self.root), file=False)
         env = dict(os.environ)
         for item in p.get("env") or []:
             if isinstance(item, dict) and isinstance(item.get("name"), str):
                 env[item["name"]] = str(item.get("value", ""))
+        token = secrets.token_hex(8)
+        env[f"{TOKEN_PREFIX}{token}"] = "1"  # after the agent's env: it cannot drop it
         argv = [command, *map(str, p.get("args") or [])]
         try:
             process = await anyio.open_process(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
@@ -328,7 +383,7 @@ class HeadlessEditor(EditorHandler):
             raise RpcError(ErrorCode.INTERNAL_ERROR,
                            f"cannot start {command}: {e.strerror}") from None
         limit = p.get("outputByteLimit")
-        term = _Terminal(process, limit if isinstance(limit, int) else None)
+        term = _Terminal(process, limit if isinstance(limit, int) else None, token)
         ident = f"term-{len(self._terminals) + 1}-{process.pid}"
         self._terminals[ident] = term
         self.events.decision({"type": "access", "op": "terminal", "target": " ".join(argv),
@@ -348,15 +403,159 @@ class HeadlessEditor(EditorHandler):
         return {"terminalId": ident}
 
     async def aclose(self) -> None:
-        """Kill what the agent left running."""
-        for term in self._terminals.values():
-            if term.process.returncode is None:
-                try:
-                    os.killpg(term.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                with anyio.move_on_after(2):
-                    await term.process.wait()
+        """Kill what the agent left running (released terminals were stopped already)."""
+        terminals = list(self._terminals.values())
+        self._terminals.clear()
+        for term in terminals:
+            await _stop_terminal(term)
+
+
+async def _stop_terminal(term: _Terminal) -> None:
+    """SIGKILL the terminal's process group, then TERM and KILL whatever still carries its
+    token (descendants that left the group). Bounded; harmless when all are gone."""
+    with anyio.CancelScope(shield=True):
+        try:
+            os.killpg(term.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        await sweep_strays(term.token, TERMINAL_STRAY_GRACE)
+        with anyio.move_on_after(2):
+            await term.process.wait()
+
+
+class _Refusal(Exception):
+    """A file the sandbox will not serve, found while opening it (in a worker thread)."""
+
+
+class _NotRegular(_Refusal):
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+class _Escaped(_Refusal):
+    pass
+
+
+class _TooLarge(_Refusal):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISLNK, "a symlink"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
+def _open_regular(path: Path, root: Path, flags: int) -> int:
+    """An fd on the regular file `path`, checked after opening. Nothing that is not a
+    regular file is opened at all (a FIFO would block; opening some devices acts).
+
+    Raises:
+        _NotRegular: not a regular file.  _Escaped: it now lies outside `root` (a link
+        swapped in after the path was checked).  OSError: from the system.
+    """
+    try:
+        before = os.lstat(path)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    else:
+        if not stat.S_ISREG(before.st_mode):
+            raise _NotRegular(_kind(before.st_mode))
+    # O_NONBLOCK: should a FIFO be swapped in after the lstat, opening it returns at once.
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY,
+                 0o666)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _NotRegular(_kind(mode))
+        try:  # Linux: where the fd really points, whatever happened to the path's parents
+            opened = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            opened = None
+        if opened is not None and opened != root and root not in opened.parents:
+            raise _Escaped(str(opened))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_file(path: Path, root: Path, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file `path`, read once, or refused.
+
+    Raises:
+        _Refusal, OSError: see `_open_regular`; _TooLarge over `limit`.
+    """
+    fd = _open_regular(path, root, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise _TooLarge(f"{path} is {size} bytes, over the {limit} bytes run serves")
+        chunks, total = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:  # it grew while being read
+                raise _TooLarge(f"{path} grew past the {limit} bytes run serves")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, root: Path, data: bytes) -> None:
+    """Replace the content of the regular file `path` (created if missing).
+
+    Raises:
+        _Refusal, OSError: see `_open_regular`.
+    """
+    fd = _open_regular(path, root, os.O_WRONLY | os.O_CREAT)
+    try:
+        os.ftruncate(fd, 0)  # only now: a FIFO or device found by fstat is left untouched
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def _count(value: object) -> int | None:
+    """A `line` or `limit` value: a non-negative integer, else absent (ACP deserialises
+    invalid values to the default)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _skip_lines(data: bytes, start: int, n: int) -> int:
+    """The offset just past the `n`th newline from `start` (len(data) if there are fewer).
+    Newlines are counted a block at a time in C, so this is linear in what it passes."""
+    pos = start
+    while n > 0 and pos < len(data):
+        block = min(pos + _WINDOW_SCAN, len(data))
+        found = data.count(b"\n", pos, block)
+        if found < n:
+            n, pos = n - found, block
+            continue
+        for _ in range(n):
+            pos = data.index(b"\n", pos, block) + 1
+        return pos
+    return pos if n == 0 else len(data)
+
+
+def _lines(data: bytes, line: int | None, limit: int | None) -> bytes:
+    """Lines `line` (1-based; 0 and absent mean 1) to `line + limit - 1`; lines end at
+    newlines, which they keep."""
+    start = _skip_lines(data, 0, max((line or 1) - 1, 0))
+    if limit is None:
+        return data[start:]
+    return data[start:_skip_lines(data, start, limit)]
 
 
 def _pick(options: list[dict[str, Any]], kinds: tuple[str, ...]) -> str | None:
@@ -371,7 +570,7 @@ def _pick(options: list[dict[str, Any]], kinds: tuple[str, ...]) -> str | None:
 
 @dataclass
 class _Turn:
-    trigger: str | None = None     # "timeout" | "interrupt" | "policy"
+    trigger: str | None = None     # "timeout" | "interrupt" | "terminate" | "policy"
     result: dict[str, Any] | None = None
     error: RpcError | None = None
     closed: bool = False
@@ -433,7 +632,7 @@ async def run_headless(config: ChainConfig, options: HeadlessOptions, events: Ru
         editor = HeadlessEditor(options, events, policy_failure, spawn)
         tg.start_soon(conductor)
         if options.handle_signals:
-            tg.start_soon(_watch_sigint, turn, events)
+            tg.start_soon(_watch_signals, turn, events)
         try:
             with turn.scope:  # a second Ctrl-C cancels it
                 async with open_client_connection(from_conductor, to_conductor, editor) as conn:
@@ -480,18 +679,22 @@ def _usage_of(update: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in update.items() if k in ("used", "size", "cost")}
 
 
-async def _watch_sigint(turn: _Turn, events: RunEvents) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT) as signals:
+async def _watch_signals(turn: _Turn, events: RunEvents) -> None:
+    """Ctrl-C and SIGTERM cancel the turn and stop the chain gracefully; a second one of
+    either stops now. Either way the result line is written and nothing is left running."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         count = 0
-        async for _ in signals:
+        async for signum in signals:
             count += 1
+            name = "interrupted" if signum == signal.SIGINT else "terminated"
             if count == 1:
                 doing = "cancelling the turn" if turn.prompted else "giving up"
-                events.notice(f"interrupted: {doing} (Ctrl-C again to stop now)")
-                turn.interrupt("interrupt")
+                again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+                events.notice(f"{name}: {doing} ({again} again to stop now)")
+                turn.interrupt("interrupt" if signum == signal.SIGINT else "terminate")
             else:
                 # Not KeyboardInterrupt: that would skip the result line and print a traceback.
-                events.notice("interrupted again: stopping now")
+                events.notice(f"{name} again: stopping now")
                 turn.force()
                 return
 
@@ -525,7 +728,7 @@ async def _converse(conn: Any, editor: HeadlessEditor, options: HeadlessOptions,
         if not turn.prompted:
             # No turn to cancel yet: the agent is stuck answering a setup request.
             why = f"timeout after {options.timeout:g}s" if turn.trigger == "timeout" \
-                else "interrupted"
+                else "terminated" if turn.trigger == "terminate" else "interrupted"
             events.notice(f"{why}: the agent never answered {turn.step}; giving up")
             tg.cancel_scope.cancel()
             return
@@ -601,6 +804,8 @@ def _exit_code(turn: _Turn, editor: HeadlessEditor, conductor_code: int | None) 
         return RunExit.TIMEOUT
     if turn.trigger == "interrupt":
         return RunExit.INTERRUPTED
+    if turn.trigger == "terminate":
+        return RunExit.TERMINATED
     if turn.error is not None or turn.result is None:
         return RunExit.FAILED
     return STOP_REASON_EXIT.get(str(turn.result.get("stopReason")), RunExit.FAILED)

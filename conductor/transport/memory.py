@@ -33,11 +33,14 @@ class MemoryByteReceiveStream(ByteReceiveStream):
     def __init__(self, stream: MemoryObjectReceiveStream[bytes]) -> None:
         self._stream = stream
         self._rest = b""
+        self._at = 0  # an offset, not a re-slice: slicing off the rest copied it each time
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        if not self._rest:
+        if self._at >= len(self._rest):
             self._rest = await self._stream.receive()  # EndOfStream when the sender closed
-        chunk, self._rest = self._rest[:max_bytes], self._rest[max_bytes:]
+            self._at = 0
+        chunk = self._rest[self._at:self._at + max_bytes]
+        self._at += len(chunk)
         return chunk
 
     async def aclose(self) -> None:
