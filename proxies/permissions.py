@@ -587,7 +587,9 @@ def _params(message: Request) -> dict[str, Any]:
 
 def _summary(params: dict[str, Any]) -> str:
     """What a request names, for the log line of one that could not be placed."""
-    tool = params.get("toolCall") if isinstance(params.get("toolCall"), dict) else {}
+    tool = params.get("toolCall")
+    if not isinstance(tool, dict):
+        tool = {}
     shown = {"path": params.get("path"), "command": params.get("command"),
              "args": params.get("args"), "cwd": params.get("cwd"), "title": tool.get("title"),
              "sessionId": params.get("sessionId")}
@@ -633,10 +635,11 @@ def _terminal_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Sub
     # Environment values name files too: BASH_ENV=.env makes bash run it, LD_PRELOAD loads it.
     env = params.get("env") or []
     values = [e.get("value") for e in env if isinstance(e, dict)] if isinstance(env, list) \
-        else None
-    if values is None or not all(isinstance(v, str) for v in values):
+        else []
+    strings = [v for v in values if isinstance(v, str)]
+    if not isinstance(env, list) or len(strings) != len(env):
         raise Unplaceable("env is not a list of {name, value} strings")
-    for value in values:
+    for value in strings:
         subject.command.add_words(_path_words(value, (where,), in_shell=False), (where,))
     _add_words(subject, subject.command, cwd)
     return subject

@@ -19,8 +19,9 @@ from rich.console import Console
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.exits import epilog
 from conductor.config import load_chain
+from conductor.editor.policy import APPROVE_CHOICES
+from conductor.editor.turn import RunExit, TurnOptions, run_turn
 from conductor.errors import ConfigError
-from conductor.headless import APPROVE_CHOICES, HeadlessOptions, RunExit, run_headless
 from conductor.tracing.sink import open_trace_sink, run_flushed
 
 
@@ -95,16 +96,14 @@ def run_command(ctx: click.Context, prompt: str | None, cwd: str,
         events = RichEvents(Console(file=out))
     else:
         events = PlainEvents(out)
-    turn = HeadlessOptions(prompt=prompt, cwd=Path(cwd), session_id=session_id,
-                              approve=approve, allow_write=allow_write,
-                              allow_terminal=allow_terminal, timeout=timeout,
-                              cancel_grace=cancel_grace,
-                           max_frame_bytes=options.max_frame_bytes)
+    turn = TurnOptions(prompt=prompt, cwd=Path(cwd), session_id=session_id, approve=approve,
+                       allow_write=allow_write, allow_terminal=allow_terminal, timeout=timeout,
+                       cancel_grace=cancel_grace, max_frame_bytes=options.max_frame_bytes)
     with open_trace_sink(options.trace, config,
                          unredacted=options.trace_unredacted) as tracer:
         turn.tracer = tracer
         try:
-            code = anyio.run(run_flushed, tracer, run_headless, config, turn, events)
+            code = anyio.run(run_flushed, tracer, run_turn, config, turn, events)
         finally:
             live = getattr(events, "live", None)
             if live is not None:

@@ -1,6 +1,6 @@
 """`run`'s sandbox against an agent that tries to get out of --cwd, or to wedge the run.
 
-The file and terminal handlers of `HeadlessEditor` are called directly, in memory; only
+The file and terminal handlers of `RunEditor` are called directly, in memory; only
 the signal and orphan behaviour needs a real `acp-conductor run`.
 """
 
@@ -20,8 +20,9 @@ import anyio
 import psutil
 import pytest
 
+from conductor.editor.policy import RunEditor
+from conductor.editor.sandbox import MAX_READ_BYTES, NOT_FOUND, REFUSED
 from conductor.errors import RpcError
-from conductor.headless import MAX_READ_BYTES, NOT_FOUND, REFUSED, HeadlessEditor, HeadlessOptions
 from conductor.jsonrpc.codes import ErrorCode
 from tests.conftest import REPO, child_env, conductor_argv
 
@@ -63,14 +64,16 @@ def root(tmp_path: Path) -> Path:
 
 
 def editor(root: Path, spawn: Callable[..., Awaitable[None]] | None = None,
-           **options: Any) -> tuple[HeadlessEditor, Events]:
+           **options: Any) -> tuple[RunEditor, Events]:
     events = Events()
 
     async def no_spawn(func: Callable[[], Awaitable[None]]) -> None:
         raise AssertionError("nothing here starts tasks")
 
-    opts = HeadlessOptions(prompt="-", cwd=root, **options)
-    return HeadlessEditor(opts, events, lambda: None, spawn or no_spawn), events
+    settings: dict[str, Any] = {"approve": "none", "allow_write": False,
+                                "allow_terminal": False, "max_frame_bytes": None, **options}
+    return RunEditor(events, cwd=root, on_policy_failure=lambda: None,
+                     spawn=spawn or no_spawn, **settings), events
 
 
 async def refused(handler: Awaitable[Any], code: int, *words: str) -> RpcError:
@@ -286,7 +289,7 @@ async def spawner(tg: anyio.abc.TaskGroup) -> Callable[..., Awaitable[None]]:
     return spawn
 
 
-async def run_terminal(ed: HeadlessEditor, script: str) -> tuple[str, str]:
+async def run_terminal(ed: RunEditor, script: str) -> tuple[str, str]:
     """Run `sh -c script` to its end; (terminalId, output)."""
     created = await ed.handle_request("terminal/create", {"command": "sh",
                                                           "args": ["-c", script]})
