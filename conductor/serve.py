@@ -50,6 +50,7 @@ log = logging.getLogger("acp_conductor")
 stderr_log = logging.getLogger("acp_conductor.stderr")
 
 EXIT_SIGNAL = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
+RELAY_WAIT = 1.0  # at shutdown, how long in-process proxies get to relay a failure answer
 
 
 @dataclass
@@ -127,6 +128,7 @@ async def serve_chain(
     tracer = options.tracer
     outcome = _Outcome()
     stop = anyio.Event()
+    relays_done = anyio.Event()  # shutdown answered every open request: hosts may stop
     client_sink = PipeSink(stdout)
     client = Hop("client", client_sink, tracer=tracer)
     components: list[tuple[Component, Hop]] = []
@@ -215,7 +217,9 @@ async def serve_chain(
                                      argv=[f"(in-process) {plugin}"], in_process=True,
                                      plugin=plugin)
                 task_status.started(hop)
-                await stop.wait()
+                # In-process proxies outlive the others: they relay the answers that
+                # shutdown gives their successors' requests (see below).
+                await relays_done.wait()
 
         async def starter() -> list[ComponentLink]:
             links: list[ComponentLink] = []
@@ -264,11 +268,18 @@ async def serve_chain(
             with anyio.move_on_after(2 * longest + 5):  # each stop is bounded; this is a backstop
                 for done in stopped:
                     await done.wait()
-            for hop in [*(h for _, h in components), *hosted]:
+            # From the agent up: each component's open requests are answered (it was stopped
+            # before answering), and in-process proxies get to relay those answers before
+            # the next hop up is failed, so an error names where the request really was.
+            for hop in reversed(chain.topology.hops()):
                 reason = outcome.fatal or ComponentStoppedError(
                     hop.name,
                     f"was stopped before answering: the conductor is shutting down ({why})")
                 await chain.fail_hop(hop, reason)
+                if hosted:
+                    with anyio.move_on_after(RELAY_WAIT):
+                        await anyio.wait_all_tasks_blocked()
+            relays_done.set()
             await client_sink.aclose()
         tg.cancel_scope.cancel()
 

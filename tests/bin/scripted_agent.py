@@ -138,6 +138,7 @@ class ScriptedAgent:
 
     def on_session_prompt(self, params: str, ident: str | None) -> str:
         if self.args.prompt_hangs:  # never answer; keep reading (and recording) until EOF
+            self.write('{"jsonrpc":"2.0","method":"_test/hanging","params":{}}')
             while self.read() is not None:
                 pass
             sys.exit(0)
@@ -239,7 +240,8 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=2, help="updates per session/prompt")
     parser.add_argument("--banner", action="store_true", help="print non-JSON noise on stdout")
     parser.add_argument("--prompt-hangs", action="store_true",
-                        help="never answer session/prompt, not even after session/cancel")
+                        help="notify _test/hanging, then never answer session/prompt, not "
+                             "even after session/cancel")
     parser.add_argument("--stderr", help="print this on stderr at start")
     parser.add_argument("--grandchild", help="spawn a sleeping grandchild, write its pid here")
     parser.add_argument("--detached-grandchild",
