@@ -28,7 +28,7 @@ OLD_NOTIFICATION = "_proxy/successor/notification"
 WRAPPED = frozenset({SUCCESSOR, OLD_REQUEST, OLD_NOTIFICATION})
 
 
-class Message(msgspec.Struct, omit_defaults=True):
+class Message(msgspec.Struct):  # UNSET members are left out; "jsonrpc" always written
     jsonrpc: str = "2.0"
     id: Raw | UnsetType = UNSET
     method: str | UnsetType = UNSET
