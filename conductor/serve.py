@@ -7,6 +7,7 @@ component fails, and returns the exit code.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream, TaskStatus
 
     from conductor.tracing.sink import TraceSink
-    from conductor.transport.base import Incoming
 
 log = logging.getLogger("acp_conductor")
 stderr_log = logging.getLogger("acp_conductor.stderr")
@@ -301,7 +301,5 @@ async def _stop_reading_after_exit(comp: Component) -> None:
 
 async def _serve(chain: Chain, hop: Hop, stream: ByteReceiveStream, max_frame: int) -> None:
     """Feed what arrives on `stream` to the router as `hop`'s, until EOF."""
-    async def handle(item: Incoming) -> None:
-        await chain.receive(hop, item)
-
-    await PipeSource(stream, max_frame_bytes=max_frame).serve(handle)
+    await PipeSource(stream, max_frame_bytes=max_frame).serve(
+        functools.partial(chain.receive, hop))  # no wrapper coroutine per message

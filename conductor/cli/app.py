@@ -72,6 +72,8 @@ def exit_now(code: int) -> NoReturn:
     anyone observes. The wire, the trace and the logs are flushed and closed first, and
     `atexit` handlers (a plugin's included) still run.
     """
+    if sys.getprofile() is not None:  # under cProfile (bench --profile): let it write its file
+        sys.exit(code)
     atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

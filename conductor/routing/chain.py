@@ -106,7 +106,21 @@ class Chain:
     # -- entry point -----------------------------------------------------------------------
 
     async def receive(self, hop: Hop, item: Incoming) -> None:
-        """Handle one item that arrived on `hop`."""
+        """Handle one item that arrived on `hop` (called by its reader, in its task)."""
+        if isinstance(item, Notification) and self._tracer is None:
+            # The hot path (streamed updates): a plain notification whose next hop takes it
+            # plainly (component -> client, client -> agent) needs no ids, hooks or
+            # wrapping. Sent as it came, with as few calls as the route allows.
+            route = self._plain_route.get(hop)
+            if route is not None and item.method not in _NOT_PLAIN:
+                target, gates, up, source = route
+                if not gates or all(gate(item.method, up) for gate in gates):
+                    if target.failure is None:
+                        try:
+                            await target.send(item, source=source)
+                        except _GONE:
+                            self._gone(target)
+                    return
         if isinstance(item, Request | Notification | Response):
             await self._receive_message(hop, item)
         elif isinstance(item, Batch):
@@ -433,10 +447,13 @@ class Chain:
         try:
             await hop.send(msg, source=source, origin=origin)
         except _GONE:
-            # Its stdin is closed: the reader will see EOF and fail the hop with the exit status.
-            log.debug("could not write to %s", hop.name)
-            if self._on_broken is not None:
-                self._on_broken(hop)
+            self._gone(hop)
+
+    def _gone(self, hop: Hop) -> None:
+        # Its stdin is closed: the reader will see EOF and fail the hop with the exit status.
+        log.debug("could not write to %s", hop.name)
+        if self._on_broken is not None:
+            self._on_broken(hop)
 
     async def fail_hop(self, hop: Hop, error: ComponentError) -> None:
         """`hop`'s component is gone: answer everything it owed, refuse what comes next."""

@@ -9,6 +9,7 @@ virtual `successor`, reached through the client's own connection.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -46,14 +47,8 @@ class Hop(Endpoint):
         self.dialect = dialect                 # for proxies: how they spell the envelope
         self.dialect_forced = dialect is not None
         self.passes = passes                   # in-process proxies only
-        self.tracer = tracer
-
-    async def send(self, message: Message, *, source: str = "conductor",
-                   origin: tuple[str, Raw] | None = None) -> None:
-        """Send (traced: `source` is who speaks, `origin` the request this one forwards)."""
-        if self.tracer is not None:
-            self.tracer.message(self.name, "out", message, peer=source, origin=origin)
-        await super().send(message)
+        if tracer is not None:
+            self.observe = functools.partial(_trace_out, tracer, name)
 
 
 @dataclass(eq=False, slots=True)
@@ -136,6 +131,11 @@ class Topology:
         if node.role is Role.PROXY and wrapped:
             return self.after(node).name
         return self.before(node).name
+
+
+def _trace_out(tracer: TraceSink, hop: str, message: Message, source: str,
+               origin: tuple[str, Raw] | None) -> None:
+    tracer.message(hop, "out", message, peer=source, origin=origin)
 
 
 def _cancel_target(hop: Hop, params: Raw | UnsetType, wrapped: bool) -> str | None:

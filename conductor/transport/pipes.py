@@ -77,14 +77,14 @@ class PipeSink:
     async def send(self, item: Message | list[Message]) -> None:
         if self._broken is not None:
             raise anyio.BrokenResourceError from self._broken
-        if isinstance(item, Message):
+        if isinstance(item, list):
+            self._buffer += encode_batch(item)
+        else:
             large = _large_payload(item)
             if large is not None:
                 await self._send_large(item, *large)
                 return
             encode_into(item, self._buffer)
-        else:
-            self._buffer += encode_batch(item)
         deferred = _deferred.get()
         if deferred is None or not deferred.active:
             await self.flush()
