@@ -103,6 +103,16 @@ class Topology:
     def node_of(self, hop: Hop) -> Node:
         return self._node_of[hop]
 
+    def find(self, hop: Hop) -> Node | None:
+        return self._node_of.get(hop)
+
+    def add_side(self, name: str, hop: Hop) -> Node:
+        """A connection that is no link of the chain (the MCP bridge's): it can be routed
+        to and from, one past the agent, but is never anyone's neighbour."""
+        node = Node(len(self.nodes), name, Role.AGENT, hop)
+        self._node_of[hop] = node
+        return node
+
     def first(self) -> Node:
         return self.nodes[1]
 
