@@ -108,6 +108,28 @@ def _plan(config: ChainConfig, mode: str
     return plan
 
 
+def _ask_providers(config: ChainConfig,
+                   plan: list[tuple[Role, ComponentSpec, LaunchSpec | Proxy[Any]]]) -> None:
+    """`[[mcp_server]]` entries of type acp: an in-process provider is asked to declare
+    them (its opt-in servers), and must offer one by that name.
+
+    Raises:
+        ConfigError: the provider offers no MCP server by that name.
+    """
+    plugins = {launch.name: launch for _, _, launch in plan if isinstance(launch, Proxy)}
+    for i, server in enumerate(config.mcp_server):
+        proxy = plugins.get(server.provider or "") if server.type == "acp" else None
+        if proxy is None:
+            continue  # a subprocess provider declares its own; only `required` applies
+        offered = [o.declared_name for o in proxy.offered_mcp_servers()]
+        if server.name not in offered:
+            raise ConfigError(f"proxy {proxy.name!r} offers no MCP server named "
+                              f"{server.name!r} (it offers: {', '.join(offered) or 'none'})",
+                              file=config.source, field=f"mcp_server[{i}].name",
+                              hint="use one of the names it offers")
+        proxy.mcp_requested = proxy.mcp_requested | {server.name}
+
+
 async def serve_chain(
     config: ChainConfig,
     stdin: ByteReceiveStream,
@@ -122,6 +144,7 @@ async def serve_chain(
     """
     options = options or RunOptions()
     plan = _plan(config, options.mode)
+    _ask_providers(config, plan)
     injection = McpInjection(mcp_servers(config))
     max_frame = options.max_frame_bytes or config.conductor.max_frame_bytes
     tracer = options.tracer
@@ -205,6 +228,7 @@ async def serve_chain(
                 inner.cancel_scope.cancel()
 
         async def host_plugin(proxy: Proxy[Any], *, task_status: TaskStatus[Hop]) -> None:
+            proxy.chain_status = chain.status
             async with open_inprocess_hop(proxy, chain.receive, tracer=tracer) as hop:
                 hosted.append(hop)
                 if tracer is not None:

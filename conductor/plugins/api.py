@@ -135,6 +135,10 @@ class Proxy(Generic[OptionsT]):
 
     # -- tools (MCP servers), docs/mcp.md ------------------------------------------------
 
+    #: Set by the conductor for a proxy it runs in-process: a snapshot of the chain
+    #: (components, open sessions, MCP routes; `Chain.status`). None when stand-alone.
+    chain_status: Callable[[], JsonValue] | None = None
+
     #: Names of `declare=False` servers the chain file asks for (`[[mcp_server]]` with
     #: `type = "acp"` and `provider` = this proxy); set by the conductor before start.
     mcp_requested: frozenset[str] = frozenset()
@@ -152,6 +156,15 @@ class Proxy(Generic[OptionsT]):
     async def session_mcp_servers(self, setup: SessionSetup) -> Sequence[McpOffer | Any]:
         """Hook: MCP servers for one session being set up (called for each setup)."""
         return ()
+
+    def offered_mcp_servers(self) -> list[McpOffer]:
+        """`mcp_servers()`, called once and kept (what the conductor and the host use)."""
+        offers: list[McpOffer] | None = self.__dict__.get("_mcp_offers")
+        if offers is None:
+            offers = [o if isinstance(o, McpOffer) else McpOffer(o)
+                      for o in self.mcp_servers()]
+            self.__dict__["_mcp_offers"] = offers
+        return offers
 
 
 @dataclass(frozen=True)

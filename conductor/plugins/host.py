@@ -148,7 +148,7 @@ class ProxyHost:
         self._visit_down = self._must_visit(Side.PREDECESSOR)
         # MCP servers the proxy offers (docs/mcp.md); the SDK is imported only then.
         self.tools: ToolServers | None = None
-        offers = proxy.mcp_servers()
+        offers = proxy.offered_mcp_servers()
         if offers or type(proxy).session_mcp_servers is not Proxy.session_mcp_servers:
             from conductor.plugins.tools import ToolServers
             self.tools = ToolServers(self, offers)

@@ -31,8 +31,8 @@ from conductor.jsonrpc.message import (
     error_response,
 )
 from conductor.routing.handshake import Handshake, ResponseHook, chain_hooks
-from conductor.routing.mcp import McpRefusedError, McpSupport
-from conductor.routing.mcp_routes import McpRoutes, acp_declarations
+from conductor.routing.mcp import McpRefusedError, McpSupport, for_agent
+from conductor.routing.mcp_routes import McpRoutes
 from conductor.routing.sessions import Lifecycle, SessionTable, Step, lifecycle
 from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Role, Topology
 from conductor.rpc.endpoint import Inbound, Outgoing
@@ -113,6 +113,22 @@ class Chain:
     @property
     def nodes(self) -> list[Node]:
         return self.topology.nodes
+
+    def status(self) -> dict[str, object]:
+        """A snapshot for people and tools (the session-tools proxy): components, open
+        sessions, MCP-over-ACP routes."""
+        return {
+            "components": [{"name": n.name, "role": str(n.role),
+                            "inProcess": n.hop.passes is not None,
+                            "state": "running" if n.hop.failure is None
+                            else f"failed: {n.hop.failure}"}
+                           for n in self.topology.nodes[1:] if n.role is not Role.SUCCESSOR],
+            "sessions": [{"sessionId": r.session_id, "openedBy": r.opened_by,
+                          "servedBy": r.served_by, "state": str(r.state),
+                          "prompts": r.prompts} for r in self.sessions.records()],
+            "mcp": {"servers": len(self.mcp_routes.declarations),
+                    "connections": len(self.mcp_routes.connections)},
+        }
 
     # -- entry point -----------------------------------------------------------------------
 
@@ -375,17 +391,10 @@ class Chain:
             return params
         if self._mcp is not None:
             params = self._mcp.apply(params)
-        if target.role is Role.AGENT and self._bridge is not None:
-            params = await self._bridge.rewrite(params, self.mcp_support, self._required_acp)
-        elif target.role is Role.AGENT and self._required_acp:
-            for _, name in self._bridge_less_acp(params):
-                if name in self._required_acp:
-                    raise McpRefusedError(name, "the agent does not take acp MCP servers "
-                                          "and the bridge is off")
+        if target.role is Role.AGENT:
+            params = await for_agent(params, self.mcp_support, self._bridge,
+                                     self._required_acp)
         return params
-
-    def _bridge_less_acp(self, params: Raw | UnsetType) -> list[tuple[str, str]]:
-        return [] if self.mcp_support.takes("acp") else acp_declarations(params)
 
     async def _forward_direct(self, origin: Hop, msg: Call, method: str,
                               params: Raw | UnsetType, source: Node, target: Node,

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 log = logging.getLogger("acp_conductor.mcp")
 
@@ -111,6 +114,85 @@ class Bridge(Protocol):
             McpRefusedError: a required server (by name) cannot be bridged.
         """
         ...
+
+
+class _Entry(msgspec.Struct):
+    type: str | UnsetType = UNSET
+    name: str | UnsetType = UNSET
+    serverId: str | UnsetType = UNSET
+
+
+_entries = msgspec.json.Decoder(list[_Entry])
+
+
+def acp_declarations(params: Raw | UnsetType) -> list[tuple[str, str]]:
+    """The (serverId, name) of every `acp` entry in a setup request's `mcpServers`."""
+    servers = acp.get_raw(params, "mcpServers")
+    if servers is None:
+        return []
+    try:
+        entries = _entries.decode(servers)
+    except msgspec.MsgspecError:
+        return []
+    return [(e.serverId, e.name if isinstance(e.name, str) else "")
+            for e in entries if e.type == "acp" and isinstance(e.serverId, str)]
+
+
+def map_acp_entries(params: Raw | UnsetType,
+                    change: Callable[[str, str], Raw | None]) -> Raw | UnsetType:
+    """`params` with each `acp` entry of `mcpServers` replaced by `change(serverId, name)`
+    (dropped when it returns None); every other entry and field keeps its bytes."""
+    servers = acp.get_raw(params, "mcpServers")
+    if servers is None:
+        return params
+    try:
+        raws = msgspec.json.decode(servers, type=list[Raw])
+    except msgspec.MsgspecError:
+        return params
+    out: list[Raw] = []
+    for item in raws:
+        try:
+            entry = msgspec.json.decode(item, type=_Entry)
+        except msgspec.MsgspecError:
+            out.append(item)
+            continue
+        if entry.type != "acp" or not isinstance(entry.serverId, str):
+            out.append(item)
+            continue
+        replaced = change(entry.serverId, entry.name if isinstance(entry.name, str) else "")
+        if replaced is not None:
+            out.append(replaced)
+    return acp.set_key(params, "mcpServers", Raw(msgspec.json.encode(out)))
+
+
+async def for_agent(params: Raw | UnsetType, support: McpSupport, bridge: Bridge | None,
+                    required: frozenset[str]) -> Raw | UnsetType:
+    """Setup params as they reach the agent: `acp` servers unchanged where it takes them,
+    else bridged, else dropped (an agent never gets what it said it cannot take).
+
+    Raises:
+        McpRefusedError: a required acp server (by name) cannot reach the agent.
+    """
+    declared = acp_declarations(params)
+    bridged = bridge is not None and bridge.covers(support)
+    blocked = support.takes("acp") is False and not bridged
+    for name in sorted(required - {name for _, name in declared}):
+        raise McpRefusedError(name, _NO_ACP if blocked else
+                              "its provider did not declare it in this session setup")
+    if not declared or support.takes("acp") is not False:
+        return params
+    if bridge is not None and bridged:
+        return await bridge.rewrite(params, support, required)
+    for _, name in declared:
+        if name in required:
+            raise McpRefusedError(name, _NO_ACP)
+    log.warning("the agent does not take acp MCP servers and no bridge stands in: %s not "
+                "declared to it", ", ".join(repr(n) for _, n in declared))
+    return map_acp_entries(params, lambda server_id, name: None)
+
+
+_NO_ACP = ("the agent does not take acp MCP servers and no bridge stands in for it "
+           "([conductor] mcp_bridge is off, or the agent takes neither http nor stdio)")
 
 
 def advertise_acp(result: Raw | UnsetType, version: int) -> Raw | UnsetType:

@@ -30,12 +30,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-import msgspec
-from msgspec import UNSET, Raw, UnsetType
+from msgspec import Raw, UnsetType
 
 from conductor import acp
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Request, Response, error_response, raw
+from conductor.routing.mcp import acp_declarations
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Call
@@ -54,28 +54,6 @@ Forwarder = Callable[["Hop", "Call", str, "Raw | UnsetType", "Node", "Node",
 # (source, target, method, params, as_request): a message the conductor itself originates
 Originator = Callable[["Node", "Node", str, Raw, bool], Awaitable[None]]
 Replier = Callable[["Hop", Response], Awaitable[None]]
-
-
-class _Entry(msgspec.Struct):
-    type: str | UnsetType = UNSET
-    name: str | UnsetType = UNSET
-    serverId: str | UnsetType = UNSET
-
-
-_entries = msgspec.json.Decoder(list[_Entry])
-
-
-def acp_declarations(params: Raw | UnsetType) -> list[tuple[str, str]]:
-    """The (serverId, name) of every `acp` entry in a setup request's `mcpServers`."""
-    servers = acp.get_raw(params, "mcpServers")
-    if servers is None:
-        return []
-    try:
-        entries = _entries.decode(servers)
-    except msgspec.MsgspecError:
-        return []
-    return [(e.serverId, e.name if isinstance(e.name, str) else "")
-            for e in entries if e.type == "acp" and isinstance(e.serverId, str)]
 
 
 @dataclass(slots=True, eq=False)

@@ -12,6 +12,7 @@ import pytest
 from conductor.errors import ComponentExitedError
 from conductor.jsonrpc.message import Message, decode, encode
 from conductor.routing.chain import Chain
+from conductor.routing.mcp import McpInjection, McpServer
 from conductor.routing.topology import ComponentLink, Hop, Role
 
 Frame = dict[str, Any]
@@ -38,15 +39,18 @@ class Outbox:
 class Harness:
     """client -> proxy (a scripted subprocess-like proxy) -> agent, at the wire."""
 
-    def __init__(self, **limits: int) -> None:
+    def __init__(self, *, agent_caps: Frame | None = None, servers: list[McpServer] | None = None,
+                 **limits: int) -> None:
         self.out = {name: Outbox() for name in ("client", "proxy", "agent")}
         self.hops = {name: Hop(name, box) for name, box in self.out.items()}
+        self.agent_caps = agent_caps if agent_caps is not None else \
+            {"mcpCapabilities": {"acp": True}}
 
         async def starter() -> list[ComponentLink]:
             return [ComponentLink("proxy", Role.PROXY, self.hops["proxy"]),
                     ComponentLink("agent", Role.AGENT, self.hops["agent"])]
 
-        self.chain = Chain(self.hops["client"], starter)
+        self.chain = Chain(self.hops["client"], starter, mcp=McpInjection(servers or []))
         for key, value in limits.items():
             setattr(self.chain.mcp_routes, key, value)
         self._ids = 0
@@ -68,7 +72,7 @@ class Harness:
                                    "params": {"method": "initialize", "params": init["params"]}})
         at_agent = self.out["agent"].take()
         await self.frame("agent", {"id": at_agent["id"], "result": {
-            "protocolVersion": 1, "agentCapabilities": {"mcpCapabilities": {"acp": True}}}})
+            "protocolVersion": 1, "agentCapabilities": self.agent_caps}})
         self.out["proxy"].take()
         await self.frame("proxy", {"id": init["id"], "result": {"protocolVersion": 1}})
         self.out["client"].take()
@@ -325,3 +329,54 @@ async def test_a_bridge_makes_the_chain_say_the_agent_takes_acp(version: int) ->
                                                "mcpCapabilities": {"acp": True}}
     else:
         assert result["capabilities"]["session"]["mcp"] == {"http": {}, "acp": {}}
+
+
+async def session_new_refused(h: Harness, client_servers: list[Frame],
+                              proxy_servers: list[Frame]) -> Frame:
+    await h.frame("client", {"id": 9, "method": "session/new",
+                             "params": {"cwd": "/", "mcpServers": client_servers}})
+    at_proxy = h.out["proxy"].take()
+    await h.frame("proxy", {"id": "p9", "method": "_proxy/successor", "params": {
+        "method": "session/new", "params": {**at_proxy["params"], "mcpServers": [
+            *at_proxy["params"]["mcpServers"], *proxy_servers]}}})
+    assert h.out["agent"].sent == []  # never reached the agent
+    refused = h.out["proxy"].take()
+    assert refused["id"] == "p9"
+    return dict(refused["error"])
+
+
+async def test_a_required_acp_server_an_agent_cannot_take_refuses_the_session() -> None:
+    h = Harness(agent_caps={}, servers=[McpServer("tools", "acp", provider="proxy",
+                                                  required=True)])
+    await h.start()
+    error = await session_new_refused(h, [], [acp_server("tools", "px-1")])
+    assert error["code"] == -32602
+    assert error["data"]["mcpServer"] == "tools"
+    assert "does not take acp MCP servers" in error["message"]
+
+
+async def test_a_required_acp_server_no_proxy_declared_refuses_the_session() -> None:
+    h = Harness(servers=[McpServer("tools", "acp", provider="proxy", required=True)])
+    await h.start()
+    error = await session_new_refused(h, [], [])
+    assert error["data"] == {"mcpServer": "tools", "reason":
+                             "its provider did not declare it in this session setup"}
+
+
+async def test_a_required_http_server_an_agent_without_http_refuses_the_session() -> None:
+    h = Harness(agent_caps={"mcpCapabilities": {"http": False}},
+                servers=[McpServer("web", "http", url="http://127.0.0.1:1/mcp", required=True)])
+    await h.start()
+    error = await session_new_refused(h, [], [])
+    assert error["code"] == -32602
+    assert "'web' is required" in error["message"]
+
+
+async def test_acp_servers_never_reach_an_agent_that_takes_none_without_a_bridge() -> None:
+    h = Harness(agent_caps={})
+    await h.start()
+    at_agent = await h.new_session("s1", [acp_server("ed", "ed-1"),
+                                          {"name": "files", "command": "/bin/f", "args": [],
+                                           "env": []}], [acp_server("p", "px-1")])
+    assert at_agent["params"]["mcpServers"] == [{"name": "files", "command": "/bin/f",
+                                                 "args": [], "env": []}]
