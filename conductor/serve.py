@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from conductor.bridge import McpBridge
 from conductor.config import (
     ChainConfig,
     ComponentSpec,
@@ -257,8 +258,14 @@ async def serve_chain(
                 links.append(ComponentLink(launch.name, role, hop))
             return links
 
+        # acp MCP servers for an agent that lacks acp (docs/mcp.md); never in proxy mode,
+        # where the outer conductor's agent is not ours to bridge.
+        bridge = McpBridge(config.conductor.mcp_bridge, tg, tracer=tracer) \
+            if options.mode == "agent" and config.conductor.mcp_bridge != "off" else None
         chain = Chain(client, starter, proxy_mode=options.mode == "proxy", tracer=tracer,
-                      on_fatal=fatal, on_broken=broken, mcp=injection)
+                      on_fatal=fatal, on_broken=broken, mcp=injection, bridge=bridge)
+        if bridge is not None:
+            bridge.attach(chain)
 
         async def serve_client() -> None:
             await _serve(chain, client, stdin, max_frame)
@@ -293,6 +300,8 @@ async def serve_chain(
                     hop.name,
                     f"was stopped before answering: the conductor is shutting down ({why})")
                 await chain.fail_hop(hop, reason)
+            if bridge is not None:
+                await bridge.aclose()
             await client_sink.aclose()
         tg.cancel_scope.cancel()
 
