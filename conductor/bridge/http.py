@@ -66,6 +66,7 @@ class HttpBridge:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))  # loopback only: nothing off this machine connects
         self.port = listener.getsockname()[1]
+        listener.listen(128)  # connections queue from now on, before hypercorn accepts
         config = Config()
         config.bind = [f"fd://{listener.detach()}"]
         config.accesslog = None
