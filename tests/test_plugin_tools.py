@@ -16,8 +16,11 @@ from pydantic import BaseModel
 from conductor.errors import RpcError
 from conductor.plugins import McpOffer, Proxy, SessionSetup, tool_context
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
+from tests.conftest import REPO
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from conductor.jsonrpc.message import JsonValue, Request
 
 INIT = {"protocolVersion": "2025-06-18", "capabilities": {},
@@ -307,3 +310,23 @@ async def test_closing_the_session_closes_its_tool_connections() -> None:
             with pytest.raises(RpcError) as refused:
                 await agent.mcp(conn, "tools/list")
     assert refused.value.code == -32602
+
+
+async def test_the_example_in_docs_mcp_works_as_written(tmp_path: Path) -> None:
+    text = (REPO / "docs" / "mcp.md").read_text(encoding="utf-8")
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.splitlines()) < 30  # the promise the page makes
+    module = tmp_path / "my_tools.py"
+    module.write_text(code, encoding="utf-8")
+    from conductor.plugins.registry import find_plugin
+    proxy = find_plugin(f"{module}:Tickets")()
+    agent = McpAgent()
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            looked = await agent.mcp(conn, "tools/call", {"name": "lookup",
+                                                          "arguments": {"ticket": "T-1"}})
+            closed = await agent.mcp(conn, "tools/call", {"name": "close",
+                                                          "arguments": {"ticket": "T-1"}})
+    assert looked["content"][0]["text"] == "T-1: login fails on Safari (open)"
+    assert closed["content"][0]["text"] == "T-1 closed"  # the test client allows
