@@ -74,3 +74,28 @@ async def test_ask_user_asks_the_editor_a_yes_no_question() -> None:
     assert (first, second) == ("yes", "no")
     [asked, _] = client.received_params("session/request_permission")
     assert asked["toolCall"]["title"] == "Deploy now?"
+
+
+async def test_the_permissions_proxy_answers_check_when_the_chain_asks_for_its_tools() -> None:
+    from proxies.permissions import Permissions, PermissionsOptions, Rule
+
+    proxy = Permissions(PermissionsOptions(rules=[
+        Rule(name="protect-env", path=".env*", action="deny"),
+        Rule(kind="read", action="allow")]))
+    quiet = McpAgent()
+    async with open_test_chain([proxy], quiet) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session("/work")
+    assert quiet.servers[sid] == []  # opt-in: not declared unless asked for
+    proxy = Permissions(proxy.options)
+    proxy.mcp_requested = frozenset({"permissions"})
+    agent = McpAgent()
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session("/work"))
+            denied = await call_tool(agent, conn, "check", kind="read", path="sub/../.env")
+            allowed = await call_tool(agent, conn, "check", kind="read", path="README.md")
+            listed = await call_tool(agent, conn, "rules")
+    assert denied == "deny (by protect-env)"
+    assert allowed == "allow (by rule 2)"
+    assert listed.splitlines()[-1] == "otherwise: ask"
