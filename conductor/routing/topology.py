@@ -81,6 +81,7 @@ class Topology:
         self.client = client
         self.nodes: list[Node] = [Node(0, "client", Role.CLIENT, client)]
         self._node_of: dict[Hop, Node] = {client: self.nodes[0]}
+        self._sides: list[Node] = []
 
     def attach(self, links: list[ComponentLink]) -> None:
         for link in links:
@@ -90,6 +91,8 @@ class Topology:
                 self._node_of[link.hop] = node
         if self.proxy_mode:
             self.nodes.append(Node(len(self.nodes), "successor", Role.SUCCESSOR, self.client))
+        for side in self._sides:  # one past the last: everything else is upstream of it
+            side.index = len(self.nodes)
 
     @property
     def started(self) -> bool:
@@ -111,6 +114,7 @@ class Topology:
         to and from, one past the agent, but is never anyone's neighbour."""
         node = Node(len(self.nodes), name, Role.AGENT, hop)
         self._node_of[hop] = node
+        self._sides.append(node)
         return node
 
     def first(self) -> Node:

@@ -380,3 +380,45 @@ async def test_acp_servers_never_reach_an_agent_that_takes_none_without_a_bridge
                                            "env": []}], [acp_server("p", "px-1")])
     assert at_agent["params"]["mcpServers"] == [{"name": "files", "command": "/bin/f",
                                                  "args": [], "env": []}]
+
+
+async def test_a_side_connection_reaches_a_provider_deep_in_the_chain_in_its_envelope() -> None:
+    """The bridge connects from one past the agent: a provider anywhere upstream gets the
+    connect wrapped, as from its successor, and its answers and messages come back."""
+    out = {name: Outbox() for name in ("client", "p0", "p1", "agent", "bridge")}
+    hops = {name: Hop(name, box) for name, box in out.items()}
+
+    async def starter() -> list[ComponentLink]:
+        return [ComponentLink("p0", Role.PROXY, hops["p0"]),
+                ComponentLink("p1", Role.PROXY, hops["p1"]),
+                ComponentLink("agent", Role.AGENT, hops["agent"])]
+
+    chain = Chain(hops["client"], starter)
+    chain.topology.add_side("bridge", hops["bridge"])  # attached before the chain starts
+
+    async def frame(name: str, message: Frame) -> None:
+        with anyio.fail_after(5):
+            await chain.receive(hops[name], decode(json.dumps(
+                {"jsonrpc": "2.0", **message}).encode()))
+
+    await frame("client", {"id": 0, "method": "initialize", "params": {"protocolVersion": 1}})
+    out["p0"].take()
+    # p1 declares a server in a session setup it sends to the agent
+    await frame("p1", {"id": "s", "method": "_proxy/successor", "params": {
+        "method": "session/new", "params": {"cwd": "/", "mcpServers": [
+            acp_server("deep", "p1-1")]}}})
+    new = out["agent"].take()
+    await frame("agent", {"id": new["id"], "result": {"sessionId": "s1"}})
+    out["p1"].take()
+    await frame("bridge", {"id": 1, "method": "mcp/connect", "params": {"serverId": "p1-1"}})
+    at_p1 = out["p1"].take()
+    assert at_p1["method"] == "_proxy/successor"
+    assert at_p1["params"]["params"] == {"serverId": "p1-1", "_meta": {"acpSessionId": "s1"}}
+    await frame("p1", {"id": at_p1["id"], "result": {"connectionId": "c"}})
+    conn = out["bridge"].take()["result"]["connectionId"]
+    await frame("p1", {"method": "_proxy/successor", "params": {"method": "mcp/message",
+                       "params": {"connectionId": "c", "method": "notifications/x"}}})
+    assert out["bridge"].take()["params"] == {"connectionId": conn, "method": "notifications/x"}
+    await chain.fail_hop(hops["p1"], ComponentExitedError("p1", 1, []))
+    assert out["bridge"].take()["method"] == "mcp/disconnect"
+    assert out["p0"].sent == [] and out["client"].sent == []
