@@ -124,15 +124,28 @@ class McpServerSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    type: Literal["stdio", "http", "sse"] = "stdio"
+    type: Literal["stdio", "http", "sse", "acp"] = "stdio"
     command: str | None = None
     args: list[str] = []
     env: dict[str, str] = {}
     url: str | None = None
     headers: dict[str, str] = {}
+    provider: str | None = Field(default=None, description="acp: the proxy offering it")
+    required: bool = Field(default=False,
+                           description="refuse the session when the agent cannot take it")
 
     @model_validator(mode="after")
     def _transport_fields(self) -> McpServerSpec:
+        if self.type == "acp":
+            if not self.provider:
+                raise ValueError("provider: an acp MCP server needs `provider`, the name of "
+                                 "the proxy that offers it")
+            if self.command or self.args or self.env or self.url or self.headers:
+                raise ValueError("an acp MCP server is offered by its provider: it takes no "
+                                 "command, args, env, url or headers")
+            return self
+        if self.provider:
+            raise ValueError("provider: only acp MCP servers have a provider")
         if self.type == "stdio":
             if not self.command:
                 raise ValueError("a stdio MCP server needs `command`")
@@ -154,6 +167,8 @@ class SettingsSpec(BaseModel):
     max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024)
     shutdown_grace: float = Field(default=3.0, ge=0, le=300)
     redact: list[Regex] = Field(default=[], description="regexes whose matches traces redact")
+    mcp_bridge: Literal["auto", "http", "stdio", "off"] = Field(
+        default="auto", description="how acp MCP servers reach an agent that lacks acp")
 
 
 
@@ -238,6 +253,12 @@ def parse_chain(data: dict[str, Any], *, file: str | None = None,
                           field="agent.use" if config.agent.use else "agent.plugin",
                           hint="move it to a [[proxy]] table and give [agent] a command")
     names = [*config.proxy_names(), config.agent_name()]
+    for i, server in enumerate(config.mcp_server):
+        if server.type == "acp" and server.provider not in config.proxy_names():
+            raise ConfigError(f"provider {server.provider!r} is not a proxy of this chain",
+                              file=file, field=f"mcp_server[{i}].provider",
+                              hint="name a [[proxy]] (by its `name`, or proxy:N) that offers "
+                              f"the MCP server {server.name!r}")
     seen: set[str] = set()
     for i, name in enumerate(names):
         if name in seen:
@@ -321,7 +342,11 @@ def mcp_servers(config: ChainConfig) -> list[McpServer]:
         def x(text: str, key: str, where: str = where) -> str:
             return expand(text, env, where=f"{where}.{key}", file=config.source)
 
-        if spec.type == "stdio":
+        if spec.type == "acp":
+            assert spec.provider is not None
+            out.append(McpServer(spec.name, "acp", provider=spec.provider,
+                                 required=spec.required))
+        elif spec.type == "stdio":
             assert spec.command is not None
             command = x(spec.command, "command")
             resolved = shutil.which(command) if not os.path.isabs(command) else command
@@ -331,10 +356,12 @@ def mcp_servers(config: ChainConfig) -> list[McpServer]:
                                   hint="ACP wants an absolute path; give one, or fix PATH")
             out.append(McpServer(spec.name, "stdio", command=resolved,
                                  args=tuple(x(a, "args") for a in spec.args),
-                                 env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items())))
+                                 env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items()),
+                                 required=spec.required))
         else:
             assert spec.url is not None
             out.append(McpServer(spec.name, spec.type, url=x(spec.url, "url"),
                                  headers=tuple((k, x(v, f"headers.{k}"))
-                                               for k, v in spec.headers.items())))
+                                               for k, v in spec.headers.items()),
+                                 required=spec.required))
     return out

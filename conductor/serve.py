@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from conductor.bridge import McpBridge
 from conductor.config import (
     ChainConfig,
     ComponentSpec,
@@ -109,6 +110,28 @@ def _plan(config: ChainConfig, mode: str
     return plan
 
 
+def _ask_providers(config: ChainConfig,
+                   plan: list[tuple[Role, ComponentSpec, LaunchSpec | Proxy[Any]]]) -> None:
+    """`[[mcp_server]]` entries of type acp: an in-process provider is asked to declare
+    them (its opt-in servers), and must offer one by that name.
+
+    Raises:
+        ConfigError: the provider offers no MCP server by that name.
+    """
+    plugins = {launch.name: launch for _, _, launch in plan if isinstance(launch, Proxy)}
+    for i, server in enumerate(config.mcp_server):
+        proxy = plugins.get(server.provider or "") if server.type == "acp" else None
+        if proxy is None:
+            continue  # a subprocess provider declares its own; only `required` applies
+        offered = [o.declared_name for o in proxy.offered_mcp_servers()]
+        if server.name not in offered:
+            raise ConfigError(f"proxy {proxy.name!r} offers no MCP server named "
+                              f"{server.name!r} (it offers: {', '.join(offered) or 'none'})",
+                              file=config.source, field=f"mcp_server[{i}].name",
+                              hint="use one of the names it offers")
+        proxy.mcp_requested = proxy.mcp_requested | {server.name}
+
+
 async def serve_chain(
     config: ChainConfig,
     stdin: ByteReceiveStream,
@@ -123,6 +146,7 @@ async def serve_chain(
     """
     options = options or RunOptions()
     plan = _plan(config, options.mode)
+    _ask_providers(config, plan)
     injection = McpInjection(mcp_servers(config))
     max_frame = options.max_frame_bytes or config.conductor.max_frame_bytes
     tracer = options.tracer
@@ -207,6 +231,7 @@ async def serve_chain(
                 inner.cancel_scope.cancel()
 
         async def host_plugin(proxy: Proxy[Any], *, task_status: TaskStatus[Hop]) -> None:
+            proxy.chain_status = chain.status
             async with open_inprocess_hop(proxy, chain.receive, tracer=tracer) as hop:
                 hosted.append(hop)
                 if tracer is not None:
@@ -237,8 +262,14 @@ async def serve_chain(
                 links.append(ComponentLink(launch.name, role, hop))
             return links
 
+        # acp MCP servers for an agent that lacks acp (docs/mcp.md); never in proxy mode,
+        # where the outer conductor's agent is not ours to bridge.
+        bridge = McpBridge(config.conductor.mcp_bridge, tg, tracer=tracer) \
+            if options.mode == "agent" and config.conductor.mcp_bridge != "off" else None
         chain = Chain(client, starter, proxy_mode=options.mode == "proxy", tracer=tracer,
-                      on_fatal=fatal, on_broken=broken, mcp=injection)
+                      on_fatal=fatal, on_broken=broken, mcp=injection, bridge=bridge)
+        if bridge is not None:
+            bridge.attach(chain)
 
         async def serve_client() -> None:
             await _serve(chain, client, stdin, max_frame)
@@ -280,6 +311,8 @@ async def serve_chain(
                     with anyio.move_on_after(RELAY_WAIT):
                         await anyio.wait_all_tasks_blocked()
             relays_done.set()
+            if bridge is not None:
+                await bridge.aclose()
             await client_sink.aclose()
         tg.cancel_scope.cancel()
 

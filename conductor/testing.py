@@ -258,6 +258,7 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
         client_hop = _link_peer(client, "client", tg, transport, tracer, to_chain, sinks)
 
         async def host(proxy: Proxy[Any], *, task_status: anyio.abc.TaskStatus[Hop]) -> None:
+            proxy.chain_status = chain.status
             async with open_inprocess_hop(proxy, to_chain, tracer=tracer) as hop:
                 task_status.started(hop)
                 await anyio.sleep_forever()

@@ -528,6 +528,50 @@ class Permissions(Proxy[PermissionsOptions]):
                 return rule.action, rule.name or f"rule {i + 1}"
         return self.options.default, "default"
 
+    def mcp_servers(self) -> list[Any]:
+        """An opt-in `permissions` MCP server: the agent can ask before it tries.
+        Declared when the chain file names it ([[mcp_server]] type acp, docs/mcp.md)."""
+        from mcp.server.mcpserver import MCPServer
+
+        from conductor.plugins import McpOffer, tool_context
+
+        server = MCPServer("permissions", instructions=(
+            "The editor's policy for this session: ask whether an action would be allowed, "
+            "denied or asked about before trying it."))
+
+        @server.tool()
+        def check(kind: str = "", path: str = "", title: str = "", command: str = "") -> str:
+            """Would the policy allow this action? kind: read, edit, delete, move, search,
+            execute, fetch, other; path: a file it touches; title: what it would be called;
+            command: a command line. Answers allow, deny or ask, and the rule that decided."""
+            session = tool_context().session
+            cwd = session.cwd if session is not None else None
+            if cwd is None or not os.path.isabs(cwd):
+                return "deny (cannot place it: the session has no absolute cwd)"
+            # Judged as the permission request the agent would send, by the same rules.
+            tool: dict[str, Any] = {"kind": kind or None, "title": title or None}
+            if path:
+                tool["locations"] = [{"path": os.path.join(cwd, path)}]
+            if command:
+                tool["rawInput"] = {"command": command}
+            try:
+                subject = _permission_subject({"toolCall": tool}, cwd, Subject("check"))
+            except Unplaceable as e:
+                return f"deny (cannot place it: {e})"
+            action, by = self.decide(subject)
+            return f"{action} (by {by})"
+
+        @server.tool()
+        def rules() -> str:
+            """The policy's rules, in the order they are checked (first match wins)."""
+            lines = [f"{i + 1}. {r.name or f'rule {i + 1}'}: {r.action} "
+                     + " ".join(f"{k}={v!r}" for k, v in r.model_dump(
+                         exclude={"action", "name"}, exclude_none=True).items())
+                     for i, r in enumerate(self.options.rules)]
+            return "\n".join([*lines, f"otherwise: {self.options.default}"])
+
+        return [McpOffer(server, declare=False)]
+
     def _judge(self, ctx: ProxyContext, method: str, params: dict[str, Any]) -> tuple[Action,
                                                                                      str]:
         """(action, why): a request that cannot be placed is denied before any rule."""

@@ -39,7 +39,7 @@ def test_check_reports_each_component_it_started() -> None:
     agent = report["components"][1]
     assert agent["agentInfo"] == {"name": "demo-agent", "version": "0.1.0"}
     assert agent["capabilities"]["loadSession"] is True
-    assert agent["mcpTransports"] == ["stdio"]
+    assert agent["mcpTransports"] == ["stdio", "acp"]  # it speaks MCP-over-ACP itself
     assert agent["authMethods"] == []
     table = check("--chain", str(REPO / "chains" / "demo.toml"))
     assert table.returncode == 0

@@ -155,6 +155,16 @@ def proxy(ctx: click.Context, commands: tuple[str, ...]) -> None:
     serve(config, ctx, "proxy")
 
 
+@main.command("mcp-shim", hidden=False)
+@click.argument("key")
+def mcp_shim(key: str) -> None:
+    """Relay an agent's MCP stdio to the conductor's bridge (the conductor writes this
+    command into the MCP server declarations it gives an agent; docs/mcp.md)."""
+    from conductor.bridge.shim import run
+
+    sys.exit(run(key))
+
+
 @main.command("demo-agent")
 @click.option("--protocol-version", type=int, default=None,
               help="Answer initialize with this version instead of the client's.")

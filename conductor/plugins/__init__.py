@@ -1,6 +1,18 @@
 """Proxies as Python plugins: the API, discovery, and the host that runs them."""
 
 from conductor.errors import RpcError
-from conductor.plugins.api import NoOptions, Proxy, ProxyContext, SessionScope, Side, on
+from conductor.plugins.api import (
+    McpOffer,
+    NoOptions,
+    Proxy,
+    ProxyContext,
+    SessionScope,
+    SessionSetup,
+    Side,
+    ToolContext,
+    on,
+    tool_context,
+)
 
-__all__ = ["NoOptions", "Proxy", "ProxyContext", "RpcError", "SessionScope", "Side", "on"]
+__all__ = ["McpOffer", "NoOptions", "Proxy", "ProxyContext", "RpcError", "SessionScope",
+           "SessionSetup", "Side", "ToolContext", "on", "tool_context"]

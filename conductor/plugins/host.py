@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectSendStream
 
     from conductor.jsonrpc.message import Call
+    from conductor.plugins.tools import ToolServers
     from conductor.tracing.sink import TraceSink
     from conductor.transport.base import Incoming, MessageSink
 
@@ -105,6 +106,7 @@ class _Sent:
     owned: bool                  # a session it opens is the proxy's own
     origin_id: Raw | None = None  # a pass-through forward: answer the conductor's id
     params: Raw | UnsetType = UNSET  # the request's (a session's setup, for its scope)
+    declared: list[str] | None = None  # serverIds of this proxy's MCP servers it declares
 
 
 class _CallbackSink:
@@ -144,6 +146,12 @@ class ProxyHost:
         # Methods this proxy must see, per direction (None: it handles `*`, so everything).
         self._visit_up = self._must_visit(Side.SUCCESSOR)
         self._visit_down = self._must_visit(Side.PREDECESSOR)
+        # MCP servers the proxy offers (docs/mcp.md); the SDK is imported only then.
+        self.tools: ToolServers | None = None
+        offers = proxy.offered_mcp_servers()
+        if offers or type(proxy).session_mcp_servers is not Proxy.session_mcp_servers:
+            from conductor.plugins.tools import ToolServers
+            self.tools = ToolServers(self, offers)
 
     @property
     def proxy(self) -> Proxy[Any]:
@@ -175,6 +183,8 @@ class ProxyHost:
 
     async def _send_request(self, method: str, params: Raw | UnsetType, to: Side,
                             sent: _Sent) -> Outgoing:
+        if to is Side.SUCCESSOR and self.tools is not None and method in acp.SESSION_SETUP:
+            params, sent.declared = await self.tools.declare(method, params)
         if to is Side.SUCCESSOR:
             sent.rule, sent.params = lifecycle(method, params), params
             if sent.rule is not None and sent.rule.step is Step.OPEN_NOW:
@@ -182,7 +192,7 @@ class ProxyHost:
                 assert sent.rule.session_id is not None
                 await self._install(sent.rule.session_id, method, sent.owned, params)
         deliver = self._answered if sent.rule is not None or sent.origin_id is not None \
-            else None
+            or (self.tools is not None and method == acp.INITIALIZE) else None
         if to is Side.SUCCESSOR:
             outgoing, request = self.endpoint.open_request(
                 method, params, deliver=deliver, context=sent,
@@ -198,6 +208,12 @@ class ProxyHost:
         """Session routes first (later messages may name the session), then the answer
         goes back to the conductor (a pass-through forward) or to the waiting handler."""
         sent: _Sent = outgoing.context
+        if self.tools is not None:
+            if outgoing.method == acp.INITIALIZE and not answer.is_error:
+                self.tools.learn_initialize(answer.result)
+            if sent.declared:
+                opened = sent.rule.opened_by(answer) if sent.rule is not None else None
+                self.tools.bind(sent.declared, opened)
         if sent.rule is not None:
             try:
                 await self._apply(sent, answer)
@@ -278,6 +294,9 @@ class ProxyHost:
         await self._route(source, msg)
 
     async def _route(self, source: Side, msg: Call) -> None:
+        if self.tools is not None and msg.method in acp.MCP_METHODS and self.tools.claims(msg):
+            await self.tools.handle(msg, source)
+            return
         handler: Handler | None = None
         if self._routed:
             scope = self.session_of(msg.params, create=False)
@@ -436,6 +455,8 @@ class ProxyHost:
     async def _remove(self, sid: str) -> None:
         scope = self._sessions.pop(sid, None)
         self._routed = any(s.owned or s.handlers for s in self._sessions.values())
+        if self.tools is not None:
+            await self.tools.session_closed(sid)
         if scope is not None:
             await self._proxy.session_closed(scope)
 

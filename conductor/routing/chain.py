@@ -31,6 +31,8 @@ from conductor.jsonrpc.message import (
     error_response,
 )
 from conductor.routing.handshake import Handshake, ResponseHook, chain_hooks
+from conductor.routing.mcp import McpRefusedError, McpSupport, for_agent
+from conductor.routing.mcp_routes import McpRoutes
 from conductor.routing.sessions import Lifecycle, SessionTable, Step, lifecycle
 from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Role, Topology
 from conductor.rpc.endpoint import Inbound, Outgoing
@@ -39,7 +41,7 @@ from conductor.transport.base import NotJson, Oversized, Unreadable
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Call
-    from conductor.routing.mcp import McpInjection
+    from conductor.routing.mcp import Bridge, McpInjection
     from conductor.routing.sessions import SessionRecord
     from conductor.tracing.sink import TraceSink
     from conductor.transport.base import Incoming
@@ -50,7 +52,7 @@ _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 # Notifications the router must look at, not just pass on.
 _NOT_PLAIN = frozenset({acp.CANCEL_REQUEST, acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS,
                         *acp.SUCCESSOR_METHODS, *acp.SESSION_SETUP, acp.SESSION_PROMPT,
-                        acp.SESSION_CLOSE, acp.SESSION_DELETE})
+                        acp.SESSION_CLOSE, acp.SESSION_DELETE, *acp.MCP_METHODS})
 FRAME_LIMIT_HINT = "raise the limit with --max-frame-bytes or [conductor] max_frame_bytes"
 
 Starter = Callable[[], Awaitable[list[ComponentLink]]]
@@ -79,17 +81,26 @@ class Chain:
         on_fatal: Callable[[ComponentError], None] | None = None,
         on_broken: Callable[[Hop], None] | None = None,
         mcp: McpInjection | None = None,
+        bridge: Bridge | None = None,
     ) -> None:
         self.client = client
         self.topology = Topology(client, proxy_mode=proxy_mode)
         self.sessions = SessionTable(self._trace_session if tracer is not None else None)
-        self.handshake = Handshake(proxy_mode=proxy_mode,
-                                   mcp=mcp if mcp is not None and mcp.servers else None)
+        # -- MCP: what the agent takes, global servers, MCP-over-ACP routes, the bridge --
+        self.mcp_support = mcp.support if mcp is not None else McpSupport()
+        self.mcp_routes = McpRoutes(self._forward_direct, self._originate, self._send,
+                                    tracer=tracer)
+        self.sessions.observe(lambda event, record: self.mcp_routes.session_closed(
+            record.session_id) if event == "closed" else None)
+        self._bridge = bridge
+        self.handshake = Handshake(proxy_mode=proxy_mode, mcp=self.mcp_support,
+                                   bridge=bridge)
         self._starter = starter
         self._tracer = tracer
         self._on_fatal = on_fatal
         self._on_broken = on_broken
         self._mcp = mcp if mcp is not None and mcp.servers else None
+        self._required_acp = mcp.required_acp if mcp is not None else frozenset()
         # Hops whose plain notifications go, unchanged, straight to one other hop (see
         # _plan_plain_routes): target, the in-process proxies' `passes` to ask, whether it
         # travels up (from the successor side), and the sender's name for traces.
@@ -102,6 +113,22 @@ class Chain:
     @property
     def nodes(self) -> list[Node]:
         return self.topology.nodes
+
+    def status(self) -> dict[str, object]:
+        """A snapshot for people and tools (the session-tools proxy): components, open
+        sessions, MCP-over-ACP routes."""
+        return {
+            "components": [{"name": n.name, "role": str(n.role),
+                            "inProcess": n.hop.passes is not None,
+                            "state": "running" if n.hop.failure is None
+                            else f"failed: {n.hop.failure}"}
+                           for n in self.topology.nodes[1:] if n.role is not Role.SUCCESSOR],
+            "sessions": [{"sessionId": r.session_id, "openedBy": r.opened_by,
+                          "servedBy": r.served_by, "state": str(r.state),
+                          "prompts": r.prompts} for r in self.sessions.records()],
+            "mcp": {"servers": len(self.mcp_routes.declarations),
+                    "connections": len(self.mcp_routes.connections)},
+        }
 
     # -- entry point -----------------------------------------------------------------------
 
@@ -198,6 +225,9 @@ class Chain:
                 return
             await hop.cancel_inbound(msg.params)
             return
+        if method in acp.MCP_METHODS:  # routed by serverId / connectionId (mcp_routes.py)
+            await self.mcp_routes.receive(hop, msg, method, msg.params, src)
+            return
         wrapped = acp.SUCCESSOR_METHODS.get(method)
         if wrapped is not None and (src.role is Role.PROXY or
                                     (src.role is Role.CLIENT and self.topology.proxy_mode)):
@@ -283,15 +313,20 @@ class Chain:
             source, target = src, self.topology.after(src)
         else:  # proxy mode: the client wire carried a message from our successor, going up
             source, target = self.topology.last, self.topology.nodes[-2]
+        if inner in acp.MCP_METHODS:
+            await self.mcp_routes.receive(hop, msg, inner, env.params, source)
+            return
         await self._forward(hop, msg, inner, env.params, source, target, meta=env.any_meta)
 
     async def _forward(self, origin: Hop, msg: Call, method: str, params: Raw | UnsetType,
-                       source: Node, target: Node, *, meta: Raw | UnsetType = UNSET) -> None:
-        """Send `msg` (its `method` and `params`, unwrapped) from `source` on to `target`."""
+                       source: Node, target: Node, *, meta: Raw | UnsetType = UNSET,
+                       direct: bool = False, hook: ResponseHook | None = None) -> None:
+        """Send `msg` (its `method` and `params`, unwrapped) from `source` on to `target`
+        (exactly there when `direct`; `hook` runs on the answer)."""
         downward = target.index > source.index
         # An in-process proxy with no handler for this message, and nothing earlier in its
         # queue, would forward it untouched: route past it and save the hop entirely.
-        while target.role is Role.PROXY and target.hop.passes is not None \
+        while not direct and target.role is Role.PROXY and target.hop.passes is not None \
                 and target.hop.passes(method, not downward):
             target = self.topology.nodes[target.index + (1 if downward else -1)]
         is_request = isinstance(msg, Request)
@@ -301,12 +336,20 @@ class Chain:
             init = self.handshake.downward(params, target, is_request=is_request,
                                            resend=self._resender(origin, msg, source, target))
             out_method, out_params, hooks = init.method, init.params, init.hooks
-        if self._mcp is not None and method in acp.SESSION_SETUP \
-                and target.role in (Role.AGENT, Role.SUCCESSOR):
-            out_params = self._mcp.apply(out_params)
+        if method in acp.SESSION_SETUP and downward:
+            try:
+                out_params = await self._mcp_setup(out_params, source, target, hooks)
+            except McpRefusedError as e:
+                if isinstance(msg, Request):
+                    await self._send(origin, error_response(
+                        msg.id, ErrorCode.INVALID_PARAMS, f"Invalid params: {e}",
+                        {"mcpServer": e.name, "reason": e.reason}))
+                return
         session_hook = self._track_session(method, params, source, target)
         if session_hook is not None:
             hooks.append(session_hook)
+        if hook is not None:
+            hooks.append(hook)
 
         hop = target.hop
         if hop.failure is not None:
@@ -336,6 +379,63 @@ class Chain:
                                                  deliver=self._answered, context=forward)
         origin.track_inbound(msg.id, Inbound(target=hop, target_id=outgoing.ident))
         await self._send(hop, request, source=source.name, origin=(origin.name, msg.id))
+
+    # -- MCP (MCP-over-ACP routing lives in mcp_routes.py, the bridge in bridge.py) ---------
+
+    async def _mcp_setup(self, params: Raw | UnsetType, source: Node, target: Node,
+                         hooks: list[ResponseHook]) -> Raw | UnsetType:
+        """A session setup request crosses from `source` down to `target`: learn the
+        `acp` servers it declares; at the agent, inject global servers and bridge.
+
+        Raises:
+            McpRefusedError: a required server cannot reach the agent.
+        """
+        declared = self.mcp_routes.learn(params, source)
+        if declared:
+            routes = self.mcp_routes
+
+            async def bind(answer: Response) -> Response:
+                sid = acp.get_str(answer.result, "sessionId") if not answer.is_error else None
+                if sid is None and not answer.is_error:
+                    sid = acp.get_str(params, "sessionId")  # load / resume name it
+                routes.setup_answered(declared, sid)
+                return answer
+            hooks.append(bind)
+        if target.role not in (Role.AGENT, Role.SUCCESSOR):
+            return params
+        if self._mcp is not None:
+            params = self._mcp.apply(params)
+        if target.role is Role.AGENT:
+            params = await for_agent(params, self.mcp_support, self._bridge,
+                                     self._required_acp)
+        return params
+
+    async def _forward_direct(self, origin: Hop, msg: Call, method: str,
+                              params: Raw | UnsetType, source: Node, target: Node,
+                              hook: ResponseHook | None) -> None:
+        await self._forward(origin, msg, method, params, source, target, direct=True,
+                            hook=hook)
+
+    async def _originate(self, source: Node, target: Node, method: str, params: Raw,
+                         as_request: bool) -> None:
+        """A message the conductor itself sends `target` as if from `source`'s side (an
+        answer to a request is only logged)."""
+        wrap = (target.role is Role.PROXY and target.index < source.index) \
+            or target.role is Role.SUCCESSOR
+        dialect = self._dialect_of(target) if wrap else Dialect.PROXY
+        wire_method = dialect.successor_method(is_request=as_request) if wrap else method
+        wire_params = acp.encode_envelope(method, params, UNSET, dialect) if wrap else params
+        if not as_request:
+            await self._send(target.hop, Notification(method=wire_method, params=wire_params))
+            return
+
+        async def answered(outgoing: Outgoing, answer: Response) -> None:
+            if answer.is_error:
+                log.debug("%s answered %s with an error: %r", target.name, method,
+                          answer.error_value())
+        _, request = target.hop.open_request(method, params, deliver=answered,
+                                             wire_method=wire_method, wire_params=wire_params)
+        await self._send(target.hop, request)
 
     def _dialect_of(self, target: Node) -> Dialect:
         if target.role is Role.PROXY:
@@ -412,6 +512,7 @@ class Chain:
                 table.idle(rule.session_id)
             elif rule.closed_by(answer) is not None:
                 table.closed(rule.session_id)
+                await self.mcp_routes.drain()  # its MCP connections end
             return answer
         return ended
 
@@ -458,6 +559,9 @@ class Chain:
     async def fail_hop(self, hop: Hop, error: ComponentError) -> None:
         """`hop`'s component is gone: answer everything it owed, refuse what comes next."""
         await hop.fail(error, component=hop.name)
+        node = self.topology.find(hop)
+        if node is not None:
+            await self.mcp_routes.hop_failed(node)
 
     def _trace_lifecycle(self, component: str, event: str, **fields: object) -> None:
         if self._tracer is not None:

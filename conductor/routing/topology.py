@@ -76,6 +76,7 @@ class Topology:
         self.client = client
         self.nodes: list[Node] = [Node(0, "client", Role.CLIENT, client)]
         self._node_of: dict[Hop, Node] = {client: self.nodes[0]}
+        self._sides: list[Node] = []
 
     def attach(self, links: list[ComponentLink]) -> None:
         for link in links:
@@ -85,6 +86,8 @@ class Topology:
                 self._node_of[link.hop] = node
         if self.proxy_mode:
             self.nodes.append(Node(len(self.nodes), "successor", Role.SUCCESSOR, self.client))
+        for side in self._sides:  # one past the last: everything else is upstream of it
+            side.index = len(self.nodes)
 
     @property
     def started(self) -> bool:
@@ -97,6 +100,17 @@ class Topology:
 
     def node_of(self, hop: Hop) -> Node:
         return self._node_of[hop]
+
+    def find(self, hop: Hop) -> Node | None:
+        return self._node_of.get(hop)
+
+    def add_side(self, name: str, hop: Hop) -> Node:
+        """A connection that is no link of the chain (the MCP bridge's): it can be routed
+        to and from, one past the agent, but is never anyone's neighbour."""
+        node = Node(len(self.nodes), name, Role.AGENT, hop)
+        self._node_of[hop] = node
+        self._sides.append(node)
+        return node
 
     def first(self) -> Node:
         return self.nodes[1]
