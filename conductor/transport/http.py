@@ -243,6 +243,10 @@ class WsClient(RemoteClient):
             raise anyio.BrokenResourceError from e
         self._sent(item)
 
+    def disconnected(self) -> None:
+        """The client closed the socket: nothing more can be sent, not even a close."""
+        self._closed = True
+
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -267,6 +271,7 @@ class HttpClient(RemoteClient):
         self.sessions: set[str] = set()
         self._request_session: dict[bytes, str] = {}
         self._initialize: bytes | None = None
+        self.closed = False  # the chain said its last word: the streams end
         self.initialized = anyio.Event()  # the initialize answer came, or the chain ended
         self.initialize_answer: Response | None = None
         self.when_finished(self._finished)
@@ -322,6 +327,7 @@ class HttpClient(RemoteClient):
         self._sent(item)
 
     async def aclose(self) -> None:
+        self.closed = True
         self._main_send.close()
         for stream in self._session_streams.values():
             stream.close()
@@ -487,6 +493,7 @@ class AcpEndpoint:
                 event = await receive()
                 if event["type"] == "websocket.disconnect":
                     log.info("ws client %s disconnected", client.id)
+                    client.disconnected()
                     return
                 text = event.get("text")
                 if text is None:
@@ -538,8 +545,8 @@ class AcpEndpoint:
         if ident is None:
             raise Refusal(400, "no Acp-Connection-Id header (POST initialize first)")
         client = self.clients.get(ident)
-        if not isinstance(client, HttpClient):
-            raise Refusal(404, "unknown Acp-Connection-Id")
+        if not isinstance(client, HttpClient) or client.closed:
+            raise Refusal(404, "unknown Acp-Connection-Id (or the connection has ended)")
         if client.owner != owner:
             raise Refusal(403, "this connection was opened with another token")
         return client
@@ -699,7 +706,9 @@ async def serve_asgi(app: AcpEndpoint, sock: socket.socket, *, certfile: str | N
     config.websocket_ping_interval = 20.0  # a client that stops answering is dropped
     config.errorlog = logging.getLogger("acp_conductor.http")
     config.accesslog = None
-    config.graceful_timeout = 5.0
+    # Every chain has ended before hypercorn is told to stop; what is still open then is a
+    # socket its client did not close (httpx-ws leaves the TCP connection to the GC).
+    config.graceful_timeout = 1.0
     config.include_server_header = False
     if sniffio.current_async_library() == "trio":
         from hypercorn.trio import serve as trio_serve
