@@ -174,6 +174,22 @@ async def test_a_chain_whose_agent_is_another_served_chain(demo_chain: Path,
                for e in events)
 
 
+async def test_a_remote_proxy_is_a_chain_served_as_a_proxy(tmp_path: Path) -> None:
+    inner_chain = tmp_path / "inner.toml"
+    inner_chain.write_text('[[proxy]]\nuse = "passthrough"\n', encoding="utf-8")
+    async with open_server(inner_chain, "--as-proxy") as inner:
+        outer = tmp_path / "outer.toml"
+        outer.write_text(f'[[proxy]]\nname = "far"\nurl = "{inner.ws_url}"\n'
+                         f'headers = {{ Authorization = "Bearer {TOKEN}" }}\n'
+                         '[agent]\ncommand = ["${PYTHON}", "-m", "conductor.demo_agent"]\n',
+                         encoding="utf-8")
+        done = await anyio.run_process(
+            conductor_argv("run", "--chain", str(outer), "through a remote proxy"),
+            env=child_env(), check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    assert "You said: through a remote proxy" in done.stdout.decode()
+
+
 async def test_a_remote_agent_whose_connection_drops_is_answered_like_a_crash(
         demo_chain: Path, tmp_path: Path) -> None:
     async with open_server(demo_chain, expect_exit=-9) as inner:
