@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from conductor.jsonrpc.head import read_head
-from conductor.jsonrpc.message import Batch, InvalidMessage, Message, ParseError, decode
+from conductor.jsonrpc.message import (
+    Batch,
+    InvalidMessage,
+    Message,
+    ParseError,
+    UnreadableFrame,
+    decode,
+)
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.head import Head
@@ -75,7 +82,6 @@ class MessageSource(Protocol):
         ...
 
 
-HEAD_BYTES = 4096
 # Line breaks outside strings are insignificant JSON whitespace (inside a string they are
 # not allowed at all), and every stdio hop is line-delimited: a message that arrived whole
 # (a WebSocket frame, an HTTP body) has them turned into spaces, so it stays one frame there.
@@ -85,10 +91,12 @@ _LINE_BREAKS = bytes.maketrans(b"\r\n", b"  ")
 def decode_whole(data: bytes, limit: int) -> Incoming:
     """A message that arrived in one piece, as the item a source hands on."""
     if len(data) > limit:
-        return Oversized(len(data), limit, read_head(data[:HEAD_BYTES]))
+        return Oversized(len(data), limit, read_head(data))  # its id may be anywhere
     if b"\n" in data or b"\r" in data:
         data = data.translate(_LINE_BREAKS)
     try:
         return decode(data)
+    except UnreadableFrame as e:
+        return Unreadable(e.code, e.reason, e.head)
     except ParseError as e:
         return NotJson(str(e), data[:500])

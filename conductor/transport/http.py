@@ -46,7 +46,7 @@ from conductor.jsonrpc.message import (
     error_response,
     raw,
 )
-from conductor.transport.base import NotJson, Oversized, decode_whole
+from conductor.transport.base import NotJson, Oversized, Unreadable, decode_whole
 
 if TYPE_CHECKING:
     import socket
@@ -566,6 +566,9 @@ class AcpEndpoint:
         if isinstance(item, NotJson):
             await _json(send, 400, _error(None, ErrorCode.PARSE_ERROR, "Parse error",
                                           item.reason), cors)
+            return
+        if isinstance(item, Unreadable):
+            await _json(send, 400, _error(item.head.id, item.code, item.reason), cors)
             return
         if isinstance(item, Batch):
             await _json(send, 501, _error(None, ErrorCode.INVALID_REQUEST,
