@@ -69,6 +69,8 @@ class ComponentSpec(BaseModel):
                        Field(description="a command line or an argv list")] = None
     use: str | None = None       # an installed plugin proxy (entry point), run in-process
     plugin: str | None = None    # "package.module:Class" or "file.py:Class", run in-process
+    url: str | None = None       # a remote component: ws:// or wss:// (docs/remote.md)
+    headers: dict[str, str] = {}  # sent when connecting to `url`; values expand ${VAR}
     options: dict[str, Any] | None = None  # validated by the plugin's options model
     env: dict[str, str] = {}
     inherit_env: bool = True
@@ -87,24 +89,38 @@ class ComponentSpec(BaseModel):
 
     @model_validator(mode="after")
     def _one_kind(self) -> ComponentSpec:
-        given = [k for k in ("command", "use", "plugin") if getattr(self, k) is not None]
+        given = [k for k in ("command", "use", "plugin", "url") if getattr(self, k) is not None]
         if not given:
             raise ValueError("command: Field required (hint: add it; an in-process proxy "
-                             "takes `use = NAME` or `plugin = \"module:attr\"` instead)")
+                             "takes `use = NAME` or `plugin = \"module:attr\"` instead, a "
+                             "remote one `url = \"wss://...\"`)")
         if len(given) > 1:
-            raise ValueError(f"{given[1]}: give exactly one of command, use, plugin "
+            raise ValueError(f"{given[1]}: give exactly one of command, use, plugin, url "
                              f"(got {', '.join(given)})")
         if self.command is not None and self.options is not None:
             raise ValueError("options are for plugin proxies (use/plugin); pass a command "
                              "its settings on its command line or env")
-        if self.command is None and (self.env or self.cwd or self.dialect):
+        if self.in_process and (self.env or self.cwd or self.dialect):
             raise ValueError("env, cwd and dialect are for command components; an in-process "
                              "plugin shares the conductor's")
+        if self.url is not None:
+            if self.env or self.cwd or self.secret_env or not self.inherit_env:
+                raise ValueError("url: env, cwd, inherit_env and secret_env are for command "
+                                 "components; a remote one gets `headers`")
+            if not re.match(r"(?i)wss?://[^/?#\s]+", self.url):
+                raise ValueError(f"url: {self.url!r} is not a ws:// or wss:// address "
+                                 "(e.g. wss://build-box:8765/acp)")
+        elif self.headers:
+            raise ValueError("headers: only a remote component (`url = ...`) sends headers")
         return self
 
     @property
     def in_process(self) -> bool:
-        return self.command is None
+        return self.use is not None or self.plugin is not None
+
+    @property
+    def remote(self) -> bool:
+        return self.url is not None
 
     @field_validator("name")
     @classmethod
@@ -324,6 +340,17 @@ def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str) -> st
 
 def component_argv(spec: ComponentSpec, *, file: str | None, where: str) -> list[str]:
     return [expand(a, dict(os.environ), where=f"{where}.command", file=file) for a in spec.argv()]
+
+
+def component_headers(spec: ComponentSpec, *, file: str | None, where: str) -> dict[str, str]:
+    """The headers a remote component is connected with, `${VAR}` expanded.
+
+    Raises:
+        ConfigError: an `${VAR}` names an unset variable.
+    """
+    env = dict(os.environ)
+    return {key: expand(value, env, where=f"{where}.headers.{key}", file=file)
+            for key, value in spec.headers.items()}
 
 
 def mcp_servers(config: ChainConfig) -> list[McpServer]:

@@ -9,6 +9,7 @@
     ├── ComponentError       (3)    always carries `.component` ("redact", "agent")
     │   ├── ComponentStartError     spawn failed (ENOENT, EACCES)
     │   ├── ComponentExitedError    died mid-session: `.returncode`, last stderr lines
+    │   ├── ComponentDisconnectedError  a remote component's connection dropped: `.url`
     │   └── ComponentStoppedError   stopped by the conductor's shutdown before it answered
     └── ConnectionClosedError (1)   the peer closed the connection with requests outstanding
 
@@ -140,6 +141,17 @@ class ComponentExitedError(ComponentError):
     def wire_data(self) -> dict[str, JsonValue]:
         return {"component": self.component, "returncode": self.returncode,
                 "stderrTail": self.stderr_tail}
+
+
+class ComponentDisconnectedError(ComponentError):
+    """A remote component's connection ended while the chain was running: its crash."""
+
+    def __init__(self, component: str, url: str, why: str) -> None:
+        self.url = url
+        super().__init__(component, f"the connection to {url} dropped ({why})")
+
+    def wire_data(self) -> dict[str, JsonValue]:
+        return {"component": self.component, "url": self.url}
 
 
 class ComponentStoppedError(ComponentError):

@@ -2,7 +2,8 @@
 
 `serve_chain` plans the chain (every plugin loaded and every command resolved before
 anything starts), then serves the client until it closes its input, a signal arrives or a
-component fails, and returns the exit code.
+component fails, and returns the exit code. `serve_connection` does the same for a client
+reached by any transport (a MessageSink and a MessageSource: `acp-conductor serve`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from conductor.config import (
     component_argv,
     component_cwd,
     component_environment,
+    component_headers,
     mcp_servers,
 )
 from conductor.errors import (
+    ComponentDisconnectedError,
     ComponentError,
     ComponentExitedError,
     ComponentStartError,
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream, ByteSendStream, TaskStatus
 
     from conductor.tracing.sink import TraceSink
+    from conductor.transport.base import MessageSink, MessageSource
 
 log = logging.getLogger("acp_conductor")
 stderr_log = logging.getLogger("acp_conductor.stderr")
@@ -60,6 +64,7 @@ class RunOptions:
     max_frame_bytes: int | None = None    # overrides the chain file
     tracer: TraceSink | None = None
     handle_signals: bool = True
+    client_transport: str = "stdio"       # how the client reached us: stdio, ws, http (traces)
 
 
 @dataclass
@@ -80,8 +85,32 @@ def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig
     )
 
 
-def _plan(config: ChainConfig, mode: str
-          ) -> list[tuple[Role, ComponentSpec, LaunchSpec | Proxy[Any]]]:
+@dataclass(frozen=True)
+class RemoteSpec:
+    """A component reached over the network (`url = ...`), with its headers resolved."""
+
+    name: str
+    url: str
+    headers: dict[str, str]
+
+    @property
+    def shown(self) -> str:
+        """The url for logs and traces: no query string, no credentials."""
+        scheme, _, rest = self.url.partition("://")
+        host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+        path = rest[len(rest.split("/", 1)[0]):].split("?", 1)[0].split("#", 1)[0]
+        return f"{scheme}://{host}{path}"
+
+
+Planned = LaunchSpec | Proxy[Any] | RemoteSpec
+
+
+def _remote_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig) -> RemoteSpec:
+    assert spec.url is not None
+    return RemoteSpec(name, spec.url, component_headers(spec, file=config.source, where=where))
+
+
+def _plan(config: ChainConfig, mode: str) -> list[tuple[Role, ComponentSpec, Planned]]:
     """Resolve every component's argv/env/cwd, and load every plugin, before anything starts.
 
     Raises:
@@ -90,11 +119,14 @@ def _plan(config: ChainConfig, mode: str
         PluginError: a plugin cannot be found or is not a Proxy.
     """
     grace = config.conductor.shutdown_grace
-    plan: list[tuple[Role, ComponentSpec, LaunchSpec | Proxy[Any]]] = []
+    plan: list[tuple[Role, ComponentSpec, Planned]] = []
     for i, (spec, name) in enumerate(zip(config.proxy, config.proxy_names(), strict=True)):
         if spec.in_process:
             plan.append((Role.PROXY, spec, load_component_proxy(
                 spec, name, file=config.source, where=f"proxy[{i}]")))
+            continue
+        if spec.remote:
+            plan.append((Role.PROXY, spec, _remote_spec(spec, name, f"proxy[{i}]", config)))
             continue
         plan.append((Role.PROXY, spec, _launch_spec(spec, name, f"proxy[{i}]", config, grace)))
     if mode == "agent":
@@ -102,6 +134,8 @@ def _plan(config: ChainConfig, mode: str
             raise ConfigError("the chain has no agent", file=config.source, field="agent",
                               hint="add an [agent] table with a command")
         plan.append((Role.AGENT, config.agent,
+                     _remote_spec(config.agent, config.agent_name(), "agent", config)
+                     if config.agent.remote else
                      _launch_spec(config.agent, config.agent_name(), "agent", config, grace)))
     elif config.agent is not None:
         raise ConfigError("a chain run as a proxy ends at its successor, not an agent",
@@ -111,7 +145,8 @@ def _plan(config: ChainConfig, mode: str
 
 
 def _ask_providers(config: ChainConfig,
-                   plan: list[tuple[Role, ComponentSpec, LaunchSpec | Proxy[Any]]]) -> None:
+                   plan: list[tuple[Role, ComponentSpec, LaunchSpec | Proxy[Any] | RemoteSpec]]
+                   ) -> None:
     """`[[mcp_server]]` entries of type acp: an in-process provider is asked to declare
     them (its opt-in servers), and must offer one by that name.
 
@@ -132,6 +167,15 @@ def _ask_providers(config: ChainConfig,
         proxy.mcp_requested = proxy.mcp_requested | {server.name}
 
 
+def plan_chain(config: ChainConfig, mode: str) -> None:
+    """Check that `config` can be served in `mode` (what `serve_chain` does first).
+
+    Raises:
+        ConfigError, PluginError: as `serve_chain` would.
+    """
+    _plan(config, mode)
+
+
 async def serve_chain(
     config: ChainConfig,
     stdin: ByteReceiveStream,
@@ -145,6 +189,24 @@ async def serve_chain(
         ConfigError: the chain cannot be planned.
     """
     options = options or RunOptions()
+    max_frame = options.max_frame_bytes or config.conductor.max_frame_bytes
+    return await serve_connection(config, PipeSink(stdout),
+                                  PipeSource(stdin, max_frame_bytes=max_frame), options)
+
+
+async def serve_connection(
+    config: ChainConfig,
+    client_sink: MessageSink,
+    client_source: MessageSource,
+    options: RunOptions | None = None,
+) -> int:
+    """`serve_chain` for a client on any transport: what it sends comes from
+    `client_source`, what the chain answers goes to `client_sink` (closed at the end).
+
+    Raises:
+        ConfigError: the chain cannot be planned.
+    """
+    options = options or RunOptions()
     plan = _plan(config, options.mode)
     _ask_providers(config, plan)
     injection = McpInjection(mcp_servers(config))
@@ -153,11 +215,12 @@ async def serve_chain(
     outcome = _Outcome()
     stop = anyio.Event()
     relays_done = anyio.Event()  # shutdown answered every open request: hosts may stop
-    client_sink = PipeSink(stdout)
     client = Hop("client", client_sink, tracer=tracer)
+    if tracer is not None and options.client_transport != "stdio":
+        tracer.lifecycle("client", "connected", transport=options.client_transport)
     components: list[tuple[Component, Hop]] = []
     stopped: list[anyio.Event] = []  # one per component, set once it is fully stopped
-    hosted: list[Hop] = []  # in-process plugin proxies
+    hosted: list[Hop] = []  # in-process plugin proxies, and remote components
 
     def failed(error: ComponentError) -> None:
         if outcome.fatal is None:  # the first failure is the one reported
@@ -190,7 +253,7 @@ async def serve_chain(
                 log.info("started %s (pid %s): %s", launch.name, comp.pid, " ".join(launch.argv))
                 if tracer is not None:
                     tracer.lifecycle(launch.name, "spawned", pid=comp.pid, argv=list(launch.argv),
-                                     role=str(role))
+                                     role=str(role), transport="stdio")
                 task_status.started((comp, hop))
                 exit_traced = anyio.Event()
 
@@ -240,11 +303,57 @@ async def serve_chain(
                     plugin = f"{type(proxy).__module__}:{type(proxy).__qualname__}"
                     tracer.lifecycle(proxy.name, "spawned", pid=os.getpid(), role="proxy",
                                      argv=[f"(in-process) {plugin}"], in_process=True,
-                                     plugin=plugin)
+                                     plugin=plugin, transport="in-process")
                 task_status.started(hop)
                 # In-process proxies outlive the others: they relay the answers that
                 # shutdown gives their successors' requests (see below).
                 await relays_done.wait()
+
+        async def connect(role: Role, spec: ComponentSpec, remote: RemoteSpec, *,
+                          task_status: TaskStatus[Hop]) -> None:
+            # A remote component is a process we do not own: its connection dropping while
+            # the chain runs is its crash (every pending request answered, naming it).
+            from conductor.transport.websocket import open_ws_client
+
+            started = lost = False
+            why = ""
+
+            async def dropped(hop: Hop, why: str) -> None:
+                nonlocal lost
+                lost = True
+                error = ComponentDisconnectedError(hop.name, remote.shown, why)
+                await chain.fail_hop(hop, error)
+                fatal(error)
+
+            try:
+                async with open_ws_client(remote.url, remote.headers,
+                                          max_frame_bytes=max_frame) as (sink, source):
+                    hop = Hop(remote.name, sink, dialect=spec.dialect, tracer=tracer)
+                    hosted.append(hop)
+                    log.info("connected %s: %s", remote.name, remote.shown)
+                    if tracer is not None:
+                        tracer.lifecycle(remote.name, "spawned", pid=None, argv=[remote.shown],
+                                         role=str(role), transport="ws", url=remote.shown)
+                    task_status.started(hop)
+                    started = True
+                    async with anyio.create_task_group() as inner:
+                        async def read() -> None:
+                            await _serve_source(chain, hop, source)
+                            if not stop.is_set():
+                                await dropped(hop, source.ended)
+                        inner.start_soon(read)
+                        await stop.wait()
+                        await sink.aclose()
+                        inner.cancel_scope.cancel()
+            except ConnectionError as e:
+                if not started:
+                    raise ComponentStartError(remote.name,
+                                              f"cannot connect to {remote.shown}: {e}") from None
+                why = str(e)
+            if why and not stop.is_set():
+                await dropped(hop, why)
+            if tracer is not None:
+                tracer.lifecycle(remote.name, "exited", code=None, expected=not lost)
 
         async def starter() -> list[ComponentLink]:
             links: list[ComponentLink] = []
@@ -252,6 +361,15 @@ async def serve_chain(
                 if isinstance(launch, Proxy):
                     links.append(ComponentLink(launch.name, role, await tg.start(host_plugin,
                                                                                  launch)))
+                    continue
+                if isinstance(launch, RemoteSpec):
+                    try:
+                        hop = await tg.start(connect, role, spec, launch)
+                    except ComponentStartError as e:
+                        if tracer is not None:
+                            tracer.lifecycle(launch.name, "error", message=str(e))
+                        raise
+                    links.append(ComponentLink(launch.name, role, hop))
                     continue
                 try:
                     _, hop = await tg.start(supervise, role, spec, launch)
@@ -272,7 +390,7 @@ async def serve_chain(
             bridge.attach(chain)
 
         async def serve_client() -> None:
-            await _serve(chain, client, stdin, max_frame)
+            await _serve_source(chain, client, client_source)
             log.info("client closed its input")
             # Give the client's in-flight requests a bounded time to be answered.
             with anyio.move_on_after(config.conductor.shutdown_grace):
@@ -334,5 +452,9 @@ async def _stop_reading_after_exit(comp: Component) -> None:
 
 async def _serve(chain: Chain, hop: Hop, stream: ByteReceiveStream, max_frame: int) -> None:
     """Feed what arrives on `stream` to the router as `hop`'s, until EOF."""
-    await PipeSource(stream, max_frame_bytes=max_frame).serve(
-        functools.partial(chain.receive, hop))  # no wrapper coroutine per message
+    await _serve_source(chain, hop, PipeSource(stream, max_frame_bytes=max_frame))
+
+
+async def _serve_source(chain: Chain, hop: Hop, source: MessageSource) -> None:
+    """Feed what arrives from `source` to the router as `hop`'s, until EOF."""
+    await source.serve(functools.partial(chain.receive, hop))  # no wrapper per message

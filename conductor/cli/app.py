@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 # name -> "module:attribute"; imported on first use
 LAZY_COMMANDS = {
     "run": "conductor.cli.run:run_command",
+    "serve": "conductor.cli.serve:serve_command",
     "check": "conductor.cli.check:check_command",
     "trace": "conductor.cli.trace:trace_group",
     "serve-proxy": "conductor.cli.plugins:serve_proxy",

@@ -16,7 +16,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
-from conductor.jsonrpc.message import Batch, InvalidMessage, Message
+from conductor.jsonrpc.head import read_head
+from conductor.jsonrpc.message import (
+    Batch,
+    InvalidMessage,
+    Message,
+    ParseError,
+    UnreadableFrame,
+    decode,
+)
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.head import Head
@@ -72,3 +80,23 @@ class MessageSource(Protocol):
     async def serve(self, handle: Handle) -> None:
         """Call `handle` with every item, in order, until the peer's end of input."""
         ...
+
+
+# Line breaks outside strings are insignificant JSON whitespace (inside a string they are
+# not allowed at all), and every stdio hop is line-delimited: a message that arrived whole
+# (a WebSocket frame, an HTTP body) has them turned into spaces, so it stays one frame there.
+_LINE_BREAKS = bytes.maketrans(b"\r\n", b"  ")
+
+
+def decode_whole(data: bytes, limit: int) -> Incoming:
+    """A message that arrived in one piece, as the item a source hands on."""
+    if len(data) > limit:
+        return Oversized(len(data), limit, read_head(data))  # its id may be anywhere
+    if b"\n" in data or b"\r" in data:
+        data = data.translate(_LINE_BREAKS)
+    try:
+        return decode(data)
+    except UnreadableFrame as e:
+        return Unreadable(e.code, e.reason, e.head)
+    except ParseError as e:
+        return NotJson(str(e), data[:500])
