@@ -330,16 +330,41 @@ def component_environment(spec: ComponentSpec, *, file: str | None, where: str) 
 
 
 def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str) -> str | None:
+    """The directory a component runs in: `cwd` (relative to the chain file's folder), else
+    that folder itself, so relative arguments (`python agent.py`) mean the same wherever the
+    editor started the conductor. None (inherit) only for a chain that has no folder."""
     if spec.cwd is None:
-        return None
+        return config.base_dir
     cwd = expand(spec.cwd, dict(os.environ), where=f"{where}.cwd", file=config.source)
     if config.base_dir and not os.path.isabs(cwd):
         cwd = os.path.join(config.base_dir, cwd)
     return cwd
 
 
-def component_argv(spec: ComponentSpec, *, file: str | None, where: str) -> list[str]:
-    return [expand(a, dict(os.environ), where=f"{where}.command", file=file) for a in spec.argv()]
+def relative_to_chain(base_dir: str | None) -> str:
+    """How an error names the folder relative paths were taken from."""
+    return f"relative to {base_dir}, the chain file's folder" if base_dir else "relative"
+
+
+def component_argv(spec: ComponentSpec, *, file: str | None, where: str,
+                   base_dir: str | None = None) -> list[str]:
+    """The command with variables expanded. A program named by a relative path (`./agent.py`,
+    `bin/agent`: it has a `/`, as a shell would see it) is taken relative to `base_dir`, the
+    chain file's folder; a bare name (`npx`) is looked up in PATH when it starts.
+
+    Raises:
+        ConfigError: a variable is unset, or the relative program does not exist.
+    """
+    argv = [expand(a, dict(os.environ), where=f"{where}.command", file=file)
+            for a in spec.argv()]
+    program = argv[0]
+    if base_dir and "/" in program and not os.path.isabs(program):
+        argv[0] = os.path.normpath(os.path.join(base_dir, program))
+        if not os.path.exists(argv[0]):
+            raise ConfigError(f"{program} not found ({relative_to_chain(base_dir)})",
+                              file=file, field=f"{where}.command",
+                              hint="give a path relative to the chain file, or an absolute one")
+    return argv
 
 
 def component_headers(spec: ComponentSpec, *, file: str | None, where: str) -> dict[str, str]:
@@ -376,9 +401,16 @@ def mcp_servers(config: ChainConfig) -> list[McpServer]:
         elif spec.type == "stdio":
             assert spec.command is not None
             command = x(spec.command, "command")
-            resolved = shutil.which(command) if not os.path.isabs(command) else command
+            if "/" in command and not os.path.isabs(command) and config.base_dir:
+                relative = command  # a path, as a shell would see it: from the chain's folder
+                command = os.path.normpath(os.path.join(config.base_dir, command))
+                resolved = command if os.access(command, os.X_OK) else None
+                missing = f"{relative} ({relative_to_chain(config.base_dir)})"
+            else:
+                resolved = shutil.which(command) if not os.path.isabs(command) else command
+                missing = command
             if resolved is None:
-                raise ConfigError(f"command not found: {command}", file=config.source,
+                raise ConfigError(f"command not found: {missing}", file=config.source,
                                   field=f"{where}.command",
                                   hint="ACP wants an absolute path; give one, or fix PATH")
             out.append(McpServer(spec.name, "stdio", command=resolved,

@@ -78,7 +78,7 @@ def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig
                  grace: float) -> LaunchSpec:
     return LaunchSpec(
         name=name,
-        argv=component_argv(spec, file=config.source, where=where),
+        argv=component_argv(spec, file=config.source, where=where, base_dir=config.base_dir),
         env=component_environment(spec, file=config.source, where=where),
         cwd=component_cwd(spec, config, where=where),
         shutdown_grace=spec.shutdown_grace if spec.shutdown_grace is not None else grace,
@@ -123,7 +123,7 @@ def _plan(config: ChainConfig, mode: str) -> list[tuple[Role, ComponentSpec, Pla
     for i, (spec, name) in enumerate(zip(config.proxy, config.proxy_names(), strict=True)):
         if spec.in_process:
             plan.append((Role.PROXY, spec, load_component_proxy(
-                spec, name, file=config.source, where=f"proxy[{i}]")))
+                spec, name, file=config.source, where=f"proxy[{i}]", base_dir=config.base_dir)))
             continue
         if spec.remote:
             plan.append((Role.PROXY, spec, _remote_spec(spec, name, f"proxy[{i}]", config)))

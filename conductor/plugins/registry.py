@@ -58,8 +58,9 @@ def _entry_point(name: str) -> EntryPoint | None:
     return None
 
 
-def find_plugin(ref: str) -> type[Proxy[Any]]:
-    """Resolve an entry-point NAME, `package.module:attr`, or `path/to/file.py[:attr]`.
+def find_plugin(ref: str, *, base_dir: str | None = None) -> type[Proxy[Any]]:
+    """Resolve an entry-point NAME, `package.module:attr`, or `path/to/file.py[:attr]`; a
+    relative file path is taken relative to `base_dir` (a chain file's folder) if given.
 
     Raises:
         PluginNotFoundError: nothing by that reference.
@@ -67,7 +68,13 @@ def find_plugin(ref: str) -> type[Proxy[Any]]:
     """
     module_ref, _, attr = ref.partition(":")
     if module_ref.endswith(".py") or "/" in module_ref or module_ref.startswith("."):
-        obj = _from_file(ref, Path(module_ref), attr or None)
+        path = Path(module_ref)
+        if base_dir is not None and not path.is_absolute():
+            if not (Path(base_dir) / path).is_file():
+                raise PluginNotFoundError(f"plugin file {module_ref!r} not found (relative to "
+                                          f"{base_dir}, the chain file's folder)")
+            path = Path(base_dir) / path
+        obj = _from_file(ref, path, attr or None)
     elif attr:
         obj = _from_module(ref, module_ref, attr)
     else:
@@ -173,7 +180,7 @@ def load_proxy(ref: str, options: dict[str, Any] | None, *, name: str | None = N
 
 
 def load_component_proxy(spec: ComponentSpec, name: str, *, file: str | None,
-                         where: str) -> Proxy[Any]:
+                         where: str, base_dir: str | None = None) -> Proxy[Any]:
     """The proxy a `use = ...` / `plugin = ...` chain entry names, options validated.
 
     Raises:
@@ -184,7 +191,7 @@ def load_component_proxy(spec: ComponentSpec, name: str, *, file: str | None,
     ref = spec.use if spec.use is not None else spec.plugin
     assert ref is not None
     try:
-        cls = find_plugin(ref)
+        cls = find_plugin(ref, base_dir=base_dir)
     except PluginError as e:
         raise e.located(f"{file or '<chain>'}: {where}.{key}") from None
     return make_proxy(cls, spec.options, name=name, file=file, where=where)
