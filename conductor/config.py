@@ -285,26 +285,58 @@ def parse_chain(data: dict[str, Any], *, file: str | None = None,
     return config
 
 
+# The chains that ship inside the package (package data, so every install has them).
+BUILTIN_CHAINS = Path(__file__).parent / "chains"
+
+
+def builtin_chains() -> dict[str, Path]:
+    """The built-in chains by name (the file's stem)."""
+    return {p.stem: p for p in sorted(BUILTIN_CHAINS.glob("*.toml"))}
+
+
+def chain_path(ref: str | os.PathLike[str]) -> Path:
+    """The file `--chain REF` means: REF itself when it is a file, or looks like a path (has
+    a `/` or ends in `.toml`); otherwise the built-in chain named REF (`--chain demo`).
+
+    Raises:
+        ConfigError: REF is neither a file nor a built-in chain's name.
+    """
+    path = Path(ref)
+    text = str(ref)
+    if path.exists() or "/" in text or text.endswith(".toml"):
+        return path
+    builtin = builtin_chains().get(text)
+    if builtin is None:
+        names = ", ".join(builtin_chains()) or "none"
+        raise ConfigError(f"no file {text!r} here, and no built-in chain by that name "
+                          f"(built in: {names})", field="--chain",
+                          hint="give the path of a chain file, or a built-in chain's name; "
+                               "`acp-conductor chains` lists them")
+    return builtin
+
+
 def load_chain(path: str | os.PathLike[str]) -> ChainConfig:
-    """Read and validate a chain file.
+    """Read and validate a chain file, given by path or as a built-in chain's name.
 
     Raises:
         ConfigError: the file cannot be read, is not TOML, or is not a valid chain.
     """
+    path = chain_path(path)
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(
             "file not found", file=file,
-            hint="pass the path of a chain TOML file, e.g. chains/demo.toml") from None
+            hint="give the path of a chain TOML file, or a built-in chain's name "
+                 "(`acp-conductor chains` lists them)") from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", file=file) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"not valid TOML: {e}", file=file) from None
-    return parse_chain(data, file=file, base_dir=str(Path(path).resolve().parent))
+    return parse_chain(data, file=file, base_dir=str(path.resolve().parent))
 
 
 def chain_from_commands(commands: list[str], *, with_agent: bool) -> ChainConfig:

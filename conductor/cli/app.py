@@ -30,6 +30,7 @@ LAZY_COMMANDS = {
     "trace": "conductor.cli.trace:trace_group",
     "serve-proxy": "conductor.cli.plugins:serve_proxy",
     "proxies": "conductor.cli.plugins:list_proxies",
+    "chains": "conductor.cli.chains:chains_command",
 }
 
 
@@ -98,7 +99,7 @@ def main(ctx: click.Context) -> None:
     \b
     Point your editor at:   acp-conductor --chain chain.toml
     Without a chain file:   acp-conductor agent "python my_proxy.py" "npx some-acp-agent"
-    Try it in a terminal:   acp-conductor run --chain chains/demo.toml "hello"
+    Try it in a terminal:   acp-conductor run --chain demo "hello"
 
     stdout carries JSON-RPC only; logs and each component's stderr (prefixed with
     its name) go to stderr or --log-file. Global options may also follow the subcommand.

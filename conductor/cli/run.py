@@ -67,7 +67,7 @@ def run_command(ctx: click.Context, prompt: str | None, cwd: str,
     """Act as the editor: send PROMPT (or stdin with -) through the chain, show the turn.
 
     \b
-    acp-conductor run --chain chains/demo.toml "hello"
+    acp-conductor run --chain demo "hello"
     echo "summarise README.md" | acp-conductor run --chain c.toml - --json --approve reads
     """
     from conductor.editor.render import JsonEvents, PlainEvents, RichEvents
