@@ -201,10 +201,39 @@ class ChainConfig(BaseModel):
     base_dir: str | None = Field(default=None, exclude=True)
 
     def proxy_names(self) -> list[str]:
-        return [p.name or f"proxy:{i}" for i, p in enumerate(self.proxy)]
+        """Each proxy's name: its `name`, else what it runs (`use = "redact"` is `redact`,
+        `plugin = "pkg.mod:Guard"` is `guard`; a second `redact` is `redact-2`), else
+        `proxy:N` for a command. A default never takes a name given explicitly."""
+        taken = {p.name for p in self.proxy if p.name} | {self.agent_name()}
+        names: list[str] = []
+        for i, spec in enumerate(self.proxy):
+            if spec.name:
+                names.append(spec.name)
+                continue
+            base = _default_name(spec) or f"proxy:{i}"
+            name, n = base, 1
+            while name in taken:
+                n += 1
+                name = f"{base}-{n}"
+            taken.add(name)
+            names.append(name)
+        return names
 
     def agent_name(self) -> str:
         return (self.agent.name if self.agent and self.agent.name else None) or "agent"
+
+
+def _default_name(spec: ComponentSpec) -> str | None:
+    """An in-process proxy is called after what it runs; a command has no such name."""
+    if spec.use is not None:
+        ref = spec.use
+    elif spec.plugin is not None:
+        module, _, attr = spec.plugin.partition(":")
+        ref = attr or Path(module).stem
+    else:
+        return None
+    name = re.sub(r"[^A-Za-z0-9_.:-]+", "-", ref).strip("-").lower()
+    return name or None
 
 
 _HINTS = {
