@@ -21,9 +21,10 @@ from pydantic import (
 )
 
 from conductor.acp import Dialect
-from conductor.errors import ConfigError
+from conductor.errors import ConductorError, ConfigError
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
 from conductor.routing.mcp import McpServer
+from conductor.validation import problems
 
 
 def _compiles(pattern: str) -> str:
@@ -236,49 +237,10 @@ def _default_name(spec: ComponentSpec) -> str | None:
     return name or None
 
 
-_HINTS = {
-    "extra_forbidden": "remove it, or check the spelling against docs/configuration.md",
-    "missing": "add it",
-    "string_type": "write a string",
-    "list_type": "write a list",
-}
-
-
-def _location(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in ("str", "list[str]", "function-after[_one_kind(), ComponentSpec]"):
-            continue  # union branch names from pydantic, not keys
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-_FIELD_PREFIX = re.compile(r"^([a-z_]+): ")
-
-
-def config_error_from_validation(error: ValidationError, file: str | None) -> ConfigError:
-    """One ConfigError naming every problem with its key path.
-
-    A model-level check names its field by starting its message with `field: `; that is
-    folded into the key path (pydantic cannot locate such errors itself).
-    """
-    lines = []
-    for item in error.errors():
-        where = _location(item["loc"])
-        hint = _HINTS.get(item["type"], "")
-        if item["type"] == "extra_forbidden":
-            msg = f"unknown key {where.rsplit('.', 1)[-1]!r}"
-        else:
-            msg = item["msg"].removeprefix("Value error, ")
-            field = _FIELD_PREFIX.match(msg)
-            if field:
-                where = f"{where}.{field.group(1)}" if where else field.group(1)
-                msg = msg[field.end():]
-        lines.append(f"{where}: {msg}" + (f" (hint: {hint})" if hint else ""))
-    return ConfigError("; ".join(lines), file=file)
+def config_error_from_validation(error: ValidationError, file: str | None) -> ConductorError:
+    """One ConfigError naming every problem with its key path, and a fix for each."""
+    return ConfigError.combine([ConfigError(p.message, file=file, field=p.field, hint=p.hint)
+                                for p in problems(error, ChainConfig)], file)
 
 
 def parse_chain(data: dict[str, Any], *, file: str | None = None,
@@ -293,10 +255,12 @@ def parse_chain(data: dict[str, Any], *, file: str | None = None,
     except ValidationError as e:
         raise config_error_from_validation(e, file) from None
     config.source, config.base_dir = file, base_dir
+    found: list[ConductorError] = []
     if config.agent is not None and config.agent.in_process:
-        raise ConfigError("the agent must be a command; plugins run as proxies", file=file,
-                          field="agent.use" if config.agent.use else "agent.plugin",
-                          hint="move it to a [[proxy]] table and give [agent] a command")
+        found.append(ConfigError(
+            "the agent must be a command; plugins run as proxies", file=file,
+            field="agent.use" if config.agent.use else "agent.plugin",
+            hint="move it to a [[proxy]] table and give [agent] a command"))
     names = [*config.proxy_names(), config.agent_name()]
     for i, server in enumerate(config.mcp_server):
         if server.type == "acp" and server.provider not in config.proxy_names():
@@ -308,9 +272,11 @@ def parse_chain(data: dict[str, Any], *, file: str | None = None,
     for i, name in enumerate(names):
         if name in seen:
             where = f"proxy[{i}].name" if i < len(config.proxy) else "agent.name"
-            raise ConfigError(f"duplicate component name {name!r}", file=file, field=where,
-                              hint="give every component its own name")
+            found.append(ConfigError(f"duplicate component name {name!r}", file=file,
+                                     field=where, hint="give every component its own name"))
         seen.add(name)
+    if found:
+        raise ConfigError.combine(found, file)
     return config
 
 

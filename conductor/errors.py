@@ -68,12 +68,28 @@ class ConfigError(ConductorError):
     exit_code = ExitCode.USAGE
 
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None,
-                 hint: str | None = None) -> None:
-        self.file, self.field, self.hint = file, field, hint
-        parts = [f"{file}: " if file else "", f"{field}: " if field else "", message]
-        if hint:
-            parts.append(f" (hint: {hint})")
-        super().__init__("".join(parts))
+                 hint: str | None = None, problems: Sequence[ConductorError] = ()) -> None:
+        self.message, self.file, self.field, self.hint = message, file, field, hint
+        self.problems = list(problems)  # when this error stands for several
+        super().__init__(f"{file}: {self.line()}" if file else self.line())
+
+    def line(self) -> str:
+        """The problem without its file: `field: message (hint: ...)`."""
+        parts = [f"{self.field}: " if self.field else "", self.message]
+        if self.hint:
+            parts.append(f" (hint: {self.hint})")
+        return "".join(parts)
+
+    @classmethod
+    def combine(cls, errors: Sequence[ConductorError], file: str | None) -> ConductorError:
+        """One error reporting all of `errors`, one per line (the error itself when alone),
+        so a chain file's problems are all fixed in one go."""
+        if len(errors) == 1:
+            return errors[0]
+        lines = [e.line() if isinstance(e, ConfigError) else str(e).removeprefix(f"{file}: ")
+                 for e in errors]
+        return cls(f"{len(errors)} problems:\n  " + "\n  ".join(lines), file=file,
+                   problems=errors)
 
 
 class PluginError(ConductorError):

@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import signal
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +34,10 @@ from conductor.errors import (
     ComponentExitedError,
     ComponentStartError,
     ComponentStoppedError,
+    ConductorError,
     ConfigError,
     ExitCode,
+    PluginError,
 )
 from conductor.plugins.api import Proxy
 from conductor.plugins.host import open_inprocess_hop
@@ -46,6 +49,8 @@ from conductor.supervise.component import EXIT_DRAIN, Component, LaunchSpec, ope
 from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from anyio.abc import ByteReceiveStream, ByteSendStream, TaskStatus
 
     from conductor.tracing.sink import TraceSink
@@ -120,27 +125,46 @@ def _plan(config: ChainConfig, mode: str) -> list[tuple[Role, ComponentSpec, Pla
     """
     grace = config.conductor.shutdown_grace
     plan: list[tuple[Role, ComponentSpec, Planned]] = []
+    found: list[ConductorError] = []  # every problem is reported, not only the first
+
+    @contextmanager
+    def collected() -> Iterator[None]:
+        try:
+            yield
+        except (ConfigError, PluginError) as e:
+            found.extend(e.problems if isinstance(e, ConfigError) and e.problems else [e])
+
     for i, (spec, name) in enumerate(zip(config.proxy, config.proxy_names(), strict=True)):
-        if spec.in_process:
-            plan.append((Role.PROXY, spec, load_component_proxy(
-                spec, name, file=config.source, where=f"proxy[{i}]", base_dir=config.base_dir)))
-            continue
-        if spec.remote:
-            plan.append((Role.PROXY, spec, _remote_spec(spec, name, f"proxy[{i}]", config)))
-            continue
-        plan.append((Role.PROXY, spec, _launch_spec(spec, name, f"proxy[{i}]", config, grace)))
+        with collected():
+            if spec.in_process:
+                plan.append((Role.PROXY, spec, load_component_proxy(
+                    spec, name, file=config.source, where=f"proxy[{i}]",
+                    base_dir=config.base_dir)))
+            elif spec.remote:
+                plan.append((Role.PROXY, spec,
+                             _remote_spec(spec, name, f"proxy[{i}]", config)))
+            else:
+                plan.append((Role.PROXY, spec,
+                             _launch_spec(spec, name, f"proxy[{i}]", config, grace)))
     if mode == "agent":
         if config.agent is None:
-            raise ConfigError("the chain has no agent", file=config.source, field="agent",
-                              hint="add an [agent] table with a command")
-        plan.append((Role.AGENT, config.agent,
-                     _remote_spec(config.agent, config.agent_name(), "agent", config)
-                     if config.agent.remote else
-                     _launch_spec(config.agent, config.agent_name(), "agent", config, grace)))
+            found.append(ConfigError("the chain has no agent", file=config.source,
+                                     field="agent", hint="add an [agent] table with a command"))
+        else:
+            with collected():
+                plan.append((Role.AGENT, config.agent,
+                             _remote_spec(config.agent, config.agent_name(), "agent", config)
+                             if config.agent.remote else
+                             _launch_spec(config.agent, config.agent_name(), "agent", config,
+                                          grace)))
     elif config.agent is not None:
-        raise ConfigError("a chain run as a proxy ends at its successor, not an agent",
-                          file=config.source, field="agent",
-                          hint="remove the [agent] table, or run without `proxy`")
+        found.append(ConfigError("a chain run as a proxy ends at its successor, not an agent",
+                                 file=config.source, field="agent",
+                                 hint="remove the [agent] table, or run without `proxy`"))
+    with collected():
+        mcp_servers(config)  # resolved again by serve_chain; checked here to report it too
+    if found:
+        raise ConfigError.combine(found, config.source)
     return plan
 
 

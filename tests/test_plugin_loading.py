@@ -45,7 +45,7 @@ def test_bad_options_in_a_chain_file_name_the_proxy_the_file_and_the_field(tmp_p
     text = str(caught.value)
     assert str(chain) in text and "'guard'" in text
     assert "proxy[0].options.default" in text
-    assert "proxy[0].options.rules.0.colour: unknown option" in text
+    assert "proxy[0].options.rules[0].colour: proxy 'guard': unknown option 'colour'" in text
     assert caught.value.exit_code == 2
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from conductor.errors import ConfigError, PluginError, PluginNotFoundError, PluginValidationError
 from conductor.plugins.api import Proxy
+from conductor.validation import did_you_mean, problems
 
 if TYPE_CHECKING:
     from conductor.config import ComponentSpec
@@ -80,10 +81,12 @@ def find_plugin(ref: str, *, base_dir: str | None = None) -> type[Proxy[Any]]:
     else:
         ep = _entry_point(ref)
         if ep is None:
-            names = ", ".join(p.name for p in installed()) or "none"
+            known = [p.name for p in installed()]
+            guess = did_you_mean(ref, known)
             raise PluginNotFoundError(
-                f"no proxy named {ref!r} is installed (installed: {names}); give an "
-                "installed name, `package.module:Class`, or `path/to/file.py:Class`")
+                f"no proxy named {ref!r} is installed ({guess + ' ' if guess else ''}installed: "
+                f"{', '.join(known) or 'none'}); give an installed name, "
+                "`package.module:Class`, or `path/to/file.py:Class`")
         try:
             obj = ep.load()
         except (ImportError, AttributeError) as e:
@@ -152,15 +155,10 @@ def make_proxy(cls: type[Proxy[Any]], options: dict[str, Any] | None, *, name: s
     try:
         model = cls.options_model.model_validate(options or {})
     except ValidationError as e:
-        problems = []
-        for item in e.errors():
-            path = ".".join(str(p) for p in item["loc"])
-            msg = "unknown option" if item["type"] == "extra_forbidden" else item["msg"]
-            problems.append(f"{prefix}{'.' + path if path else ''}: {msg}")
-        first_path = ".".join(str(p) for p in e.errors()[0]["loc"])
-        raise ConfigError(f"invalid options for proxy {name!r}: " + "; ".join(problems),
-                          file=file, field=prefix + (f".{first_path}" if first_path else "")
-                          ) from None
+        found = problems(e, cls.options_model, prefix=prefix, unknown="unknown option {key!r}")
+        raise ConfigError.combine(
+            [ConfigError(f"proxy {name!r}: {p.message}", file=file, field=p.field, hint=p.hint)
+             for p in found], file) from None
     proxy = cls(model)
     proxy.rename(name)
     return proxy
