@@ -31,6 +31,7 @@ LAZY_COMMANDS = {
     "serve-proxy": "conductor.cli.plugins:serve_proxy",
     "proxies": "conductor.cli.plugins:list_proxies",
     "chains": "conductor.cli.chains:chains_command",
+    "init": "conductor.cli.init:init_command",
 }
 
 

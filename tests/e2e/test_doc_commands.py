@@ -2,8 +2,8 @@
 
 A ```sh block in README.md or docs/*.md holds commands a reader types: each line (a
 trailing `\\` continues it) runs here in bash, in a scratch directory, against a normal
-install of this checkout's wheel, and must exit 0. Real agents are stood in for by the
-demo agent: `chain.toml` in the scratch directory is the demo chain. Lines that cannot run
+install of this checkout's wheel (a venv per doc), and must exit 0. Real agents are stood
+in for by the demo agent: `chain.toml` in the scratch directory is the demo chain. Lines that cannot run
 here are listed in NOT_RUN with the reason. Synopses and editor configurations are not
 ```sh blocks (they are ```text, ```json, ```lua, ...), so they are not run.
 
@@ -120,14 +120,15 @@ def test_every_line_that_is_not_run_is_still_in_the_docs() -> None:
 @pytest.mark.parametrize("doc", [d for d in DOCS if d.name != "ci.md"
                                  and "```sh" in d.read_text(encoding="utf-8")],
                          ids=lambda d: d.name)
-def test_every_command_in_the_doc_runs_as_written(doc: Path, installed: Path,
+def test_every_command_in_the_doc_runs_as_written(doc: Path, wheel: Path,
                                                   tmp_path: Path) -> None:
     lines = sh_lines(doc.read_text(encoding="utf-8"))
     assert lines
     (tmp_path / "work").mkdir()
     (tmp_path / "scratch").mkdir()
-    run_lines(lines, cwd=workspace(tmp_path / "work"), venv=installed,
-              scratch=tmp_path / "scratch")
+    venv = fresh_venv(tmp_path / "venv")  # its own: a doc's `pip install -e` lands here
+    bash(f"pip install -q {wheel}", cwd=tmp_path, env=user_env(venv)).check_returncode()
+    run_lines(lines, cwd=workspace(tmp_path / "work"), venv=venv, scratch=tmp_path / "scratch")
 
 
 def ci_chain(text: str) -> str:
