@@ -8,7 +8,7 @@ import shlex
 import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -26,6 +26,9 @@ from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
 from conductor.routing.mcp import McpServer
 from conductor.validation import problems
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 
 def _compiles(pattern: str) -> str:
     try:
@@ -39,6 +42,11 @@ def _compiles(pattern: str) -> str:
 Regex = Annotated[str, AfterValidator(_compiles)]
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def variables(text: str) -> list[tuple[str, str | None]]:
+    """The `${VAR}`s a value names, each with its default (None when it has none)."""
+    return [(m.group(1), m.group(2)) for m in _VAR.finditer(text)]
 
 
 def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) -> str:
@@ -374,7 +382,8 @@ def relative_to_chain(base_dir: str | None) -> str:
 
 
 def component_argv(spec: ComponentSpec, *, file: str | None, where: str,
-                   base_dir: str | None = None) -> list[str]:
+                   base_dir: str | None = None,
+                   environ: Mapping[str, str] | None = None) -> list[str]:
     """The command with variables expanded. A program named by a relative path (`./agent.py`,
     `bin/agent`: it has a `/`, as a shell would see it) is taken relative to `base_dir`, the
     chain file's folder; a bare name (`npx`) is looked up in PATH when it starts.
@@ -382,8 +391,8 @@ def component_argv(spec: ComponentSpec, *, file: str | None, where: str,
     Raises:
         ConfigError: a variable is unset, or the relative program does not exist.
     """
-    argv = [expand(a, dict(os.environ), where=f"{where}.command", file=file)
-            for a in spec.argv()]
+    env = dict(os.environ if environ is None else environ)
+    argv = [expand(a, env, where=f"{where}.command", file=file) for a in spec.argv()]
     program = argv[0]
     if base_dir and "/" in program and not os.path.isabs(program):
         argv[0] = os.path.normpath(os.path.join(base_dir, program))

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-from typing import TYPE_CHECKING
+import sys
+from pathlib import Path
 
 from conductor.cli.chains import description
 from conductor.config import BUILTIN_CHAINS, chain_path
 from tests.conftest import child_env, conductor_argv
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 
 def conductor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -44,6 +42,15 @@ def test_a_path_that_does_not_exist_is_a_missing_file_not_a_name(tmp_path: Path)
     result = conductor("run", "--chain", "demo.toml", "hello", cwd=tmp_path)
     assert result.returncode == 2
     assert "demo.toml: file not found" in result.stderr
+
+
+def test_built_in_chain_names_complete_in_the_shell(tmp_path: Path) -> None:
+    env = child_env(COMP_WORDS="acp-conductor run --chain de", COMP_CWORD="3",
+                    _ACP_CONDUCTOR_COMPLETE="bash_complete")
+    script = Path(sys.executable).parent / "acp-conductor"  # completion goes by its name
+    done = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.stdout.splitlines() == ["plain,demo", "file,de"]
 
 
 def test_chains_lists_every_built_in_chain_with_what_it_does(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ LAZY_COMMANDS = {
     "proxies": "conductor.cli.plugins:list_proxies",
     "chains": "conductor.cli.chains:chains_command",
     "init": "conductor.cli.init:init_command",
+    "doctor": "conductor.cli.doctor:doctor_command",
 }
 
 

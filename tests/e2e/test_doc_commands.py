@@ -3,9 +3,10 @@
 A ```sh block in README.md or docs/*.md holds commands a reader types: each line (a
 trailing `\\` continues it) runs here in bash, in a scratch directory, against a normal
 install of this checkout's wheel (a venv per doc), and must exit 0. Real agents are stood
-in for by the demo agent: `chain.toml` in the scratch directory is the demo chain. Lines that cannot run
-here are listed in NOT_RUN with the reason. Synopses and editor configurations are not
-```sh blocks (they are ```text, ```json, ```lua, ...), so they are not run.
+in for by the demo agent: `chain.toml` in the scratch directory is the demo chain. Lines
+that cannot run here are listed in NOT_RUN with the reason. Synopses and editor
+configurations are not ```sh blocks (they are ```text, ```json, ```lua, ...), so they are
+not run.
 
 docs/ci.md is a GitHub Actions job: its ```sh block and then every `run:` step of its
 workflow run in order, in one workspace, with its `chains/ci.toml` (the agent swapped for
@@ -40,6 +41,17 @@ NOT_RUN = {
     "acpx --agent 'acp-conductor --chain /home/me/chains/chain.toml' exec 'summarize the "
     "changes'": "needs acpx from npm and the reader's chain; tests/e2e/test_acpx.py drives "
                 "the same command",
+    **{line: "pipx and uv install into the user's home with packages from PyPI; the wheel "
+              "they install is tests/e2e/test_wheel.py's, and the README's `pip install .` "
+              "runs here"
+       for line in ("pipx install /path/to/acp-conductor",
+                    "uv tool install /path/to/acp-conductor",
+                    "pipx install dist/acp_conductor-0.1.0-py3-none-any.whl")},
+    'eval "$(_ACP_CONDUCTOR_COMPLETE=zsh_source acp-conductor)"':
+        "zsh syntax, and zsh is not here; click writes it like the bash script, which runs",
+    "_ACP_CONDUCTOR_COMPLETE=fish_source acp-conductor > "
+    "~/.config/fish/completions/acp-conductor.fish":
+        "fish's folder, and fish is not here; click writes it like the bash script",
     **{f"python bench/run_bench.py{args}": "a benchmark: minutes of CPU; bench/ is "
                                            "checked by ruff in tests/test_codebase.py"
        for args in ("", " --quick", " --check", " --imports",
@@ -103,7 +115,8 @@ def run_lines(lines: list[str], *, cwd: Path, venv: Path, scratch: Path) -> None
             continue
         for placeholder, value in SUBSTITUTE.items():
             line = line.replace(placeholder, value)
-        env = user_env(venv, PYTHONPATH=str(cwd))  # my_pkg: the reader's installed package
+        # my_pkg: the reader's installed package; HOME: nothing is written to the real one
+        env = user_env(venv, PYTHONPATH=str(cwd), HOME=str(scratch))
         here = cwd
         if IN_CHECKOUT.match(line):  # an install: into a venv of its own, from the checkout
             env = user_env(fresh_venv(scratch / f"venv-{len(list(scratch.iterdir()))}"))
