@@ -106,3 +106,13 @@ def test_doctor_exits_1_when_a_check_fails_and_0_with_warnings_only(tmp_path: Pa
     assert failed.returncode == 1
     assert "fail  agent: `no-such-agent-program` is not on PATH" in failed.stdout
     assert failed.stdout.splitlines()[-1].startswith("1 failed, ")
+
+
+def test_a_remote_agent_is_named_with_its_address_and_its_header_variables_checked(
+        tmp_path: Path) -> None:
+    chain = ('[agent]\nurl = "wss://build-box:8765/acp"\n'
+             'headers = { Authorization = "Bearer ${AGENT_TOKEN}" }\n')
+    found = findings(tmp_path, chain, {"PATH": "/usr/bin:/bin"})
+    assert found["agent"] == Finding("ok", "agent", "remote, at wss://build-box:8765/acp")
+    assert found["${AGENT_TOKEN}"].status == "fail"
+    assert "agent.headers.Authorization needs it" in found["${AGENT_TOKEN}"].detail

@@ -126,6 +126,8 @@ def _variable_findings(config: ChainConfig, environ: dict[str, str]) -> list[Fin
         texts += [(f"{where}.command", a) for a in argv]
         texts += [(f"{where}.env.{k}", v) for k, v in spec.env.items()]
         texts += [(f"{where}.cwd", spec.cwd)] if spec.cwd else []
+        texts += [(f"{where}.url", spec.url)] if spec.url else []
+        texts += [(f"{where}.headers.{k}", v) for k, v in spec.headers.items()]
         secrets += [(f"{where}.secret_env", name) for name in spec.secret_env]
     for i, server in enumerate(config.mcp_server):
         values = [server.command or "", *server.args, *server.env.values(), server.url or "",
@@ -182,6 +184,9 @@ def chain_findings(path: str, environ: dict[str, str]) -> list[Finding]:
             else:
                 out.append(Finding("ok", name, f"in-process {type(proxy).__module__}:"
                                                f"{type(proxy).__qualname__}"))
+            continue
+        if spec.remote:  # reached over the network: `check` tries the connection
+            out.append(Finding("ok", name, f"remote, at {spec.url}"))
             continue
         try:
             argv = component_argv(spec, file=config.source, where=where,

@@ -47,6 +47,9 @@ NOT_RUN = {
        for line in ("pipx install /path/to/acp-conductor",
                     "uv tool install /path/to/acp-conductor",
                     "pipx install dist/acp_conductor-0.1.0-py3-none-any.whl")},
+    "acp-conductor serve --chain chain.toml":
+        "a server: it listens until it is stopped; tests/e2e/test_remote.py starts `serve` "
+        "and connects to it",
     'eval "$(_ACP_CONDUCTOR_COMPLETE=zsh_source acp-conductor)"':
         "zsh syntax, and zsh is not here; click writes it like the bash script, which runs",
     "_ACP_CONDUCTOR_COMPLETE=fish_source acp-conductor > "
@@ -63,8 +66,8 @@ NOT_RUN = {
 # Placeholders for paths on the reader's machine.
 SUBSTITUTE = {"/path/to/acp-conductor": str(REPO)}
 
-# The reader runs these in their checkout of acp-conductor (`pip install .`).
-IN_CHECKOUT = re.compile(r"^pip install \. ")
+# The reader runs these in their checkout of acp-conductor (`pip install .`, `-e '.[x]'`).
+IN_CHECKOUT = re.compile(r"^pip install (-e )?'?\.(\[[a-z,]+\])?'?( |$)")
 
 
 def sh_lines(text: str) -> list[str]:

@@ -17,7 +17,7 @@ def acp_conductor() -> list[str]:
 
 
 def test_the_demo_agent_calls_a_session_tools_tool_with_the_documented_command() -> None:
-    result = subprocess.run([*acp_conductor(), "run", "--chain", "chains/tools.toml",
+    result = subprocess.run([*acp_conductor(), "run", "--chain", "tools",
                              "use the tool"], capture_output=True, text=True,
                             env=child_env(), timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stderr
