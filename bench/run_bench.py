@@ -52,7 +52,8 @@ MiB = 1024 * 1024
 AGENT = [PY, str(BENCH / "agent.py")]
 # The one proxy every conductor gets: envelope-only msgspec decoding, both proxy dialects.
 PROXY = [PY, str(BENCH / "fast_passthrough.py")]
-JSON_PROXY = [PY, str(REPO / "proxies" / "passthrough_stdio.py")]  # stdlib json; ours only
+JSON_PROXY = [PY, str(REPO / "proxies" / "acp_conductor_proxies" /
+                     "passthrough_stdio.py")]  # stdlib json; ours only
 PLUGIN_STANDALONE = [PY, "-m", "conductor", "serve-proxy", "passthrough"]
 
 THINKWELL_DIR = BENCH / "node"
@@ -120,9 +121,9 @@ VARIANTS: list[Variant] = [
     # Not run by default (name them with --only):
     Variant("acp+1i", "acp-conductor --chain FILE: 1 in-process passthrough plugin",
             lambda w: acp_chain_mode(w, 1), "acp", 1, default=False),
-    Variant("acp+1j", "acp-conductor agent with proxies/passthrough_stdio.py (json)",
+    Variant("acp+1j", "acp-conductor agent with passthrough_stdio.py (json)",
             lambda _: acp_agent_mode(JSON_PROXY, AGENT), "acp", 1, default=False),
-    Variant("acp+3j", "three proxies/passthrough_stdio.py (json)",
+    Variant("acp+3j", "three passthrough_stdio.py (json)",
             lambda _: acp_agent_mode(JSON_PROXY, JSON_PROXY, JSON_PROXY, AGENT), "acp", 3,
             default=False),
     Variant("acp+1p", "the passthrough plugin stand-alone (serve-proxy passthrough)",
@@ -178,7 +179,8 @@ def precompile(checkout: Path) -> None:
 
 def child_env(pythonpath: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), str(pythonpath / "proxies"),
+                                                      env.get("PYTHONPATH")]))
     return env
 
 

@@ -25,7 +25,8 @@ def conductor_argv(*args: str) -> list[str]:
 
 def child_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(REPO / "proxies"),
+                                                      env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env

@@ -51,7 +51,8 @@ def test_check_reports_each_component_it_started() -> None:
 def test_check_fails_with_the_failing_components_stderr_tail(tmp_path: Path) -> None:
     chain = tmp_path / "bad.toml"
     chain.write_text(
-        '[[proxy]]\nname = "pass"\ncommand = ["${PYTHON}", "-m", "proxies.passthrough"]\n'
+        '[[proxy]]\nname = "pass"\n'
+        'command = ["${PYTHON}", "-m", "acp_conductor_proxies.passthrough"]\n'
         f'[agent]\nname = "broken"\ncommand = ["{sys.executable}", "-c", '
         '"import sys; sys.stderr.write(\'missing API key\\\\n\'); sys.exit(4)"]\n',
         encoding="utf-8")

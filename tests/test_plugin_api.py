@@ -9,11 +9,11 @@ import anyio
 import pytest
 from msgspec import Raw
 
+from acp_conductor_proxies.passthrough import Passthrough
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.plugins import Proxy, ProxyContext, SessionScope, on
 from conductor.testing import ScriptedAgent, open_test_chain
-from proxies.passthrough import Passthrough
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Message

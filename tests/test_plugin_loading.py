@@ -205,7 +205,8 @@ def test_python_dash_m_proxies_passthrough_still_runs_as_a_stdio_proxy() -> None
     lines = [
         '{"jsonrpc":"2.0","id":1,"method":"_proxy/initialize","params":{"protocolVersion":1}}',
     ]
-    done = subprocess.run([sys.executable, "-m", "proxies.passthrough"], env=child_env(),
+    done = subprocess.run([sys.executable, "-m", "acp_conductor_proxies.passthrough"],
+                          env=child_env(),
                           input="\n".join(lines) + "\n", capture_output=True, text=True,
                           timeout=30)
     assert done.stdout.startswith('{"jsonrpc":"2.0","id":1,"method":"_proxy/successor",'

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from acp_conductor_proxies.session_tools import SessionTools, SessionToolsOptions
 from conductor.testing import TestClient, open_test_chain
-from proxies.session_tools import SessionTools, SessionToolsOptions
 from tests.test_plugin_tools import McpAgent
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ async def test_ask_user_asks_the_editor_a_yes_no_question() -> None:
 
 
 async def test_the_permissions_proxy_answers_check_when_the_chain_asks_for_its_tools() -> None:
-    from proxies.permissions import Permissions, PermissionsOptions, Rule
+    from acp_conductor_proxies.permissions import Permissions, PermissionsOptions, Rule
 
     proxy = Permissions(PermissionsOptions(rules=[
         Rule(name="protect-env", path=".env*", action="deny"),

@@ -30,7 +30,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One run through two proxies, each component's pipes logged by a tee."""
     tmp = tmp_path_factory.mktemp("trace")
     logs = {name: tmp / f"{name}.log" for name in ("first", "second", "agent")}
-    proxy = [sys.executable, "-m", "proxies.passthrough"]
+    proxy = [sys.executable, "-m", "acp_conductor_proxies.passthrough"]
     agent = [sys.executable, "-m", "conductor.demo_agent"]
     chain = {
         "proxy": [{"name": "first", "command": _tee(logs["first"], *proxy)},

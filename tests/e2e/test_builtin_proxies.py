@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
+from acp_conductor_proxies.transcript import file_stem
 from conductor.testing import TestClient, open_process_client
-from proxies.transcript import file_stem
 from tests.conftest import BIN, child_env, conductor_argv
 
 if TYPE_CHECKING:

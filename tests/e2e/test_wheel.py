@@ -24,7 +24,9 @@ def acp_conductor(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProc
 def test_the_wheel_carries_the_built_in_chains(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "conductor/chains/demo.toml" in names
-    assert {n.split("/")[0] for n in names if n.endswith(".py")} == {"conductor", "proxies"}
+    # The built-in proxies are namespaced: no top-level `proxies` to shadow a user's own.
+    assert {n.split("/")[0] for n in names if n.endswith(".py")} == {
+        "conductor", "acp_conductor_proxies"}
 
 
 def test_the_readme_demo_runs_from_a_normal_install(installed: Path, tmp_path: Path) -> None:

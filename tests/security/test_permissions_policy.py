@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
+from acp_conductor_proxies.permissions import PERMISSION_DENIED, Permissions, PermissionsOptions
 from conductor.config import load_chain
 from conductor.errors import RpcError
 from conductor.rpc.failure import raise_for_error as answer_or_raise
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
-from proxies.permissions import PERMISSION_DENIED, Permissions, PermissionsOptions
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
