@@ -288,8 +288,14 @@ def parse_chain(data: dict[str, Any], *, file: str | None = None,
     return config
 
 
-# The chains that ship inside the package (package data, so every install has them).
-BUILTIN_CHAINS = Path(__file__).parent / "chains"
+def _builtin_chains_dir() -> Path:
+    """The built-in chains: the repo's top-level chains/ folder, which a wheel carries as
+    package data (conductor/chains, pyproject's force-include), so every install has them."""
+    packaged = Path(__file__).parent / "chains"
+    return packaged if packaged.is_dir() else Path(__file__).parent.parent / "chains"
+
+
+BUILTIN_CHAINS = _builtin_chains_dir()
 
 
 def builtin_chains() -> dict[str, Path]:

@@ -15,7 +15,7 @@ from tests.conftest import REPO, child_env, conductor_argv
 if TYPE_CHECKING:
     from pathlib import Path
 
-CHAINS = sorted((REPO / "conductor" / "chains").glob("*.toml"))
+CHAINS = sorted((REPO / "chains").glob("*.toml"))
 
 
 def check(*args: str) -> subprocess.CompletedProcess[str]:
@@ -33,7 +33,7 @@ def test_every_chain_in_chains_passes_check(chain: Path) -> None:
 
 
 def test_check_reports_each_component_it_started() -> None:
-    result = check("--chain", str(REPO / "conductor" / "chains" / "demo.toml"), "--json")
+    result = check("--chain", str(REPO / "chains" / "demo.toml"), "--json")
     report = json.loads(result.stdout)
     names = [(c["name"], c["role"]) for c in report["components"]]
     assert names == [("passthrough", "proxy"), ("demo-agent", "agent")]
@@ -42,7 +42,7 @@ def test_check_reports_each_component_it_started() -> None:
     assert agent["capabilities"]["loadSession"] is True
     assert agent["mcpTransports"] == ["stdio", "acp"]  # it speaks MCP-over-ACP itself
     assert agent["authMethods"] == []
-    table = check("--chain", str(REPO / "conductor" / "chains" / "demo.toml"))
+    table = check("--chain", str(REPO / "chains" / "demo.toml"))
     assert table.returncode == 0
     for word in ("passthrough", "demo-agent", "loadSession", "stdio", "ok"):
         assert word in table.stdout

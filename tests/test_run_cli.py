@@ -20,7 +20,7 @@ from tests.conftest import BIN, REPO, child_env, conductor_argv
 if TYPE_CHECKING:
     from pathlib import Path
 
-DEMO = str(REPO / "conductor" / "chains" / "demo.toml")
+DEMO = str(REPO / "chains" / "demo.toml")
 
 
 def run(*args: str, stdin: str | None = None, cwd: Path | None = None,

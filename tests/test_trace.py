@@ -255,7 +255,7 @@ def test_trace_html_renders_every_event_when_payloads_hold_markup(tmp_path: Path
     assert CHROMIUM is not None, "CI must have chromium: .ci/run installs it"
     trace, page = tmp_path / "t.jsonl", tmp_path / "t.html"
     done = subprocess.run(conductor_argv("--trace", str(trace), "run", "--chain",
-                                         str(REPO / "conductor" / "chains" / "demo.toml"), HOSTILE),
+                                         str(REPO / "chains" / "demo.toml"), HOSTILE),
                           capture_output=True, text=True, env=child_env(), timeout=60)
     assert done.returncode == 0, done.stderr
     events = _events(trace)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-DEMO = str(REPO / "conductor" / "chains" / "demo.toml")
+DEMO = str(REPO / "chains" / "demo.toml")
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -1,6 +1,6 @@
 """The permissions proxy against an agent that tries to get past its rules.
 
-Each case runs the shipped example policy (conductor/chains/permissions.toml) in memory: the agent
+Each case runs the shipped example policy (chains/permissions.toml) in memory: the agent
 asks the editor for a file, a terminal or a permission, and the test checks whether the
 editor ever saw the request. "Denied" means the agent got -33004 (POLICY_DENIED) or a
 reject option, and the editor saw nothing.
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = PermissionsOptions(**load_chain(str(REPO / "conductor" / "chains" / "permissions.toml"))
+SHIPPED = PermissionsOptions(**load_chain(str(REPO / "chains" / "permissions.toml"))
                              .proxy[0].options)
 SESSION = object()  # "the session the test opened"
 
