@@ -1,4 +1,12 @@
-"""Chain files: TOML validated by pydantic, with errors that name the file, the field and a fix."""
+"""Chain files: TOML, with errors that name the file, the field and a fix.
+
+The chain's types are plain dataclasses: serving a chain given on the command line
+(`acp-conductor agent CMD...`) imports no validation library at all. A chain *file* is
+validated by pydantic (`parse_chain`), imported only then: its types (`str | None`,
+`list[...]`, literals) are checked field by field and every problem is reported at once;
+the rules between fields live in each class's `__post_init__`, which names its field by
+starting its message with `field: `.
+"""
 
 from __future__ import annotations
 
@@ -7,39 +15,23 @@ import re
 import shlex
 import sys
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-
-from conductor.acp import Dialect
+from conductor.acp import Dialect  # noqa: TC001 (pydantic resolves the annotations)
 from conductor.errors import ConductorError, ConfigError
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
 from conductor.routing.mcp import McpServer
-from conductor.validation import problems
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from pydantic import ValidationError
 
-def _compiles(pattern: str) -> str:
-    try:
-        re.compile(pattern)
-    except re.error as e:
-        raise ValueError(f"{pattern!r} is not a regular expression: {e}") from None
-    return pattern
+# pydantic reads this from a dataclass: a misspelt key is an error, not ignored.
+_STRICT: dict[str, Any] = {"extra": "forbid"}
 
-
-# A string that must compile as a regular expression, so a bad pattern fails at load, by field.
-Regex = Annotated[str, AfterValidator(_compiles)]
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -68,36 +60,34 @@ def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) 
     return _VAR.sub(sub, text)
 
 
-class ComponentSpec(BaseModel):
+@dataclass
+class ComponentSpec:
     """One `[[proxy]]` table or the `[agent]` table."""
 
-    model_config = ConfigDict(extra="forbid")
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
 
     name: str | None = None
-    command: Annotated[str | list[str] | None,
-                       Field(description="a command line or an argv list")] = None
+    command: str | list[str] | None = None  # a command line or an argv list
     use: str | None = None       # an installed plugin proxy (entry point), run in-process
     plugin: str | None = None    # "package.module:Class" or "file.py:Class", run in-process
     url: str | None = None       # a remote component: ws:// or wss:// (docs/remote.md)
-    headers: dict[str, str] = {}  # sent when connecting to `url`; values expand ${VAR}
+    headers: dict[str, str] = field(default_factory=dict)  # sent to `url`; values expand ${VAR}
     options: dict[str, Any] | None = None  # validated by the plugin's options model
-    env: dict[str, str] = {}
+    env: dict[str, str] = field(default_factory=dict)
     inherit_env: bool = True
     cwd: str | None = None
     dialect: Dialect | None = None
-    shutdown_grace: float | None = Field(default=None, ge=0, le=300)
-    secret_env: list[str] = Field(default=[], description="env names whose values traces redact")
+    shutdown_grace: float | None = None
+    secret_env: list[str] = field(default_factory=list)  # env names whose values traces redact
 
-    @field_validator("command")
-    @classmethod
-    def _not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if (isinstance(value, str) and not value.strip()) or (
-                isinstance(value, list) and not value):
-            raise ValueError("command is empty")
-        return value
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> ComponentSpec:
+    def __post_init__(self) -> None:
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]+", self.name):
+            raise ValueError("name: use letters, digits and _ . : - only")
+        if (isinstance(self.command, str) and not self.command.strip()) or (
+                isinstance(self.command, list) and not self.command):
+            raise ValueError("command: command is empty")
+        if self.shutdown_grace is not None and not 0 <= self.shutdown_grace <= 300:
+            raise ValueError("shutdown_grace: give a number of seconds from 0 to 300")
         given = [k for k in ("command", "use", "plugin", "url") if getattr(self, k) is not None]
         if not given:
             raise ValueError("command: Field required (hint: add it; an in-process proxy "
@@ -121,7 +111,6 @@ class ComponentSpec(BaseModel):
                                  "(e.g. wss://build-box:8765/acp)")
         elif self.headers:
             raise ValueError("headers: only a remote component (`url = ...`) sends headers")
-        return self
 
     @property
     def in_process(self) -> bool:
@@ -131,36 +120,28 @@ class ComponentSpec(BaseModel):
     def remote(self) -> bool:
         return self.url is not None
 
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]+", value):
-            raise ValueError("use letters, digits and _ . : - only")
-        return value
-
     def argv(self) -> list[str]:
         assert self.command is not None, "in-process components have no argv"
         return shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
 
 
-class McpServerSpec(BaseModel):
+@dataclass
+class McpServerSpec:
     """One `[[mcp_server]]` table: injected into every session the agent sets up."""
 
-    model_config = ConfigDict(extra="forbid")
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
 
     name: str
     type: Literal["stdio", "http", "sse", "acp"] = "stdio"
     command: str | None = None
-    args: list[str] = []
-    env: dict[str, str] = {}
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
     url: str | None = None
-    headers: dict[str, str] = {}
-    provider: str | None = Field(default=None, description="acp: the proxy offering it")
-    required: bool = Field(default=False,
-                           description="refuse the session when the agent cannot take it")
+    headers: dict[str, str] = field(default_factory=dict)
+    provider: str | None = None  # acp: the proxy offering it
+    required: bool = False       # refuse the session when the agent cannot take it
 
-    @model_validator(mode="after")
-    def _transport_fields(self) -> McpServerSpec:
+    def __post_init__(self) -> None:
         if self.type == "acp":
             if not self.provider:
                 raise ValueError("provider: an acp MCP server needs `provider`, the name of "
@@ -168,7 +149,7 @@ class McpServerSpec(BaseModel):
             if self.command or self.args or self.env or self.url or self.headers:
                 raise ValueError("an acp MCP server is offered by its provider: it takes no "
                                  "command, args, env, url or headers")
-            return self
+            return
         if self.provider:
             raise ValueError("provider: only acp MCP servers have a provider")
         if self.type == "stdio":
@@ -181,33 +162,44 @@ class McpServerSpec(BaseModel):
                 raise ValueError(f"an {self.type} MCP server needs `url`")
             if self.command or self.args or self.env:
                 raise ValueError("`command`, `args` and `env` are for stdio servers")
-        return self
 
 
-class SettingsSpec(BaseModel):
+@dataclass
+class SettingsSpec:
     """The optional `[conductor]` table."""
 
-    model_config = ConfigDict(extra="forbid")
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
 
-    max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024)
-    shutdown_grace: float = Field(default=3.0, ge=0, le=300)
-    redact: list[Regex] = Field(default=[], description="regexes whose matches traces redact")
-    mcp_bridge: Literal["auto", "http", "stdio", "off"] = Field(
-        default="auto", description="how acp MCP servers reach an agent that lacks acp")
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    shutdown_grace: float = 3.0
+    redact: list[str] = field(default_factory=list)  # regexes whose matches traces redact
+    mcp_bridge: Literal["auto", "http", "stdio", "off"] = "auto"  # acp servers, agent without
+
+    def __post_init__(self) -> None:
+        if self.max_frame_bytes < 1024:
+            raise ValueError("max_frame_bytes: give at least 1024 bytes")
+        if not 0 <= self.shutdown_grace <= 300:
+            raise ValueError("shutdown_grace: give a number of seconds from 0 to 300")
+        for pattern in self.redact:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"redact: {pattern!r} is not a regular expression: {e}") \
+                    from None
 
 
-
-class ChainConfig(BaseModel):
+@dataclass
+class ChainConfig:
     """A whole chain file."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
 
-    conductor: SettingsSpec = SettingsSpec()
-    proxy: list[ComponentSpec] = []
+    conductor: SettingsSpec = field(default_factory=SettingsSpec)
+    proxy: list[ComponentSpec] = field(default_factory=list)
     agent: ComponentSpec | None = None
-    mcp_server: list[McpServerSpec] = []
-    source: str | None = Field(default=None, exclude=True)  # the file it came from
-    base_dir: str | None = Field(default=None, exclude=True)
+    mcp_server: list[McpServerSpec] = field(default_factory=list)
+    source: str | None = field(default=None, init=False)  # the file it came from
+    base_dir: str | None = field(default=None, init=False)
 
     def proxy_names(self) -> list[str]:
         """Each proxy's name: its `name`, else what it runs (`use = "redact"` is `redact`,
@@ -247,8 +239,24 @@ def _default_name(spec: ComponentSpec) -> str | None:
 
 def config_error_from_validation(error: ValidationError, file: str | None) -> ConductorError:
     """One ConfigError naming every problem with its key path, and a fix for each."""
+    from conductor.validation import problems
+
     return ConfigError.combine([ConfigError(p.message, file=file, field=p.field, hint=p.hint)
                                 for p in problems(error, ChainConfig)], file)
+
+
+def _validated(data: dict[str, Any], file: str | None) -> ChainConfig:
+    """`data` checked by pydantic (imported here: only a chain file needs it).
+
+    Raises:
+        ConfigError: every problem, at once.
+    """
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(ChainConfig).validate_python(data)
+    except ValidationError as e:
+        raise config_error_from_validation(e, file) from None
 
 
 def parse_chain(data: dict[str, Any], *, file: str | None = None,
@@ -258,10 +266,7 @@ def parse_chain(data: dict[str, Any], *, file: str | None = None,
     Raises:
         ConfigError: the content is not a valid chain.
     """
-    try:
-        config = ChainConfig.model_validate(data)
-    except ValidationError as e:
-        raise config_error_from_validation(e, file) from None
+    config = _validated(data, file)
     config.source, config.base_dir = file, base_dir
     found: list[ConductorError] = []
     if config.agent is not None and config.agent.in_process:
@@ -349,13 +354,25 @@ def load_chain(path: str | os.PathLike[str]) -> ChainConfig:
 
 
 def chain_from_commands(commands: list[str], *, with_agent: bool) -> ChainConfig:
-    """The chain that `acp-conductor agent CMD...` / `proxy CMD...` describe."""
+    """The chain that `acp-conductor agent CMD...` / `proxy CMD...` describe (built as is:
+    there is no file to validate, and nothing to import for it).
+
+    Raises:
+        ConfigError: a command is empty.
+    """
+    specs: list[ComponentSpec] = []
+    for i, command in enumerate(commands):
+        try:
+            specs.append(ComponentSpec(command=command))
+        except ValueError as e:
+            raise ConfigError(str(e).partition(": ")[2] or str(e), file="<command line>",
+                              field=f"COMMANDS[{i}]") from None
     if with_agent:
-        data: dict[str, Any] = {"proxy": [{"command": c} for c in commands[:-1]],
-                                "agent": {"command": commands[-1]}}
+        config = ChainConfig(proxy=specs[:-1], agent=specs[-1])
     else:
-        data = {"proxy": [{"command": c} for c in commands]}
-    return parse_chain(data, file="<command line>", base_dir=os.getcwd())
+        config = ChainConfig(proxy=specs)
+    config.source, config.base_dir = "<command line>", os.getcwd()
+    return config
 
 
 def component_environment(spec: ComponentSpec, *, file: str | None, where: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ import os
 import signal
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 
 import anyio
 
@@ -39,9 +39,6 @@ from conductor.errors import (
     ExitCode,
     PluginError,
 )
-from conductor.plugins.api import Proxy
-from conductor.plugins.host import open_inprocess_hop
-from conductor.plugins.registry import load_component_proxy
 from conductor.routing.chain import Chain
 from conductor.routing.mcp import McpInjection
 from conductor.routing.topology import ComponentLink, Hop, Role
@@ -53,6 +50,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import ByteReceiveStream, ByteSendStream, TaskStatus
 
+    from conductor.plugins.api import Proxy
     from conductor.tracing.sink import TraceSink
     from conductor.transport.base import MessageSink, MessageSource
 
@@ -107,12 +105,15 @@ class RemoteSpec:
         return f"{scheme}://{host}{path}"
 
 
-Planned = LaunchSpec | Proxy[Any] | RemoteSpec
 
 
 def _remote_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig) -> RemoteSpec:
     assert spec.url is not None
     return RemoteSpec(name, spec.url, component_headers(spec, file=config.source, where=where))
+
+
+if TYPE_CHECKING:
+    Planned: TypeAlias = LaunchSpec | Proxy[Any] | RemoteSpec
 
 
 def _plan(config: ChainConfig, mode: str) -> list[tuple[Role, ComponentSpec, Planned]]:
@@ -137,6 +138,10 @@ def _plan(config: ChainConfig, mode: str) -> list[tuple[Role, ComponentSpec, Pla
     for i, (spec, name) in enumerate(zip(config.proxy, config.proxy_names(), strict=True)):
         with collected():
             if spec.in_process:
+                # Plugins, and pydantic for their options, are imported only when a chain
+                # has one: serving a chain of commands imports neither.
+                from conductor.plugins.registry import load_component_proxy
+
                 plan.append((Role.PROXY, spec, load_component_proxy(
                     spec, name, file=config.source, where=f"proxy[{i}]",
                     base_dir=config.base_dir)))
@@ -169,15 +174,14 @@ def _plan(config: ChainConfig, mode: str) -> list[tuple[Role, ComponentSpec, Pla
 
 
 def _ask_providers(config: ChainConfig,
-                   plan: list[tuple[Role, ComponentSpec, LaunchSpec | Proxy[Any] | RemoteSpec]]
-                   ) -> None:
+                   plan: list[tuple[Role, ComponentSpec, Planned]]) -> None:
     """`[[mcp_server]]` entries of type acp: an in-process provider is asked to declare
     them (its opt-in servers), and must offer one by that name.
 
     Raises:
         ConfigError: the provider offers no MCP server by that name.
     """
-    plugins = {launch.name: launch for _, _, launch in plan if isinstance(launch, Proxy)}
+    plugins = {launch.name: launch for _, _, launch in plan if _is_plugin(launch)}
     for i, server in enumerate(config.mcp_server):
         proxy = plugins.get(server.provider or "") if server.type == "acp" else None
         if proxy is None:
@@ -198,6 +202,10 @@ def plan_chain(config: ChainConfig, mode: str) -> None:
         ConfigError, PluginError: as `serve_chain` would.
     """
     _plan(config, mode)
+
+
+def _is_plugin(launch: Planned) -> TypeGuard[Proxy[Any]]:
+    return not isinstance(launch, LaunchSpec | RemoteSpec)
 
 
 async def serve_chain(
@@ -319,6 +327,8 @@ async def serve_connection(
 
         async def host_plugin(proxy: Proxy[Any], *, task_status: TaskStatus[Hop]) -> None:
             proxy.chain_status = chain.status
+            from conductor.plugins.host import open_inprocess_hop
+
             async with open_inprocess_hop(proxy, chain.receive, tracer=tracer) as hop:
                 hosted.append(hop)
                 if tracer is not None:
@@ -382,7 +392,7 @@ async def serve_connection(
         async def starter() -> list[ComponentLink]:
             links: list[ComponentLink] = []
             for role, spec, launch in plan:
-                if isinstance(launch, Proxy):
+                if _is_plugin(launch):
                     links.append(ComponentLink(launch.name, role, await tg.start(host_plugin,
                                                                                  launch)))
                     continue

@@ -1,21 +1,45 @@
 """Pydantic validation errors as problems a person can fix: the key path, what is wrong, and
-a hint, with "did you mean" for a misspelt key (chain files and plugin options alike)."""
+a hint, with "did you mean" for a misspelt key (chain files and plugin options alike).
+
+Chain files are dataclasses (conductor/config.py) and plugin options pydantic models: both
+are walked here to say which keys a place accepts.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import types
 import typing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
     from pydantic import ValidationError
+
+def compile_check(pattern: str) -> str:
+    """`pattern`, when it compiles as a regular expression.
+
+    Raises:
+        ValueError: it does not (named by pydantic at the field that holds it).
+    """
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"{pattern!r} is not a regular expression: {e}") from None
+    return pattern
+
+
+# A string that must compile as a regular expression, so a bad pattern fails at load, by
+# field (plugin options: `patterns: list[Regex]`).
+Regex = Annotated[str, AfterValidator(compile_check)]
+# An unknown key, as pydantic names it for a model and for a dataclass.
+_UNKNOWN = frozenset({"extra_forbidden", "unexpected_keyword_argument"})
 
 _HINTS = {
     "missing": "add it",
@@ -41,9 +65,11 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     return f"did you mean {match[0]!r}?" if match else None
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The models an annotation can hold: `X`, `X | None`, `list[X]`, `dict[str, X]`, ..."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+def _models_in(annotation: Any) -> list[type]:
+    """The models (pydantic models or dataclasses) an annotation can hold: `X`, `X | None`,
+    `list[X]`, `dict[str, X]`, ..."""
+    if isinstance(annotation, type) and (issubclass(annotation, BaseModel)
+                                         or dataclasses.is_dataclass(annotation)):
         return [annotation]
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
@@ -56,18 +82,28 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return []
 
 
-def keys_at(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
+def _fields(model: type) -> dict[str, Any]:
+    """A model's keys and their annotations (a pydantic model's aliases; a dataclass's
+    fields that a file may set)."""
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return {(f.alias or name): f.annotation for name, f in model.model_fields.items()}
+    hints = typing.get_type_hints(model)
+    fields = dataclasses.fields(model)  # type: ignore[arg-type]  # _models_in: a dataclass
+    return {f.name: hints[f.name] for f in fields if f.init}
+
+
+def keys_at(model: type, loc: Sequence[str | int]) -> list[str]:
     """The keys accepted at `loc` (a pydantic error location, without its last part);
     empty where the content is free-form (an `env` table, a `dict[str, Any]`)."""
     models = [model]
     for part in loc:
         if isinstance(part, int):
             continue  # an item of a list: the models stay those of the list's items
-        fields = {(f.alias or name): f for m in models for name, f in m.model_fields.items()}
+        fields = {key: hint for m in models for key, hint in _fields(m).items()}
         if part in fields:
-            models = _models_in(fields[part].annotation)
+            models = _models_in(fields[part])
         # anything else is a union branch's name (`function-after[...]`), not a key
-    return sorted({(f.alias or name) for m in models for name, f in m.model_fields.items()})
+    return sorted({key for m in models for key in _fields(m)})
 
 
 def key_path(loc: Sequence[str | int], prefix: str = "") -> str:
@@ -83,14 +119,14 @@ def key_path(loc: Sequence[str | int], prefix: str = "") -> str:
     return out
 
 
-def problems(error: ValidationError, model: type[BaseModel], *, prefix: str = "",
+def problems(error: ValidationError, model: type, *, prefix: str = "",
              unknown: str = "unknown key {key!r}") -> list[Problem]:
     """Every problem `error` names, with a key path below `prefix` and a hint."""
     out: list[Problem] = []
     for item in error.errors():
         loc = tuple(item["loc"])
         where = key_path(loc, prefix)
-        if item["type"] == "extra_forbidden":
+        if item["type"] in _UNKNOWN:
             key = str(loc[-1])
             accepted = keys_at(model, loc[:-1])
             hint = did_you_mean(key, accepted) or (

@@ -24,10 +24,10 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
-from conductor.config import Regex
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.plugins import Proxy, ProxyContext, on
+from conductor.validation import Regex
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
