@@ -58,7 +58,7 @@ log = logging.getLogger("acp_conductor")
 stderr_log = logging.getLogger("acp_conductor.stderr")
 
 EXIT_SIGNAL = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
-RELAY_WAIT = 1.0  # at shutdown, how long in-process proxies get to relay a failure answer
+RELAY_WAIT = 0.5  # at shutdown, how long in-process proxies get to relay a failure answer
 
 
 @dataclass
@@ -459,9 +459,9 @@ async def serve_connection(
                     hop.name,
                     f"was stopped before answering: the conductor is shutting down ({why})")
                 await chain.fail_hop(hop, reason)
-                if hosted:
+                if hosted and client.inbound:  # the editor still waits: let the answer climb
                     with anyio.move_on_after(RELAY_WAIT):
-                        await anyio.wait_all_tasks_blocked()
+                        await client.wait_quiet()
             relays_done.set()
             if bridge is not None:
                 await bridge.aclose()
