@@ -8,7 +8,6 @@ reached by any transport (a MessageSink and a MessageSource: `acp-conductor serv
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import signal
@@ -491,4 +490,4 @@ async def _serve(chain: Chain, hop: Hop, stream: ByteReceiveStream, max_frame: i
 
 async def _serve_source(chain: Chain, hop: Hop, source: MessageSource) -> None:
     """Feed what arrives from `source` to the router as `hop`'s, until EOF."""
-    await source.serve(functools.partial(chain.receive, hop))  # no wrapper per message
+    await source.serve(*chain.reader(hop))

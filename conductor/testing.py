@@ -255,7 +255,11 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
         async def to_chain(hop: Hop, item: Incoming) -> None:
             await chain.receive(hop, item)
 
-        client_hop = _link_peer(client, "client", tg, transport, tracer, to_chain, sinks)
+        def to_chain_nowait(hop: Hop, item: Incoming) -> bool:
+            return chain.receive_nowait(hop, item)
+
+        client_hop = _link_peer(client, "client", tg, transport, tracer, to_chain, sinks,
+                                nowait=to_chain_nowait)
 
         async def host(proxy: Proxy[Any], *, task_status: anyio.abc.TaskStatus[Hop]) -> None:
             proxy.chain_status = chain.status
@@ -269,6 +273,7 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
         async def starter() -> list[ComponentLink]:
             links = [ComponentLink(p.name, Role.PROXY, await tg.start(host, p)) for p in proxies]
             agent_hop = _link_peer(agent, "agent", tg, transport, tracer, to_chain, sinks,
+                                   nowait=to_chain_nowait,
                                    on_eof=agent_gone)
             return [*links, ComponentLink("agent", Role.AGENT, agent_hop)]
 
@@ -287,7 +292,8 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
 def _link_peer(peer: TestPeer, name: str, tg: TaskGroup, transport: Transport,
                tracer: TraceSink | None, to_chain: Callable[[Hop, Incoming], Awaitable[None]],
                sinks: list[MessageSink],
-               on_eof: Callable[[Hop], Awaitable[None]] | None = None) -> Hop:
+               on_eof: Callable[[Hop], Awaitable[None]] | None = None,
+               nowait: Callable[[Hop, Incoming], bool] | None = None) -> Hop:
     """Connect `peer` to the router both ways; returns the router's hop for it."""
     to_peer, peer_in = open_link(transport)
     from_peer, chain_in = open_link(transport)
@@ -298,8 +304,11 @@ def _link_peer(peer: TestPeer, name: str, tg: TaskGroup, transport: Transport,
     async def into_chain(item: Incoming) -> None:
         await to_chain(hop, item)
 
+    def into_chain_nowait(item: Incoming) -> bool:
+        return nowait is not None and nowait(hop, item)
+
     async def read() -> None:
-        await chain_in.serve(into_chain)
+        await chain_in.serve(into_chain, into_chain_nowait)  # the router's two paths
         if on_eof is not None:
             await on_eof(hop)
     tg.start_soon(peer_in.serve, peer.deliver)

@@ -479,6 +479,15 @@ class _InboxSink:
         except anyio.WouldBlock:
             await self._send.send(item)
 
+    def send_nowait(self, item: Message) -> bool:
+        self._host.queued += 1
+        try:
+            self._send.send_nowait(item)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._host.queued -= 1
+            return False
+        return True
+
     async def aclose(self) -> None:
         await self._send.aclose()
 

@@ -9,6 +9,7 @@ hop's `Endpoint` keeps it, with a `Forward` saying where the answer goes back to
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from conductor.routing.mcp import Bridge, McpInjection
     from conductor.routing.sessions import SessionRecord
     from conductor.tracing.sink import TraceSink
-    from conductor.transport.base import Incoming
+    from conductor.transport.base import Handle, HandleNowait, Incoming
 
 log = logging.getLogger("acp_conductor.routing")
 
@@ -131,6 +132,26 @@ class Chain:
         }
 
     # -- entry point -----------------------------------------------------------------------
+
+    def receive_nowait(self, hop: Hop, item: Incoming) -> bool:
+        """Route `item` from `hop` at once if it needs no waiting: a plain notification
+        (streamed updates, the bulk of the traffic) whose next hop can queue it now. False:
+        nothing was done; `receive` handles it."""
+        if type(item) is not Notification or self._tracer is not None:
+            return False
+        route = self._plain_route.get(hop)
+        if route is None or item.method in _NOT_PLAIN:
+            return False
+        target, gates, up, _ = route
+        if gates and not all(gate(item.method, up) for gate in gates):
+            return False
+        if target.failure is not None:
+            return True  # as `receive` does: nowhere to go
+        return target.send_nowait(item)
+
+    def reader(self, hop: Hop) -> tuple[Handle, HandleNowait]:
+        """What `hop`'s reader hands each item to (`MessageSource.serve(*reader)`)."""
+        return functools.partial(self.receive, hop), functools.partial(self.receive_nowait, hop)
 
     async def receive(self, hop: Hop, item: Incoming) -> None:
         """Handle one item that arrived on `hop` (called by its reader, in its task)."""

@@ -159,6 +159,9 @@ class Endpoint:
         self.observe: Observer | None = None
         self._next_id = 0
         self._turn = _WriterTurn()
+        # A sink that can queue without waiting (transport/base.py's MessageSink note).
+        self._sink_nowait: Callable[[Message], bool] | None = getattr(sink, "send_nowait",
+                                                                      None)
         self._batches: list[_BatchReplies] = []
         self._quiet = anyio.Event()  # set while no inbound request is open
         self._quiet.set()
@@ -196,6 +199,15 @@ class Endpoint:
             await self.sink.send(message)
         finally:
             turn.release()
+
+    def send_nowait(self, message: Message) -> bool:
+        """Write one message without waiting, when nothing stands in the way: no batch
+        open, no writer mid-write, no observer, and a sink that can queue it at once.
+        False: nothing was sent (call `send`)."""
+        if self._batches or self._turn.busy or self.observe is not None \
+                or self._sink_nowait is None:
+            return False
+        return self._sink_nowait(message)
 
     async def notify(self, method: str, params: object = UNSET) -> None:
         await self.send(Notification(method=method, params=_params(params)))

@@ -60,10 +60,16 @@ class Oversized:
 
 Incoming: TypeAlias = Message | Batch | InvalidMessage | NotJson | Unreadable | Oversized
 Handle: TypeAlias = Callable[[Incoming], Awaitable[None]]
+HandleNowait: TypeAlias = Callable[[Incoming], bool]
 
 
 class MessageSink(Protocol):
-    """Something messages can be sent to. One call at a time per sink is the caller's job."""
+    """Something messages can be sent to. One call at a time per sink is the caller's job.
+
+    A sink may also offer `send_nowait(message) -> bool`: queue one message without
+    waiting, when that is possible, else return False (then call `send`). The router uses
+    it to route a burst without a coroutine per message (`Chain.receive_nowait`).
+    """
 
     async def send(self, item: Message | list[Message]) -> None:
         """Send one message, or a batch. Raises anyio.BrokenResourceError when the peer is gone."""
@@ -77,8 +83,10 @@ class MessageSink(Protocol):
 class MessageSource(Protocol):
     """Something messages arrive from."""
 
-    async def serve(self, handle: Handle) -> None:
-        """Call `handle` with every item, in order, until the peer's end of input."""
+    async def serve(self, handle: Handle, nowait: HandleNowait | None = None) -> None:
+        """Call `handle` with every item, in order, until the peer's end of input. With
+        `nowait`, each item is offered to it first, and handed to `handle` only when it
+        returns False (it handled nothing)."""
         ...
 
 

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-    from conductor.transport.base import Handle, Incoming
+    from conductor.transport.base import Handle, HandleNowait, Incoming
 
 log = logging.getLogger("acp_conductor.remote")
 
@@ -176,10 +176,11 @@ class RemoteClient:
 
     # -- MessageSource -----------------------------------------------------------------------
 
-    async def serve(self, handle: Handle) -> None:
+    async def serve(self, handle: Handle, nowait: HandleNowait | None = None) -> None:
         async with self._inbox:
             async for item in self._inbox:
-                await handle(item)
+                if nowait is None or not nowait(item):
+                    await handle(item)
 
     async def deliver(self, item: Incoming) -> None:
         """What the client sent, in the order it arrived. Raises anyio.BrokenResourceError

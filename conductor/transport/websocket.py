@@ -19,7 +19,7 @@ from conductor.transport.base import decode_whole
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from conductor.transport.base import Handle
+    from conductor.transport.base import Handle, HandleNowait
 
 REMOTE_EXTRA_HINT = "pip install 'acp-conductor[remote]'"
 CONNECT_TIMEOUT = 30.0
@@ -69,7 +69,7 @@ class WsClientSource:
         self._max = max_frame_bytes
         self.ended = "the connection is still open"
 
-    async def serve(self, handle: Handle) -> None:
+    async def serve(self, handle: Handle, nowait: HandleNowait | None = None) -> None:
         import httpx_ws
 
         while True:
@@ -85,7 +85,9 @@ class WsClientSource:
                     anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
                 self.ended = f"network error: {type(e).__name__}"
                 return
-            await handle(decode_whole(text.encode(), self._max))
+            item = decode_whole(text.encode(), self._max)
+            if nowait is None or not nowait(item):
+                await handle(item)
 
 
 def http_url(url: str) -> str:
