@@ -2,6 +2,7 @@
 
 from conductor.errors import RpcError
 from conductor.plugins.api import (
+    CloseReason,
     McpOffer,
     NoOptions,
     Proxy,
@@ -14,5 +15,5 @@ from conductor.plugins.api import (
     tool_context,
 )
 
-__all__ = ["McpOffer", "NoOptions", "Proxy", "ProxyContext", "RpcError", "SessionScope",
-           "SessionSetup", "Side", "ToolContext", "on", "tool_context"]
+__all__ = ["CloseReason", "McpOffer", "NoOptions", "Proxy", "ProxyContext", "RpcError",
+           "SessionScope", "SessionSetup", "Side", "ToolContext", "on", "tool_context"]

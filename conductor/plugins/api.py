@@ -54,6 +54,14 @@ class Side(enum.StrEnum):
         return Side.SUCCESSOR if self is Side.PREDECESSOR else Side.PREDECESSOR
 
 
+class CloseReason(enum.StrEnum):
+    """Why a session's scope ended (`SessionScope.closed_reason`, in `session_closed`)."""
+
+    CLOSED = "closed"    # session/close was answered with success
+    DELETED = "deleted"  # session/delete was answered with success
+    STOPPED = "stopped"  # the chain stopped (editor gone, conductor shut down) with it open
+
+
 class NoOptions(BaseModel):
     """The options model of a proxy that takes none."""
 
@@ -127,11 +135,25 @@ class Proxy(Generic[OptionsT]):
         """(source, method) -> bound handler."""
         return {key: getattr(self, attr) for key, attr in self._handler_table.items()}
 
+    async def chain_started(self) -> None:
+        """Hook: the chain this proxy is in starts, before any message reaches the proxy
+        (in-process: when the editor's first `initialize` starts the chain; stand-alone:
+        when `serve-proxy` starts). Open what lives as long as the chain here. Raising
+        fails the start: the editor's `initialize` is answered with an error naming the
+        proxy."""
+
+    async def chain_stopped(self) -> None:
+        """Hook: the chain stopped. Runs once, after `session_closed` for every session
+        still open (`closed_reason` "stopped"); nothing can be sent any more. Flush and
+        close files here: the conductor then exits without tearing the interpreter down,
+        so objects are not finalised (`atexit` handlers still run)."""
+
     async def session_opened(self, session: SessionScope) -> None:
         """Hook: a session's route was installed (before any message of it is dispatched)."""
 
     async def session_closed(self, session: SessionScope) -> None:
-        """Hook: a session was closed; its route is gone."""
+        """Hook: a session ended and its route is gone; `session.closed_reason` says why
+        (session/close, session/delete, or the chain stopping with it open)."""
 
     # -- tools (MCP servers), docs/mcp.md ------------------------------------------------
 
@@ -252,6 +274,7 @@ class SessionScope:
     state: dict[str, Any] = field(default_factory=dict)
     handlers: dict[tuple[Side, str], Handler] = field(default_factory=dict)
     host: ProxyHost | None = field(default=None, repr=False)
+    closed_reason: CloseReason | None = None  # set when the session ends (session_closed)
 
     @property
     def cwd(self) -> str | None:
@@ -475,6 +498,6 @@ def _params(params: object) -> Raw | UnsetType:
     return UNSET if params is None else payload(params)
 
 
-__all__ = ["Handler", "McpOffer", "NoOptions", "Notification", "PendingRequest", "Proxy",
-           "ProxyContext", "ProxyHost", "Reply", "Request", "SessionScope", "SessionSetup",
+__all__ = ["CloseReason", "Handler", "McpOffer", "NoOptions", "Notification", "PendingRequest",
+           "Proxy", "ProxyContext", "ProxyHost", "Reply", "Request", "SessionScope", "SessionSetup",
            "Side", "ToolContext", "on", "tool_context"]

@@ -27,7 +27,7 @@ from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
 from conductor.acp import Dialect
-from conductor.errors import RpcError
+from conductor.errors import ComponentStartError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import (
     Batch,
@@ -37,7 +37,7 @@ from conductor.jsonrpc.message import (
     Response,
     error_response,
 )
-from conductor.plugins.api import Handler, Proxy, ProxyContext, SessionScope, Side
+from conductor.plugins.api import CloseReason, Handler, Proxy, ProxyContext, SessionScope, Side
 from conductor.routing.sessions import Lifecycle, Step, lifecycle
 from conductor.routing.topology import Hop
 from conductor.rpc.endpoint import Endpoint, Inbound, Outgoing
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
     from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup, TaskStatus
-    from anyio.streams.memory import MemoryObjectSendStream
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
     from conductor.jsonrpc.message import Call
     from conductor.plugins.tools import ToolServers
@@ -66,6 +66,9 @@ _ALWAYS_VISIT: Final = frozenset({acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS,
                                   *acp.SUCCESSOR_METHODS, *acp.SESSION_SETUP,
                                   acp.SESSION_CLOSE, acp.SESSION_DELETE, acp.CANCEL_REQUEST})
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
+# How long a proxy's stop hooks (session_closed for each open session, chain_stopped) may
+# take: a plugin flushing its files must not hold the conductor's exit for ever.
+STOP_HOOKS_GRACE: Final = 5.0
 
 
 class _Everything:
@@ -431,7 +434,8 @@ class ProxyHost:
             await self._install(opened, rule.method, sent.owned, sent.params)
         closed = rule.closed_by(answer)
         if closed is not None:
-            await self._remove(closed)
+            await self._remove(closed, CloseReason.DELETED if rule.method == acp.SESSION_DELETE
+                               else CloseReason.CLOSED)
 
     async def _install(self, sid: str, how: str, owned: bool,
                        params: Raw | UnsetType) -> SessionScope:
@@ -452,13 +456,47 @@ class ProxyHost:
         await self._proxy.session_opened(scope)
         return scope
 
-    async def _remove(self, sid: str) -> None:
+    async def _remove(self, sid: str, reason: CloseReason) -> None:
         scope = self._sessions.pop(sid, None)
         self._routed = any(s.owned or s.handlers for s in self._sessions.values())
         if self.tools is not None:
             await self.tools.session_closed(sid)
         if scope is not None:
+            scope.closed_reason = reason
             await self._proxy.session_closed(scope)
+
+    # -- the chain's life ----------------------------------------------------------------
+
+    async def start_chain(self) -> None:
+        """`chain_started`, before the first message.
+
+        Raises:
+            ComponentStartError: the hook raised (the chain's start fails, naming the proxy).
+        """
+        try:
+            await self._proxy.chain_started()
+        except Exception as e:
+            self._log_failure(e, "chain_started")
+            raise ComponentStartError(self.name, f"chain_started failed: "
+                                                 f"{type(e).__name__}: {e}") from None
+
+    async def stop_chain(self) -> None:
+        """The chain is gone: every session still open ends (`session_closed`, reason
+        "stopped"), then `chain_stopped`. Every hook runs, whichever fails; bounded,
+        shielded (this runs while the conductor is being cancelled)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_HOOKS_GRACE) as bound:
+            for sid in list(self._sessions):
+                try:
+                    await self._remove(sid, CloseReason.STOPPED)
+                except Exception as e:
+                    self._log_failure(e, "session_closed")
+            try:
+                await self._proxy.chain_stopped()
+            except Exception as e:
+                self._log_failure(e, "chain_stopped")
+        if bound.cancelled_caught:
+            self._proxy.log.warning("proxy %s: its stop hooks took over %gs; abandoned",
+                                    self.name, STOP_HOOKS_GRACE)
 
 
 # -- running a host -----------------------------------------------------------------------
@@ -497,8 +535,21 @@ async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Callable[[Message], A
                                ) -> AsyncIterator[_InboxSink]:
     """Run `proxy` in this process. Yields the sink the conductor writes to; what the proxy
     sends goes to `deliver` (the router, as if read from the proxy's hop)."""
-    send, receive = anyio.create_memory_object_stream[Message | list[Message]](INBOX_SIZE)
     host = ProxyHost(proxy, _CallbackSink(deliver))
+    await host.start_chain()
+    send, receive = anyio.create_memory_object_stream[Message | list[Message]](INBOX_SIZE)
+    try:
+        async with _dispatching(host, send, receive) as sink:
+            yield sink
+    finally:
+        await host.stop_chain()
+
+
+@asynccontextmanager
+async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[Message | list[Message]],
+                       receive: MemoryObjectReceiveStream[Message | list[Message]]
+                       ) -> AsyncIterator[_InboxSink]:
+    """Dispatch what the conductor hands over, until the context ends."""
     async with anyio.create_task_group() as tg:
         host.task_group = tg
 
@@ -582,10 +633,14 @@ async def serve_proxy(proxy: Proxy[Any], stdin: ByteReceiveStream, stdout: ByteS
                         item)
 
     try:
-        async with anyio.create_task_group() as tg:
-            host.task_group = tg
-            await source.serve(handle)
-            tg.cancel_scope.cancel()  # the conductor closed our stdin: we are done
+        await host.start_chain()
+        try:
+            async with anyio.create_task_group() as tg:
+                host.task_group = tg
+                await source.serve(handle)
+                tg.cancel_scope.cancel()  # the conductor closed our stdin: we are done
+        finally:
+            await host.stop_chain()
     finally:
         with anyio.CancelScope(shield=True):
             await sink.aclose()
