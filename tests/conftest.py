@@ -39,6 +39,19 @@ def py(script: str, *args: str) -> str:
     return shlex.join([sys.executable, str(BIN / script), *args])
 
 
+def doc_files(page: str) -> dict[str, str]:
+    """The code blocks of docs/PAGE that start with a `# FILE` line, by file name: the
+    files a page shows, for tests that run them as written."""
+    files = {}
+    text = (REPO / "docs" / page).read_text(encoding="utf-8")
+    for block in text.split("```")[1::2]:
+        body = block.split("\n", 1)[1]
+        first = body.split("\n", 1)[0]
+        if first.startswith("# ") and "." in first and " " not in first[2:]:
+            files[first[2:]] = body
+    return files
+
+
 @pytest.fixture(params=[pytest.param("asyncio", id="asyncio"),
                         pytest.param("trio", id="trio")])
 def anyio_backend(request: pytest.FixtureRequest) -> str:

@@ -12,6 +12,7 @@ import pytest
 from conductor.errors import RpcError
 from conductor.plugins import Proxy, ProxyContext, on
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain, says
+from tests.conftest import doc_files
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Request
@@ -164,23 +165,9 @@ def test_a_project_that_picks_its_backends_keeps_them(pytester: pytest.Pytester)
     result.stdout.fnmatch_lines(["*test_new_session?trio? PASSED*"])
 
 
-def _doc_files(page: str) -> dict[str, str]:
-    """The code blocks of a docs page that start with a `# FILE` line, by file name."""
-    from tests.conftest import REPO
-
-    text = (REPO / "docs" / page).read_text(encoding="utf-8")
-    files = {}
-    for block in text.split("```")[1::2]:
-        body = block.split("\n", 1)[1]
-        first = body.split("\n", 1)[0]
-        if first.startswith("# ") and "." in first and " " not in first[2:]:
-            files[first[2:]] = body
-    return files
-
-
 def test_the_testing_example_in_writing_a_proxy_runs_as_written(
         pytester: pytest.Pytester) -> None:
-    files = _doc_files("writing-a-proxy.md")
+    files = doc_files("writing-a-proxy.md")
     assert set(files) >= {"shout.py", "shout.toml", "test_shout.py"}
     for name in ("shout.py", "shout.toml", "test_shout.py"):
         (pytester.path / name).write_text(files[name], encoding="utf-8")

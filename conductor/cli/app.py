@@ -27,6 +27,7 @@ LAZY_COMMANDS = {
     "run": "conductor.cli.run:run_command",
     "serve": "conductor.cli.serve:serve_command",
     "check": "conductor.cli.check:check_command",
+    "call": "conductor.cli.call:call_command",
     "trace": "conductor.cli.trace:trace_group",
     "serve-proxy": "conductor.cli.plugins:serve_proxy",
     "proxies": "conductor.cli.plugins:list_proxies",
