@@ -69,6 +69,7 @@ class DemoAgent:
         version = self.forced_version or (2 if isinstance(asked, int) and asked >= 2 else 1)
         result = {"protocolVersion": version,
                   "agentCapabilities": {"loadSession": True,
+                                        "sessionCapabilities": {"close": {}},
                                         "promptCapabilities": {"image": False, "audio": False,
                                                                "embeddedContext": True},
                                         "mcpCapabilities": {"http": False, "sse": False,
@@ -97,6 +98,11 @@ class DemoAgent:
         self.update(sid, {"sessionUpdate": "user_message_chunk",
                           "content": {"type": "text", "text": "(replayed history)"}})
         return None
+
+    def on_session_close(self, params: dict[str, Any]) -> dict[str, Any]:
+        # Nothing runs between turns here, so there is nothing to stop; ids are not reused.
+        self.mcp_servers.pop(params.get("sessionId", ""), None)
+        return {}
 
     def on_session_cancel(self, params: dict[str, Any]) -> None:
         self.cancelled.add(params.get("sessionId", ""))

@@ -469,3 +469,41 @@ def test_giving_up_on_a_turn_sends_session_cancel_and_never_a_cancel_request(
     methods = [json.loads(line).get("method") for line in record.read_text().splitlines()]
     assert "session/cancel" in methods
     assert "$/cancel_request" not in methods  # agents need not know it (issue: SDK tracebacks)
+
+
+def test_quiet_prints_only_the_last_turns_answer_when_the_run_succeeds() -> None:
+    result = run("run", "--chain", DEMO, "one", "--prompt", "plan two", "--format", "quiet")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "Hello from the demo agent. You said: plan two \n"
+    assert "[session]" not in result.stderr and "[stop]" not in result.stderr
+
+
+def test_quiet_prints_nothing_on_stdout_when_a_turn_fails_and_the_exit_code_says_why() -> None:
+    result = run("run", "--chain", DEMO, "one", "--prompt", "stop:refusal two", "--prompt",
+                 "three", "--format", "quiet")
+    assert result.returncode == 5
+    assert result.stdout == ""
+    assert result.stderr.strip().endswith("acp-conductor: run: refusal (exit 5)")
+
+
+def test_a_prompt_file_runs_each_prompt_as_a_turn_with_a_turn_event_each(
+        tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("first\n---\nsecond\nstill second\n", encoding="utf-8")
+    result = run("run", "--chain", DEMO, "zeroth", "--prompt-file", str(prompts),
+                 "--format", "json")
+    assert result.returncode == 0, result.stderr
+    lines = events(result.stdout)
+    assert [(e["turn"], e["of"], e["stopReason"]) for e in lines if e["type"] == "turn"] == [
+        (1, 3, "end_turn"), (2, 3, "end_turn"), (3, 3, "end_turn")]
+    assert lines[-1]["type"] == "result" and len(lines[-1]["turns"]) == 3
+    said = "".join(e["update"]["content"]["text"] for e in lines if e["type"] == "update"
+                   and e["update"]["sessionUpdate"] == "agent_message_chunk")
+    assert said.endswith("You said: second\nstill second ")
+
+
+def test_json_is_format_json_and_cannot_contradict_it() -> None:
+    result = run("run", "--chain", DEMO, "hi", "--json", "--format", "quiet")
+    assert result.returncode == 2
+    assert "--json is --format json" in result.stderr
+    assert result.stdout == ""

@@ -1,9 +1,11 @@
-"""`acp-conductor run`: one prompt turn through the chain, with the conductor as the editor.
+"""`acp-conductor run`: prompt turns through the chain, with the conductor as the editor.
 
 The chain runs in-process (`serve_chain` over in-memory byte pipes, the same code path an
 editor gets; components are real subprocesses). `RunEditor` answers the agent's requests
-by policy; `run_turn` drives the turn under `--timeout`, Ctrl-C and SIGTERM and maps its
-outcome to an exit code (`RunExit`, rendered in `run --help`, the README and docs/run.md).
+by policy; `run_turns` drives the turns of one session, in order, under `--timeout`,
+Ctrl-C and SIGTERM, stops at the first turn that does not end with `end_turn`, and maps
+the outcome to an exit code (`RunExit`, rendered in `run --help`, the README and
+docs/run.md).
 """
 
 from __future__ import annotations
@@ -44,12 +46,13 @@ class RunExit(ExplainedCode):
     """Exit codes of `run`: the one definition behind `run --help`, the README and
     docs/run.md."""
 
-    END_TURN = 0, "the turn ended with `end_turn`"
-    FAILED = 1, ("the agent (or a plugin proxy) answered the prompt with an error, or an "
+    END_TURN = 0, "every turn ended with `end_turn`"
+    FAILED = 1, ("the agent (or a plugin proxy) answered a prompt with an error, or an "
                  "unknown stop reason")
     CONFIG = 2, ("bad chain file, proxy (unknown `use`, bad `options`) or usage (no or empty "
-                 "prompt, `--approve ask` off a terminal); `--session-id` but the agent cannot "
-                 "reopen sessions. No `result` line")
+                 "prompt, an unreadable prompt file, `--approve ask` off a terminal, `--json` "
+                 "with another `--format`); `--session-id` but the agent cannot reopen "
+                 "sessions. No `result` line")
     COMPONENT = 3, ("a component failed to start or exited (the message names it, with its "
                     "stderr tail)")
     REFUSAL = 5, "the agent refused (`stopReason: refusal`)"
@@ -71,11 +74,15 @@ STOP_REASON_EXIT = {"end_turn": RunExit.END_TURN, "refusal": RunExit.REFUSAL,
                     "max_tokens": RunExit.LIMIT, "max_turn_requests": RunExit.LIMIT,
                     "cancelled": RunExit.CANCELLED}
 
+# How long `run` waits for the answer to the session/close it sends at the end.
+CLOSE_WAIT = 5.0
+
+
 @dataclass
 class TurnOptions:
     """What `run` was told to do."""
 
-    prompt: str
+    prompts: list[str]     # one turn each, in one session, in order
     cwd: Path
     session_id: str | None = None
     approve: str = "none"
@@ -104,6 +111,8 @@ class _Turn:
     usage_error: ConfigError | None = None
     step: str = "initialize"       # the request the run is waiting on
     prompted: bool = False         # session/prompt was sent: a cancel has a turn to end
+    turns: list[dict[str, Any]] = field(default_factory=list)  # each turn's report
+    closable: str | None = None    # the session, once known that the agent can close it
     forced: anyio.Event = field(default_factory=anyio.Event)  # a second Ctrl-C: stop now
     stop: anyio.Event = field(default_factory=anyio.Event)
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -120,8 +129,9 @@ class _Turn:
         self.scope.cancel()
 
 
-async def run_turn(config: ChainConfig, options: TurnOptions, events: RunEvents) -> int:
-    """Run one prompt turn through the chain; returns a `RunExit` code.
+async def run_turns(config: ChainConfig, options: TurnOptions, events: RunEvents) -> int:
+    """Run the prompts' turns through the chain, in one session; returns a `RunExit` code:
+    the first turn's that did not end with `end_turn` (no later prompt is sent), else 0.
 
     Raises:
         ConfigError: the chain cannot be planned, or the agent cannot load --session-id.
@@ -168,6 +178,7 @@ async def run_turn(config: ChainConfig, options: TurnOptions, events: RunEvents)
             with turn.scope:  # a second Ctrl-C cancels it
                 async with open_client_connection(from_conductor, to_conductor, editor) as conn:
                     await _converse(conn, editor, options, events, turn, record)
+                    await _close_session(conn, turn)
         except* ConnectionClosedError:  # arrives wrapped by the connection's task group
             turn.closed = True
         finally:
@@ -189,7 +200,8 @@ async def run_turn(config: ChainConfig, options: TurnOptions, events: RunEvents)
                   usage=(turn.result or {}).get("usage") or _usage_of(editor.last_usage),
                   exitCode=int(code), exitReason=code.name.lower(), cancelledBy=turn.trigger,
                   violations=editor.violations,
-                  durationMs=round((time.monotonic() - started) * 1000, 1))
+                  durationMs=round((time.monotonic() - started) * 1000, 1),
+                  prompts=len(options.prompts), turns=turn.turns)
     events.result(record)
     return int(code)
 
@@ -320,13 +332,74 @@ async def _talk(conn: ClientConnection, editor: RunEditor, options: TurnOptions,
     if how == "new":
         announce(sid, how)
     sid_out.append(sid)
+    for number, prompt in enumerate(options.prompts, 1):
+        if not await _prompt(conn, editor, options, events, turn, sid, number, prompt):
+            break
+    session = caps.get("sessionCapabilities")
+    if isinstance(session, dict) and session.get("close") is not None:
+        turn.closable = sid
+
+
+async def _close_session(conn: ClientConnection, turn: _Turn) -> None:
+    """The run is done with its session: end it (when the agent can), so that every
+    component releases it (proxies see session_closed). After the turns, outside
+    --timeout: best effort and bounded, the turns are what count."""
+    if turn.closable is None or turn.trigger is not None or turn.closed:
+        return
+    with anyio.move_on_after(CLOSE_WAIT):
+        try:
+            await conn.request("session/close", {"sessionId": turn.closable},
+                               cancel_on_abort=False)
+        except (RpcError, ConnectionClosedError) as e:
+            log.info("session/close failed: %s", e)
+
+
+async def _prompt(conn: ClientConnection, editor: RunEditor, options: TurnOptions,
+                  events: RunEvents, turn: _Turn, sid: str, number: int, prompt: str) -> bool:
+    """One turn; reports it and says whether the next prompt may follow (it ended with
+    `end_turn`, breaking no policy).
+
+    Raises:
+        RpcError: the prompt was answered with an error (reported first).
+    """
+    started = time.monotonic()
+    violations = len(editor.violations)
     turn.step = "session/prompt"
     turn.prompted = True
-    # Cancelled with session/cancel (ACP's turn cancel), never $/cancel_request: agents need
-    # not understand it, and some print a traceback for it.
-    turn.result = await conn.request("session/prompt", {
-        "sessionId": sid, "prompt": [{"type": "text", "text": options.prompt}]},
-        cancel_on_abort=False)
+    turn.result = None
+    report: dict[str, Any] = {"type": "turn", "turn": number, "of": len(options.prompts)}
+    try:
+        # Cancelled with session/cancel (ACP's turn cancel), never $/cancel_request: agents
+        # need not understand it, and some print a traceback for it.
+        turn.result = await conn.request("session/prompt", {
+            "sessionId": sid, "prompt": [{"type": "text", "text": prompt}]},
+            cancel_on_abort=False)
+    except RpcError as e:
+        report["error"] = e.to_json()
+        code = RunExit.COMPONENT if e.code == ErrorCode.COMPONENT_FAILED else RunExit.FAILED
+        raise
+    else:
+        code = _turn_code(turn, len(editor.violations) > violations)
+    finally:
+        if turn.result is not None or "error" in report:
+            result = turn.result or {}
+            report.update(stopReason=result.get("stopReason"), usage=result.get("usage"),
+                          exitCode=int(code), exitReason=code.name.lower(),
+                          durationMs=round((time.monotonic() - started) * 1000, 1))
+            turn.turns.append({k: v for k, v in report.items() if k != "type"})
+            events.turn(report)
+    return code is RunExit.END_TURN
+
+
+def _turn_code(turn: _Turn, violated: bool) -> RunExit:
+    """A turn's own outcome (`_exit_code` decides the run's, with what else went wrong)."""
+    if turn.trigger == "policy" or violated:
+        return RunExit.POLICY
+    trigger = {"timeout": RunExit.TIMEOUT, "interrupt": RunExit.INTERRUPTED,
+               "terminate": RunExit.TERMINATED}.get(turn.trigger or "")
+    if trigger is not None:
+        return trigger
+    return STOP_REASON_EXIT.get(str((turn.result or {}).get("stopReason")), RunExit.FAILED)
 
 
 def _exit_code(turn: _Turn, editor: RunEditor, conductor_code: int | None) -> RunExit:
