@@ -392,8 +392,13 @@ async def serve_connection(
             links: list[ComponentLink] = []
             for role, spec, launch in plan:
                 if _is_plugin(launch):
-                    links.append(ComponentLink(launch.name, role, await tg.start(host_plugin,
-                                                                                 launch)))
+                    try:
+                        hop = await tg.start(host_plugin, launch)
+                    except ComponentStartError as e:  # its chain_started hook failed
+                        if tracer is not None:
+                            tracer.lifecycle(launch.name, "error", message=str(e))
+                        raise
+                    links.append(ComponentLink(launch.name, role, hop))
                     continue
                 if isinstance(launch, RemoteSpec):
                     try:

@@ -15,6 +15,8 @@ from conductor.testing import ScriptedAgent, open_test_chain
 from conductor.transport.memory import memory_pipe
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from conductor.jsonrpc.message import Request
 
 
@@ -123,3 +125,25 @@ async def test_a_stand_alone_proxy_runs_the_same_hooks_when_its_stdin_ends() -> 
     await proxy_in.aclose()
     assert recorder.events == ["chain_started", "opened s-1", "closed s-1: stopped",
                                "chain_stopped"]
+
+
+async def test_check_blames_a_plugin_whose_chain_started_fails(tmp_path: Path) -> None:
+    from conductor.config import load_chain
+    from conductor.editor.check import check_chain
+
+    (tmp_path / "locked.py").write_text(
+        "from conductor.plugins import Proxy\n\n"
+        "class Locked(Proxy):\n"
+        "    async def chain_started(self):\n"
+        "        raise OSError('database is locked')\n", encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[[proxy]]\nname = "store"\nplugin = "{tmp_path / "locked.py"}:Locked"\n'
+                     '[agent]\ncommand = ["${PYTHON}", "-m", "conductor.demo_agent"]\n',
+                     encoding="utf-8")
+    report = await check_chain(load_chain(str(chain)), timeout=20)
+    assert not report.ok
+    assert report.failed == "store"
+    assert report.exit_code == 3
+    store = next(c for c in report.components if c.name == "store")
+    assert store.error == {"message": "store: chain_started failed: OSError: database is "
+                                      "locked"}
