@@ -99,9 +99,9 @@ def test_params_that_are_not_json_are_a_usage_error_with_nothing_on_stdout(chain
 
 def test_the_call_example_in_writing_a_proxy_prints_what_it_says(tmp_path: Path) -> None:
     files = doc_files("writing-a-proxy.md")
-    for name in ("shout.py", "shout.toml"):
+    for name in ("upper.py", "upper.toml"):
         (tmp_path / name).write_text(files[name], encoding="utf-8")
-    command = "acp-conductor call --chain shout.toml _ext/shout/count '{}'"
+    command = "acp-conductor call --chain upper.toml _ext/upper/count '{}'"
     text = (REPO / "docs" / "writing-a-proxy.md").read_text(encoding="utf-8")
     assert f"\n{command}\n" in text and "The first prints `{\"prompts\": 0}`" in text
     done = subprocess.run(conductor_argv(*shlex.split(command)[1:]), capture_output=True,

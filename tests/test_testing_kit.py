@@ -168,9 +168,9 @@ def test_a_project_that_picks_its_backends_keeps_them(pytester: pytest.Pytester)
 def test_the_testing_example_in_writing_a_proxy_runs_as_written(
         pytester: pytest.Pytester) -> None:
     files = doc_files("writing-a-proxy.md")
-    assert set(files) >= {"shout.py", "shout.toml", "test_shout.py"}
-    for name in ("shout.py", "shout.toml", "test_shout.py"):
+    assert set(files) >= {"upper.py", "upper.toml", "test_upper.py"}
+    for name in ("upper.py", "upper.toml", "test_upper.py"):
         (pytester.path / name).write_text(files[name], encoding="utf-8")
     # As the author runs it: no pytest or anyio configuration of their own.
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_shout.py")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_upper.py")
     result.assert_outcomes(passed=3)

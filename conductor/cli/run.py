@@ -144,7 +144,7 @@ def run_command(ctx: click.Context, prompt: str | None, more_prompts: tuple[str,
     \b
     acp-conductor run --chain demo "hello"
     echo "summarise README.md" | acp-conductor run --chain c.toml - --json --approve reads
-    acp-conductor run --chain c.toml "write a test" --prompt "now run it" --format quiet
+    acp-conductor run --chain c.toml "review the diff" --prompt "suggest a test" --format quiet
     """
     from conductor.editor.render import JsonEvents, PlainEvents, QuietEvents, RichEvents
 

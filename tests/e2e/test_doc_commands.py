@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from conductor.config import BUILTIN_CHAINS
-from tests.conftest import REPO
+from tests.conftest import REPO, doc_files
 from tests.e2e.conftest import fresh_venv, user_env
 
 if TYPE_CHECKING:
@@ -104,6 +104,8 @@ def workspace(root: Path) -> Path:
     (root / "my_pkg").mkdir()
     (root / "my_pkg" / "__init__.py").write_text("", encoding="utf-8")
     (root / "my_pkg" / "proxies.py").write_text(example_proxy(), encoding="utf-8")
+    for name, body in doc_files("writing-a-proxy.md").items():  # its `# upper.py` etc.
+        (root / name).write_text(body, encoding="utf-8")
     return root
 
 
