@@ -1,8 +1,9 @@
 """A passthrough proxy built for speed, to show what a proxy process costs apart from JSON.
 
-Same behaviour as proxies/passthrough_stdio.py (the readable reference, which decodes every
-message fully with `json`), but only the envelope is decoded: payloads stay msgspec.Raw and
-cross untouched, and every frame answerable from one read goes out in one write.
+Same behaviour as proxies/acp_conductor_proxies/passthrough_stdio.py (the readable
+reference, which decodes every message fully with `json`), but only the envelope is decoded:
+payloads stay msgspec.Raw and cross untouched, and every frame answerable from one read goes
+out in one write.
 
 It speaks both proxy dialects of the successor envelope, so that the benchmark can put
 the same proxy process behind every conductor:
@@ -28,7 +29,7 @@ OLD_NOTIFICATION = "_proxy/successor/notification"
 WRAPPED = frozenset({SUCCESSOR, OLD_REQUEST, OLD_NOTIFICATION})
 
 
-class Message(msgspec.Struct, omit_defaults=True):
+class Message(msgspec.Struct):  # UNSET members are left out; "jsonrpc" always written
     jsonrpc: str = "2.0"
     id: Raw | UnsetType = UNSET
     method: str | UnsetType = UNSET

@@ -52,7 +52,8 @@ MiB = 1024 * 1024
 AGENT = [PY, str(BENCH / "agent.py")]
 # The one proxy every conductor gets: envelope-only msgspec decoding, both proxy dialects.
 PROXY = [PY, str(BENCH / "fast_passthrough.py")]
-JSON_PROXY = [PY, str(REPO / "proxies" / "passthrough_stdio.py")]  # stdlib json; ours only
+JSON_PROXY = [PY, str(REPO / "proxies" / "acp_conductor_proxies" /
+                     "passthrough_stdio.py")]  # stdlib json; ours only
 PLUGIN_STANDALONE = [PY, "-m", "conductor", "serve-proxy", "passthrough"]
 
 THINKWELL_DIR = BENCH / "node"
@@ -104,6 +105,11 @@ VARIANTS: list[Variant] = [
     Variant("direct", "the bench agent, no hop", lambda _: AGENT, "direct", default=False),
     Variant("relay", "bench/relay.py: one byte-copying process in between (the floor)",
             lambda _: [PY, str(BENCH / "relay.py"), *AGENT], "relay"),
+    Variant("loop", "bench/loop_relay.py: frames moved in asyncio readiness callbacks",
+            lambda _: [PY, str(BENCH / "loop_relay.py"), *AGENT], "relay", default=False),
+    Variant("loop+json", "bench/loop_relay.py --json: the same, each frame decoded and encoded",
+            lambda _: [PY, str(BENCH / "loop_relay.py"), "--json", *AGENT], "relay",
+            default=False),
     Variant("acp+0", "acp-conductor agent AGENT", lambda _: acp_agent_mode(AGENT), "acp"),
     Variant("thinkwell+0", "@thinkwell/conductor (bench/node/thinkwell.mjs) AGENT",
             lambda _: thinkwell(AGENT), "thinkwell"),
@@ -120,9 +126,9 @@ VARIANTS: list[Variant] = [
     # Not run by default (name them with --only):
     Variant("acp+1i", "acp-conductor --chain FILE: 1 in-process passthrough plugin",
             lambda w: acp_chain_mode(w, 1), "acp", 1, default=False),
-    Variant("acp+1j", "acp-conductor agent with proxies/passthrough_stdio.py (json)",
+    Variant("acp+1j", "acp-conductor agent with passthrough_stdio.py (json)",
             lambda _: acp_agent_mode(JSON_PROXY, AGENT), "acp", 1, default=False),
-    Variant("acp+3j", "three proxies/passthrough_stdio.py (json)",
+    Variant("acp+3j", "three passthrough_stdio.py (json)",
             lambda _: acp_agent_mode(JSON_PROXY, JSON_PROXY, JSON_PROXY, AGENT), "acp", 3,
             default=False),
     Variant("acp+1p", "the passthrough plugin stand-alone (serve-proxy passthrough)",
@@ -178,7 +184,8 @@ def precompile(checkout: Path) -> None:
 
 def child_env(pythonpath: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), str(pythonpath / "proxies"),
+                                                      env.get("PYTHONPATH")]))
     return env
 
 

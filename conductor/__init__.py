@@ -23,6 +23,10 @@ _EXPORTS = {
     "Side": "conductor.plugins",
     "NoOptions": "conductor.plugins",
     "on": "conductor.plugins",
+    "McpOffer": "conductor.plugins",
+    "SessionSetup": "conductor.plugins",
+    "ToolContext": "conductor.plugins",
+    "tool_context": "conductor.plugins",
     # messages, as handlers see them
     "Message": "conductor.jsonrpc.message",
     "Request": "conductor.jsonrpc.message",

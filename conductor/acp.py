@@ -33,6 +33,10 @@ CANCEL_REQUEST: Final = "$/cancel_request"
 MCP_CONNECT: Final = "mcp/connect"
 MCP_MESSAGE: Final = "mcp/message"
 MCP_DISCONNECT: Final = "mcp/disconnect"
+MCP_METHODS: Final = frozenset({MCP_CONNECT, MCP_MESSAGE, MCP_DISCONNECT})
+# Where the conductor puts the ACP session of an MCP-over-ACP connection on `mcp/connect`
+# (the schema's ConnectMcpRequest has no field for it; docs/mcp.md).
+MCP_SESSION_META_KEY: Final = "acpSessionId"
 
 SESSION_SETUP: Final = frozenset({SESSION_NEW, SESSION_LOAD, SESSION_RESUME, SESSION_FORK})
 
@@ -178,6 +182,26 @@ def set_key(payload: Raw | UnsetType, key: str, value: Raw) -> Raw:
     """A copy of a JSON object with one top-level key set; other values keep their bytes."""
     obj = _object(payload)
     obj[key] = value
+    return Raw(_encoder.encode(obj))
+
+
+def set_path(payload: Raw | UnsetType, path: tuple[str, ...], value: Raw) -> Raw:
+    """A copy of a JSON object with a nested key set, creating (or replacing non-object)
+    parents on the way; every value not on the path keeps its bytes.
+
+    Raises:
+        ValueError: `payload` is not a JSON object.
+    """
+    obj = _object(payload)
+    head, *rest = path
+    if rest:
+        try:
+            child: Raw | UnsetType = obj[head] if head in obj else UNSET
+            obj[head] = set_path(child, tuple(rest), value)
+        except ValueError:  # a parent that is not an object: replaced
+            obj[head] = set_path(UNSET, tuple(rest), value)
+    else:
+        obj[head] = value
     return Raw(_encoder.encode(obj))
 
 

@@ -1,4 +1,12 @@
-"""Chain files: TOML validated by pydantic, with errors that name the file, the field and a fix."""
+"""Chain files: TOML, with errors that name the file, the field and a fix.
+
+The chain's types are plain dataclasses: serving a chain given on the command line
+(`acp-conductor agent CMD...`) imports no validation library at all. A chain *file* is
+validated by pydantic (`parse_chain`), imported only then: its types (`str | None`,
+`list[...]`, literals) are checked field by field and every problem is reported at once;
+the rules between fields live in each class's `__post_init__`, which names its field by
+starting its message with `field: `.
+"""
 
 from __future__ import annotations
 
@@ -7,38 +15,31 @@ import re
 import shlex
 import sys
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-
-from conductor.acp import Dialect
-from conductor.errors import ConfigError
+from conductor.acp import Dialect  # noqa: TC001 (pydantic resolves the annotations)
+from conductor.errors import ConductorError, ConfigError
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
 from conductor.routing.deadlines import Timeouts
 from conductor.routing.mcp import McpServer
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
-def _compiles(pattern: str) -> str:
-    try:
-        re.compile(pattern)
-    except re.error as e:
-        raise ValueError(f"{pattern!r} is not a regular expression: {e}") from None
-    return pattern
+    from pydantic import ValidationError
 
+# pydantic reads this from a dataclass: a misspelt key is an error, not ignored.
+_STRICT: dict[str, Any] = {"extra": "forbid"}
 
-# A string that must compile as a regular expression, so a bad pattern fails at load, by field.
-Regex = Annotated[str, AfterValidator(_compiles)]
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def variables(text: str) -> list[tuple[str, str | None]]:
+    """The `${VAR}`s a value names, each with its default (None when it has none)."""
+    return [(m.group(1), m.group(2)) for m in _VAR.finditer(text)]
 
 
 def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) -> str:
@@ -60,90 +61,109 @@ def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) 
     return _VAR.sub(sub, text)
 
 
-class ComponentSpec(BaseModel):
+@dataclass
+class ComponentSpec:
     """One `[[proxy]]` table or the `[agent]` table."""
 
-    model_config = ConfigDict(extra="forbid")
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
 
     name: str | None = None
-    command: Annotated[str | list[str] | None,
-                       Field(description="a command line or an argv list")] = None
+    command: str | list[str] | None = None  # a command line or an argv list
     use: str | None = None       # an installed plugin proxy (entry point), run in-process
     plugin: str | None = None    # "package.module:Class" or "file.py:Class", run in-process
+    url: str | None = None       # a remote component: ws:// or wss:// (docs/remote.md)
+    headers: dict[str, str] = field(default_factory=dict)  # sent to `url`; values expand ${VAR}
     options: dict[str, Any] | None = None  # validated by the plugin's options model
-    env: dict[str, str] = {}
+    env: dict[str, str] = field(default_factory=dict)
     inherit_env: bool = True
     cwd: str | None = None
     dialect: Dialect | None = None
-    shutdown_grace: float | None = Field(default=None, ge=0, le=300)
-    secret_env: list[str] = Field(default=[], description="env names whose values traces redact")
+    shutdown_grace: float | None = None
+    secret_env: list[str] = field(default_factory=list)  # env names whose values traces redact
     # -- reliability (docs/reliability.md) --
-    restart: Literal["never", "on-failure"] = Field(
-        default="never", description="start it again when it exits unexpectedly")
-    max_restarts: int = Field(default=5, ge=1, le=1000,
-                              description="consecutive failed runs before it is given up")
-    optional: bool = Field(default=False, description="a proxy the chain goes on without "
-                           "when it fails to start or fails for good")
+    restart: Literal["never", "on-failure"] = "never"  # start it again when it exits unexpectedly
+    max_restarts: int = 5        # consecutive failed runs before it is given up
+    optional: bool = False       # a proxy the chain goes on without when it fails for good
 
-    @field_validator("command")
-    @classmethod
-    def _not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if (isinstance(value, str) and not value.strip()) or (
-                isinstance(value, list) and not value):
-            raise ValueError("command is empty")
-        return value
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> ComponentSpec:
-        given = [k for k in ("command", "use", "plugin") if getattr(self, k) is not None]
+    def __post_init__(self) -> None:
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]+", self.name):
+            raise ValueError("name: use letters, digits and _ . : - only")
+        if (isinstance(self.command, str) and not self.command.strip()) or (
+                isinstance(self.command, list) and not self.command):
+            raise ValueError("command: command is empty")
+        if self.shutdown_grace is not None and not 0 <= self.shutdown_grace <= 300:
+            raise ValueError("shutdown_grace: give a number of seconds from 0 to 300")
+        given = [k for k in ("command", "use", "plugin", "url") if getattr(self, k) is not None]
         if not given:
             raise ValueError("command: Field required (hint: add it; an in-process proxy "
-                             "takes `use = NAME` or `plugin = \"module:attr\"` instead)")
+                             "takes `use = NAME` or `plugin = \"module:attr\"` instead, a "
+                             "remote one `url = \"wss://...\"`)")
         if len(given) > 1:
-            raise ValueError(f"{given[1]}: give exactly one of command, use, plugin "
+            raise ValueError(f"{given[1]}: give exactly one of command, use, plugin, url "
                              f"(got {', '.join(given)})")
         if self.command is not None and self.options is not None:
             raise ValueError("options are for plugin proxies (use/plugin); pass a command "
                              "its settings on its command line or env")
-        if self.command is None and (self.env or self.cwd or self.dialect):
+        if self.in_process and (self.env or self.cwd or self.dialect):
             raise ValueError("env, cwd and dialect are for command components; an in-process "
                              "plugin shares the conductor's")
-        if self.command is None and (self.restart != "never" or self.optional):
-            raise ValueError("restart and optional are for command components; an in-process "
-                             "plugin runs, and fails, with the conductor")
-        return self
+        if self.url is not None:
+            if self.env or self.cwd or self.secret_env or not self.inherit_env:
+                raise ValueError("url: env, cwd, inherit_env and secret_env are for command "
+                                 "components; a remote one gets `headers`")
+            if not re.match(r"(?i)wss?://[^/?#\s]+", self.url):
+                raise ValueError(f"url: {self.url!r} is not a ws:// or wss:// address "
+                                 "(e.g. wss://build-box:8765/acp)")
+        elif self.headers:
+            raise ValueError("headers: only a remote component (`url = ...`) sends headers")
+        if (self.in_process or self.url is not None) and (
+                self.restart != "never" or self.optional):
+            raise ValueError("restart: restart and optional are for command components; an "
+                             "in-process plugin runs, and fails, with the conductor, and a "
+                             "remote one is not ours to start")
+        if not 1 <= self.max_restarts <= 1000:
+            raise ValueError("max_restarts: give a number from 1 to 1000")
 
     @property
     def in_process(self) -> bool:
-        return self.command is None
+        return self.use is not None or self.plugin is not None
 
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]+", value):
-            raise ValueError("use letters, digits and _ . : - only")
-        return value
+    @property
+    def remote(self) -> bool:
+        return self.url is not None
 
     def argv(self) -> list[str]:
         assert self.command is not None, "in-process components have no argv"
         return shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
 
 
-class McpServerSpec(BaseModel):
+@dataclass
+class McpServerSpec:
     """One `[[mcp_server]]` table: injected into every session the agent sets up."""
 
-    model_config = ConfigDict(extra="forbid")
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
 
     name: str
-    type: Literal["stdio", "http", "sse"] = "stdio"
+    type: Literal["stdio", "http", "sse", "acp"] = "stdio"
     command: str | None = None
-    args: list[str] = []
-    env: dict[str, str] = {}
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
     url: str | None = None
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = field(default_factory=dict)
+    provider: str | None = None  # acp: the proxy offering it
+    required: bool = False       # refuse the session when the agent cannot take it
 
-    @model_validator(mode="after")
-    def _transport_fields(self) -> McpServerSpec:
+    def __post_init__(self) -> None:
+        if self.type == "acp":
+            if not self.provider:
+                raise ValueError("provider: an acp MCP server needs `provider`, the name of "
+                                 "the proxy that offers it")
+            if self.command or self.args or self.env or self.url or self.headers:
+                raise ValueError("an acp MCP server is offered by its provider: it takes no "
+                                 "command, args, env, url or headers")
+            return
+        if self.provider:
+            raise ValueError("provider: only acp MCP servers have a provider")
         if self.type == "stdio":
             if not self.command:
                 raise ValueError("a stdio MCP server needs `command`")
@@ -154,95 +174,113 @@ class McpServerSpec(BaseModel):
                 raise ValueError(f"an {self.type} MCP server needs `url`")
             if self.command or self.args or self.env:
                 raise ValueError("`command`, `args` and `env` are for stdio servers")
-        return self
 
 
-class SettingsSpec(BaseModel):
+@dataclass
+class SettingsSpec:
     """The optional `[conductor]` table."""
 
-    model_config = ConfigDict(extra="forbid")
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
 
-    max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024)
-    shutdown_grace: float = Field(default=3.0, ge=0, le=300)
-    redact: list[Regex] = Field(default=[], description="regexes whose matches traces redact")
-    # -- reliability (docs/reliability.md) --
-    session_idle_expiry: float | None = Field(
-        default=None, gt=0, description="seconds without a turn after which a session's "
-        "state in the conductor is released (off by default)")
-    request_timeout: float | None = Field(
-        default=None, gt=0, description="seconds a request toward the agent may go "
-        "unanswered before the conductor answers it with an error (off by default)")
-    prompt_timeout: float | None = Field(
-        default=None, gt=0, description="the same for session/prompt, a whole turn "
-        "(off by default)")
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    shutdown_grace: float = 3.0
+    redact: list[str] = field(default_factory=list)  # regexes whose matches traces redact
+    mcp_bridge: Literal["auto", "http", "stdio", "off"] = "auto"  # acp servers, agent without
+    # -- reliability (docs/reliability.md); all off by default --
+    session_idle_expiry: float | None = None  # seconds without a turn: a session is released
+    request_timeout: float | None = None  # seconds a request toward the agent may go unanswered
+    prompt_timeout: float | None = None   # the same for session/prompt, a whole turn
+
+    def __post_init__(self) -> None:
+        if self.max_frame_bytes < 1024:
+            raise ValueError("max_frame_bytes: give at least 1024 bytes")
+        if not 0 <= self.shutdown_grace <= 300:
+            raise ValueError("shutdown_grace: give a number of seconds from 0 to 300")
+        for pattern in self.redact:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"redact: {pattern!r} is not a regular expression: {e}") \
+                    from None
+        for key in ("session_idle_expiry", "request_timeout", "prompt_timeout"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ValueError(f"{key}: give a number of seconds above 0 (or leave it out: "
+                                 "off)")
 
     def timeouts(self) -> Timeouts:
         return Timeouts(request=self.request_timeout, prompt=self.prompt_timeout,
                         session_idle_expiry=self.session_idle_expiry)
 
-
-class ChainConfig(BaseModel):
+@dataclass
+class ChainConfig:
     """A whole chain file."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
 
-    conductor: SettingsSpec = SettingsSpec()
-    proxy: list[ComponentSpec] = []
+    conductor: SettingsSpec = field(default_factory=SettingsSpec)
+    proxy: list[ComponentSpec] = field(default_factory=list)
     agent: ComponentSpec | None = None
-    mcp_server: list[McpServerSpec] = []
-    source: str | None = Field(default=None, exclude=True)  # the file it came from
-    base_dir: str | None = Field(default=None, exclude=True)
+    mcp_server: list[McpServerSpec] = field(default_factory=list)
+    source: str | None = field(default=None, init=False)  # the file it came from
+    base_dir: str | None = field(default=None, init=False)
 
     def proxy_names(self) -> list[str]:
-        return [p.name or f"proxy:{i}" for i, p in enumerate(self.proxy)]
+        """Each proxy's name: its `name`, else what it runs (`use = "redact"` is `redact`,
+        `plugin = "pkg.mod:Guard"` is `guard`; a second `redact` is `redact-2`), else
+        `proxy:N` for a command. A default never takes a name given explicitly."""
+        taken = {p.name for p in self.proxy if p.name} | {self.agent_name()}
+        names: list[str] = []
+        for i, spec in enumerate(self.proxy):
+            if spec.name:
+                names.append(spec.name)
+                continue
+            base = _default_name(spec) or f"proxy:{i}"
+            name, n = base, 1
+            while name in taken:
+                n += 1
+                name = f"{base}-{n}"
+            taken.add(name)
+            names.append(name)
+        return names
 
     def agent_name(self) -> str:
         return (self.agent.name if self.agent and self.agent.name else None) or "agent"
 
 
-_HINTS = {
-    "extra_forbidden": "remove it, or check the spelling against docs/configuration.md",
-    "missing": "add it",
-    "string_type": "write a string",
-    "list_type": "write a list",
-}
+def _default_name(spec: ComponentSpec) -> str | None:
+    """An in-process proxy is called after what it runs; a command has no such name."""
+    if spec.use is not None:
+        ref = spec.use
+    elif spec.plugin is not None:
+        module, _, attr = spec.plugin.partition(":")
+        ref = attr or Path(module).stem
+    else:
+        return None
+    name = re.sub(r"[^A-Za-z0-9_.:-]+", "-", ref).strip("-").lower()
+    return name or None
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in ("str", "list[str]", "function-after[_one_kind(), ComponentSpec]"):
-            continue  # union branch names from pydantic, not keys
-        else:
-            out += f".{part}" if out else str(part)
-    return out
+def config_error_from_validation(error: ValidationError, file: str | None) -> ConductorError:
+    """One ConfigError naming every problem with its key path, and a fix for each."""
+    from conductor.validation import problems
+
+    return ConfigError.combine([ConfigError(p.message, file=file, field=p.field, hint=p.hint)
+                                for p in problems(error, ChainConfig)], file)
 
 
-_FIELD_PREFIX = re.compile(r"^([a-z_]+): ")
+def _validated(data: dict[str, Any], file: str | None) -> ChainConfig:
+    """`data` checked by pydantic (imported here: only a chain file needs it).
 
-
-def config_error_from_validation(error: ValidationError, file: str | None) -> ConfigError:
-    """One ConfigError naming every problem with its key path.
-
-    A model-level check names its field by starting its message with `field: `; that is
-    folded into the key path (pydantic cannot locate such errors itself).
+    Raises:
+        ConfigError: every problem, at once.
     """
-    lines = []
-    for item in error.errors():
-        where = _location(item["loc"])
-        hint = _HINTS.get(item["type"], "")
-        if item["type"] == "extra_forbidden":
-            msg = f"unknown key {where.rsplit('.', 1)[-1]!r}"
-        else:
-            msg = item["msg"].removeprefix("Value error, ")
-            field = _FIELD_PREFIX.match(msg)
-            if field:
-                where = f"{where}.{field.group(1)}" if where else field.group(1)
-                msg = msg[field.end():]
-        lines.append(f"{where}: {msg}" + (f" (hint: {hint})" if hint else ""))
-    return ConfigError("; ".join(lines), file=file)
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(ChainConfig).validate_python(data)
+    except ValidationError as e:
+        raise config_error_from_validation(e, file) from None
 
 
 def parse_chain(data: dict[str, Any], *, file: str | None = None,
@@ -252,60 +290,118 @@ def parse_chain(data: dict[str, Any], *, file: str | None = None,
     Raises:
         ConfigError: the content is not a valid chain.
     """
-    try:
-        config = ChainConfig.model_validate(data)
-    except ValidationError as e:
-        raise config_error_from_validation(e, file) from None
+    config = _validated(data, file)
     config.source, config.base_dir = file, base_dir
+    found: list[ConductorError] = []
     if config.agent is not None and config.agent.in_process:
-        raise ConfigError("the agent must be a command; plugins run as proxies", file=file,
-                          field="agent.use" if config.agent.use else "agent.plugin",
-                          hint="move it to a [[proxy]] table and give [agent] a command")
+        found.append(ConfigError(
+            "the agent must be a command; plugins run as proxies", file=file,
+            field="agent.use" if config.agent.use else "agent.plugin",
+            hint="move it to a [[proxy]] table and give [agent] a command"))
     if config.agent is not None and config.agent.optional:
-        raise ConfigError("the agent cannot be optional: there is no chain without it",
-                          file=file, field="agent.optional",
-                          hint='remove it; `restart = "on-failure"` brings a failed agent back')
+        found.append(ConfigError(
+            "the agent cannot be optional: there is no chain without it", file=file,
+            field="agent.optional",
+            hint='remove it; `restart = "on-failure"` brings a failed agent back'))
     names = [*config.proxy_names(), config.agent_name()]
+    for i, server in enumerate(config.mcp_server):
+        if server.type == "acp" and server.provider not in config.proxy_names():
+            raise ConfigError(f"provider {server.provider!r} is not a proxy of this chain",
+                              file=file, field=f"mcp_server[{i}].provider",
+                              hint="name a [[proxy]] (by its `name`, or proxy:N) that offers "
+                              f"the MCP server {server.name!r}")
     seen: set[str] = set()
     for i, name in enumerate(names):
         if name in seen:
             where = f"proxy[{i}].name" if i < len(config.proxy) else "agent.name"
-            raise ConfigError(f"duplicate component name {name!r}", file=file, field=where,
-                              hint="give every component its own name")
+            found.append(ConfigError(f"duplicate component name {name!r}", file=file,
+                                     field=where, hint="give every component its own name"))
         seen.add(name)
+    if found:
+        raise ConfigError.combine(found, file)
     return config
 
 
+def _builtin_chains_dir() -> Path:
+    """The built-in chains: the repo's top-level chains/ folder, which a wheel carries as
+    package data (conductor/chains, pyproject's force-include), so every install has them."""
+    packaged = Path(__file__).parent / "chains"
+    return packaged if packaged.is_dir() else Path(__file__).parent.parent / "chains"
+
+
+BUILTIN_CHAINS = _builtin_chains_dir()
+
+
+def builtin_chains() -> dict[str, Path]:
+    """The built-in chains by name (the file's stem)."""
+    return {p.stem: p for p in sorted(BUILTIN_CHAINS.glob("*.toml"))}
+
+
+def chain_path(ref: str | os.PathLike[str]) -> Path:
+    """The file `--chain REF` means: REF itself when it is a file, or looks like a path (has
+    a `/` or ends in `.toml`); otherwise the built-in chain named REF (`--chain demo`).
+
+    Raises:
+        ConfigError: REF is neither a file nor a built-in chain's name.
+    """
+    path = Path(ref)
+    text = str(ref)
+    if path.exists() or "/" in text or text.endswith(".toml"):
+        return path
+    builtin = builtin_chains().get(text)
+    if builtin is None:
+        names = ", ".join(builtin_chains()) or "none"
+        raise ConfigError(f"no file {text!r} here, and no built-in chain by that name "
+                          f"(built in: {names})", field="--chain",
+                          hint="give the path of a chain file, or a built-in chain's name; "
+                               "`acp-conductor chains` lists them")
+    return builtin
+
+
 def load_chain(path: str | os.PathLike[str]) -> ChainConfig:
-    """Read and validate a chain file.
+    """Read and validate a chain file, given by path or as a built-in chain's name.
 
     Raises:
         ConfigError: the file cannot be read, is not TOML, or is not a valid chain.
     """
+    path = chain_path(path)
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(
             "file not found", file=file,
-            hint="pass the path of a chain TOML file, e.g. chains/demo.toml") from None
+            hint="give the path of a chain TOML file, or a built-in chain's name "
+                 "(`acp-conductor chains` lists them)") from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", file=file) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"not valid TOML: {e}", file=file) from None
-    return parse_chain(data, file=file, base_dir=str(Path(path).resolve().parent))
+    return parse_chain(data, file=file, base_dir=str(path.resolve().parent))
 
 
 def chain_from_commands(commands: list[str], *, with_agent: bool) -> ChainConfig:
-    """The chain that `acp-conductor agent CMD...` / `proxy CMD...` describe."""
+    """The chain that `acp-conductor agent CMD...` / `proxy CMD...` describe (built as is:
+    there is no file to validate, and nothing to import for it).
+
+    Raises:
+        ConfigError: a command is empty.
+    """
+    specs: list[ComponentSpec] = []
+    for i, command in enumerate(commands):
+        try:
+            specs.append(ComponentSpec(command=command))
+        except ValueError as e:
+            raise ConfigError(str(e).partition(": ")[2] or str(e), file="<command line>",
+                              field=f"COMMANDS[{i}]") from None
     if with_agent:
-        data: dict[str, Any] = {"proxy": [{"command": c} for c in commands[:-1]],
-                                "agent": {"command": commands[-1]}}
+        config = ChainConfig(proxy=specs[:-1], agent=specs[-1])
     else:
-        data = {"proxy": [{"command": c} for c in commands]}
-    return parse_chain(data, file="<command line>", base_dir=os.getcwd())
+        config = ChainConfig(proxy=specs)
+    config.source, config.base_dir = "<command line>", os.getcwd()
+    return config
 
 
 def component_environment(spec: ComponentSpec, *, file: str | None, where: str) -> dict[str, str]:
@@ -321,16 +417,53 @@ def component_environment(spec: ComponentSpec, *, file: str | None, where: str) 
 
 
 def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str) -> str | None:
+    """The directory a component runs in: `cwd` (relative to the chain file's folder), else
+    that folder itself, so relative arguments (`python agent.py`) mean the same wherever the
+    editor started the conductor. None (inherit) only for a chain that has no folder."""
     if spec.cwd is None:
-        return None
+        return config.base_dir
     cwd = expand(spec.cwd, dict(os.environ), where=f"{where}.cwd", file=config.source)
     if config.base_dir and not os.path.isabs(cwd):
         cwd = os.path.join(config.base_dir, cwd)
     return cwd
 
 
-def component_argv(spec: ComponentSpec, *, file: str | None, where: str) -> list[str]:
-    return [expand(a, dict(os.environ), where=f"{where}.command", file=file) for a in spec.argv()]
+def relative_to_chain(base_dir: str | None) -> str:
+    """How an error names the folder relative paths were taken from."""
+    return f"relative to {base_dir}, the chain file's folder" if base_dir else "relative"
+
+
+def component_argv(spec: ComponentSpec, *, file: str | None, where: str,
+                   base_dir: str | None = None,
+                   environ: Mapping[str, str] | None = None) -> list[str]:
+    """The command with variables expanded. A program named by a relative path (`./agent.py`,
+    `bin/agent`: it has a `/`, as a shell would see it) is taken relative to `base_dir`, the
+    chain file's folder; a bare name (`npx`) is looked up in PATH when it starts.
+
+    Raises:
+        ConfigError: a variable is unset, or the relative program does not exist.
+    """
+    env = dict(os.environ if environ is None else environ)
+    argv = [expand(a, env, where=f"{where}.command", file=file) for a in spec.argv()]
+    program = argv[0]
+    if base_dir and "/" in program and not os.path.isabs(program):
+        argv[0] = os.path.normpath(os.path.join(base_dir, program))
+        if not os.path.exists(argv[0]):
+            raise ConfigError(f"{program} not found ({relative_to_chain(base_dir)})",
+                              file=file, field=f"{where}.command",
+                              hint="give a path relative to the chain file, or an absolute one")
+    return argv
+
+
+def component_headers(spec: ComponentSpec, *, file: str | None, where: str) -> dict[str, str]:
+    """The headers a remote component is connected with, `${VAR}` expanded.
+
+    Raises:
+        ConfigError: an `${VAR}` names an unset variable.
+    """
+    env = dict(os.environ)
+    return {key: expand(value, env, where=f"{where}.headers.{key}", file=file)
+            for key, value in spec.headers.items()}
 
 
 def mcp_servers(config: ChainConfig) -> list[McpServer]:
@@ -349,20 +482,33 @@ def mcp_servers(config: ChainConfig) -> list[McpServer]:
         def x(text: str, key: str, where: str = where) -> str:
             return expand(text, env, where=f"{where}.{key}", file=config.source)
 
-        if spec.type == "stdio":
+        if spec.type == "acp":
+            assert spec.provider is not None
+            out.append(McpServer(spec.name, "acp", provider=spec.provider,
+                                 required=spec.required))
+        elif spec.type == "stdio":
             assert spec.command is not None
             command = x(spec.command, "command")
-            resolved = shutil.which(command) if not os.path.isabs(command) else command
+            if "/" in command and not os.path.isabs(command) and config.base_dir:
+                relative = command  # a path, as a shell would see it: from the chain's folder
+                command = os.path.normpath(os.path.join(config.base_dir, command))
+                resolved = command if os.access(command, os.X_OK) else None
+                missing = f"{relative} ({relative_to_chain(config.base_dir)})"
+            else:
+                resolved = shutil.which(command) if not os.path.isabs(command) else command
+                missing = command
             if resolved is None:
-                raise ConfigError(f"command not found: {command}", file=config.source,
+                raise ConfigError(f"command not found: {missing}", file=config.source,
                                   field=f"{where}.command",
                                   hint="ACP wants an absolute path; give one, or fix PATH")
             out.append(McpServer(spec.name, "stdio", command=resolved,
                                  args=tuple(x(a, "args") for a in spec.args),
-                                 env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items())))
+                                 env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items()),
+                                 required=spec.required))
         else:
             assert spec.url is not None
             out.append(McpServer(spec.name, spec.type, url=x(spec.url, "url"),
                                  headers=tuple((k, x(v, f"headers.{k}"))
-                                               for k, v in spec.headers.items())))
+                                               for k, v in spec.headers.items()),
+                                 required=spec.required))
     return out

@@ -7,14 +7,20 @@ Words in the prompt drive the rest, for demos of `run` and for tests:
   read:PATH     reads PATH through the client's fs/read_text_file and quotes it
   writefile:PATH writes a line to PATH through fs/write_text_file
   terminal:CMD  runs `sh -c CMD` through terminal/* and quotes its output
+A relative PATH is resolved against the session's cwd: ACP paths are absolute.
   hang          streams one word, then waits for session/cancel (answers `cancelled`)
   stop:REASON   ends the turn with stopReason REASON
+  tool          calls a tool of an MCP server declared to the session: it speaks
+                MCP-over-ACP itself (mcp/connect, mcp/message), so it takes `acp` servers
+                only; `tool:NAME` picks the tool, else the first it can fill (string
+                arguments get the prompt's text)
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 from typing import Any
 
@@ -25,10 +31,11 @@ class DemoAgent:
     def __init__(self, out: Any, inp: Any, protocol_version: int | None = None) -> None:
         self.out, self.inp = out, inp
         self.forced_version = protocol_version
-        self.sessions: set[str] = set()
+        self.sessions: dict[str, str] = {}     # session id -> its cwd
         self.ids = itertools.count(1)
         self.queue: list[dict[str, Any]] = []   # messages read while waiting for an answer
         self.cancelled: set[str] = set()
+        self.mcp_servers: dict[str, list[Any]] = {}  # session -> its acp MCP servers
 
     def send(self, message: dict[str, Any]) -> None:
         self.out.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
@@ -60,25 +67,42 @@ class DemoAgent:
     def on_initialize(self, params: dict[str, Any]) -> dict[str, Any]:
         asked = params.get("protocolVersion", 1)
         version = self.forced_version or (2 if isinstance(asked, int) and asked >= 2 else 1)
-        return {"protocolVersion": version,
-                "agentCapabilities": {"loadSession": True,
-                                      "promptCapabilities": {"image": False, "audio": False,
-                                                             "embeddedContext": True},
-                                      "mcpCapabilities": {"http": False, "sse": False}},
-                "agentInfo": {"name": "demo-agent", "version": "0.1.0"},
-                "authMethods": []}
+        result = {"protocolVersion": version,
+                  "agentCapabilities": {"loadSession": True,
+                                        "sessionCapabilities": {"close": {}},
+                                        "promptCapabilities": {"image": False, "audio": False,
+                                                               "embeddedContext": True},
+                                        "mcpCapabilities": {"http": False, "sse": False,
+                                                            "acp": True}},
+                  "agentInfo": {"name": "demo-agent", "version": "0.1.0"},
+                  "authMethods": []}
+        if version >= 2:
+            result["capabilities"] = {"session": {"mcp": {"acp": {}}}}
+        return result
+
+    def remember_servers(self, sid: str, params: dict[str, Any]) -> None:
+        servers = params.get("mcpServers") or []
+        self.mcp_servers[sid] = [s for s in servers
+                                 if isinstance(s, dict) and s.get("type") == "acp"]
 
     def on_session_new(self, params: dict[str, Any]) -> dict[str, Any]:
         sid = f"demo-session-{len(self.sessions) + 1}"
-        self.sessions.add(sid)
+        self.sessions[sid] = _cwd(params)
+        self.remember_servers(sid, params)
         return {"sessionId": sid}
 
     def on_session_load(self, params: dict[str, Any]) -> None:
         sid = params.get("sessionId", "")
-        self.sessions.add(sid)
+        self.sessions[sid] = _cwd(params)
+        self.remember_servers(sid, params)
         self.update(sid, {"sessionUpdate": "user_message_chunk",
                           "content": {"type": "text", "text": "(replayed history)"}})
         return None
+
+    def on_session_close(self, params: dict[str, Any]) -> dict[str, Any]:
+        # Nothing runs between turns here, so there is nothing to stop; ids are not reused.
+        self.mcp_servers.pop(params.get("sessionId", ""), None)
+        return {}
 
     def on_session_cancel(self, params: dict[str, Any]) -> None:
         self.cancelled.add(params.get("sessionId", ""))
@@ -106,6 +130,11 @@ class DemoAgent:
                 return msg
             if msg.get("method") == "session/cancel":
                 self.on_session_cancel(msg.get("params") or {})
+            if msg.get("method") == "mcp/message" and "id" in msg:
+                # an MCP server's own request (elicitation, sampling): not for a demo
+                self.send({"id": msg["id"], "error": {
+                    "code": -32601, "message": "the demo agent answers no MCP requests"}})
+                continue
             self.queue.append(msg)
 
     def on_session_prompt(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +171,9 @@ class DemoAgent:
             done = self.client_duty(sid, word)
             if done is not None:
                 return done
+        if any(w.strip(".,!?").lower() in ("tool", "tools") or w.startswith("tool:")
+               for w in words):
+            self.use_tool(sid, text, words)
         if "hang" in words:
             self.update(sid, {"sessionUpdate": "agent_message_chunk",
                               "content": {"type": "text", "text": "waiting "}})
@@ -164,20 +196,24 @@ class DemoAgent:
         op, _, arg = word.partition(":")
         if not arg or op not in ("read", "writefile", "terminal"):
             return None
+        cwd = self.sessions.get(sid, "/")
         if op == "read":
-            answer = self.ask("fs/read_text_file", {"sessionId": sid, "path": arg})
+            answer = self.ask("fs/read_text_file", {"sessionId": sid,
+                                                    "path": os.path.join(cwd, arg)})
             if "error" in answer:
                 self.say(sid, f"read failed: {answer['error'].get('message')}\n")
             else:
                 self.say(sid, f"Read: {answer['result'].get('content', '')}\n")
         elif op == "writefile":
-            answer = self.ask("fs/write_text_file", {"sessionId": sid, "path": arg,
+            answer = self.ask("fs/write_text_file", {"sessionId": sid,
+                                                     "path": os.path.join(cwd, arg),
                                                      "content": "written by the demo agent\n"})
             self.say(sid, f"write failed: {answer['error'].get('message')}\n"
                      if "error" in answer else f"Wrote {arg}\n")
         else:
             created = self.ask("terminal/create", {"sessionId": sid, "command": "sh",
-                                                   "args": ["-c", arg.replace("_", " ")]})
+                                                   "args": ["-c", arg.replace("_", " ")],
+                                                   "cwd": cwd})
             if "error" in created:
                 self.say(sid, f"terminal failed: {created['error'].get('message')}\n")
                 return None
@@ -189,6 +225,77 @@ class DemoAgent:
                      f"{exited['result'].get('exitCode')}\n")
         return None
 
+    def use_tool(self, sid: str, text: str, words: list[str]) -> None:
+        """Call one tool of the session's acp MCP servers, over MCP-over-ACP."""
+        wanted = next((w.split(":", 1)[1] for w in words if w.startswith("tool:")), None)
+        servers = self.mcp_servers.get(sid, [])
+        if not servers:
+            self.say(sid, "No MCP server was declared to this session, so there is no tool "
+                     "to call.\n")
+            return
+        for server in servers:
+            connected = self.ask("mcp/connect", {"serverId": server.get("serverId")})
+            if "error" in connected:
+                self.say(sid, f"mcp/connect to {server.get('name')} failed: "
+                         f"{connected['error'].get('message')}\n")
+                continue
+            conn = connected["result"]["connectionId"]
+
+            def mcp(method: str, params: dict[str, Any] | None = None,
+                    conn: str = conn) -> dict[str, Any]:
+                body: dict[str, Any] = {"connectionId": conn, "method": method}
+                if params is not None:
+                    body["params"] = params
+                return self.ask("mcp/message", body)
+
+            mcp("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                               "clientInfo": {"name": "demo-agent", "version": "0.1.0"}})
+            self.send({"method": "mcp/message", "params": {
+                "connectionId": conn, "method": "notifications/initialized"}})
+            listed = (mcp("tools/list").get("result") or {}).get("tools") or []
+            tool = next((t for t in listed if t.get("name") == wanted), None) if wanted \
+                else next((t for t in listed if self.arguments(t, text) is not None), None)
+            if tool is not None:
+                self.call_tool(sid, server, tool, text, mcp)
+            self.ask("mcp/disconnect", {"connectionId": conn})
+            if tool is not None:
+                return
+        self.say(sid, f"No tool {wanted!r} among the declared MCP servers.\n" if wanted
+                 else "No tool I could call without help.\n")
+
+    @staticmethod
+    def arguments(tool: dict[str, Any], text: str) -> dict[str, Any] | None:
+        """Arguments for `tool`: required strings get `text`; None if it needs others."""
+        schema = tool.get("inputSchema") or {}
+        props = schema.get("properties") or {}
+        args: dict[str, Any] = {}
+        for name in schema.get("required") or []:
+            if (props.get(name) or {}).get("type") != "string":
+                return None
+            args[name] = text
+        return args
+
+    def call_tool(self, sid: str, server: dict[str, Any], tool: dict[str, Any], text: str,
+                  mcp: Any) -> None:
+        call_id = f"mcp-{next(self.ids)}"
+        title = f"{server.get('name')}: {tool.get('name')}"
+        self.update(sid, {"sessionUpdate": "tool_call", "toolCallId": call_id, "title": title,
+                          "kind": "other", "status": "in_progress"})
+        answer = mcp("tools/call", {"name": tool.get("name"),
+                                    "arguments": self.arguments(tool, text) or {}})
+        result = answer.get("result") or {}
+        said = "".join(c.get("text", "") for c in result.get("content") or []
+                       if isinstance(c, dict) and c.get("type") == "text")
+        failed = "error" in answer or result.get("isError")
+        if "error" in answer:
+            said = str(answer["error"].get("message"))
+        self.update(sid, {"sessionUpdate": "tool_call_update", "toolCallId": call_id,
+                          "status": "failed" if failed else "completed",
+                          "content": [{"type": "content",
+                                       "content": {"type": "text", "text": said}}]})
+        self.say(sid, f"Tool {tool.get('name')} of {server.get('name')} "
+                 f"{'failed' if failed else 'says'}:\n{said}\n")
+
     def wait_for_cancel(self, sid: str) -> None:
         while sid not in self.cancelled:
             msg = self.read_line()
@@ -198,6 +305,12 @@ class DemoAgent:
                 self.on_session_cancel(msg.get("params") or {})
             else:
                 self.queue.append(msg)
+
+
+def _cwd(params: dict[str, Any]) -> str:
+    """The session's cwd: ACP requires an absolute one; anything else falls back to /."""
+    cwd = params.get("cwd")
+    return cwd if isinstance(cwd, str) and os.path.isabs(cwd) else "/"
 
 
 def serve_stdio(protocol_version: int | None = None) -> None:

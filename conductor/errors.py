@@ -9,6 +9,7 @@
     ├── ComponentError       (3)    always carries `.component` ("redact", "agent")
     │   ├── ComponentStartError     spawn failed (ENOENT, EACCES)
     │   ├── ComponentExitedError    died mid-session: `.returncode`, last stderr lines
+    │   ├── ComponentDisconnectedError  a remote component's connection dropped: `.url`
     │   ├── ComponentRestartingError  exited and is being restarted (`restart = "on-failure"`)
     │   └── ComponentStoppedError   stopped by the conductor's shutdown before it answered
     └── ConnectionClosedError (1)   the peer closed the connection with requests outstanding
@@ -28,7 +29,7 @@ other exception a handler raises becomes a wire error in one place
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -36,17 +37,21 @@ if TYPE_CHECKING:
     from conductor.jsonrpc.message import JsonValue
 
 
-class ExitCode(enum.IntEnum):
-    """The conductor's exit codes, each with what it means to a user: the one definition
-    that `--help`, the README and the docs show (`run` adds its own, `RunExit`)."""
+class ExplainedCode(enum.IntEnum):
+    """An exit code that carries what it means to a user (members: `NAME = value, meaning`)."""
 
     meaning: str
 
-    def __new__(cls, value: int, meaning: str) -> ExitCode:
+    def __new__(cls, value: int, meaning: str) -> Self:
         code = int.__new__(cls, value)
         code._value_ = value
         code.meaning = meaning
         return code
+
+
+class ExitCode(ExplainedCode):
+    """The conductor's exit codes: the one definition that `--help`, the README and the
+    docs show (`run` adds its own, `RunExit`)."""
 
     OK = 0, "the client closed the connection and the chain shut down cleanly"
     FAILED = 1, "internal error"
@@ -64,12 +69,28 @@ class ConfigError(ConductorError):
     exit_code = ExitCode.USAGE
 
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None,
-                 hint: str | None = None) -> None:
-        self.file, self.field, self.hint = file, field, hint
-        parts = [f"{file}: " if file else "", f"{field}: " if field else "", message]
-        if hint:
-            parts.append(f" (hint: {hint})")
-        super().__init__("".join(parts))
+                 hint: str | None = None, problems: Sequence[ConductorError] = ()) -> None:
+        self.message, self.file, self.field, self.hint = message, file, field, hint
+        self.problems = list(problems)  # when this error stands for several
+        super().__init__(f"{file}: {self.line()}" if file else self.line())
+
+    def line(self) -> str:
+        """The problem without its file: `field: message (hint: ...)`."""
+        parts = [f"{self.field}: " if self.field else "", self.message]
+        if self.hint:
+            parts.append(f" (hint: {self.hint})")
+        return "".join(parts)
+
+    @classmethod
+    def combine(cls, errors: Sequence[ConductorError], file: str | None) -> ConductorError:
+        """One error reporting all of `errors`, one per line (the error itself when alone),
+        so a chain file's problems are all fixed in one go."""
+        if len(errors) == 1:
+            return errors[0]
+        lines = [e.line() if isinstance(e, ConfigError) else str(e).removeprefix(f"{file}: ")
+                 for e in errors]
+        return cls(f"{len(errors)} problems:\n  " + "\n  ".join(lines), file=file,
+                   problems=errors)
 
 
 class PluginError(ConductorError):
@@ -137,6 +158,17 @@ class ComponentExitedError(ComponentError):
     def wire_data(self) -> dict[str, JsonValue]:
         return {"component": self.component, "returncode": self.returncode,
                 "stderrTail": self.stderr_tail}
+
+
+class ComponentDisconnectedError(ComponentError):
+    """A remote component's connection ended while the chain was running: its crash."""
+
+    def __init__(self, component: str, url: str, why: str) -> None:
+        self.url = url
+        super().__init__(component, f"the connection to {url} dropped ({why})")
+
+    def wire_data(self) -> dict[str, JsonValue]:
+        return {"component": self.component, "url": self.url}
 
 
 class ComponentRestartingError(ComponentError):

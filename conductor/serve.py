@@ -2,7 +2,8 @@
 
 `serve_chain` plans the chain (every plugin loaded and every command resolved before
 anything starts), then serves the client until it closes its input, a signal arrives or a
-component fails, and returns the exit code.
+component fails, and returns the exit code. `serve_connection` does the same for a client
+reached by any transport (a MessageSink and a MessageSource: `acp-conductor serve`).
 """
 
 from __future__ import annotations
@@ -10,30 +11,33 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 
 import anyio
 
+from conductor.bridge import McpBridge
 from conductor.config import (
     ChainConfig,
     ComponentSpec,
     component_argv,
     component_cwd,
     component_environment,
+    component_headers,
     mcp_servers,
 )
 from conductor.errors import (
+    ComponentDisconnectedError,
     ComponentError,
     ComponentExitedError,
     ComponentStartError,
     ComponentStoppedError,
+    ConductorError,
     ConfigError,
     ExitCode,
+    PluginError,
 )
-from conductor.plugins.api import Proxy
-from conductor.plugins.host import open_inprocess_hop
-from conductor.plugins.registry import load_component_proxy
 from conductor.routing.chain import Chain
 from conductor.routing.mcp import McpInjection
 from conductor.routing.topology import ComponentLink, Hop, Role
@@ -42,17 +46,19 @@ from conductor.supervise.restart import Backoff
 from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from anyio.abc import ByteReceiveStream, ByteSendStream, TaskStatus
 
+    from conductor.plugins.api import Proxy
     from conductor.tracing.sink import TraceSink
-    from conductor.transport.base import Incoming
+    from conductor.transport.base import MessageSink, MessageSource
 
 log = logging.getLogger("acp_conductor")
 stderr_log = logging.getLogger("acp_conductor.stderr")
 
 EXIT_SIGNAL = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
+RELAY_WAIT = 0.5  # at shutdown, how long in-process proxies get to relay a failure answer
 
 
 @dataclass
@@ -61,6 +67,7 @@ class RunOptions:
     max_frame_bytes: int | None = None    # overrides the chain file
     tracer: TraceSink | None = None
     handle_signals: bool = True
+    client_transport: str = "stdio"       # how the client reached us: stdio, ws, http (traces)
 
 
 @dataclass
@@ -74,15 +81,42 @@ def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig
                  grace: float) -> LaunchSpec:
     return LaunchSpec(
         name=name,
-        argv=component_argv(spec, file=config.source, where=where),
+        argv=component_argv(spec, file=config.source, where=where, base_dir=config.base_dir),
         env=component_environment(spec, file=config.source, where=where),
         cwd=component_cwd(spec, config, where=where),
         shutdown_grace=spec.shutdown_grace if spec.shutdown_grace is not None else grace,
     )
 
 
-def _plan(config: ChainConfig, mode: str
-          ) -> list[tuple[Role, ComponentSpec, LaunchSpec | Proxy[Any]]]:
+@dataclass(frozen=True)
+class RemoteSpec:
+    """A component reached over the network (`url = ...`), with its headers resolved."""
+
+    name: str
+    url: str
+    headers: dict[str, str]
+
+    @property
+    def shown(self) -> str:
+        """The url for logs and traces: no query string, no credentials."""
+        scheme, _, rest = self.url.partition("://")
+        host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+        path = rest[len(rest.split("/", 1)[0]):].split("?", 1)[0].split("#", 1)[0]
+        return f"{scheme}://{host}{path}"
+
+
+
+
+def _remote_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig) -> RemoteSpec:
+    assert spec.url is not None
+    return RemoteSpec(name, spec.url, component_headers(spec, file=config.source, where=where))
+
+
+if TYPE_CHECKING:
+    Planned: TypeAlias = LaunchSpec | Proxy[Any] | RemoteSpec
+
+
+def _plan(config: ChainConfig, mode: str) -> list[tuple[Role, ComponentSpec, Planned]]:
     """Resolve every component's argv/env/cwd, and load every plugin, before anything starts.
 
     Raises:
@@ -91,24 +125,87 @@ def _plan(config: ChainConfig, mode: str
         PluginError: a plugin cannot be found or is not a Proxy.
     """
     grace = config.conductor.shutdown_grace
-    plan: list[tuple[Role, ComponentSpec, LaunchSpec | Proxy[Any]]] = []
+    plan: list[tuple[Role, ComponentSpec, Planned]] = []
+    found: list[ConductorError] = []  # every problem is reported, not only the first
+
+    @contextmanager
+    def collected() -> Iterator[None]:
+        try:
+            yield
+        except (ConfigError, PluginError) as e:
+            found.extend(e.problems if isinstance(e, ConfigError) and e.problems else [e])
+
     for i, (spec, name) in enumerate(zip(config.proxy, config.proxy_names(), strict=True)):
-        if spec.in_process:
-            plan.append((Role.PROXY, spec, load_component_proxy(
-                spec, name, file=config.source, where=f"proxy[{i}]")))
-            continue
-        plan.append((Role.PROXY, spec, _launch_spec(spec, name, f"proxy[{i}]", config, grace)))
+        with collected():
+            if spec.in_process:
+                # Plugins, and pydantic for their options, are imported only when a chain
+                # has one: serving a chain of commands imports neither.
+                from conductor.plugins.registry import load_component_proxy
+
+                plan.append((Role.PROXY, spec, load_component_proxy(
+                    spec, name, file=config.source, where=f"proxy[{i}]",
+                    base_dir=config.base_dir)))
+            elif spec.remote:
+                plan.append((Role.PROXY, spec,
+                             _remote_spec(spec, name, f"proxy[{i}]", config)))
+            else:
+                plan.append((Role.PROXY, spec,
+                             _launch_spec(spec, name, f"proxy[{i}]", config, grace)))
     if mode == "agent":
         if config.agent is None:
-            raise ConfigError("the chain has no agent", file=config.source, field="agent",
-                              hint="add an [agent] table with a command")
-        plan.append((Role.AGENT, config.agent,
-                     _launch_spec(config.agent, config.agent_name(), "agent", config, grace)))
+            found.append(ConfigError("the chain has no agent", file=config.source,
+                                     field="agent", hint="add an [agent] table with a command"))
+        else:
+            with collected():
+                plan.append((Role.AGENT, config.agent,
+                             _remote_spec(config.agent, config.agent_name(), "agent", config)
+                             if config.agent.remote else
+                             _launch_spec(config.agent, config.agent_name(), "agent", config,
+                                          grace)))
     elif config.agent is not None:
-        raise ConfigError("a chain run as a proxy ends at its successor, not an agent",
-                          file=config.source, field="agent",
-                          hint="remove the [agent] table, or run without `proxy`")
+        found.append(ConfigError("a chain run as a proxy ends at its successor, not an agent",
+                                 file=config.source, field="agent",
+                                 hint="remove the [agent] table, or run without `proxy`"))
+    with collected():
+        mcp_servers(config)  # resolved again by serve_chain; checked here to report it too
+    if found:
+        raise ConfigError.combine(found, config.source)
     return plan
+
+
+def _ask_providers(config: ChainConfig,
+                   plan: list[tuple[Role, ComponentSpec, Planned]]) -> None:
+    """`[[mcp_server]]` entries of type acp: an in-process provider is asked to declare
+    them (its opt-in servers), and must offer one by that name.
+
+    Raises:
+        ConfigError: the provider offers no MCP server by that name.
+    """
+    plugins = {launch.name: launch for _, _, launch in plan if _is_plugin(launch)}
+    for i, server in enumerate(config.mcp_server):
+        proxy = plugins.get(server.provider or "") if server.type == "acp" else None
+        if proxy is None:
+            continue  # a subprocess provider declares its own; only `required` applies
+        offered = [o.declared_name for o in proxy.offered_mcp_servers()]
+        if server.name not in offered:
+            raise ConfigError(f"proxy {proxy.name!r} offers no MCP server named "
+                              f"{server.name!r} (it offers: {', '.join(offered) or 'none'})",
+                              file=config.source, field=f"mcp_server[{i}].name",
+                              hint="use one of the names it offers")
+        proxy.mcp_requested = proxy.mcp_requested | {server.name}
+
+
+def plan_chain(config: ChainConfig, mode: str) -> None:
+    """Check that `config` can be served in `mode` (what `serve_chain` does first).
+
+    Raises:
+        ConfigError, PluginError: as `serve_chain` would.
+    """
+    _plan(config, mode)
+
+
+def _is_plugin(launch: Planned) -> TypeGuard[Proxy[Any]]:
+    return not isinstance(launch, LaunchSpec | RemoteSpec)
 
 
 async def serve_chain(
@@ -124,17 +221,38 @@ async def serve_chain(
         ConfigError: the chain cannot be planned.
     """
     options = options or RunOptions()
+    max_frame = options.max_frame_bytes or config.conductor.max_frame_bytes
+    return await serve_connection(config, PipeSink(stdout),
+                                  PipeSource(stdin, max_frame_bytes=max_frame), options)
+
+
+async def serve_connection(
+    config: ChainConfig,
+    client_sink: MessageSink,
+    client_source: MessageSource,
+    options: RunOptions | None = None,
+) -> int:
+    """`serve_chain` for a client on any transport: what it sends comes from
+    `client_source`, what the chain answers goes to `client_sink` (closed at the end).
+
+    Raises:
+        ConfigError: the chain cannot be planned.
+    """
+    options = options or RunOptions()
     plan = _plan(config, options.mode)
+    _ask_providers(config, plan)
     injection = McpInjection(mcp_servers(config))
     max_frame = options.max_frame_bytes or config.conductor.max_frame_bytes
     tracer = options.tracer
     outcome = _Outcome()
     stop = anyio.Event()
-    client_sink = PipeSink(stdout)
+    relays_done = anyio.Event()  # shutdown answered every open request: hosts may stop
     client = Hop("client", client_sink, tracer=tracer)
+    if tracer is not None and options.client_transport != "stdio":
+        tracer.lifecycle("client", "connected", transport=options.client_transport)
     components: list[tuple[Component, Hop]] = []
     stopped: list[anyio.Event] = []  # one per component, set once it is fully stopped
-    hosted: list[Hop] = []  # in-process plugin proxies
+    hosted: list[Hop] = []  # in-process plugin proxies, and remote components
 
     def failed(error: ComponentError) -> None:
         if outcome.fatal is None:  # the first failure is the one reported
@@ -234,7 +352,8 @@ async def serve_chain(
                              " ".join(launch.argv))
                     if tracer is not None:
                         tracer.lifecycle(launch.name, "spawned", pid=comp.pid,
-                                         argv=list(launch.argv), role=str(role))
+                                         argv=list(launch.argv), role=str(role),
+                                         transport="stdio")
                     exit_traced = anyio.Event()
                     wake = anyio.Event()  # the chain stops, or this run ended
 
@@ -297,6 +416,9 @@ async def serve_chain(
             return outcome[0], delays[0]
 
         async def host_plugin(proxy: Proxy[Any], *, task_status: TaskStatus[Hop]) -> None:
+            proxy.chain_status = chain.status
+            from conductor.plugins.host import open_inprocess_hop
+
             async with open_inprocess_hop(proxy, chain.receive, tracer=tracer) as hop:
                 hosted.append(hop)
                 if tracer is not None:
@@ -305,16 +427,78 @@ async def serve_chain(
                     plugin = f"{type(proxy).__module__}:{type(proxy).__qualname__}"
                     tracer.lifecycle(proxy.name, "spawned", pid=os.getpid(), role="proxy",
                                      argv=[f"(in-process) {plugin}"], in_process=True,
-                                     plugin=plugin)
+                                     plugin=plugin, transport="in-process")
                 task_status.started(hop)
-                await stop.wait()
+                # In-process proxies outlive the others: they relay the answers that
+                # shutdown gives their successors' requests (see below).
+                await relays_done.wait()
+
+        async def connect(role: Role, spec: ComponentSpec, remote: RemoteSpec, *,
+                          task_status: TaskStatus[Hop]) -> None:
+            # A remote component is a process we do not own: its connection dropping while
+            # the chain runs is its crash (every pending request answered, naming it).
+            from conductor.transport.websocket import open_ws_client
+
+            started = lost = False
+            why = ""
+
+            async def dropped(hop: Hop, why: str) -> None:
+                nonlocal lost
+                lost = True
+                error = ComponentDisconnectedError(hop.name, remote.shown, why)
+                await chain.fail_hop(hop, error)
+                fatal(error)
+
+            try:
+                async with open_ws_client(remote.url, remote.headers,
+                                          max_frame_bytes=max_frame) as (sink, source):
+                    hop = Hop(remote.name, sink, dialect=spec.dialect, tracer=tracer)
+                    hosted.append(hop)
+                    log.info("connected %s: %s", remote.name, remote.shown)
+                    if tracer is not None:
+                        tracer.lifecycle(remote.name, "spawned", pid=None, argv=[remote.shown],
+                                         role=str(role), transport="ws", url=remote.shown)
+                    task_status.started(hop)
+                    started = True
+                    async with anyio.create_task_group() as inner:
+                        async def read() -> None:
+                            await _serve_source(chain, hop, source)
+                            if not stop.is_set():
+                                await dropped(hop, source.ended)
+                        inner.start_soon(read)
+                        await stop.wait()
+                        await sink.aclose()
+                        inner.cancel_scope.cancel()
+            except ConnectionError as e:
+                if not started:
+                    raise ComponentStartError(remote.name,
+                                              f"cannot connect to {remote.shown}: {e}") from None
+                why = str(e)
+            if why and not stop.is_set():
+                await dropped(hop, why)
+            if tracer is not None:
+                tracer.lifecycle(remote.name, "exited", code=None, expected=not lost)
 
         async def starter() -> list[ComponentLink]:
             links: list[ComponentLink] = []
             for role, spec, launch in plan:
-                if isinstance(launch, Proxy):
-                    links.append(ComponentLink(launch.name, role, await tg.start(host_plugin,
-                                                                                 launch)))
+                if _is_plugin(launch):
+                    try:
+                        hop = await tg.start(host_plugin, launch)
+                    except ComponentStartError as e:  # its chain_started hook failed
+                        if tracer is not None:
+                            tracer.lifecycle(launch.name, "error", message=str(e))
+                        raise
+                    links.append(ComponentLink(launch.name, role, hop))
+                    continue
+                if isinstance(launch, RemoteSpec):
+                    try:
+                        hop = await tg.start(connect, role, spec, launch)
+                    except ComponentStartError as e:
+                        if tracer is not None:
+                            tracer.lifecycle(launch.name, "error", message=str(e))
+                        raise
+                    links.append(ComponentLink(launch.name, role, hop))
                     continue
                 try:
                     _, hop = await tg.start(supervise, role, spec, launch)
@@ -330,14 +514,20 @@ async def serve_chain(
                 links.append(ComponentLink(launch.name, role, hop))
             return links
 
+        # acp MCP servers for an agent that lacks acp (docs/mcp.md); never in proxy mode,
+        # where the outer conductor's agent is not ours to bridge.
+        bridge = McpBridge(config.conductor.mcp_bridge, tg, tracer=tracer) \
+            if options.mode == "agent" and config.conductor.mcp_bridge != "off" else None
         chain = Chain(client, starter, proxy_mode=options.mode == "proxy", tracer=tracer,
-                      on_fatal=fatal, on_broken=broken, mcp=injection,
+                      on_fatal=fatal, on_broken=broken, mcp=injection, bridge=bridge,
                       timeouts=config.conductor.timeouts(),
                       keep_session_setup=config.agent is not None
                       and config.agent.restart == "on-failure")
+        if bridge is not None:
+            bridge.attach(chain)
 
         async def serve_client() -> None:
-            await _serve(chain, client, stdin, max_frame)
+            await _serve_source(chain, client, client_source)
             log.info("client closed its input")
             chain.disconnected()
             # Give the client's in-flight requests a bounded time to be answered.
@@ -366,11 +556,20 @@ async def serve_chain(
             with anyio.move_on_after(2 * longest + 5):  # each stop is bounded; this is a backstop
                 for done in stopped:
                     await done.wait()
-            for hop in [*(h for _, h in components), *hosted]:
+            # From the agent up: each component's open requests are answered (it was stopped
+            # before answering), and in-process proxies get to relay those answers before
+            # the next hop up is failed, so an error names where the request really was.
+            for hop in reversed(chain.topology.hops()):
                 reason = outcome.fatal or ComponentStoppedError(
                     hop.name,
                     f"was stopped before answering: the conductor is shutting down ({why})")
                 await chain.fail_hop(hop, reason)
+                if hosted and client.inbound:  # the editor still waits: let the answer climb
+                    with anyio.move_on_after(RELAY_WAIT):
+                        await client.wait_quiet()
+            relays_done.set()
+            if bridge is not None:
+                await bridge.aclose()
             await client_sink.aclose()
         tg.cancel_scope.cancel()
 
@@ -392,7 +591,9 @@ async def _stop_reading_after_exit(comp: Component) -> None:
 
 async def _serve(chain: Chain, hop: Hop, stream: ByteReceiveStream, max_frame: int) -> None:
     """Feed what arrives on `stream` to the router as `hop`'s, until EOF."""
-    async def handle(item: Incoming) -> None:
-        await chain.receive(hop, item)
+    await _serve_source(chain, hop, PipeSource(stream, max_frame_bytes=max_frame))
 
-    await PipeSource(stream, max_frame_bytes=max_frame).serve(handle)
+
+async def _serve_source(chain: Chain, hop: Hop, source: MessageSource) -> None:
+    """Feed what arrives from `source` to the router as `hop`'s, until EOF."""
+    await source.serve(*chain.reader(hop))

@@ -7,6 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis' per-example deadline is a wall-clock assertion: on a loaded 2-core machine it
+# fails tests that are correct. Examples are bounded by max_examples instead.
+settings.register_profile("acp-conductor", deadline=None)
+settings.load_profile("acp-conductor")
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / "tests" / "bin"
@@ -19,7 +25,8 @@ def conductor_argv(*args: str) -> list[str]:
 
 def child_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(REPO / "proxies"),
+                                                      env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
@@ -30,6 +37,19 @@ def py(script: str, *args: str) -> str:
     import shlex
 
     return shlex.join([sys.executable, str(BIN / script), *args])
+
+
+def doc_files(page: str) -> dict[str, str]:
+    """The code blocks of docs/PAGE that start with a `# FILE` line, by file name: the
+    files a page shows, for tests that run them as written."""
+    files = {}
+    text = (REPO / "docs" / page).read_text(encoding="utf-8")
+    for block in text.split("```")[1::2]:
+        body = block.split("\n", 1)[1]
+        first = body.split("\n", 1)[0]
+        if first.startswith("# ") and "." in first and " " not in first[2:]:
+            files[first[2:]] = body
+    return files
 
 
 @pytest.fixture(params=[pytest.param("asyncio", id="asyncio"),

@@ -12,12 +12,12 @@ import anyio
 import pytest
 from pydantic import ValidationError
 
+from acp_conductor_proxies.context import Context, ContextOptions
+from acp_conductor_proxies.permissions import path_matches
+from acp_conductor_proxies.redact import Redact, RedactOptions
+from acp_conductor_proxies.transcript import Transcript, TranscriptOptions, file_stem
 from conductor.errors import RpcError
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
-from proxies.context import Context, ContextOptions
-from proxies.permissions import path_matches
-from proxies.redact import Redact, RedactOptions
-from proxies.transcript import Transcript, TranscriptOptions, file_stem
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -39,7 +40,7 @@ def test_check_reports_each_component_it_started() -> None:
     agent = report["components"][1]
     assert agent["agentInfo"] == {"name": "demo-agent", "version": "0.1.0"}
     assert agent["capabilities"]["loadSession"] is True
-    assert agent["mcpTransports"] == ["stdio"]
+    assert agent["mcpTransports"] == ["stdio", "acp"]  # it speaks MCP-over-ACP itself
     assert agent["authMethods"] == []
     table = check("--chain", str(REPO / "chains" / "demo.toml"))
     assert table.returncode == 0
@@ -50,7 +51,8 @@ def test_check_reports_each_component_it_started() -> None:
 def test_check_fails_with_the_failing_components_stderr_tail(tmp_path: Path) -> None:
     chain = tmp_path / "bad.toml"
     chain.write_text(
-        '[[proxy]]\nname = "pass"\ncommand = ["${PYTHON}", "-m", "proxies.passthrough"]\n'
+        '[[proxy]]\nname = "pass"\n'
+        'command = ["${PYTHON}", "-m", "acp_conductor_proxies.passthrough"]\n'
         f'[agent]\nname = "broken"\ncommand = ["{sys.executable}", "-c", '
         '"import sys; sys.stderr.write(\'missing API key\\\\n\'); sys.exit(4)"]\n',
         encoding="utf-8")
@@ -104,3 +106,55 @@ def test_an_initialize_answer_nested_too_deeply_is_reported_not_fatal() -> None:
     error = recorder.get("agent").error
     assert isinstance(error, dict)
     assert "nested too deeply" in error["message"]
+
+
+def test_a_chain_of_proxies_is_checked_as_a_proxy_with_a_stand_in_successor(
+        tmp_path: Path) -> None:
+    chain = tmp_path / "proxies.toml"
+    chain.write_text('[[proxy]]\nuse = "redact"\n[[proxy]]\n'
+                     'command = ["${PYTHON}", "-m", "conductor", "serve-proxy", "passthrough"]\n',
+                     encoding="utf-8")
+    result = check("--chain", str(chain), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["mode"] == "proxy"
+    assert [(c["name"], c["role"], c["protocolVersion"]) for c in report["components"]] == [
+        ("redact", "proxy", 1), ("proxy:1", "proxy", 1)]
+    plain = check("--chain", str(chain))
+    assert "checked as a proxy" in plain.stdout
+
+
+def test_check_off_a_terminal_prints_one_plain_line_per_component() -> None:
+    result = check("--chain", "demo")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "demo: ok"
+    assert lines[1].startswith("passthrough: proxy, in-process Passthrough, pid ")
+    assert lines[2].startswith("demo-agent: agent, ")
+    assert "loadSession" in lines[2] and "MCP: stdio" in lines[2]
+    assert not set(result.stdout) & set("│┃━─┏┓┗┛╇")  # no table borders in a CI log
+
+
+def test_check_on_a_terminal_draws_a_table() -> None:
+    import os
+    import pty
+
+    primary, secondary = pty.openpty()
+    with subprocess.Popen(conductor_argv("check", "--chain", "demo"), stdout=secondary,
+                          stderr=subprocess.PIPE, env=child_env(COLUMNS="160"),
+                          cwd=REPO) as process:
+        os.close(secondary)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        assert process.wait(timeout=60) == 0
+    os.close(primary)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", seen.decode("utf-8", "replace"))  # no colours
+    assert re.search(r"[┃│] name +[┃│] role", text), text
+    assert "demo-agent" in text

@@ -48,9 +48,11 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
     assert done.returncode == 0, f"an import breaks the layering:\n{done.stdout}{done.stderr}"
 
 
-def test_no_module_under_conductor_imports_asyncio() -> None:
+def test_no_module_under_conductor_imports_asyncio_but_a_transports_fast_path() -> None:
     offenders = []
     for path in _modules("conductor"):
+        if path.parent.name == "transport":
+            continue  # a measured backend-native fast path, behind the transport interface
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]

@@ -45,7 +45,7 @@ def test_bad_options_in_a_chain_file_name_the_proxy_the_file_and_the_field(tmp_p
     text = str(caught.value)
     assert str(chain) in text and "'guard'" in text
     assert "proxy[0].options.default" in text
-    assert "proxy[0].options.rules.0.colour: unknown option" in text
+    assert "proxy[0].options.rules[0].colour: proxy 'guard': unknown option 'colour'" in text
     assert caught.value.exit_code == 2
 
 
@@ -205,7 +205,8 @@ def test_python_dash_m_proxies_passthrough_still_runs_as_a_stdio_proxy() -> None
     lines = [
         '{"jsonrpc":"2.0","id":1,"method":"_proxy/initialize","params":{"protocolVersion":1}}',
     ]
-    done = subprocess.run([sys.executable, "-m", "proxies.passthrough"], env=child_env(),
+    done = subprocess.run([sys.executable, "-m", "acp_conductor_proxies.passthrough"],
+                          env=child_env(),
                           input="\n".join(lines) + "\n", capture_output=True, text=True,
                           timeout=30)
     assert done.stdout.startswith('{"jsonrpc":"2.0","id":1,"method":"_proxy/successor",'

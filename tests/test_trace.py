@@ -30,7 +30,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One run through two proxies, each component's pipes logged by a tee."""
     tmp = tmp_path_factory.mktemp("trace")
     logs = {name: tmp / f"{name}.log" for name in ("first", "second", "agent")}
-    proxy = [sys.executable, "-m", "proxies.passthrough"]
+    proxy = [sys.executable, "-m", "acp_conductor_proxies.passthrough"]
     agent = [sys.executable, "-m", "conductor.demo_agent"]
     chain = {
         "proxy": [{"name": "first", "command": _tee(logs["first"], *proxy)},
@@ -93,7 +93,7 @@ def test_every_message_on_every_hop_appears_exactly_once_in_order(recorded: dict
         assert len(received) >= 4
     client = [e for e in events if e["hop"] == "client"]
     assert [e["method"] for e in client if e["dir"] == "in" and e["kind"] == "request"] == [
-        "initialize", "session/new", "session/prompt"]
+        "initialize", "session/new", "session/prompt", "session/close"]  # the demo agent can
 
 
 def test_trace_events_are_in_causal_order_with_names_flows_and_sessions(recorded: dict) -> None:

@@ -106,7 +106,7 @@ async def test_transcripts_are_created_owner_only_under_umask_000(
 
 async def test_a_transcript_never_writes_through_a_symlink(
         tmp_path: Path, victim: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from proxies.transcript import file_stem
+    from acp_conductor_proxies.transcript import file_stem
 
     out = tmp_path / "transcripts"
     out.mkdir()

@@ -6,9 +6,12 @@ Nothing but JSON-RPC ever goes to stdout while serving.
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import logging
+import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -22,10 +25,15 @@ if TYPE_CHECKING:
 # name -> "module:attribute"; imported on first use
 LAZY_COMMANDS = {
     "run": "conductor.cli.run:run_command",
+    "serve": "conductor.cli.serve:serve_command",
     "check": "conductor.cli.check:check_command",
+    "call": "conductor.cli.call:call_command",
     "trace": "conductor.cli.trace:trace_group",
     "serve-proxy": "conductor.cli.plugins:serve_proxy",
     "proxies": "conductor.cli.plugins:list_proxies",
+    "chains": "conductor.cli.chains:chains_command",
+    "init": "conductor.cli.init:init_command",
+    "doctor": "conductor.cli.doctor:doctor_command",
 }
 
 
@@ -58,7 +66,27 @@ def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
     with open_trace_sink(options.trace, config, unredacted=options.trace_unredacted) as tracer:
         run = RunOptions(mode=mode, max_frame_bytes=options.max_frame_bytes, tracer=tracer)
         code = anyio.run(run_flushed, tracer, serve_chain, config, stdin, stdout, run)
-    sys.exit(code)
+    exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit once everything is written, without tearing the interpreter down.
+
+    The editor waits for our exit; a Python that has imported the serving modules spends
+    40-50 ms after its last line (finalising modules, collecting objects) doing nothing
+    anyone observes. The wire, the trace and the logs are flushed and closed first, and
+    `atexit` handlers (a plugin's included) still run.
+    """
+    if sys.getprofile() is not None:  # under cProfile (bench --profile): let it write its file
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken stream: nothing left to say on it
+    os._exit(code)
 
 
 @click.group(cls=LazyGroup, invoke_without_command=True,
@@ -74,7 +102,7 @@ def main(ctx: click.Context) -> None:
     \b
     Point your editor at:   acp-conductor --chain chain.toml
     Without a chain file:   acp-conductor agent "python my_proxy.py" "npx some-acp-agent"
-    Try it in a terminal:   acp-conductor run --chain chains/demo.toml "hello"
+    Try it in a terminal:   acp-conductor run --chain demo "hello"
 
     stdout carries JSON-RPC only; logs and each component's stderr (prefixed with
     its name) go to stderr or --log-file. Global options may also follow the subcommand.
@@ -130,6 +158,16 @@ def proxy(ctx: click.Context, commands: tuple[str, ...]) -> None:
     else:
         config = chain_from_commands(list(commands), with_agent=False)
     serve(config, ctx, "proxy")
+
+
+@main.command("mcp-shim", hidden=False)
+@click.argument("key")
+def mcp_shim(key: str) -> None:
+    """Relay an agent's MCP stdio to the conductor's bridge (the conductor writes this
+    command into the MCP server declarations it gives an agent; docs/mcp.md)."""
+    from conductor.bridge.shim import run
+
+    sys.exit(run(key))
 
 
 @main.command("demo-agent")

@@ -17,6 +17,7 @@ from rich.text import Text
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.run import claim_stdout, flush
 from conductor.config import load_chain
+from conductor.editor.check import CheckReport, ComponentReport, check_chain
 from conductor.tracing.sink import open_trace_sink, run_flushed
 
 
@@ -47,6 +48,38 @@ def _capabilities_text(caps: dict[str, Any]) -> str:
     return "\n".join(parts) or "-"
 
 
+def _cells(c: ComponentReport) -> dict[str, str]:
+    s = c.summary()
+    role = f"{s['role']} (bypassed: {s['bypassed']})" if s["bypassed"] else s["role"]
+    return {"name": s["name"], "role": role, "command": _short_command(s["command"]),
+            "pid": str(s["pid"] or "-"), "protocol": str(s["protocolVersion"] or "-"),
+            "capabilities": _capabilities_text(s["capabilities"]),
+            "MCP transports": ", ".join(s["mcpTransports"]) if c.result else "-",
+            "auth methods": ", ".join(map(str, s["authMethods"])) or "-"}
+
+
+def _table(report: CheckReport, path: str) -> Table:
+    table = Table(title=f"{path}: {'ok' if report.ok else 'FAILED'}")
+    for column in ("name", "role", "command", "pid", "protocol", "capabilities",
+                   "MCP transports", "auth methods"):
+        table.add_column(column, overflow="fold", min_width=len(column) if
+                         column in ("name", "role", "pid", "protocol") else None)
+    for c in report.components:
+        table.add_row(*_cells(c).values())
+    return table
+
+
+def _line(c: ComponentReport) -> str:
+    """`name: role, command, pid N, protocol N, capabilities, MCP: ..., auth: ...`"""
+    cells = _cells(c)
+    parts = [cells["role"], cells["command"], f"pid {cells['pid']}",
+             f"protocol {cells['protocol']}"]
+    if cells["capabilities"] != "-":
+        parts.append(cells["capabilities"].replace("\n", "; "))
+    parts += [f"MCP: {cells['MCP transports']}", f"auth: {cells['auth methods']}"]
+    return f"{cells['name']}: {', '.join(parts)}"
+
+
 @click.command("check")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
@@ -57,12 +90,11 @@ def _capabilities_text(caps: dict[str, Any]) -> str:
 def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
     """Validate a chain file, start it, initialize it, show each component, shut it down.
 
-    Each row is what that component answered on its own hop. Exits 0 when the chain
-    initializes; 2 for a bad file; 3 (with the component's stderr tail) when a
-    component fails; 1 otherwise.
+    Each row is what that component answered on its own hop: a table on a terminal, one
+    line per component otherwise. A chain with no [agent] is checked as a proxy, with a
+    stand-in agent as its successor. Exits 0 when the chain initializes; 2 for a bad file;
+    3 (with the component's stderr tail) when a component fails; 1 otherwise.
     """
-    from conductor.editor.check import check_chain
-
     out = claim_stdout()
     options = globals_of(ctx)
     path = options.chain()
@@ -72,21 +104,15 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
                            functools.partial(check_chain, config, timeout=timeout, tracer=tracer))
     if as_json:
         click.echo(msgspec.json.encode({"chain": path, **report.to_json()}).decode(), file=out)
-    else:
-        table = Table(title=f"{path}: {'ok' if report.ok else 'FAILED'}")
-        for column in ("name", "role", "command", "pid", "protocol", "capabilities",
-                       "MCP transports", "auth methods"):
-            table.add_column(column, overflow="fold", min_width=len(column) if
-                             column in ("name", "role", "pid", "protocol") else None)
+    elif out.isatty():
+        Console(file=out).print(_table(report, path))
+    else:  # a CI log or a pipe: one plain line per component, nothing wrapped
+        click.echo(f"{path}: {'ok' if report.ok else 'FAILED'}", file=out)
         for c in report.components:
-            s = c.summary()
-            role = f"{s['role']} (bypassed: {s['bypassed']})" if s["bypassed"] else s["role"]
-            table.add_row(s["name"], role, _short_command(s["command"]),
-                          str(s["pid"] or "-"), str(s["protocolVersion"] or "-"),
-                          _capabilities_text(s["capabilities"]),
-                          ", ".join(s["mcpTransports"]) if c.result else "-",
-                          ", ".join(map(str, s["authMethods"])) or "-")
-        Console(file=out).print(table)
+            click.echo(_line(c), file=out)
+    if report.mode == "proxy" and not as_json:
+        click.echo("(a chain of proxies: checked as a proxy, with a stand-in agent as its "
+                   "successor)", file=out)
     if not report.ok:
         err = Console(stderr=True)
         err.print(Text(f"acp-conductor: check failed: {report.reason}", style="bold red"))

@@ -12,11 +12,14 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
 from conductor.errors import ConductorError, ConfigError, ExitCode
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
 
 log = logging.getLogger("acp_conductor")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,12 +57,25 @@ def _record(field: str) -> Callable[[click.Context, click.Parameter, Any], None]
     return callback
 
 
+def _complete_chain(ctx: click.Context, param: click.Parameter,
+                    incomplete: str) -> list[CompletionItem]:
+    """Built-in chain names, then files (the shell completes those itself)."""
+    from click.shell_completion import CompletionItem
+
+    from conductor.config import builtin_chains
+
+    names = [CompletionItem(n, help="built-in chain") for n in builtin_chains()
+             if n.startswith(incomplete)]
+    return [*names, CompletionItem(incomplete, type="file")]
+
+
 def global_options(func: F) -> F:
     """Add the global options to a command (the group or any subcommand)."""
     options = [
         click.option("--chain", "chain_file", type=click.Path(dir_okay=False),
                      expose_value=False, callback=_record("chain_file"),
-                     help="Chain file (TOML)."),
+                     shell_complete=_complete_chain,
+                     help="Chain file (TOML), or a built-in chain's name (demo, ...)."),
         click.option("--log-level", type=click.Choice(LEVELS), expose_value=False,
                      callback=_record("log_level"),
                      help="How much the conductor itself says on stderr [default: warning]."),

@@ -42,8 +42,8 @@ def markdown_table(codes: Iterable[_Code]) -> str:
 
 def all_tables() -> dict[str, Iterable[_Code]]:
     """Every table by the marker name the docs use."""
+    from conductor.editor.turn import RunExit
     from conductor.errors import ExitCode
-    from conductor.headless import RunExit
 
     return {"conductor": ExitCode, "run": RunExit}
 

@@ -37,6 +37,16 @@ def configure_logging(level: str = "warning", log_file: str | None = None) -> No
     component.setLevel(logging.INFO)
     component.propagate = False
 
+    # The MCP SDK (plugin tools, the bridge) logs under "mcp", and MCPServer() would
+    # otherwise install a root handler at INFO: its records go where ours go, at our level.
+    sdk = logging.getLogger("mcp")
+    sdk.handlers.clear()
+    sdk_handler = logging.StreamHandler(stream)
+    sdk_handler.setFormatter(logging.Formatter("acp-conductor %(levelname)s (mcp): %(message)s"))
+    sdk.addHandler(sdk_handler)
+    sdk.setLevel(level.upper())
+    sdk.propagate = False
+
     # Plugin proxies speak like components: always shown, prefixed with the proxy's name
     # (their logs are audit trails, e.g. every permission decision).
     proxies = logging.getLogger("acp_conductor.proxy")

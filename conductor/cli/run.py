@@ -7,7 +7,9 @@ prints goes to stderr.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -19,8 +21,9 @@ from rich.console import Console
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.exits import epilog
 from conductor.config import load_chain
+from conductor.editor.policy import APPROVE_CHOICES
+from conductor.editor.turn import RunExit, TurnOptions, run_turns
 from conductor.errors import ConfigError
-from conductor.headless import APPROVE_CHOICES, HeadlessOptions, RunExit, run_headless
 from conductor.tracing.sink import open_trace_sink, run_flushed
 
 
@@ -39,8 +42,75 @@ def flush(out: TextIO) -> None:
         pass  # the reader went away (`| head`): nothing more to say
 
 
+FORMATS = ("text", "json", "quiet")
+
+
+def read_prompt_file(text: str, name: str) -> list[str]:
+    """The prompts in a prompt file: JSON lines (`.jsonl`: each a string, or an object with
+    a string `prompt`), else plain text with prompts separated by lines of `---`.
+
+    Raises:
+        ConfigError: a JSON line is not a prompt.
+    """
+    if not name.endswith(".jsonl"):
+        chunks = re.split(r"^---[ \t]*$", text, flags=re.MULTILINE)
+        return [chunk.strip() for chunk in chunks if chunk.strip()]
+    prompts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"line {number} is not JSON: {e.msg}", file=name) from None
+        prompt = value.get("prompt") if isinstance(value, dict) else value
+        if not isinstance(prompt, str):
+            raise ConfigError(f"line {number} is not a prompt", file=name,
+                              hint='each line: a JSON string, or {"prompt": "..."}')
+        prompts.append(prompt)
+    return prompts
+
+
+def _prompts(prompt: str | None, more: tuple[str, ...], prompt_file: str | None) -> list[str]:
+    """PROMPT, then each --prompt, then the file's, in order; stdin read where `-` says.
+
+    Raises:
+        ConfigError: none, an empty one, or stdin asked for twice.
+    """
+    if prompt == "-" and prompt_file == "-":
+        raise ConfigError("stdin can be read once: give PROMPT - or --prompt-file -, not both",
+                          field="PROMPT")
+    prompts = [sys.stdin.read() if prompt == "-" else prompt] if prompt is not None else []
+    prompts += more
+    if prompt_file is not None:
+        if prompt_file == "-":
+            prompts += read_prompt_file(sys.stdin.read(), "-")
+        else:
+            try:
+                text = Path(prompt_file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise ConfigError(f"cannot read the prompt file: {e}", file=prompt_file,
+                                  field="--prompt-file") from None
+            prompts += read_prompt_file(text, prompt_file)
+    if not prompts:
+        raise ConfigError("give a PROMPT (- reads stdin), --prompt, or --prompt-file",
+                          field="PROMPT")
+    for number, text in enumerate(prompts, 1):
+        if not text.strip():
+            which = "the prompt" if len(prompts) == 1 else f"prompt {number}"
+            raise ConfigError(f"{which} is empty" + (" (nothing on stdin)" if prompt == "-"
+                                                     and number == 1 else ""),
+                              field="PROMPT", hint="give the agent something to do")
+    return prompts
+
+
 @click.command("run", epilog=epilog("Exit codes of run", RunExit))
 @click.argument("prompt", required=False)
+@click.option("--prompt", "more_prompts", multiple=True, metavar="TEXT",
+              help="Another turn, after PROMPT (repeat it; one session, in order).")
+@click.option("--prompt-file", type=click.Path(dir_okay=False, allow_dash=True),
+              help="More turns from a file: prompts separated by lines of ---, or JSON lines "
+                   "(.jsonl: strings or {\"prompt\": ...}); - reads stdin.")
 @click.option("--cwd", type=click.Path(file_okay=False, exists=True), default=".",
               show_default=True, help="The session's working directory; file access stays inside.")
 @click.option("--session-id", help="Reopen this session (session/load, or session/resume).")
@@ -51,60 +121,66 @@ def flush(out: TextIO) -> None:
 @click.option("--allow-terminal", is_flag=True,
               help="Let the agent run commands (terminal/*) inside --cwd.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True),
-              help="Cancel the turn after this many seconds (exit 124).")
+              help="Cancel the turn after this many seconds, counted from the start for all "
+                   "turns (exit 124).")
 @click.option("--cancel-grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="How long to wait for the agent's answer after session/cancel.")
-@click.option("--json", "as_json", is_flag=True,
-              help="One JSON event per line on stdout (schema: docs/run.md).")
+@click.option("--format", "output_format", type=click.Choice(FORMATS),
+              help="text: live on a terminal, plain in a pipe (default); json: one event per "
+                   "line (docs/run.md); quiet: only the last turn's answer, on success.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @global_options
 @click.pass_context
 @handle_errors
-def run_command(ctx: click.Context, prompt: str | None, cwd: str,
-                session_id: str | None, approve: str | None, allow_write: bool,
-                allow_terminal: bool, timeout: float | None, cancel_grace: float,
+def run_command(ctx: click.Context, prompt: str | None, more_prompts: tuple[str, ...],
+                prompt_file: str | None, cwd: str, session_id: str | None,
+                approve: str | None, allow_write: bool, allow_terminal: bool,
+                timeout: float | None, cancel_grace: float, output_format: str | None,
                 as_json: bool) -> None:
     """Act as the editor: send PROMPT (or stdin with -) through the chain, show the turn.
+    More prompts (--prompt, --prompt-file) are more turns in the same session; the run
+    stops at the first that does not end with end_turn, and exits with its code.
 
     \b
-    acp-conductor run --chain chains/demo.toml "hello"
+    acp-conductor run --chain demo "hello"
     echo "summarise README.md" | acp-conductor run --chain c.toml - --json --approve reads
+    acp-conductor run --chain c.toml "review the diff" --prompt "suggest a test" --format quiet
     """
-    from conductor.editor.render import JsonEvents, PlainEvents, RichEvents
+    from conductor.editor.render import JsonEvents, PlainEvents, QuietEvents, RichEvents
 
     out = claim_stdout()
     options = globals_of(ctx)
     config = load_chain(options.chain())
-    if prompt is None:
-        raise ConfigError("give a PROMPT, or - to read it from stdin", field="PROMPT")
-    from_stdin = prompt == "-"
-    if from_stdin:
-        prompt = sys.stdin.read()
-    if not prompt.strip():
-        raise ConfigError("the prompt is empty" + (" (nothing on stdin)" if from_stdin else ""),
-                          field="PROMPT", hint="give the agent something to do")
+    if as_json and output_format not in (None, "json"):
+        raise ConfigError(f"--json is --format json: it contradicts --format {output_format}",
+                          field="--format")
+    fmt = "json" if as_json else output_format or "text"
+    prompts = _prompts(prompt, more_prompts, prompt_file)
+    from_stdin = "-" in (prompt, prompt_file)
     if approve is None:
         interactive = sys.stdin.isatty() and sys.stderr.isatty() and not from_stdin
-        approve = "ask" if interactive and not as_json else "none"
-    if approve == "ask" and (as_json or from_stdin or not sys.stdin.isatty()):
-        raise ConfigError("--approve ask needs a terminal on stdin (and no --json)",
+        approve = "ask" if interactive and fmt == "text" else "none"
+    if approve == "ask" and (fmt != "text" or from_stdin or not sys.stdin.isatty()):
+        raise ConfigError("--approve ask needs a terminal on stdin (and --format text)",
                           field="--approve")
     events: Any
-    if as_json:
+    if fmt == "json":
         events = JsonEvents(out)
+    elif fmt == "quiet":
+        events = QuietEvents(out)
     elif out.isatty():
         events = RichEvents(Console(file=out))
     else:
         events = PlainEvents(out)
-    turn = HeadlessOptions(prompt=prompt, cwd=Path(cwd), session_id=session_id,
-                              approve=approve, allow_write=allow_write,
-                              allow_terminal=allow_terminal, timeout=timeout,
-                              cancel_grace=cancel_grace,
-                           max_frame_bytes=options.max_frame_bytes)
+    turn = TurnOptions(prompts=prompts, cwd=Path(cwd), session_id=session_id,
+                       approve=approve, allow_write=allow_write, allow_terminal=allow_terminal,
+                       timeout=timeout, cancel_grace=cancel_grace,
+                       max_frame_bytes=options.max_frame_bytes)
     with open_trace_sink(options.trace, config,
                          unredacted=options.trace_unredacted) as tracer:
         turn.tracer = tracer
         try:
-            code = anyio.run(run_flushed, tracer, run_headless, config, turn, events)
+            code = anyio.run(run_flushed, tracer, run_turns, config, turn, events)
         finally:
             live = getattr(events, "live", None)
             if live is not None:

@@ -20,15 +20,28 @@ def trace_group() -> None:
 @click.option("--session", help="Only messages of this session id.")
 @click.option("--method", help="Only messages whose method matches this glob (session/*).")
 @click.option("--component", help="Only messages on or to/from this component, and its lifecycle.")
+@click.option("--pending", is_flag=True,
+              help="Only the requests that never got an answer, and where each stopped.")
 @handle_errors
 def trace_show(file: str, session: str | None, method: str | None,
-               component: str | None) -> None:
-    """A timeline with one lane per component: arrows, pairing, durations, errors in red."""
-    from conductor.tracing.view import load_trace, render, select
+               component: str | None, pending: bool) -> None:
+    """A timeline with one lane per component: arrows, pairing, durations, errors in red.
 
-    trace = load_trace(file)
+    With --pending: every request some component never answered (a hang), the way it took
+    and who has it.
+    """
+    from conductor.tracing import view
+
+    trace = view.load_trace(file)
+    chosen = view.select(trace, session=session, method=method, component=component)
+    if pending:
+        shown = {e["seq"] for e in chosen}
+        items = [p for p in view.pending(trace.events) if p.first["seq"] in shown
+                 or (component is not None and component in p.path)]
+        view.render_pending(trace, items, Console(soft_wrap=True))
+        return
     console = Console(width=max(Console().width, 60 + 14 * len(trace.lanes)))
-    render(trace, select(trace, session=session, method=method, component=component), console)
+    view.render(trace, chosen, console)
 
 
 @trace_group.command("html")

@@ -15,7 +15,7 @@ import anyio
 import msgspec
 
 from conductor import acp
-from conductor.editor.client import open_client_connection
+from conductor.editor.client import EditorHandler, open_client_connection
 from conductor.errors import ConductorError, ConnectionClosedError, RpcError
 from conductor.jsonrpc.message import Notification, Request, Response
 from conductor.serve import RunOptions, serve_chain
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from msgspec import Raw
 
     from conductor.config import ChainConfig
-    from conductor.jsonrpc.message import Message
+    from conductor.jsonrpc.message import JsonValue, Message
     from conductor.tracing.sink import Direction, TraceSink
 
 _INITIALIZE = {acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS}
@@ -131,11 +131,33 @@ class CheckReport:
     stderr_tail: list[str] = field(default_factory=list)
     exit_code: int = 0
     initialize: dict[str, Any] | None = None  # what the editor would have seen
+    mode: str = "agent"                # "proxy": a chain of proxies, checked as a proxy
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "reason": self.reason, "failedComponent": self.failed,
-                "stderrTail": self.stderr_tail, "exitCode": self.exit_code,
+        return {"ok": self.ok, "mode": self.mode, "reason": self.reason,
+                "failedComponent": self.failed, "stderrTail": self.stderr_tail,
+                "exitCode": self.exit_code,
                 "components": [c.summary() for c in self.components]}
+
+
+# What `check` answers in place of the successor of a chain of proxies: an agent that
+# supports nothing, so each proxy's own answer shows what it adds.
+STAND_IN_AGENT = {"agentCapabilities": {}, "authMethods": [],
+                  "agentInfo": {"name": "acp-conductor-check (successor stand-in)",
+                                "version": "1"}}
+
+
+class _Successor(EditorHandler):
+    """The outer conductor's side of a proxy chain: answers `initialize` arriving wrapped in
+    `_proxy/successor` as a bare agent would; refuses anything else."""
+
+    async def handle_request(self, method: str, params: JsonValue) -> JsonValue:
+        if method in acp.SUCCESSOR_METHODS and isinstance(params, dict) and \
+                params.get("method") == acp.INITIALIZE:
+            inner = params.get("params")
+            version = inner.get("protocolVersion", 1) if isinstance(inner, dict) else 1
+            return {"protocolVersion": version, **STAND_IN_AGENT}
+        return await super().handle_request(method, params)
 
 
 # The timeout is the check's subject (a report blames whoever had not answered initialize
@@ -147,6 +169,9 @@ async def check_chain(config: ChainConfig, *, timeout: float = 30.0,  # noqa: AS
     Raises:
         ConfigError: the chain cannot be planned.
     """
+    # A chain with no agent is a proxy (`acp-conductor proxy --chain`): check it as one,
+    # with `check` as its outer conductor and a stand-in agent as its successor.
+    mode = "agent" if config.agent is not None else "proxy"
     recorder = _Recorder()
     names = [*config.proxy_names(), *([config.agent_name()] if config.agent else [])]
     for name in names:
@@ -166,7 +191,7 @@ async def check_chain(config: ChainConfig, *, timeout: float = 30.0,  # noqa: AS
             nonlocal code, error
             try:
                 code = await serve_chain(config, conductor_in, conductor_out, RunOptions(
-                    tracer=FanoutTraceSink(recorder, tracer) if tracer else recorder,
+                    mode=mode, tracer=FanoutTraceSink(recorder, tracer) if tracer else recorder,
                     handle_signals=False))
             except ConductorError as e:
                 error = e
@@ -175,10 +200,12 @@ async def check_chain(config: ChainConfig, *, timeout: float = 30.0,  # noqa: AS
                 done.set()
 
         tg.start_soon(conductor)
-        async with open_client_connection(from_conductor, to_conductor) as conn:
+        async with open_client_connection(from_conductor, to_conductor,
+                                          _Successor() if mode == "proxy" else None) as conn:
             try:
                 with anyio.fail_after(timeout):
-                    result = await conn.request("initialize", {
+                    method = acp.INITIALIZE if mode == "agent" else "_proxy/initialize"
+                    result = await conn.request(method, {
                         "protocolVersion": 1,
                         "clientCapabilities": {"fs": {"readTextFile": True,
                                                       "writeTextFile": True},
@@ -212,5 +239,5 @@ async def check_chain(config: ChainConfig, *, timeout: float = 30.0,  # noqa: AS
         tail = list(recorder.components[blame].stderr)
     if reason is not None:
         return CheckReport(False, components, reason, blame, tail,
-                           3 if blame is not None or code == 3 else 1, result)
-    return CheckReport(True, components, exit_code=code or 0, initialize=result)
+                           3 if blame is not None or code == 3 else 1, result, mode)
+    return CheckReport(True, components, exit_code=code or 0, initialize=result, mode=mode)

@@ -92,7 +92,8 @@ class ClientConnection:
                     f"{one.size} bytes, over the {one.limit}-byte limit")
                 log.warning("dropped a message that cannot be read: %s", reason)
                 code = one.code if isinstance(one, Unreadable) else ErrorCode.FRAME_TOO_LARGE
-                await self.endpoint.refuse_unread(one.head, code, f"a message that cannot be read: {reason}")
+                await self.endpoint.refuse_unread(one.head, code,
+                                                  f"a message that cannot be read: {reason}")
             else:
                 log.warning("dropped unusable input: %r", one)
 

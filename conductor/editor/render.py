@@ -146,6 +146,10 @@ class JsonEvents:
     def notice(self, text: str) -> None:
         self._emit({"type": "notice", "message": text})
 
+    def turn(self, record: dict[str, Any]) -> None:
+        if record["of"] > 1:  # a single turn's report is the result line
+            self._emit(record)
+
     def result(self, record: dict[str, Any]) -> None:
         self._emit(record)
 
@@ -217,11 +221,21 @@ class PlainEvents:
     def notice(self, text: str) -> None:
         self._line(f"[notice] {text}")
 
-    def result(self, record: dict[str, Any]) -> None:
+    def _end_text(self) -> None:
         if self._text_open:
             self.out.write("\n")
             self.out.flush()
             self._text_open = False
+
+    def turn(self, record: dict[str, Any]) -> None:
+        if record["of"] > 1:  # each turn's text on its own lines, then its outcome
+            self._end_text()
+            self._line(f"[turn {record['turn']}/{record['of']}] "
+                       f"{record.get('stopReason') or record['exitReason']} "
+                       f"(exit {record['exitCode']})")
+
+    def result(self, record: dict[str, Any]) -> None:
+        self._end_text()
         usage = _usage_line(record.get("usage"))
         if usage:
             self._line(f"[usage] {usage}")
@@ -344,6 +358,16 @@ class RichEvents:
     def notice(self, text: str) -> None:
         self.err.print(f"[yellow]{escape(text)}[/yellow]")
 
+    def turn(self, record: dict[str, Any]) -> None:
+        if record["of"] > 1:
+            self._commit_text()
+            ok = record["exitCode"] == 0
+            self.console.print(Text.assemble(
+                ("─ ", "green" if ok else "red"),
+                (f"turn {record['turn']}/{record['of']}: ", "dim"),
+                (str(record.get("stopReason") or record["exitReason"]), "bold"),
+                (f"  {record['durationMs'] / 1000:.1f}s", "dim")))
+
     def result(self, record: dict[str, Any]) -> None:
         self._commit_text()
         for ident in self.open_tools:
@@ -377,3 +401,47 @@ class RichEvents:
             return await _read_choice(options)
         finally:
             self.live.start()
+
+
+class QuietEvents:
+    """Only the answer: on success, the last turn's agent text on stdout; otherwise nothing
+    there and one line on stderr. The exit code tells the outcome."""
+
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.out, self.err = _Guarded(out or sys.stdout), err or sys.stderr
+        self._text: list[str] = []   # the current turn's agent text
+        self.answer = ""             # the last finished turn's
+
+    def session(self, record: dict[str, Any]) -> None:
+        pass
+
+    def update(self, session_id: str | None, update: dict[str, Any]) -> None:
+        if update.get("sessionUpdate") == "agent_message_chunk":
+            self._text.append(_content_text(update))
+
+    def decision(self, record: dict[str, Any]) -> None:
+        pass
+
+    def notice(self, text: str) -> None:
+        self.err.write(f"acp-conductor: {text}\n")
+        self.err.flush()
+
+    def turn(self, record: dict[str, Any]) -> None:
+        self.answer, self._text = "".join(self._text), []
+
+    def result(self, record: dict[str, Any]) -> None:
+        if record["exitCode"] == 0:
+            text = self.answer
+            self.out.write(text if text.endswith("\n") or not text else text + "\n")
+            self.out.flush()
+            return
+        line = f"acp-conductor: run: {record['exitReason']} (exit {record['exitCode']})"
+        error = record.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            line += f": {error['message']}"
+        self.err.write(line + "\n")
+        self.err.flush()
+
+    async def ask_permission(self, tool_call: dict[str, Any],
+                             options: list[dict[str, Any]]) -> str | None:
+        return None  # quiet never asks (the CLI refuses --approve ask with it)

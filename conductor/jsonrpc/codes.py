@@ -27,6 +27,7 @@ class ErrorCode(IntEnum):
     POLICY_DENIED = -33004      # a policy refused: the permissions proxy, run's sandbox
     REQUEST_TIMEOUT = -33005    # unanswered for `request_timeout` seconds
     SESSION_LOST = -33006       # the agent restarted and could not reopen the session
+    LIMIT_REACHED = -33007      # a bounded table is full (MCP-over-ACP connections)
 
 
 CONDUCTOR_CODES = range(-33099, -33000)

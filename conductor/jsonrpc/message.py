@@ -30,6 +30,27 @@ T = TypeVar("T")
 _VERSION: Final = "".join(("2", ".0"))
 
 
+# How much of a payload `repr` shows: enough to recognise a message in a failing test or a
+# log line, bounded so a 64 MiB payload costs no more than a small one.
+REPR_PAYLOAD_CHARS: Final = 160
+
+
+def _shown(data: Raw | UnsetType) -> str:
+    """The start of a payload as the JSON text it is (no decoding, no full copy)."""
+    if data is UNSET:
+        return "-"
+    size = len(data)
+    with memoryview(data) as view:
+        head = view[:REPR_PAYLOAD_CHARS].tobytes()
+    text = head.decode("utf-8", "replace")
+    return text if size <= REPR_PAYLOAD_CHARS else f"{text}…(+{size - len(head)} bytes)"
+
+
+def _shown_id(ident: Raw) -> str:
+    with memoryview(ident) as view:
+        return view[:40].tobytes().decode("utf-8", "replace")
+
+
 class _Call(msgspec.Struct, kw_only=True, gc=False):
     """What requests and notifications share: a method and raw params."""
 
@@ -61,6 +82,10 @@ class Request(_Call, kw_only=True, gc=False):
         """A copy with new params: Raw as is, a pydantic model by alias, else JSON-encoded."""
         return Request(id=self.id, method=self.method, params=payload(value))
 
+    def __repr__(self) -> str:
+        return (f"Request(id={_shown_id(self.id)}, method={self.method!r}, "
+                f"params={_shown(self.params)})")
+
 
 class Notification(_Call, kw_only=True, gc=False):
     """A call that is never answered."""
@@ -71,6 +96,9 @@ class Notification(_Call, kw_only=True, gc=False):
 
     def with_params(self, value: object) -> Notification:
         return Notification(method=self.method, params=payload(value))
+
+    def __repr__(self) -> str:
+        return f"Notification(method={self.method!r}, params={_shown(self.params)})"
 
 
 class Response(msgspec.Struct, kw_only=True, gc=False):
@@ -110,6 +138,11 @@ class Response(msgspec.Struct, kw_only=True, gc=False):
     def answering(self, ident: Raw) -> Response:
         """The same answer (same payload bytes) for another request id."""
         return Response(id=ident, result=self.result, error=self.error)
+
+    def __repr__(self) -> str:
+        if self.error is not UNSET:
+            return f"Response(id={_shown_id(self.id)}, error={_shown(self.error)})"
+        return f"Response(id={_shown_id(self.id)}, result={_shown(self.result)})"
 
 
 Message = Request | Notification | Response

@@ -2,14 +2,18 @@
 
 from conductor.errors import RpcError
 from conductor.plugins.api import (
+    CloseReason,
+    McpOffer,
     NoOptions,
     Proxy,
     ProxyContext,
-    SessionEnd,
     SessionScope,
+    SessionSetup,
     Side,
+    ToolContext,
     on,
+    tool_context,
 )
 
-__all__ = ["NoOptions", "Proxy", "ProxyContext", "RpcError", "SessionEnd", "SessionScope", "Side",
-           "on"]
+__all__ = ["CloseReason", "McpOffer", "NoOptions", "Proxy", "ProxyContext", "RpcError",
+           "SessionScope", "SessionSetup", "Side", "ToolContext", "on", "tool_context"]

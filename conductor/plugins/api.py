@@ -8,14 +8,21 @@ is the opt-in typed view, and `message.with_params(...)` makes the changed copy 
 
 What the API needs from whoever runs a proxy is declared here as `ProxyHost` (implemented
 by `conductor.plugins.host`); the host uses only the public surface of these classes.
+
+A proxy can also give the agent tools: MCP servers written with the official `mcp` SDK,
+returned by `Proxy.mcp_servers` (every session) or `Proxy.session_mcp_servers` (one
+session). The host declares them in each session setup it sends downstream and serves them
+over MCP-over-ACP (`conductor.plugins.tools`); a tool handler finds the ACP side of its
+call with `tool_context()` (docs/mcp.md).
 """
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -30,7 +37,7 @@ from conductor.jsonrpc.message import (
     Response,
     payload,
 )
-from conductor.routing.sessions import SessionEnd
+from conductor.routing.sessions import CloseReason
 from conductor.rpc.failure import raise_for_error
 
 if TYPE_CHECKING:
@@ -121,12 +128,86 @@ class Proxy(Generic[OptionsT]):
         """(source, method) -> bound handler."""
         return {key: getattr(self, attr) for key, attr in self._handler_table.items()}
 
+    async def chain_started(self) -> None:
+        """Hook: the chain this proxy is in starts, before any message reaches the proxy
+        (in-process: when the editor's first `initialize` starts the chain; stand-alone:
+        when `serve-proxy` starts). Open what lives as long as the chain here. Raising
+        fails the start: the editor's `initialize` is answered with an error naming the
+        proxy."""
+
+    async def chain_stopped(self) -> None:
+        """Hook: the chain stopped. Runs once, after `session_closed` for every session
+        still open (`closed_reason` "stopped"); nothing can be sent any more. Flush and
+        close files here: the conductor then exits without tearing the interpreter down,
+        so objects are not finalised (`atexit` handlers still run)."""
+
     async def session_opened(self, session: SessionScope) -> None:
         """Hook: a session's route was installed (before any message of it is dispatched)."""
 
     async def session_closed(self, session: SessionScope) -> None:
-        """Hook: a session ended and its state is released; `session.ended` says why
-        (`SessionEnd`: closed, refused, expired, disconnected, lost)."""
+        """Hook: a session ended and its state is released; `session.closed_reason` says
+        why (`CloseReason`: closed, deleted, refused, expired, lost, or stopped: the chain
+        stopped with it open)."""
+
+    # -- tools (MCP servers), docs/mcp.md ------------------------------------------------
+
+    #: Set by the conductor for a proxy it runs in-process: a snapshot of the chain
+    #: (components, open sessions, MCP routes; `Chain.status`). None when stand-alone.
+    chain_status: Callable[[], JsonValue] | None = None
+
+    #: Names of `declare=False` servers the chain file asks for (`[[mcp_server]]` with
+    #: `type = "acp"` and `provider` = this proxy); set by the conductor before start.
+    mcp_requested: frozenset[str] = frozenset()
+
+    def mcp_servers(self) -> Sequence[McpOffer | Any]:
+        """Hook: MCP servers offered to every session this proxy forwards (called once).
+
+        Each is an `mcp` SDK server (`mcp.server.mcpserver.MCPServer` or the low-level
+        `mcp.server.lowlevel.Server`), or an `McpOffer` wrapping one to name it or make it
+        opt-in. Offered only where the agent side takes `acp` MCP servers (directly or
+        through the conductor's bridge).
+        """
+        return ()
+
+    async def session_mcp_servers(self, setup: SessionSetup) -> Sequence[McpOffer | Any]:
+        """Hook: MCP servers for one session being set up (called for each setup)."""
+        return ()
+
+    def offered_mcp_servers(self) -> list[McpOffer]:
+        """`mcp_servers()`, called once and kept (what the conductor and the host use)."""
+        offers: list[McpOffer] | None = self.__dict__.get("_mcp_offers")
+        if offers is None:
+            offers = [o if isinstance(o, McpOffer) else McpOffer(o)
+                      for o in self.mcp_servers()]
+            self.__dict__["_mcp_offers"] = offers
+        return offers
+
+
+@dataclass(frozen=True)
+class McpOffer:
+    """An MCP server a proxy offers, with how it is declared."""
+
+    server: Any                 # mcp.server.mcpserver.MCPServer | mcp.server.lowlevel.Server
+    name: str | None = None     # the declaration's name (default: the server's own name)
+    declare: bool = True        # False: only when the chain file asks for it by name
+
+    @property
+    def declared_name(self) -> str:
+        return self.name or str(getattr(self.server, "name", "") or "mcp")
+
+
+@dataclass(frozen=True)
+class SessionSetup:
+    """A session setup request on its way downstream, as `session_mcp_servers` sees it."""
+
+    method: str              # session/new, session/load, session/resume, session/fork
+    params: JsonValue        # its decoded params (cwd, mcpServers, ...)
+    session_id: str | None   # known for load / resume (fork: the session it forks)
+
+    @property
+    def cwd(self) -> str | None:
+        cwd = self.params.get("cwd") if isinstance(self.params, dict) else None
+        return cwd if isinstance(cwd, str) else None
 
 
 class PendingRequest(Protocol):
@@ -187,7 +268,7 @@ class SessionScope:
     state: dict[str, Any] = field(default_factory=dict)
     handlers: dict[tuple[Side, str], Handler] = field(default_factory=dict)
     host: ProxyHost | None = field(default=None, repr=False)
-    ended: SessionEnd | None = None   # why it ended, once it has (see Proxy.session_closed)
+    closed_reason: CloseReason | None = None  # set when the session ends (session_closed)
 
     @property
     def cwd(self) -> str | None:
@@ -325,9 +406,92 @@ class ProxyContext:
             release()
 
 
+class ToolContext:
+    """The ACP side of one MCP-over-ACP connection to a proxy's MCP server: who called,
+    for which session, and a way to talk to the editor meanwhile (see `tool_context`)."""
+
+    __slots__ = ("_host", "_session_id", "connection_id", "server_id", "server_name")
+
+    def __init__(self, host: ProxyHost, *, server_name: str, server_id: str,
+                 connection_id: str, session_id: Callable[[], str | None]) -> None:
+        self._host = host
+        self._session_id = session_id
+        self.server_name = server_name
+        self.server_id = server_id
+        self.connection_id = connection_id
+
+    @property
+    def proxy(self) -> Proxy[Any]:
+        return self._host.proxy
+
+    @property
+    def session_id(self) -> str | None:
+        """The ACP session the connection belongs to (None while its setup is unanswered)."""
+        return self._session_id()
+
+    @property
+    def session(self) -> SessionScope | None:
+        sid = self.session_id
+        return self._host.sessions.get(sid) if sid is not None else None
+
+    async def request(self, method: str, params: object = None, *,
+                      to: Side | str = Side.PREDECESSOR) -> Response:
+        """Send a request (default: toward the editor) and wait for the answer.
+
+        Raises:
+            RpcError: the answer is an error.
+        """
+        pending = await self._host.start_request(method, _params(params), Side(to))
+        return raise_for_error(await pending.wait())
+
+    async def notify(self, method: str, params: object = None, *,
+                     to: Side | str = Side.PREDECESSOR) -> None:
+        await self._host.notify(method, _params(params), Side(to))
+
+    async def update(self, update: JsonValue) -> None:
+        """A `session/update` for this connection's session, to the editor."""
+        sid = self.session_id
+        if sid is None:
+            raise RuntimeError("this MCP connection has no ACP session yet")
+        await self.notify(acp.SESSION_UPDATE, {"sessionId": sid, "update": update})
+
+    async def ask_permission(self, title: str, *, kind: str = "other",
+                             tool_call_id: str | None = None) -> bool:
+        """Ask the editor (`session/request_permission`, allow once / reject once);
+        True when allowed. A cancelled or refused question is False."""
+        sid = self.session_id
+        if sid is None:
+            raise RuntimeError("this MCP connection has no ACP session yet")
+        answer = await self.request(acp.SESSION_REQUEST_PERMISSION, {
+            "sessionId": sid,
+            "toolCall": {"toolCallId": tool_call_id or f"{self.server_name}-permission",
+                         "title": title, "kind": kind},
+            "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]})
+        outcome = (answer.result_value() or {}).get("outcome") or {}
+        return bool(outcome.get("outcome") == "selected" and outcome.get("optionId") == "allow")
+
+
+_tool_context: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("acp_tool_context")
+
+
+def tool_context() -> ToolContext:
+    """In a tool (resource, prompt) handler of a proxy's MCP server: the ACP side of the call.
+
+    Raises:
+        LookupError: not called from a handler the conductor serves over MCP-over-ACP.
+    """
+    try:
+        return _tool_context.get()
+    except LookupError:
+        raise LookupError("tool_context() is only available inside a handler of an MCP "
+                          "server a proxy offers (Proxy.mcp_servers)") from None
+
+
 def _params(params: object) -> Raw | UnsetType:
     return UNSET if params is None else payload(params)
 
 
-__all__ = ["Handler", "NoOptions", "Notification", "PendingRequest", "Proxy", "ProxyContext",
-           "ProxyHost", "Reply", "Request", "SessionEnd", "SessionScope", "Side", "on"]
+__all__ = ["CloseReason", "Handler", "McpOffer", "NoOptions", "Notification", "PendingRequest",
+           "Proxy", "ProxyContext", "ProxyHost", "Reply", "Request", "SessionScope", "SessionSetup",
+           "Side", "ToolContext", "on", "tool_context"]

@@ -27,7 +27,7 @@ from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
 from conductor.acp import Dialect
-from conductor.errors import RpcError
+from conductor.errors import ComponentStartError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import (
     Batch,
@@ -37,8 +37,8 @@ from conductor.jsonrpc.message import (
     Response,
     error_response,
 )
-from conductor.plugins.api import Handler, Proxy, ProxyContext, SessionScope, Side
-from conductor.routing.sessions import Lifecycle, SessionEnd, Step, lifecycle
+from conductor.plugins.api import CloseReason, Handler, Proxy, ProxyContext, SessionScope, Side
+from conductor.routing.sessions import Lifecycle, Step, lifecycle
 from conductor.routing.topology import Hop
 from conductor.rpc.endpoint import Endpoint, Inbound, Outgoing
 from conductor.rpc.failure import failure_response
@@ -49,9 +49,10 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
     from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup, TaskStatus
-    from anyio.streams.memory import MemoryObjectSendStream
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
     from conductor.jsonrpc.message import Call
+    from conductor.plugins.tools import ToolServers
     from conductor.tracing.sink import TraceSink
     from conductor.transport.base import Incoming, MessageSink
 
@@ -65,8 +66,9 @@ _ALWAYS_VISIT: Final = frozenset({acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS,
                                   *acp.SUCCESSOR_METHODS, *acp.SESSION_SETUP,
                                   acp.SESSION_CLOSE, acp.SESSION_DELETE, acp.CANCEL_REQUEST})
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
-# How long a stopping proxy's session_closed hooks may take, all together.
-SESSION_END_BOUND: Final = 2.0
+# How long a proxy's stop hooks (session_closed for each open session, chain_stopped) may
+# take: a plugin flushing its files must not hold the conductor's exit for ever.
+STOP_HOOKS_GRACE: Final = 5.0
 # Scopes kept for sessions a proxy never saw set up (see ProxyHost.session_of).
 MAX_STRAY_SCOPES: Final = 1024
 
@@ -109,6 +111,7 @@ class _Sent:
     owned: bool                  # a session it opens is the proxy's own
     origin_id: Raw | None = None  # a pass-through forward: answer the conductor's id
     params: Raw | UnsetType = UNSET  # the request's (a session's setup, for its scope)
+    declared: list[str] | None = None  # serverIds of this proxy's MCP servers it declares
     fresh: bool = False          # a load/resume installed a scope that was not there before
 
 
@@ -150,6 +153,12 @@ class ProxyHost:
         # Methods this proxy must see, per direction (None: it handles `*`, so everything).
         self._visit_up = self._must_visit(Side.SUCCESSOR)
         self._visit_down = self._must_visit(Side.PREDECESSOR)
+        # MCP servers the proxy offers (docs/mcp.md); the SDK is imported only then.
+        self.tools: ToolServers | None = None
+        offers = proxy.offered_mcp_servers()
+        if offers or type(proxy).session_mcp_servers is not Proxy.session_mcp_servers:
+            from conductor.plugins.tools import ToolServers
+            self.tools = ToolServers(self, offers)
 
     @property
     def proxy(self) -> Proxy[Any]:
@@ -181,6 +190,8 @@ class ProxyHost:
 
     async def _send_request(self, method: str, params: Raw | UnsetType, to: Side,
                             sent: _Sent) -> Outgoing:
+        if to is Side.SUCCESSOR and self.tools is not None and method in acp.SESSION_SETUP:
+            params, sent.declared = await self.tools.declare(method, params)
         if to is Side.SUCCESSOR:
             sent.rule, sent.params = lifecycle(method, params), params
             if sent.rule is not None and sent.rule.step is Step.OPEN_NOW:
@@ -189,7 +200,7 @@ class ProxyHost:
                 sent.fresh = sent.rule.session_id not in self._sessions
                 await self._install(sent.rule.session_id, method, sent.owned, params)
         deliver = self._answered if sent.rule is not None or sent.origin_id is not None \
-            else None
+            or (self.tools is not None and method == acp.INITIALIZE) else None
         if to is Side.SUCCESSOR:
             outgoing, request = self.endpoint.open_request(
                 method, params, deliver=deliver, context=sent,
@@ -205,6 +216,12 @@ class ProxyHost:
         """Session routes first (later messages may name the session), then the answer
         goes back to the conductor (a pass-through forward) or to the waiting handler."""
         sent: _Sent = outgoing.context
+        if self.tools is not None:
+            if outgoing.method == acp.INITIALIZE and not answer.is_error:
+                self.tools.learn_initialize(answer.result)
+            if sent.declared:
+                opened = sent.rule.opened_by(answer) if sent.rule is not None else None
+                self.tools.bind(sent.declared, opened)
         if sent.rule is not None:
             try:
                 await self._apply(sent, answer)
@@ -285,6 +302,9 @@ class ProxyHost:
         await self._route(source, msg)
 
     async def _route(self, source: Side, msg: Call) -> None:
+        if self.tools is not None and msg.method in acp.MCP_METHODS and self.tools.claims(msg):
+            await self.tools.handle(msg, source)
+            return
         handler: Handler | None = None
         if self._routed:
             scope = self.session_of(msg.params, create=False)
@@ -426,10 +446,11 @@ class ProxyHost:
             await self._install(opened, rule.method, sent.owned, sent.params)
         elif sent.fresh and answer.is_error:  # a refused load or resume opened nothing
             assert rule.session_id is not None
-            await self._remove(rule.session_id, SessionEnd.REFUSED)
+            await self._remove(rule.session_id, CloseReason.REFUSED)
         closed = rule.closed_by(answer)
         if closed is not None:
-            await self._remove(closed, SessionEnd.CLOSED)
+            await self._remove(closed, CloseReason.DELETED if rule.method == acp.SESSION_DELETE
+                               else CloseReason.CLOSED)
 
     async def _install(self, sid: str, how: str, owned: bool,
                        params: Raw | UnsetType) -> SessionScope:
@@ -451,18 +472,20 @@ class ProxyHost:
         await self._proxy.session_opened(scope)
         return scope
 
-    async def _remove(self, sid: str, reason: SessionEnd) -> None:
+    async def _remove(self, sid: str, reason: CloseReason) -> None:
         scope = self._sessions.pop(sid, None)
+        if self.tools is not None:
+            await self.tools.session_closed(sid)
         if scope is None:
             return
         if scope.owned or scope.handlers:  # only such a scope can have made us route
             self._routed = any(s.owned or s.handlers for s in self._sessions.values())
-        scope.ended = reason
+        scope.closed_reason = reason
         if self._strays.pop(sid, False) is None:
             return  # never opened (see session_of): no hook for its end either
         await self._proxy.session_closed(scope)
 
-    async def release(self, sid: str, reason: SessionEnd) -> None:
+    async def release(self, sid: str, reason: CloseReason) -> None:
         """The conductor ended a session without a message crossing this proxy (idle expiry,
         a lost session): drop its scope and tell the plugin. A hook's failure is logged."""
         try:
@@ -470,10 +493,38 @@ class ProxyHost:
         except Exception as e:
             self._log_failure(e, f"session_closed of {sid}")
 
-    async def end_sessions(self, reason: SessionEnd) -> None:
-        """Every session ends (the connection or the chain did): release them all."""
-        for sid in list(self._sessions):
-            await self.release(sid, reason)
+    # -- the chain's life ----------------------------------------------------------------
+
+    async def start_chain(self) -> None:
+        """`chain_started`, before the first message.
+
+        Raises:
+            ComponentStartError: the hook raised (the chain's start fails, naming the proxy).
+        """
+        try:
+            await self._proxy.chain_started()
+        except Exception as e:
+            self._log_failure(e, "chain_started")
+            raise ComponentStartError(self.name, f"chain_started failed: "
+                                                 f"{type(e).__name__}: {e}") from None
+
+    async def stop_chain(self) -> None:
+        """The chain is gone: every session still open ends (`session_closed`, reason
+        "stopped"), then `chain_stopped`. Every hook runs, whichever fails; bounded,
+        shielded (this runs while the conductor is being cancelled)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_HOOKS_GRACE) as bound:
+            for sid in list(self._sessions):
+                try:
+                    await self._remove(sid, CloseReason.STOPPED)
+                except Exception as e:
+                    self._log_failure(e, "session_closed")
+            try:
+                await self._proxy.chain_stopped()
+            except Exception as e:
+                self._log_failure(e, "chain_stopped")
+        if bound.cancelled_caught:
+            self._proxy.log.warning("proxy %s: its stop hooks took over %gs; abandoned",
+                                    self.name, STOP_HOOKS_GRACE)
 
 
 # -- running a host -----------------------------------------------------------------------
@@ -483,7 +534,7 @@ class _Release:
     """In the inbox, in order with messages: the router ended this session."""
 
     session_id: str
-    reason: SessionEnd
+    reason: CloseReason
 
 
 _InboxItem = Message | list[Message] | _Release
@@ -497,7 +548,7 @@ class _InboxSink:
         self._host = host
         self.passes = host.passes  # the router asks the host directly: no extra call
 
-    async def release(self, session_id: str, reason: SessionEnd) -> None:
+    async def release(self, session_id: str, reason: CloseReason) -> None:
         """Queued behind what the proxy was already sent, so a message of that session
         handed over earlier is still dispatched with its state."""
         try:
@@ -512,6 +563,15 @@ class _InboxSink:
         except anyio.WouldBlock:
             await self._send.send(item)
 
+    def send_nowait(self, item: Message) -> bool:
+        self._host.queued += 1
+        try:
+            self._send.send_nowait(item)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._host.queued -= 1
+            return False
+        return True
+
     async def aclose(self) -> None:
         await self._send.aclose()
 
@@ -521,8 +581,21 @@ async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Callable[[Message], A
                                ) -> AsyncIterator[_InboxSink]:
     """Run `proxy` in this process. Yields the sink the conductor writes to; what the proxy
     sends goes to `deliver` (the router, as if read from the proxy's hop)."""
-    send, receive = anyio.create_memory_object_stream[_InboxItem](INBOX_SIZE)
     host = ProxyHost(proxy, _CallbackSink(deliver))
+    await host.start_chain()
+    send, receive = anyio.create_memory_object_stream[_InboxItem](INBOX_SIZE)
+    try:
+        async with _dispatching(host, send, receive) as sink:
+            yield sink
+    finally:
+        await host.stop_chain()
+
+
+@asynccontextmanager
+async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem],
+                       receive: MemoryObjectReceiveStream[_InboxItem]
+                       ) -> AsyncIterator[_InboxSink]:
+    """Dispatch what the conductor hands over, until the context ends."""
     async with anyio.create_task_group() as tg:
         host.task_group = tg
 
@@ -562,8 +635,6 @@ async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Callable[[Message], A
         finally:
             send.close()
             tg.cancel_scope.cancel()
-            with anyio.CancelScope(shield=True), anyio.move_on_after(SESSION_END_BOUND):
-                await host.end_sessions(SessionEnd.DISCONNECTED)
 
 
 @asynccontextmanager
@@ -612,12 +683,14 @@ async def serve_proxy(proxy: Proxy[Any], stdin: ByteReceiveStream, stdout: ByteS
                         item)
 
     try:
-        async with anyio.create_task_group() as tg:
-            host.task_group = tg
-            await source.serve(handle)
-            tg.cancel_scope.cancel()  # the conductor closed our stdin: we are done
+        await host.start_chain()
+        try:
+            async with anyio.create_task_group() as tg:
+                host.task_group = tg
+                await source.serve(handle)
+                tg.cancel_scope.cancel()  # the conductor closed our stdin: we are done
+        finally:
+            await host.stop_chain()
     finally:
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(SESSION_END_BOUND):
-                await host.end_sessions(SessionEnd.DISCONNECTED)
             await sink.aclose()

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from conductor.errors import ConfigError, PluginError, PluginNotFoundError, PluginValidationError
 from conductor.plugins.api import Proxy
+from conductor.validation import did_you_mean, problems
 
 if TYPE_CHECKING:
     from conductor.config import ComponentSpec
@@ -58,8 +59,9 @@ def _entry_point(name: str) -> EntryPoint | None:
     return None
 
 
-def find_plugin(ref: str) -> type[Proxy[Any]]:
-    """Resolve an entry-point NAME, `package.module:attr`, or `path/to/file.py[:attr]`.
+def find_plugin(ref: str, *, base_dir: str | None = None) -> type[Proxy[Any]]:
+    """Resolve an entry-point NAME, `package.module:attr`, or `path/to/file.py[:attr]`; a
+    relative file path is taken relative to `base_dir` (a chain file's folder) if given.
 
     Raises:
         PluginNotFoundError: nothing by that reference.
@@ -67,16 +69,24 @@ def find_plugin(ref: str) -> type[Proxy[Any]]:
     """
     module_ref, _, attr = ref.partition(":")
     if module_ref.endswith(".py") or "/" in module_ref or module_ref.startswith("."):
-        obj = _from_file(ref, Path(module_ref), attr or None)
+        path = Path(module_ref)
+        if base_dir is not None and not path.is_absolute():
+            if not (Path(base_dir) / path).is_file():
+                raise PluginNotFoundError(f"plugin file {module_ref!r} not found (relative to "
+                                          f"{base_dir}, the chain file's folder)")
+            path = Path(base_dir) / path
+        obj = _from_file(ref, path, attr or None)
     elif attr:
         obj = _from_module(ref, module_ref, attr)
     else:
         ep = _entry_point(ref)
         if ep is None:
-            names = ", ".join(p.name for p in installed()) or "none"
+            known = [p.name for p in installed()]
+            guess = did_you_mean(ref, known)
             raise PluginNotFoundError(
-                f"no proxy named {ref!r} is installed (installed: {names}); give an "
-                "installed name, `package.module:Class`, or `path/to/file.py:Class`")
+                f"no proxy named {ref!r} is installed ({guess + ' ' if guess else ''}installed: "
+                f"{', '.join(known) or 'none'}); give an installed name, "
+                "`package.module:Class`, or `path/to/file.py:Class`")
         try:
             obj = ep.load()
         except (ImportError, AttributeError) as e:
@@ -145,15 +155,10 @@ def make_proxy(cls: type[Proxy[Any]], options: dict[str, Any] | None, *, name: s
     try:
         model = cls.options_model.model_validate(options or {})
     except ValidationError as e:
-        problems = []
-        for item in e.errors():
-            path = ".".join(str(p) for p in item["loc"])
-            msg = "unknown option" if item["type"] == "extra_forbidden" else item["msg"]
-            problems.append(f"{prefix}{'.' + path if path else ''}: {msg}")
-        first_path = ".".join(str(p) for p in e.errors()[0]["loc"])
-        raise ConfigError(f"invalid options for proxy {name!r}: " + "; ".join(problems),
-                          file=file, field=prefix + (f".{first_path}" if first_path else "")
-                          ) from None
+        found = problems(e, cls.options_model, prefix=prefix, unknown="unknown option {key!r}")
+        raise ConfigError.combine(
+            [ConfigError(f"proxy {name!r}: {p.message}", file=file, field=p.field, hint=p.hint)
+             for p in found], file) from None
     proxy = cls(model)
     proxy.rename(name)
     return proxy
@@ -173,7 +178,7 @@ def load_proxy(ref: str, options: dict[str, Any] | None, *, name: str | None = N
 
 
 def load_component_proxy(spec: ComponentSpec, name: str, *, file: str | None,
-                         where: str) -> Proxy[Any]:
+                         where: str, base_dir: str | None = None) -> Proxy[Any]:
     """The proxy a `use = ...` / `plugin = ...` chain entry names, options validated.
 
     Raises:
@@ -184,7 +189,7 @@ def load_component_proxy(spec: ComponentSpec, name: str, *, file: str | None,
     ref = spec.use if spec.use is not None else spec.plugin
     assert ref is not None
     try:
-        cls = find_plugin(ref)
+        cls = find_plugin(ref, base_dir=base_dir)
     except PluginError as e:
         raise e.located(f"{file or '<chain>'}: {where}.{key}") from None
     return make_proxy(cls, spec.options, name=name, file=file, where=where)

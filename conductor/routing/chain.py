@@ -9,6 +9,7 @@ hop's `Endpoint` keeps it, with a `Forward` saying where the answer goes back to
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,8 +34,10 @@ from conductor.jsonrpc.message import (
 )
 from conductor.routing.deadlines import Deadlines, Expired, Timeouts
 from conductor.routing.handshake import Handshake, ResponseHook, chain_hooks
+from conductor.routing.mcp import McpRefusedError, McpSupport, for_agent
+from conductor.routing.mcp_routes import McpRoutes
 from conductor.routing.recovery import Recovery
-from conductor.routing.sessions import Lifecycle, SessionEnd, SessionTable, Step, lifecycle
+from conductor.routing.sessions import CloseReason, Lifecycle, SessionTable, Step, lifecycle
 from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Role, Topology
 from conductor.rpc.endpoint import Inbound, Outgoing
 from conductor.rpc.failure import failure_response
@@ -44,10 +47,10 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from conductor.jsonrpc.message import Call
-    from conductor.routing.mcp import McpInjection
+    from conductor.routing.mcp import Bridge, McpInjection
     from conductor.routing.sessions import SessionRecord
     from conductor.tracing.sink import TraceSink
-    from conductor.transport.base import Incoming
+    from conductor.transport.base import Handle, HandleNowait, Incoming
 
 log = logging.getLogger("acp_conductor.routing")
 
@@ -55,7 +58,7 @@ _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 # Notifications the router must look at, not just pass on.
 _NOT_PLAIN = frozenset({acp.CANCEL_REQUEST, acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS,
                         *acp.SUCCESSOR_METHODS, *acp.SESSION_SETUP, acp.SESSION_PROMPT,
-                        acp.SESSION_CLOSE, acp.SESSION_DELETE})
+                        acp.SESSION_CLOSE, acp.SESSION_DELETE, *acp.MCP_METHODS})
 FRAME_LIMIT_HINT = "raise the limit with --max-frame-bytes or [conductor] max_frame_bytes"
 CANCEL_WRITE_BOUND = 5.0  # a timed-out request's cancel waits at most this long for the pipe
 
@@ -86,6 +89,7 @@ class Chain:
         on_fatal: Callable[[ComponentError], None] | None = None,
         on_broken: Callable[[Hop], None] | None = None,
         mcp: McpInjection | None = None,
+        bridge: Bridge | None = None,
         timeouts: Timeouts | None = None,
         keep_session_setup: bool = False,
     ) -> None:
@@ -95,13 +99,21 @@ class Chain:
         self._keep_setup = keep_session_setup
         self.topology = Topology(client, proxy_mode=proxy_mode)
         self.sessions = SessionTable(self._trace_session if tracer is not None else None)
-        self.handshake = Handshake(proxy_mode=proxy_mode,
-                                   mcp=mcp if mcp is not None and mcp.servers else None)
+        # -- MCP: what the agent takes, global servers, MCP-over-ACP routes, the bridge --
+        self.mcp_support = mcp.support if mcp is not None else McpSupport()
+        self.mcp_routes = McpRoutes(self._forward_direct, self._originate, self._send,
+                                    tracer=tracer)
+        self.sessions.observe(lambda event, record: self.mcp_routes.session_closed(
+            record.session_id) if event == "closed" else None)
+        self._bridge = bridge
+        self.handshake = Handshake(proxy_mode=proxy_mode, mcp=self.mcp_support,
+                                   bridge=bridge)
         self._starter = starter
         self._tracer = tracer
         self._on_fatal = on_fatal
         self._on_broken = on_broken
         self._mcp = mcp if mcp is not None and mcp.servers else None
+        self._required_acp = mcp.required_acp if mcp is not None else frozenset()
         # Hops whose plain notifications go, unchanged, straight to one other hop (see
         # _plan_plain_routes): target, the in-process proxies' `passes` to ask, whether it
         # travels up (from the successor side), and the sender's name for traces.
@@ -119,10 +131,60 @@ class Chain:
     def nodes(self) -> list[Node]:
         return self.topology.nodes
 
+    def status(self) -> dict[str, object]:
+        """A snapshot for people and tools (the session-tools proxy): components, open
+        sessions, MCP-over-ACP routes."""
+        return {
+            "components": [{"name": n.name, "role": str(n.role),
+                            "inProcess": n.hop.passes is not None,
+                            "state": "running" if n.hop.failure is None
+                            else f"failed: {n.hop.failure}"}
+                           for n in self.topology.nodes[1:] if n.role is not Role.SUCCESSOR],
+            "sessions": [{"sessionId": r.session_id, "openedBy": r.opened_by,
+                          "servedBy": r.served_by, "state": str(r.state),
+                          "prompts": r.prompts} for r in self.sessions.records()],
+            "mcp": {"servers": len(self.mcp_routes.declarations),
+                    "connections": len(self.mcp_routes.connections)},
+        }
+
     # -- entry point -----------------------------------------------------------------------
 
+    def receive_nowait(self, hop: Hop, item: Incoming) -> bool:
+        """Route `item` from `hop` at once if it needs no waiting: a plain notification
+        (streamed updates, the bulk of the traffic) whose next hop can queue it now. False:
+        nothing was done; `receive` handles it."""
+        if type(item) is not Notification or self._tracer is not None:
+            return False
+        route = self._plain_route.get(hop)
+        if route is None or item.method in _NOT_PLAIN:
+            return False
+        target, gates, up, _ = route
+        if gates and not all(gate(item.method, up) for gate in gates):
+            return False
+        if target.failure is not None:
+            return True  # as `receive` does: nowhere to go
+        return target.send_nowait(item)
+
+    def reader(self, hop: Hop) -> tuple[Handle, HandleNowait]:
+        """What `hop`'s reader hands each item to (`MessageSource.serve(*reader)`)."""
+        return functools.partial(self.receive, hop), functools.partial(self.receive_nowait, hop)
+
     async def receive(self, hop: Hop, item: Incoming) -> None:
-        """Handle one item that arrived on `hop`."""
+        """Handle one item that arrived on `hop` (called by its reader, in its task)."""
+        if isinstance(item, Notification) and self._tracer is None:
+            # The hot path (streamed updates): a plain notification whose next hop takes it
+            # plainly (component -> client, client -> agent) needs no ids, hooks or
+            # wrapping. Sent as it came, with as few calls as the route allows.
+            route = self._plain_route.get(hop)
+            if route is not None and item.method not in _NOT_PLAIN:
+                target, gates, up, source = route
+                if not gates or all(gate(item.method, up) for gate in gates):
+                    if target.failure is None:
+                        try:
+                            await target.send(item, source=source)
+                        except _GONE:
+                            self._gone(target)
+                    return
         if isinstance(item, Request | Notification | Response):
             await self._receive_message(hop, item)
         elif isinstance(item, Batch):
@@ -201,6 +263,9 @@ class Chain:
                     f"`{method}` is a notification: send it without an id"))
                 return
             await hop.cancel_inbound(msg.params)
+            return
+        if method in acp.MCP_METHODS:  # routed by serverId / connectionId (mcp_routes.py)
+            await self.mcp_routes.receive(hop, msg, method, msg.params, src)
             return
         wrapped = acp.SUCCESSOR_METHODS.get(method)
         if wrapped is not None and (src.role is Role.PROXY or
@@ -293,15 +358,20 @@ class Chain:
             source, target = src, self.topology.after(src)
         else:  # proxy mode: the client wire carried a message from our successor, going up
             source, target = self.topology.last, self.topology.nodes[-2]
+        if inner in acp.MCP_METHODS:
+            await self.mcp_routes.receive(hop, msg, inner, env.params, source)
+            return
         await self._forward(hop, msg, inner, env.params, source, target, meta=env.any_meta)
 
     async def _forward(self, origin: Hop, msg: Call, method: str, params: Raw | UnsetType,
-                       source: Node, target: Node, *, meta: Raw | UnsetType = UNSET) -> None:
-        """Send `msg` (its `method` and `params`, unwrapped) from `source` on to `target`."""
+                       source: Node, target: Node, *, meta: Raw | UnsetType = UNSET,
+                       direct: bool = False, hook: ResponseHook | None = None) -> None:
+        """Send `msg` (its `method` and `params`, unwrapped) from `source` on to `target`
+        (exactly there when `direct`; `hook` runs on the answer)."""
         downward = target.index > source.index
         # An in-process proxy with no handler for this message, and nothing earlier in its
         # queue, would forward it untouched: route past it and save the hop entirely.
-        while target.role is Role.PROXY and target.hop.passes is not None \
+        while not direct and target.role is Role.PROXY and target.hop.passes is not None \
                 and target.hop.passes(method, not downward):
             target = self.topology.nodes[target.index + (1 if downward else -1)]
         is_request = isinstance(msg, Request)
@@ -320,12 +390,20 @@ class Chain:
             out_method, out_params, hooks = init.method, init.params, init.hooks
             if source.role is Role.PROXY:
                 hooks.append(self._initialize_answer_hook(source.name))
-        if self._mcp is not None and method in acp.SESSION_SETUP \
-                and target.role in (Role.AGENT, Role.SUCCESSOR):
-            out_params = self._mcp.apply(out_params)
+        if method in acp.SESSION_SETUP and downward:
+            try:
+                out_params = await self._mcp_setup(out_params, source, target, hooks)
+            except McpRefusedError as e:
+                if isinstance(msg, Request):
+                    await self._send(origin, error_response(
+                        msg.id, ErrorCode.INVALID_PARAMS, f"Invalid params: {e}",
+                        {"mcpServer": e.name, "reason": e.reason}))
+                return
         session_hook = self._track_session(method, params, source, target, out_params)
         if session_hook is not None:
             hooks.append(session_hook)
+        if hook is not None:
+            hooks.append(hook)
 
         hop = target.hop
         if hop.failure is not None:
@@ -366,6 +444,63 @@ class Chain:
             self.recovery.remember_answer(proxy, answer)
             return answer
         return remember
+
+    # -- MCP (MCP-over-ACP routing lives in mcp_routes.py, the bridge in bridge.py) ---------
+
+    async def _mcp_setup(self, params: Raw | UnsetType, source: Node, target: Node,
+                         hooks: list[ResponseHook]) -> Raw | UnsetType:
+        """A session setup request crosses from `source` down to `target`: learn the
+        `acp` servers it declares; at the agent, inject global servers and bridge.
+
+        Raises:
+            McpRefusedError: a required server cannot reach the agent.
+        """
+        declared = self.mcp_routes.learn(params, source)
+        if declared:
+            routes = self.mcp_routes
+
+            async def bind(answer: Response) -> Response:
+                sid = acp.get_str(answer.result, "sessionId") if not answer.is_error else None
+                if sid is None and not answer.is_error:
+                    sid = acp.get_str(params, "sessionId")  # load / resume name it
+                routes.setup_answered(declared, sid)
+                return answer
+            hooks.append(bind)
+        if target.role not in (Role.AGENT, Role.SUCCESSOR):
+            return params
+        if self._mcp is not None:
+            params = self._mcp.apply(params)
+        if target.role is Role.AGENT:
+            params = await for_agent(params, self.mcp_support, self._bridge,
+                                     self._required_acp)
+        return params
+
+    async def _forward_direct(self, origin: Hop, msg: Call, method: str,
+                              params: Raw | UnsetType, source: Node, target: Node,
+                              hook: ResponseHook | None) -> None:
+        await self._forward(origin, msg, method, params, source, target, direct=True,
+                            hook=hook)
+
+    async def _originate(self, source: Node, target: Node, method: str, params: Raw,
+                         as_request: bool) -> None:
+        """A message the conductor itself sends `target` as if from `source`'s side (an
+        answer to a request is only logged)."""
+        wrap = (target.role is Role.PROXY and target.index < source.index) \
+            or target.role is Role.SUCCESSOR
+        dialect = self._dialect_of(target) if wrap else Dialect.PROXY
+        wire_method = dialect.successor_method(is_request=as_request) if wrap else method
+        wire_params = acp.encode_envelope(method, params, UNSET, dialect) if wrap else params
+        if not as_request:
+            await self._send(target.hop, Notification(method=wire_method, params=wire_params))
+            return
+
+        async def answered(outgoing: Outgoing, answer: Response) -> None:
+            if answer.is_error:
+                log.debug("%s answered %s with an error: %r", target.name, method,
+                          answer.error_value())
+        _, request = target.hop.open_request(method, params, deliver=answered,
+                                             wire_method=wire_method, wire_params=wire_params)
+        await self._send(target.hop, request)
 
     def _dialect_of(self, target: Node) -> Dialect:
         if target.role is Role.PROXY:
@@ -443,7 +578,7 @@ class Chain:
         async def refused(answer: Response) -> Response:
             # A load or resume that failed opened nothing: forget what it installed.
             if answer.is_error:
-                table.closed(session_id, SessionEnd.REFUSED)
+                table.closed(session_id, CloseReason.REFUSED)
             return answer
         return refused
 
@@ -455,13 +590,15 @@ class Chain:
             if rule.step is Step.PROMPT:
                 table.idle(rule.session_id)
             elif rule.closed_by(answer) is not None:
-                table.closed(rule.session_id)
+                table.closed(rule.session_id, CloseReason.DELETED
+                             if rule.method == acp.SESSION_DELETE else CloseReason.CLOSED)
+                await self.mcp_routes.drain()  # its MCP connections end
             return answer
         return ended
 
     # -- releasing sessions ------------------------------------------------------------------
 
-    async def end_sessions(self, session_ids: list[str], reason: SessionEnd) -> None:
+    async def end_sessions(self, session_ids: list[str], reason: CloseReason) -> None:
         """The router ends these sessions without a message saying so (idle expiry, a lost
         session): its record goes, and each in-process proxy drops its state for them. The
         agent and subprocess proxies are not told."""
@@ -479,7 +616,7 @@ class Chain:
         if expired:
             log.info("%d session(s) idle for %gs or more expired: %s", len(expired), seconds,
                      ", ".join(expired[:5]) + (" ..." if len(expired) > 5 else ""))
-            await self.end_sessions(expired, SessionEnd.EXPIRED)
+            await self.end_sessions(expired, CloseReason.EXPIRED)
         return expired
 
     async def serve_timers(self) -> None:
@@ -533,7 +670,7 @@ class Chain:
     def disconnected(self) -> None:
         """The client's connection ended: every record goes (in-process proxies release
         their own state as they stop)."""
-        self.sessions.clear(SessionEnd.DISCONNECTED)
+        self.sessions.clear(CloseReason.STOPPED)
 
     # -- oversized frames --------------------------------------------------------------------
 
@@ -567,14 +704,20 @@ class Chain:
         try:
             await hop.send(msg, source=source, origin=origin)
         except _GONE:
-            # Its stdin is closed: the reader will see EOF and fail the hop with the exit status.
-            log.debug("could not write to %s", hop.name)
-            if self._on_broken is not None:
-                self._on_broken(hop)
+            self._gone(hop)
+
+    def _gone(self, hop: Hop) -> None:
+        # Its stdin is closed: the reader will see EOF and fail the hop with the exit status.
+        log.debug("could not write to %s", hop.name)
+        if self._on_broken is not None:
+            self._on_broken(hop)
 
     async def fail_hop(self, hop: Hop, error: ComponentError) -> None:
         """`hop`'s component is gone: answer everything it owed, refuse what comes next."""
         await hop.fail(error, component=hop.name)
+        node = self.topology.find(hop)
+        if node is not None:
+            await self.mcp_routes.hop_failed(node)
 
     # -- components restarted or bypassed (recovery.py) ---------------------------------------
 

@@ -8,7 +8,8 @@ the conductor learns from the agent's answer (protocol.md §3).
   proxy and stays `initialize` for the agent. A proxy that answers method-not-found is
   asked again in the legacy dialect (`initialize` + `_meta.proxy`), once.
 - A v2 client requires the agent to answer protocol version 2.
-- The agent's answer tells which MCP transports it supports (for injection and bridging).
+- The agent's answer tells which MCP transports it supports (for injection and bridging);
+  when the bridge stands in for `acp`, the answer going up says the agent takes it.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from conductor.acp import Dialect
 from conductor.errors import ProtocolVersionError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Request, Response, error_response
+from conductor.routing.mcp import advertise_acp
 from conductor.routing.topology import Node, Role
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Call
-    from conductor.routing.mcp import McpInjection
+    from conductor.routing.mcp import Bridge, McpSupport
 
 log = logging.getLogger("acp_conductor.routing")
 
@@ -51,11 +53,13 @@ class Initialize:
 class Handshake:
     """The initialize rules for one chain."""
 
-    def __init__(self, *, proxy_mode: bool, mcp: McpInjection | None = None) -> None:
+    def __init__(self, *, proxy_mode: bool, mcp: McpSupport | None = None,
+                 bridge: Bridge | None = None) -> None:
         self.proxy_mode = proxy_mode
         self.upstream_dialect = Dialect.PROXY  # proxy mode: how our own client spells it
         self.version: int | None = None        # what the client asked for
         self._mcp = mcp
+        self._bridge = bridge
 
     async def accept_first(self, msg: Call, reply: Reply) -> bool:
         """Is `msg`, the client's first message, the initialize that starts the chain?
@@ -123,7 +127,8 @@ class Handshake:
             if version == 2 and target.role is Role.AGENT:
                 out.hooks.append(self._require_v2(target))
             if version is not None and self._mcp is not None:
-                out.hooks.append(self._learn_mcp_support(version))
+                out.hooks.append(self._learn_mcp_support(
+                    version, self._bridge if target.role is Role.AGENT else None))
         return out
 
     @staticmethod
@@ -139,12 +144,16 @@ class Handshake:
             return None
         return hook
 
-    def _learn_mcp_support(self, version: int) -> ResponseHook:
+    def _learn_mcp_support(self, version: int, bridge: Bridge | None) -> ResponseHook:
         mcp = self._mcp
         assert mcp is not None
 
         async def hook(answer: Response) -> Response | None:
-            mcp.learn_initialize(version, answer.result)
+            mcp.learn(version, answer.result)
+            if bridge is not None and not answer.is_error and not mcp.takes("acp") \
+                    and bridge.covers(mcp):
+                log.info("the agent does not take acp MCP servers: the bridge stands in")
+                return answer.with_result(advertise_acp(answer.result, version))
             return answer
         return hook
 

@@ -3,20 +3,70 @@
 Injection appends to `mcpServers` (creating it when missing) and changes no other byte of
 meaning: every other field keeps its raw value. Each server is shaped for the protocol
 version the agent was initialized with, and skipped when the agent's capabilities say it
-cannot use that transport. A server the request already names (same name) is not added.
+cannot use that transport (refused, for a `required` one). A server the request already
+names (same name) is not added. `McpSupport` is what the agent's initialize answer says it
+can take; injection, MCP-over-ACP routing and the bridge all read it.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 log = logging.getLogger("acp_conductor.mcp")
+
+
+class McpRefusedError(Exception):
+    """A `required` MCP server cannot reach the agent: the session setup is refused."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"MCP server {name!r} is required, but {reason}")
+        self.name = name
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class McpSupport:
+    """Which MCP transports the agent takes, from its initialize answer."""
+
+    version: int = 1
+    transports: frozenset[str] | None = None  # None: the agent has not answered yet
+
+    def learn(self, version: int, result: Raw | UnsetType) -> None:
+        self.version = version
+        if result is UNSET:
+            return
+        try:
+            value = msgspec.json.decode(result)
+        except (msgspec.DecodeError, RecursionError):  # a hostile nesting depth
+            return
+        if not isinstance(value, dict):
+            return
+        supported = {"stdio"}
+        if version >= 2:
+            mcp = _dict(_dict(_dict(value.get("capabilities")).get("session")).get("mcp"))
+            supported = {k for k, v in mcp.items() if isinstance(v, dict)} or {"stdio"}
+        else:
+            caps = _dict(_dict(value.get("agentCapabilities")).get("mcpCapabilities"))
+            supported |= {k for k in ("http", "sse", "acp") if caps.get(k) is True}
+        self.transports = frozenset(supported)
+
+    def takes(self, transport: str) -> bool | None:
+        """Does the agent take `transport`? None while it has not said."""
+        return None if self.transports is None else transport in self.transports
+
+
+def _dict(value: object) -> dict[str, object]:
+    return value if isinstance(value, dict) else {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,12 +74,14 @@ class McpServer:
     """One declaration, already resolved (absolute command, expanded variables)."""
 
     name: str
-    transport: str                       # "stdio", "http" or "sse"
+    transport: str                       # "stdio", "http", "sse" (or "acp": see config)
     command: str = ""
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     url: str = ""
     headers: tuple[tuple[str, str], ...] = ()
+    required: bool = False               # refuse the session when the agent cannot take it
+    provider: str = ""                   # acp: the proxy that offers it
 
     def shape(self, version: int) -> dict[str, object]:
         pairs = [{"name": k, "value": v} for k, v in (self.env if self.transport == "stdio"
@@ -47,38 +99,144 @@ class _Named(msgspec.Struct):
     name: str | UnsetType = UNSET
 
 
-class McpInjection:
-    """Applies the chain file's `[[mcp_server]]` list to session setup requests."""
+class Bridge(Protocol):
+    """Serves `acp` MCP servers to an agent that does not take them (conductor.bridge)."""
 
-    def __init__(self, servers: list[McpServer]) -> None:
-        self.servers = servers
-        self.version = 1
-        self._supported: set[str] | None = None  # None: the agent's answer is not known yet
+    def covers(self, support: McpSupport) -> bool:
+        """Can it bridge for an agent that takes what `support` says?"""
+        ...
+
+    async def rewrite(self, params: Raw | UnsetType, support: McpSupport,
+                      required: frozenset[str]) -> Raw | UnsetType:
+        """Setup params for the agent, each `acp` entry rewritten to a transport it takes.
+
+        Raises:
+            McpRefusedError: a required server (by name) cannot be bridged.
+        """
+        ...
+
+
+class _Entry(msgspec.Struct):
+    type: str | UnsetType = UNSET
+    name: str | UnsetType = UNSET
+    serverId: str | UnsetType = UNSET
+
+
+_entries = msgspec.json.Decoder(list[_Entry])
+
+
+def acp_declarations(params: Raw | UnsetType) -> list[tuple[str, str]]:
+    """The (serverId, name) of every `acp` entry in a setup request's `mcpServers`."""
+    servers = acp.get_raw(params, "mcpServers")
+    if servers is None:
+        return []
+    try:
+        entries = _entries.decode(servers)
+    except msgspec.MsgspecError:
+        return []
+    return [(e.serverId, e.name if isinstance(e.name, str) else "")
+            for e in entries if e.type == "acp" and isinstance(e.serverId, str)]
+
+
+def map_acp_entries(params: Raw | UnsetType,
+                    change: Callable[[str, str], Raw | None]) -> Raw | UnsetType:
+    """`params` with each `acp` entry of `mcpServers` replaced by `change(serverId, name)`
+    (dropped when it returns None); every other entry and field keeps its bytes."""
+    servers = acp.get_raw(params, "mcpServers")
+    if servers is None:
+        return params
+    try:
+        raws = msgspec.json.decode(servers, type=list[Raw])
+    except msgspec.MsgspecError:
+        return params
+    out: list[Raw] = []
+    for item in raws:
+        try:
+            entry = msgspec.json.decode(item, type=_Entry)
+        except msgspec.MsgspecError:
+            out.append(item)
+            continue
+        if entry.type != "acp" or not isinstance(entry.serverId, str):
+            out.append(item)
+            continue
+        replaced = change(entry.serverId, entry.name if isinstance(entry.name, str) else "")
+        if replaced is not None:
+            out.append(replaced)
+    return acp.set_key(params, "mcpServers", Raw(msgspec.json.encode(out)))
+
+
+async def for_agent(params: Raw | UnsetType, support: McpSupport, bridge: Bridge | None,
+                    required: frozenset[str]) -> Raw | UnsetType:
+    """Setup params as they reach the agent: `acp` servers unchanged where it takes them,
+    else bridged, else dropped (an agent never gets what it said it cannot take).
+
+    Raises:
+        McpRefusedError: a required acp server (by name) cannot reach the agent.
+    """
+    declared = acp_declarations(params)
+    bridged = bridge is not None and bridge.covers(support)
+    blocked = support.takes("acp") is False and not bridged
+    for name in sorted(required - {name for _, name in declared}):
+        raise McpRefusedError(name, _NO_ACP if blocked else
+                              "its provider did not declare it in this session setup")
+    if not declared or support.takes("acp") is not False:
+        return params
+    if bridge is not None and bridged:
+        return await bridge.rewrite(params, support, required)
+    for _, name in declared:
+        if name in required:
+            raise McpRefusedError(name, _NO_ACP)
+    log.warning("the agent does not take acp MCP servers and no bridge stands in: %s not "
+                "declared to it", ", ".join(repr(n) for _, n in declared))
+    return map_acp_entries(params, lambda server_id, name: None)
+
+
+_NO_ACP = ("the agent does not take acp MCP servers and no bridge stands in for it "
+           "([conductor] mcp_bridge is off, or the agent takes neither http nor stdio)")
+
+
+def advertise_acp(result: Raw | UnsetType, version: int) -> Raw | UnsetType:
+    """An initialize result that says the agent takes `acp` MCP servers (the bridge
+    stands in for it)."""
+    if result is UNSET:
+        return result
+    try:
+        if version >= 2:
+            return acp.set_path(result, ("capabilities", "session", "mcp", "acp"), Raw(b"{}"))
+        return acp.set_path(result, ("agentCapabilities", "mcpCapabilities", "acp"),
+                            Raw(b"true"))
+    except ValueError:
+        return result
+
+
+class McpInjection:
+    """Applies the chain file's `[[mcp_server]]` list to session setup requests.
+
+    `acp` entries are not injected here: the proxy that offers them declares them itself
+    (conductor.plugins.tools); the bridge checks that a required one reached the agent.
+    """
+
+    def __init__(self, servers: list[McpServer], support: McpSupport | None = None) -> None:
+        self.servers = [s for s in servers if s.transport != "acp"]
+        self.required_acp = frozenset(s.name for s in servers
+                                      if s.transport == "acp" and s.required)
+        self.support = support if support is not None else McpSupport()
         self._warned: set[str] = set()
+
+    @property
+    def version(self) -> int:
+        return self.support.version
 
     def learn_initialize(self, version: int, result: Raw | UnsetType) -> None:
         """Read which MCP transports the agent supports from its initialize result."""
-        self.version = version
-        if result is UNSET:
-            return
-        try:
-            value = msgspec.json.decode(result)
-        except (msgspec.DecodeError, RecursionError):
-            return
-        if not isinstance(value, dict):
-            return
-        supported = {"stdio"}
-        if version >= 2:
-            mcp = ((value.get("capabilities") or {}).get("session") or {}).get("mcp") or {}
-            if isinstance(mcp, dict):
-                supported = {k for k, v in mcp.items() if isinstance(v, dict)} or {"stdio"}
-        else:
-            caps = (value.get("agentCapabilities") or {}).get("mcpCapabilities") or {}
-            if isinstance(caps, dict):
-                supported |= {k for k in ("http", "sse") if caps.get(k) is True}
-        self._supported = supported
+        self.support.learn(version, result)
 
     def apply(self, params: Raw | UnsetType) -> Raw | UnsetType:
+        """`params` with the servers appended.
+
+        Raises:
+            McpRefusedError: a required server's transport is one the agent cannot take.
+        """
         if not self.servers:
             return params
         try:
@@ -92,7 +250,10 @@ class McpInjection:
         for server in self.servers:
             if server.name in present:
                 continue  # the client's own declaration wins
-            if self._supported is not None and server.transport not in self._supported:
+            if self.support.takes(server.transport) is False:
+                if server.required:
+                    raise McpRefusedError(server.name, f"the agent does not take "
+                                          f"{server.transport} MCP servers")
                 if server.name not in self._warned:
                     self._warned.add(server.name)
                     log.warning("MCP server %r not injected: the agent does not support %s "

@@ -27,7 +27,7 @@ from conductor import acp
 from conductor.errors import ComponentStartError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Notification, Request, Response, error_response, payload
-from conductor.routing.sessions import SessionEnd
+from conductor.routing.sessions import CloseReason
 from conductor.routing.topology import Role
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class Recovery:
                 self.lost[sid] = why
                 while len(self.lost) > MAX_LOST:
                     del self.lost[next(iter(self.lost))]
-            await chain.end_sessions(list(lost), SessionEnd.LOST)
+            await chain.end_sessions(list(lost), CloseReason.LOST)
 
     # -- optional proxies ----------------------------------------------------------------------
 

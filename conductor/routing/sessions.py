@@ -11,7 +11,7 @@ state, so they cannot drift apart.
 The `SessionTable` is the router's record of which sessions are open, who opened them and
 whether a turn is running. It is read by traces (session events), by MCP-over-ACP
 routing (connections end with their session) and by shutdown (which turns to cancel). A
-session's record is released as soon as it ends, however it ends (`SessionEnd`): closed,
+session's record is released as soon as it ends, however it ends (`CloseReason`): closed,
 refused on load, idle past `[conductor] session_idle_expiry`, or the connection ended. So
 the table holds only open sessions, and memory does not grow with every session.
 """
@@ -82,14 +82,16 @@ def lifecycle(method: str, params: Raw | UnsetType = UNSET) -> Lifecycle | None:
     return Lifecycle(step, method, sid)
 
 
-class SessionEnd(enum.StrEnum):
-    """Why a session's local state was released (`SessionScope.ended` for plugins)."""
+class CloseReason(enum.StrEnum):
+    """Why a session ended and its state was released (`SessionScope.closed_reason` for
+    plugins, in `session_closed`; `reason` of a trace's session-closed event)."""
 
-    CLOSED = "closed"              # session/close or session/delete succeeded
-    REFUSED = "refused"            # the session/load or session/resume that opened it failed
-    EXPIRED = "expired"            # idle longer than session_idle_expiry; the agent is not told
-    DISCONNECTED = "disconnected"  # the connection (or the chain) ended
-    LOST = "lost"                  # the agent restarted and could not reopen it
+    CLOSED = "closed"    # session/close was answered with success
+    DELETED = "deleted"  # session/delete was answered with success
+    REFUSED = "refused"  # the session/load or session/resume that opened it failed
+    EXPIRED = "expired"  # idle longer than session_idle_expiry; the agent is not told
+    LOST = "lost"        # the agent restarted and could not reopen it
+    STOPPED = "stopped"  # the chain stopped (editor gone, conductor shut down) with it open
 
 
 class SessionState(enum.StrEnum):
@@ -107,7 +109,7 @@ class SessionRecord:
     opened_at: float = field(default_factory=time.time)
     prompts: int = 0
     idle_since: float = 0.0          # the table's clock: when its last turn ended (or it opened)
-    ended: SessionEnd | None = None  # set once it is released
+    ended: CloseReason | None = None  # set once it is released
     # The setup request's params as the agent received them (cwd, mcpServers, ...): what
     # reopens the session on a restarted agent.
     setup: Raw | UnsetType = UNSET
@@ -173,7 +175,7 @@ class SessionTable:
             record.state = SessionState.IDLE
             record.idle_since = self.clock()
 
-    def closed(self, session_id: str, reason: SessionEnd = SessionEnd.CLOSED
+    def closed(self, session_id: str, reason: CloseReason = CloseReason.CLOSED
                ) -> SessionRecord | None:
         """The session ended: its record is released (and returned; None if unknown)."""
         record = self._records.pop(session_id, None)
@@ -189,7 +191,7 @@ class SessionTable:
         return [r.session_id for r in self._records.values()
                 if r.state is SessionState.IDLE and r.idle_since <= cutoff]
 
-    def clear(self, reason: SessionEnd = SessionEnd.DISCONNECTED) -> None:
+    def clear(self, reason: CloseReason = CloseReason.STOPPED) -> None:
         """The connection ended: every session is gone."""
         for session_id in list(self._records):
             self.closed(session_id, reason)

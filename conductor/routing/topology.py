@@ -9,13 +9,14 @@ virtual `successor`, reached through the client's own connection.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from conductor import acp
-from conductor.jsonrpc.message import Message, Response, id_key
-from conductor.routing.sessions import SessionEnd
+from conductor.jsonrpc.message import Message, Response
+from conductor.routing.sessions import CloseReason
 from conductor.rpc.endpoint import Endpoint
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class Role(enum.StrEnum):
 Passes = Callable[[str, bool], bool]
 # (session id, why): an in-process proxy drops its state for a session the router ended
 # without a message crossing it (idle expiry, a lost session, the end of the connection).
-Release = Callable[[str, SessionEnd], Awaitable[None]]
+Release = Callable[[str, CloseReason], Awaitable[None]]
 
 
 class Hop(Endpoint):
@@ -52,14 +53,8 @@ class Hop(Endpoint):
         self.dialect_forced = dialect is not None
         self.passes = passes                   # in-process proxies only
         self.release = release                 # in-process proxies only
-        self.tracer = tracer
-
-    async def send(self, message: Message, *, source: str = "conductor",
-                   origin: tuple[str, Raw] | None = None) -> None:
-        """Send (traced: `source` is who speaks, `origin` the request this one forwards)."""
-        if self.tracer is not None:
-            self.tracer.message(self.name, "out", message, peer=source, origin=origin)
-        await super().send(message)
+        if tracer is not None:
+            self.observe = functools.partial(_trace_out, tracer, name)
 
 
 @dataclass(eq=False, slots=True)
@@ -87,6 +82,7 @@ class Topology:
         self.client = client
         self.nodes: list[Node] = [Node(0, "client", Role.CLIENT, client)]
         self._node_of: dict[Hop, Node] = {client: self.nodes[0]}
+        self._sides: list[Node] = []
 
     def attach(self, links: list[ComponentLink]) -> None:
         for link in links:
@@ -96,6 +92,8 @@ class Topology:
                 self._node_of[link.hop] = node
         if self.proxy_mode:
             self.nodes.append(Node(len(self.nodes), "successor", Role.SUCCESSOR, self.client))
+        for side in self._sides:  # one past the last: everything else is upstream of it
+            side.index = len(self.nodes)
 
     @property
     def started(self) -> bool:
@@ -108,6 +106,17 @@ class Topology:
 
     def node_of(self, hop: Hop) -> Node:
         return self._node_of[hop]
+
+    def find(self, hop: Hop) -> Node | None:
+        return self._node_of.get(hop)
+
+    def add_side(self, name: str, hop: Hop) -> Node:
+        """A connection that is no link of the chain (the MCP bridge's): it can be routed
+        to and from, one past the agent, but is never anyone's neighbour."""
+        node = Node(len(self.nodes), name, Role.AGENT, hop)
+        self._node_of[hop] = node
+        self._sides.append(node)
+        return node
 
     def named(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name and n.role is not Role.CLIENT),
@@ -140,6 +149,8 @@ class Topology:
         self._node_of.pop(node.hop, None)
         for i, each in enumerate(self.nodes):
             each.index = i
+        for side in self._sides:  # still one past the last
+            side.index = len(self.nodes)
 
     def first(self) -> Node:
         return self.nodes[1]
@@ -176,6 +187,11 @@ class Topology:
         return self.before(node).name
 
 
+def _trace_out(tracer: TraceSink, hop: str, message: Message, source: str,
+               origin: tuple[str, Raw] | None) -> None:
+    tracer.message(hop, "out", message, peer=source, origin=origin)
+
+
 def _cancel_target(hop: Hop, params: Raw | UnsetType, wrapped: bool) -> str | None:
     if wrapped:
         try:
@@ -185,13 +201,7 @@ def _cancel_target(hop: Hop, params: Raw | UnsetType, wrapped: bool) -> str | No
         if envelope.method != acp.CANCEL_REQUEST:
             return None
         params = envelope.params
-    ident = acp.get_raw(params, "requestId")
-    if ident is None:
-        return None
-    try:
-        inbound = hop.inbound.get(id_key(ident))
-    except ValueError:
-        return None
+    inbound = hop.cancelled_by(params)
     return inbound.target.name if inbound is not None and inbound.target is not None else None
 
 

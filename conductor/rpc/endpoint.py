@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 # with an error.
 Reply = Any
 Deliver = Callable[["Outgoing", Response], Awaitable[None]]
+# (message, who speaks, (hop, id) of the request it forwards)
+Observer = Callable[[Message, str, "tuple[str, Raw] | None"], None]
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
@@ -110,15 +112,15 @@ class _WriterTurn:
     fast_acquire) looks up the task and walks its cancel scopes every time.
     """
 
-    __slots__ = ("_busy", "_waiters")
+    __slots__ = ("_waiters", "busy")
 
     def __init__(self) -> None:
-        self._busy = False
+        self.busy = False
         self._waiters: deque[anyio.Event] = deque()
 
     async def __aenter__(self) -> None:
-        if not self._busy:
-            self._busy = True
+        if not self.busy:
+            self.busy = True
             return
         turn = anyio.Event()
         self._waiters.append(turn)
@@ -126,19 +128,19 @@ class _WriterTurn:
             await turn.wait()
         except BaseException:
             if turn.is_set():
-                self._release()  # handed the turn just as we were cancelled: pass it on
+                self.release()  # handed the turn just as we were cancelled: pass it on
             else:
                 self._waiters.remove(turn)
             raise
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self._release()
+        self.release()
 
-    def _release(self) -> None:
+    def release(self) -> None:
         if self._waiters:
             self._waiters.popleft().set()  # stays busy: the turn goes to the next writer
         else:
-            self._busy = False
+            self.busy = False
 
 
 class Endpoint:
@@ -153,8 +155,13 @@ class Endpoint:
         # Called before a task blocks waiting for an answer (the plugin host lets its
         # dispatch go on meanwhile).
         self.before_wait: Callable[[], None] | None = None
+        # Sees every message sent, with who speaks and the request it forwards (traces).
+        self.observe: Observer | None = None
         self._next_id = 0
         self._turn = _WriterTurn()
+        # A sink that can queue without waiting (transport/base.py's MessageSink note).
+        self._sink_nowait: Callable[[Message], bool] | None = getattr(sink, "send_nowait",
+                                                                      None)
         self._batches: list[_BatchReplies] = []
         self._quiet = anyio.Event()  # set while no inbound request is open
         self._quiet.set()
@@ -164,20 +171,43 @@ class Endpoint:
 
     # -- writing -------------------------------------------------------------------------
 
-    async def send(self, message: Message) -> None:
+    async def send(self, message: Message, *, source: str = "conductor",
+                   origin: tuple[str, Raw] | None = None) -> None:
         """Write one message (a reply to a batch member waits for the whole batch).
+        `source` (who speaks) and `origin` (the request it forwards) are for the observer.
 
         Raises:
             anyio.BrokenResourceError: the peer is gone.
         """
-        if self._batches and isinstance(message, Response):
+        if self.observe is not None:
+            self.observe(message, source, origin)
+        if self._batches and type(message) is Response:
             batch = self._batch_for(message.id)
             if batch is not None:
                 batch.replies.append(message)
                 await self._flush_if_complete(batch)
                 return
-        async with self._turn:  # one writer per connection, FIFO
+        turn = self._turn
+        if turn.busy:
+            async with turn:  # one writer per connection, FIFO
+                await self.sink.send(message)
+            return
+        # The turn is free: take it inline (this is every routed message's path; `async
+        # with` would cost two more coroutines per message).
+        turn.busy = True
+        try:
             await self.sink.send(message)
+        finally:
+            turn.release()
+
+    def send_nowait(self, message: Message) -> bool:
+        """Write one message without waiting, when nothing stands in the way: no batch
+        open, no writer mid-write, no observer, and a sink that can queue it at once.
+        False: nothing was sent (call `send`)."""
+        if self._batches or self._turn.busy or self.observe is not None \
+                or self._sink_nowait is None:
+            return False
+        return self._sink_nowait(message)
 
     async def notify(self, method: str, params: object = UNSET) -> None:
         await self.send(Notification(method=method, params=_params(params)))
@@ -350,16 +380,20 @@ class Endpoint:
         """Until every request received on this connection has been answered."""
         await self._quiet.wait()
 
+    def cancelled_by(self, params: Raw | UnsetType) -> Inbound | None:
+        """The open request a `$/cancel_request` with these params names, if any."""
+        ident = acp.get_raw(params, "requestId")
+        if ident is None:
+            return None
+        try:
+            return self.inbound.get(id_key(ident))
+        except ValueError:
+            return None
+
     async def cancel_inbound(self, params: Raw | UnsetType) -> bool:
         """A `$/cancel_request` arrived: cancel that request's handler, or re-issue the
         cancel where it was forwarded. False when it names nothing open (then ignored)."""
-        ident = acp.get_raw(params, "requestId")
-        if ident is None:
-            return False
-        try:
-            inbound = self.inbound.get(id_key(ident))
-        except ValueError:
-            return False
+        inbound = self.cancelled_by(params)
         if inbound is None:
             return False
         if inbound.on_cancel is not None:

@@ -25,7 +25,7 @@ import anyio
 
 from conductor.errors import ComponentStartError
 from conductor.supervise import _linux
-from conductor.supervise.escalation import stop_escalating
+from conductor.supervise.escalation import stop_escalating, stop_strays
 from conductor.supervise.watchdog import WATCHDOG, tag
 from conductor.transport.stdio import FdReceiveStream, FdSendStream
 
@@ -194,9 +194,28 @@ class _Control:
         return await _scan(self._component.spec.token)
 
     def signal_strays(self, pids: Sequence[int], sig: int) -> None:
+        _Tokened(self._component.spec.token).signal_strays(pids, sig)
+
+
+class _Tokened:
+    """`StrayControl` for processes known only by the token in their environment."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def find_strays(self) -> list[int]:
+        return await _scan(self._token)
+
+    def signal_strays(self, pids: Sequence[int], sig: int) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
+
+
+async def sweep_strays(token: str, grace: float) -> None:
+    """TERM, then KILL, every process that carries `token` (`TOKEN_PREFIX` + token in its
+    environment): what a process left behind when its group was killed. Bounded."""
+    await stop_strays(_Tokened(token), grace)
 
 
 async def _scan(token: str) -> list[int]:

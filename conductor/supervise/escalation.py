@@ -22,7 +22,18 @@ KILL_WAIT = 2.0  # after SIGKILL, how long to wait for the kernel to finish the 
 GONE_POLL = 0.02  # a process group, or processes we did not start, have no exit to wait on
 
 
-class ProcessControl(Protocol):
+class StrayControl(Protocol):
+    """Finding and signalling processes by the token they carry."""
+
+    async def find_strays(self) -> list[int]:
+        """Live processes that carry the token: descendants that left their process group
+        (setsid, double fork) or outlived their parent."""
+
+    def signal_strays(self, pids: Sequence[int], sig: int) -> None:
+        """Send `sig` to each of `pids`, ignoring the ones already gone."""
+
+
+class ProcessControl(StrayControl, Protocol):
     """The OS side of stopping one component: its leader, its process group, its strays."""
 
     async def close_input(self) -> None:
@@ -34,13 +45,6 @@ class ProcessControl(Protocol):
     def signal_group(self, sig: int) -> bool:
         """Send `sig` (0: only probe) to the component's process group; False when nobody
         is left in it."""
-
-    async def find_strays(self) -> list[int]:
-        """Live processes that carry the component's token: descendants that left its
-        process group (setsid, double fork) or outlived their parent."""
-
-    def signal_strays(self, pids: Sequence[int], sig: int) -> None:
-        """Send `sig` to each of `pids`, ignoring the ones already gone."""
 
 
 async def stop_escalating(control: ProcessControl, grace: float) -> None:
@@ -61,7 +65,7 @@ async def stop_escalating(control: ProcessControl, grace: float) -> None:
                 await _until_group_gone(control)
     with anyio.move_on_after(KILL_WAIT):
         await control.wait_exited()
-    await _stop_strays(control, grace)
+    await stop_strays(control, grace)
 
 
 async def _until_group_gone(control: ProcessControl) -> None:
@@ -69,7 +73,8 @@ async def _until_group_gone(control: ProcessControl) -> None:
         await anyio.sleep(GONE_POLL)
 
 
-async def _stop_strays(control: ProcessControl, grace: float) -> None:
+async def stop_strays(control: StrayControl, grace: float) -> None:
+    """TERM, then KILL, whatever still carries the token. Bounded."""
     strays = await control.find_strays()
     if not strays:
         return

@@ -79,6 +79,64 @@ def pair(events: list[dict[str, Any]]) -> None:
                 request["ms"] = event["ms"] = ms
 
 
+@dataclass
+class Pending:
+    """A request that some component never answered, and where it stopped."""
+
+    flow: Any
+    requests: list[dict[str, Any]]  # its request events on every hop, in order
+    stopped: dict[str, Any]         # the last of them without an answer: where it stopped
+    answer: dict[str, Any] | None   # what its sender got anyway (e.g. shutdown's error)
+
+    @property
+    def first(self) -> dict[str, Any]:
+        return self.requests[0]
+
+    @property
+    def holder(self) -> str:
+        """Who has it: the component it was sent to, or the conductor, which received it
+        and neither forwarded nor answered it."""
+        return str(self.stopped["hop"]) if self.stopped["dir"] == "out" else "conductor"
+
+    @property
+    def path(self) -> list[str]:
+        """The components it went through, from its sender to where it stopped."""
+        path: list[str] = []
+        for event in self.requests:
+            if event["seq"] > self.stopped["seq"]:
+                break
+            if not path or path[-1] != event["hop"]:
+                path.append(str(event["hop"]))
+        if self.holder == "conductor":
+            path.append("conductor")
+        return path
+
+
+def pending(events: list[dict[str, Any]]) -> list[Pending]:
+    """Every request that was sent on some hop and never answered there (events of a
+    `pair`ed trace), one per flow, in the order they started."""
+    flows: dict[Any, list[dict[str, Any]]] = {}
+    answers: dict[Any, list[dict[str, Any]]] = {}
+    for event in events:
+        if event.get("type") != "message":
+            continue
+        key = event.get("flow") if event.get("flow") is not None else ("seq", event["seq"])
+        if event.get("kind") == "request":
+            flows.setdefault(key, []).append(event)
+        elif event.get("kind") in ("response", "error"):
+            answers.setdefault(key, []).append(event)
+    out = []
+    for key, requests in flows.items():
+        unanswered = [e for e in requests if "pair" not in e]
+        if not unanswered:
+            continue
+        first = requests[0]
+        answer = next((a for a in answers.get(key, ()) if a["hop"] == first["hop"]
+                       and a["dir"] != first["dir"]), None)
+        out.append(Pending(key, requests, unanswered[-1], answer))
+    return out
+
+
 def lanes_of(events: list[dict[str, Any]]) -> list[str]:
     """client, conductor, then components in the order they were spawned (then any others)."""
     lanes = ["client", "conductor"]
@@ -164,6 +222,8 @@ def render(trace: Trace, events: list[dict[str, Any]], console: Console) -> None
             if ident is not None:
                 label.append(f" #{ident}", style="bold")
             label.append(f" {kind}", style="dim")
+            if kind == "request" and "pair" not in event:
+                label.append(" no answer", style="bold yellow")
             if event.get("ms") is not None and kind != "request":
                 label.append(f" {event['ms']:.1f} ms", style="magenta")
             if event.get("session"):
@@ -184,3 +244,45 @@ def render(trace: Trace, events: list[dict[str, Any]], console: Console) -> None
                          style=style if what != "stderr" else "dim")
             console.print(offset + _marker(lanes, name, style) + label, no_wrap=True,
                           overflow="ellipsis", crop=False)
+
+
+def render_pending(trace: Trace, items: list[Pending], console: Console) -> None:
+    """Each unanswered request: where it came from, the way it took, where it stopped."""
+    start = trace.header.get("time") or (trace.events[0]["time"] if trace.events else 0.0)
+    end = trace.events[-1]["time"] if trace.events else start
+    requests = len({e.get("flow") for e in trace.events if e.get("kind") == "request"})
+    if not items:
+        console.print(f"every request was answered ({requests} requests)")
+        return
+    console.print(Text(f"{len(items)} of {requests} requests never got an answer "
+                       "(the way each took, and who has it):", style="bold"))
+    for item in items:
+        first, stopped = item.first, item.stopped
+        head = Text(f"\n{first.get('method') or '?'}", style="bold cyan")
+        if first.get("client_id") is not None:
+            head.append(f" #{first['client_id']}", style="bold")
+        if first.get("session"):
+            head.append(f" [{first['session']}]", style="dim")
+        sender = first["hop"] if first["dir"] == "in" else "the conductor"
+        head.append(f"  from {sender} at +{first['time'] - start:.3f}s")
+        console.print(head)
+        console.print(Text("  path: " + " → ".join(item.path)))
+        where = Text("  stopped at: ", style="bold")
+        where.append(item.holder, style="bold yellow")
+        waited = end - stopped["time"]
+        if stopped["dir"] == "out":
+            where.append(f" (sent #{stopped.get('id')} at +{stopped['time'] - start:.3f}s, "
+                         f"no answer in the {waited:.3f}s the trace goes on)")
+        else:
+            where.append(f" (received from {stopped['hop']} at +{stopped['time'] - start:.3f}s,"
+                         f" neither forwarded nor answered in the {waited:.3f}s after)")
+        console.print(where)
+        if item.answer is not None:
+            err = (item.answer.get("payload") or {}).get("error") \
+                if isinstance(item.answer.get("payload"), dict) else None
+            if isinstance(err, dict):
+                console.print(Text(f"  {sender} got an error from {item.answer.get('from')}: "
+                                   f"{err.get('code')}: {err.get('message')}", style="red"))
+            else:
+                console.print(Text(f"  {sender} got an answer from {item.answer.get('from')}",
+                                   style="dim"))

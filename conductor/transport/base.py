@@ -16,7 +16,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
-from conductor.jsonrpc.message import Batch, InvalidMessage, Message
+from conductor.jsonrpc.head import read_head
+from conductor.jsonrpc.message import (
+    Batch,
+    InvalidMessage,
+    Message,
+    ParseError,
+    UnreadableFrame,
+    decode,
+)
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.head import Head
@@ -52,10 +60,16 @@ class Oversized:
 
 Incoming: TypeAlias = Message | Batch | InvalidMessage | NotJson | Unreadable | Oversized
 Handle: TypeAlias = Callable[[Incoming], Awaitable[None]]
+HandleNowait: TypeAlias = Callable[[Incoming], bool]
 
 
 class MessageSink(Protocol):
-    """Something messages can be sent to. One call at a time per sink is the caller's job."""
+    """Something messages can be sent to. One call at a time per sink is the caller's job.
+
+    A sink may also offer `send_nowait(message) -> bool`: queue one message without
+    waiting, when that is possible, else return False (then call `send`). The router uses
+    it to route a burst without a coroutine per message (`Chain.receive_nowait`).
+    """
 
     async def send(self, item: Message | list[Message]) -> None:
         """Send one message, or a batch. Raises anyio.BrokenResourceError when the peer is gone."""
@@ -69,6 +83,28 @@ class MessageSink(Protocol):
 class MessageSource(Protocol):
     """Something messages arrive from."""
 
-    async def serve(self, handle: Handle) -> None:
-        """Call `handle` with every item, in order, until the peer's end of input."""
+    async def serve(self, handle: Handle, nowait: HandleNowait | None = None) -> None:
+        """Call `handle` with every item, in order, until the peer's end of input. With
+        `nowait`, each item is offered to it first, and handed to `handle` only when it
+        returns False (it handled nothing)."""
         ...
+
+
+# Line breaks outside strings are insignificant JSON whitespace (inside a string they are
+# not allowed at all), and every stdio hop is line-delimited: a message that arrived whole
+# (a WebSocket frame, an HTTP body) has them turned into spaces, so it stays one frame there.
+_LINE_BREAKS = bytes.maketrans(b"\r\n", b"  ")
+
+
+def decode_whole(data: bytes, limit: int) -> Incoming:
+    """A message that arrived in one piece, as the item a source hands on."""
+    if len(data) > limit:
+        return Oversized(len(data), limit, read_head(data))  # its id may be anywhere
+    if b"\n" in data or b"\r" in data:
+        data = data.translate(_LINE_BREAKS)
+    try:
+        return decode(data)
+    except UnreadableFrame as e:
+        return Unreadable(e.code, e.reason, e.head)
+    except ParseError as e:
+        return NotJson(str(e), data[:500])

@@ -14,7 +14,7 @@ from conductor.transport.pipes import PipeSink, PipeSource
 if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-    from conductor.transport.base import Handle, MessageSink, MessageSource
+    from conductor.transport.base import Handle, HandleNowait, MessageSink, MessageSource
 
 
 class MemoryByteSendStream(ByteSendStream):
@@ -33,11 +33,14 @@ class MemoryByteReceiveStream(ByteReceiveStream):
     def __init__(self, stream: MemoryObjectReceiveStream[bytes]) -> None:
         self._stream = stream
         self._rest = b""
+        self._at = 0  # an offset, not a re-slice: slicing off the rest copied it each time
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        if not self._rest:
+        if self._at >= len(self._rest):
             self._rest = await self._stream.receive()  # EndOfStream when the sender closed
-        chunk, self._rest = self._rest[:max_bytes], self._rest[max_bytes:]
+            self._at = 0
+        chunk = self._rest[self._at:self._at + max_bytes]
+        self._at += len(chunk)
         return chunk
 
     async def aclose(self) -> None:
@@ -62,6 +65,13 @@ class MemoryMessageSink:
         except anyio.ClosedResourceError:
             raise anyio.BrokenResourceError from None
 
+    def send_nowait(self, item: Message) -> bool:
+        try:
+            self._stream.send_nowait(item)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return False
+        return True
+
     async def aclose(self) -> None:
         await self._stream.aclose()
 
@@ -72,13 +82,13 @@ class MemoryMessageSource:
     def __init__(self, stream: MemoryObjectReceiveStream[Message | list[Message]]) -> None:
         self._stream = stream
 
-    async def serve(self, handle: Handle) -> None:
+    async def serve(self, handle: Handle, nowait: HandleNowait | None = None) -> None:
         async with self._stream:
             async for item in self._stream:
                 if isinstance(item, list):
                     items: list[Message | InvalidMessage] = list(item)
                     await handle(Batch(items))
-                else:
+                elif nowait is None or not nowait(item):
                     await handle(item)
 
 

@@ -17,7 +17,7 @@ such a task is at most deferred to the end of that read; otherwise it is written
 from __future__ import annotations
 
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import msgspec
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import ByteReceiveStream, ByteSendStream
 
-    from conductor.transport.base import Handle
+    from conductor.transport.base import Handle, HandleNowait, Incoming
 
 READ_CHUNK = 1 << 20
 HIGH_WATER = 256 * 1024  # deferred bytes per sink before it is written without waiting
@@ -77,14 +77,14 @@ class PipeSink:
     async def send(self, item: Message | list[Message]) -> None:
         if self._broken is not None:
             raise anyio.BrokenResourceError from self._broken
-        if isinstance(item, Message):
+        if isinstance(item, list):
+            self._buffer += encode_batch(item)
+        else:
             large = _large_payload(item)
             if large is not None:
                 await self._send_large(item, *large)
                 return
             encode_into(item, self._buffer)
-        else:
-            self._buffer += encode_batch(item)
         deferred = _deferred.get()
         if deferred is None or not deferred.active:
             await self.flush()
@@ -93,6 +93,20 @@ class PipeSink:
             deferred.sinks.append(self)
         if len(self._buffer) >= HIGH_WATER:
             await flush_deferred()
+
+    def send_nowait(self, item: Message) -> bool:
+        """Queue `item` without waiting: only while a reader is routing a read (its writes
+        are deferred anyway), below the high-water mark and without a large payload. False
+        when it would have to wait: call `send`."""
+        if self._broken is not None or len(self._buffer) >= HIGH_WATER:
+            return False
+        deferred = _deferred.get()
+        if deferred is None or not deferred.active or _large_payload(item) is not None:
+            return False
+        encode_into(item, self._buffer)
+        if self not in deferred.sinks:
+            deferred.sinks.append(self)
+        return True
 
     async def _send_large(self, message: Message, field: str, payload: Raw) -> None:
         """Write a message with a large payload without copying the payload: the envelope
@@ -190,11 +204,22 @@ class CoalescedWrites:
 async def serve_frames(
     stream: ByteReceiveStream,
     decoder: FrameDecoder,
-    handle: Callable[[bytes | bytearray | OversizedFrame], Awaitable[None]],
+    handle: Callable[[Any], Awaitable[None]],
+    *,
+    convert: Callable[[bytes | bytearray | OversizedFrame], Any] | None = None,
+    nowait: Callable[[Any], bool] | None = None,
 ) -> None:
-    """Feed every frame to `handle`, in order, until EOF."""
+    """Feed every frame (through `convert`, when given) to `handle`, in order, until EOF.
+    With `nowait`, each is offered to it first and handed to `handle` only when it returns
+    False: routing that needs no waiting costs no coroutine."""
     deferred = _Deferral()
     token = _deferred.set(deferred)
+
+    async def one(frame: bytes | bytearray | OversizedFrame) -> None:
+        item = frame if convert is None else convert(frame)
+        if nowait is None or not nowait(item):
+            await handle(item)
+
     try:
         while True:
             try:
@@ -204,19 +229,33 @@ async def serve_frames(
             deferred.active = True
             try:
                 for frame in decoder.feed(chunk):
-                    await handle(frame)
+                    item = frame if convert is None else convert(frame)
+                    if nowait is None or not nowait(item):
+                        await handle(item)
             finally:
                 deferred.active = False
             if deferred.sinks:
                 await flush_deferred()
         last = decoder.end()
         if last is not None:
-            await handle(last)
+            await one(last)
     finally:
         deferred.active = False
         with anyio.move_on_after(1.0, shield=True):
             await flush_deferred()  # what was routed is written, as if sent at once
         _deferred.reset(token)
+
+
+def incoming(data: bytes | bytearray | OversizedFrame) -> Incoming:
+    """What a frame is, for a reader: a decoded message (or batch), or why it is not one."""
+    if isinstance(data, OversizedFrame):
+        return Oversized(data.size, data.limit, data.top)
+    try:
+        return decode(data)
+    except UnreadableFrame as e:
+        return Unreadable(e.code, e.reason, e.head)
+    except ParseError as e:
+        return NotJson(str(e), bytes(data[:500]))
 
 
 class PipeSource:
@@ -229,23 +268,10 @@ class PipeSource:
         self._stream = stream
         self._max = max_frame_bytes
 
-    async def serve(self, handle: Handle) -> None:
-        async def frame(data: bytes | bytearray | OversizedFrame) -> None:
-            if isinstance(data, OversizedFrame):
-                await handle(Oversized(data.size, data.limit, data.top))
-                return
-            try:
-                item = decode(data)
-            except UnreadableFrame as e:
-                await handle(Unreadable(e.code, e.reason, e.head))
-                return
-            except ParseError as e:
-                await handle(NotJson(str(e), bytes(data[:500])))
-                return
-            await handle(item)
-
+    async def serve(self, handle: Handle, nowait: HandleNowait | None = None) -> None:
         try:
-            await serve_frames(self._stream, FrameDecoder(max_frame_bytes=self._max), frame)
+            await serve_frames(self._stream, FrameDecoder(max_frame_bytes=self._max), handle,
+                               convert=incoming, nowait=nowait)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._stream.aclose()  # a source is served once

@@ -1,9 +1,17 @@
 """Byte streams over raw pipe fds (our stdin/stdout, a child's pipes), without a thread per
 read and without asyncio's transport/protocol layers: a write is one os.write when the pipe
-has room, a read is one os.read of whatever is waiting."""
+has room, a read is one os.read of whatever is waiting.
+
+Waiting for data is the one place that knows the event loop. On asyncio the fd stays
+registered with the loop while a reader keeps coming back for more (`_LoopReader`);
+anyio's portable `wait_readable`, used on every other backend, registers and unregisters
+it around each wait: two `epoll_ctl` calls per message on the latency path (measured in
+docs/performance.md).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import stat
@@ -51,16 +59,101 @@ class _NonBlocking:
                 pass
 
 
+class _LoopReader:
+    """asyncio only: reads the fd in the loop's own readiness callback, keeping it
+    registered between reads. A stale readiness report (the data was already read) costs
+    one failed read and wakes nobody. When the fd is readable and nobody is waiting (the
+    reader is busy routing, or stalled by backpressure), it is unregistered, so unread data
+    never keeps the loop spinning; the next read registers it again."""
+
+    __slots__ = ("_fd", "_loop", "_max", "_registered", "_stash", "_waiter")
+
+    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        self._fd = fd
+        self._loop = loop
+        self._registered = False
+        self._waiter: asyncio.Future[bytes] | None = None
+        self._max = 65536
+        self._stash: bytes | None = None  # read for a reader that was cancelled meanwhile
+
+    def take_stash(self) -> bytes | None:
+        data, self._stash = self._stash, None
+        return data
+
+    async def read(self, max_bytes: int) -> bytes:
+        """The next bytes (b"" at end of file), read by the loop when the fd is readable."""
+        waiter = self._loop.create_future()
+        self._waiter, self._max = waiter, max_bytes
+        if not self._registered:
+            self._loop.add_reader(self._fd, self._ready)
+            self._registered = True
+        try:
+            data: bytes = await waiter
+            return data
+        except BaseException:
+            # Cancelled after the loop had read for us: keep the bytes for the next read.
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._stash = waiter.result()
+            raise
+        finally:
+            self._waiter = None
+
+    def _ready(self) -> None:
+        waiter = self._waiter
+        if waiter is None:
+            self._unregister()
+            return
+        if waiter.done():
+            return
+        try:
+            data = os.read(self._fd, self._max)
+        except BlockingIOError:
+            return  # a stale report: nothing to read after all
+        except OSError as e:
+            waiter.set_exception(e)
+            return
+        waiter.set_result(data)
+
+    def _unregister(self) -> None:
+        if self._registered:
+            self._registered = False
+            self._loop.remove_reader(self._fd)
+
+    def close(self) -> None:
+        self._unregister()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(anyio.ClosedResourceError())
+
+
+def _running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None  # another backend (trio)
+
+
 class FdReceiveStream(ByteReceiveStream):
     # Reads that find data waiting do not yield; after this many in a row, yield once so a
     # flood on this fd cannot starve the other tasks (the wire locks no longer yield).
     YIELD_EVERY = 8
+    # The portable wait on every backend (tests set it to compare the two).
+    USE_LOOP_READINESS = True
 
     def __init__(self, fd: int, *, owns_fd: bool = False) -> None:
         self._fd = _NonBlocking(fd)
         self._streak = 0
         self._owns_fd = owns_fd
         self._closed = False
+        self._reader: _LoopReader | None = None
+        self._probed = False
+
+    def _loop_reader(self) -> _LoopReader | None:
+        if not self._probed:
+            self._probed = True
+            loop = _running_asyncio_loop() if self.USE_LOOP_READINESS else None
+            if loop is not None:
+                self._reader = _LoopReader(self._fd.fd, loop)
+        return self._reader
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         fd = self._fd.fd
@@ -71,12 +164,16 @@ class FdReceiveStream(ByteReceiveStream):
                 data = await anyio.to_thread.run_sync(os.read, fd, max_bytes,
                                                       abandon_on_cancel=True)
             else:
+                reader = self._loop_reader()
+                stashed = reader.take_stash() if reader is not None else None
                 try:
-                    data = os.read(fd, max_bytes)
+                    data = stashed if stashed is not None else os.read(fd, max_bytes)
                 except BlockingIOError:
                     self._streak = 0
-                    await anyio.wait_readable(fd)
-                    continue
+                    if reader is None:
+                        await anyio.wait_readable(fd)
+                        continue
+                    data = await reader.read(max_bytes)
                 self._streak += 1
                 if self._streak >= self.YIELD_EVERY:
                     self._streak = 0
@@ -89,6 +186,8 @@ class FdReceiveStream(ByteReceiveStream):
         if self._closed:
             return
         self._closed = True
+        if self._reader is not None:
+            self._reader.close()
         self._fd.restore()
         if self._owns_fd:
             _close(self._fd.fd)

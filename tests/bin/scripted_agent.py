@@ -137,6 +137,11 @@ class ScriptedAgent:
         return json.dumps({"sessionId": sid})
 
     def on_session_prompt(self, params: str, ident: str | None) -> str:
+        if self.args.prompt_hangs:  # never answer; keep reading (and recording) until EOF
+            self.write('{"jsonrpc":"2.0","method":"_test/hanging","params":{}}')
+            while self.read() is not None:
+                pass
+            sys.exit(0)
         sid = (value(params) or {}).get("sessionId", "")  # type: ignore[union-attr]
         for i in range(self.args.updates):
             self.update(sid, f"chunk {i}")
@@ -234,6 +239,9 @@ def main() -> None:
                         help="session/update notifications sent before the session/new answer")
     parser.add_argument("--updates", type=int, default=2, help="updates per session/prompt")
     parser.add_argument("--banner", action="store_true", help="print non-JSON noise on stdout")
+    parser.add_argument("--prompt-hangs", action="store_true",
+                        help="notify _test/hanging, then never answer session/prompt, not "
+                             "even after session/cancel")
     parser.add_argument("--stderr", help="print this on stderr at start")
     parser.add_argument("--grandchild", help="spawn a sleeping grandchild, write its pid here")
     parser.add_argument("--detached-grandchild",

@@ -3,9 +3,71 @@ there, so they run on asyncio only (in-process tests cover both backends)."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
 import pytest
+
+from tests.conftest import REPO
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout's wheel, built as `pip wheel` builds it (offline: no build isolation)."""
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(out), str(REPO)],
+                   check=True, capture_output=True, timeout=300)
+    (built,) = out.glob("acp_conductor-*.whl")
+    return built
+
+
+def fresh_venv(root: Path) -> Path:
+    """An empty venv, as a user starts with, whose `pip` installs offline.
+
+    Dependencies are borrowed from the test venv: its site-packages is put on the path by a
+    .pth line, which (unlike a site directory) does not run the .pth files in it, so this
+    checkout's editable install stays out of sight. The venv's `pip` is the test venv's pip
+    aimed at the new venv, with no index and no build isolation (the build backend is
+    borrowed too); everything else about it is pip's own.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True,
+                   timeout=120)
+    python = root / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], check=True, capture_output=True, text=True).stdout
+    Path(site.strip(), "zz_test_dependencies.pth").write_text(
+        sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8")
+    pip = root / "bin" / "pip"
+    pip.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m pip --python '
+                   f'{shlex.quote(str(python))} "$@" --no-deps --no-index '
+                   "--no-build-isolation\n", encoding="utf-8")
+    pip.chmod(0o755)
+    return root
+
+
+def user_env(venv: Path, **extra: str) -> dict[str, str]:
+    """The environment of a user whose shell has `venv` activated (not this checkout)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(venv)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel installed by pip: a normal (non-editable) install."""
+    venv = fresh_venv(tmp_path_factory.mktemp("venv"))
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], check=True,
+                   capture_output=True, timeout=300)
+    return venv

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(ACPX is None and not os.environ.get("CI"),
 
 def acpx(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     assert ACPX is not None, "CI must have acpx: .ci/run installs it"
-    agent = shlex.join(conductor_argv("--chain", str(REPO / "chains" / "demo.toml")))
+    agent = shlex.join(conductor_argv("--chain", "demo"))
     return subprocess.run([ACPX, "--agent", agent, "--cwd", str(tmp_path), *args],
                           capture_output=True, text=True, timeout=90,
                           env=child_env(HOME=str(tmp_path)))

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
+from acp_conductor_proxies.transcript import file_stem
 from conductor.testing import TestClient, open_process_client
-from proxies.transcript import file_stem
 from tests.conftest import BIN, child_env, conductor_argv
 
 if TYPE_CHECKING:
@@ -109,12 +109,18 @@ async def test_permissions_deny_env_reads_spelt_oddly_or_through_a_symlink(
                                               "action": "deny"}]}
     chain = write_chain(tmp_path, "permissions", options, mode, SDK_AGENT)
     client, log = await run_turns(
-        tmp_path, chain, ["read ./.env/", "read innocent.txt", "read ok.txt"],
+        tmp_path, chain, [f"read {project}/./.env/", f"read {project}/innocent.txt",
+                          "read innocent.txt", f"read {project}/ok.txt"],
         cwd=str(project), client=TestClient({"fs/read_text_file": read}))
-    assert asked == ["ok.txt"]  # neither spelling of .env reached the editor
-    assert client.agent_text().count("denied by the permissions policy") == 2
-    assert "deny fs/read_text_file kind=read paths=['./.env/'] (by protect-env)" in log
-    assert "deny fs/read_text_file kind=read paths=['innocent.txt'] (by protect-env)" in log
+    assert asked == [f"{project}/ok.txt"]  # no spelling of .env reached the editor
+    assert client.agent_text().count("denied by the permissions policy") == 3
+    assert f"deny fs/read_text_file kind=read paths=['{project}/./.env/'] (by protect-env)" \
+        in log
+    assert f"deny fs/read_text_file kind=read paths=['{project}/innocent.txt'] " \
+        "(by protect-env)" in log
+    # ACP paths are absolute: the editor might resolve a relative one anywhere
+    assert "deny fs/read_text_file path='innocent.txt'" in log
+    assert "(cannot place it: path must be absolute (ACP), got 'innocent.txt')" in log
 
 
 @pytest.mark.parametrize("mode", MODES)

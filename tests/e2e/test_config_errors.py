@@ -33,6 +33,10 @@ CASES = {
                         "hint: export SURELY_UNSET_VAR_42"]),
     "unset variable in command": ('[agent]\ncommand = ["${SURELY_UNSET_VAR_42}"]\n',
                                   ["agent.command", "SURELY_UNSET_VAR_42"]),
+    "several problems": ('[[proxy]]\nuse = "redcat"\n[agent]\ncommand = "true"\n'
+                         'env = { K = "${SURELY_UNSET_VAR_42}" }\n',
+                         ["2 problems:\n  proxy[0].use:", "did you mean 'redact'?",
+                          "\n  agent.env.K: environment variable SURELY_UNSET_VAR_42"]),
     "duplicate names": ('[[proxy]]\nname = "x"\ncommand = "true"\n'
                         '[agent]\nname = "x"\ncommand = "true"\n',
                         ["agent.name", "duplicate component name 'x'", "hint"]),

@@ -27,7 +27,10 @@ INIT_V1 = ('{"protocolVersion":1, "clientCapabilities":{"fs":{"readTextFile":tru
 INIT_V2 = ('{"protocolVersion":2,"info":{"name":"ed", "version":"2.0", "extra":1e2},'
            '"capabilities":{"fs":{"read":{}},"_unstable":{"x":[null]}},'
            '"_meta":{"a":"\\u00e9"}, "unknown" : {"k":12345678901234567890}}')
-RESULT_V1 = ('{"protocolVersion":1,"agentCapabilities":{"loadSession":false,"_meta":{}},'
+# Both results say the agent takes acp MCP servers, so the bridge has nothing to add to
+# them (test_the_bridges_advertisement_changes_nothing_else covers the edit).
+RESULT_V1 = ('{"protocolVersion":1,"agentCapabilities":{"loadSession":false,"_meta":{},'
+             '"mcpCapabilities":{"acp":true}},'
              '"agentInfo":{"name":"a\\u0041","version":"1e2"},"authMethods":[],"later":null}')
 RESULT_V2 = ('{"protocolVersion":2, "info":{"name":"a"},"capabilities":{"session":'
              '{"mcp":{"acp":{}}}},"_meta":{"big":123456789012345678901234567890}}')
@@ -60,6 +63,25 @@ async def test_initialize_params_and_result_cross_the_chain_byte_identical(
     assert members(line.decode())["result"] == result
     [seen] = received(record, "initialize")
     assert seen["params"] == params
+
+
+async def test_the_bridges_advertisement_changes_nothing_else(tmp_path: Path) -> None:
+    """An agent without acp MCP support: the result going up says it has it (the bridge
+    stands in); every other value keeps its bytes."""
+    record = tmp_path / "agent.jsonl"
+    result = RESULT_V1.replace(',"mcpCapabilities":{"acp":true}', "")
+    assert "acp" not in result
+    async with open_conductor(*chain_args(0, "--record", str(record), "--init-result",
+                                          result)) as c:
+        await c.send_raw(f'{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{INIT_V1}}}\n'
+                         .encode())
+        line = await c.read_raw()
+    got = members(line.decode())["result"]
+    assert json.loads(got)["agentCapabilities"] == {"loadSession": False, "_meta": {},
+                                                     "mcpCapabilities": {"acp": True}}
+    for kept in ('"agentInfo":{"name":"a\\u0041","version":"1e2"}', '"later":null',
+                 '"authMethods":[]'):
+        assert kept in got
 
 
 @CHAINS

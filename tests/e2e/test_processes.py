@@ -392,3 +392,25 @@ command = {json.dumps(agent_cmd())}
         assert await c.wait() == 0
     assert [m["id"] for m in rest] == ["slow"]  # answered, not dropped
     assert rest[0]["error"]["code"] < 0
+
+
+async def test_a_request_the_agent_holds_at_shutdown_is_blamed_on_the_agent_not_a_proxy(
+        tmp_path: Path) -> None:
+    # permissions -> redact -> transcript run in-process; the prompt crosses the two that
+    # handle it. Stopped mid-prompt, the editor must hear that the *agent* was stopped.
+    chain = tmp_path / "chain.toml"
+    chain.write_text(
+        '[[proxy]]\nuse = "permissions"\n\n[[proxy]]\nuse = "redact"\n\n'
+        f'[[proxy]]\nuse = "transcript"\noptions.directory = "{tmp_path / "t"}"\n\n'
+        f'[agent]\ncommand = {json.dumps(agent_cmd("--prompt-hangs"))}\n', encoding="utf-8")
+    async with open_conductor("--chain", str(chain)) as c:
+        await c.initialize()
+        sid = await c.new_session()
+        await c.send({"jsonrpc": "2.0", "id": "p", "method": "session/prompt",
+                      "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]}})
+        await c.read_until(lambda m: m.get("method") == "_test/hanging")
+        c.process.send_signal(signal.SIGTERM)
+        answer = await c.response("p")
+    error = answer["error"]
+    assert error["data"]["component"] == "agent", error
+    assert error["message"].startswith("agent: was stopped before answering"), error

@@ -96,7 +96,7 @@ async def test_an_sdk_agent_behind_proxies_serves_the_sdk_client(proxies: int) -
 
 
 async def test_an_sdk_agent_behind_a_passthrough_proxy_serves_a_raw_client() -> None:
-    passthrough = f"{sys.executable} -m proxies.passthrough"
+    passthrough = f"{sys.executable} -m acp_conductor_proxies.passthrough"
     async with open_conductor("agent", passthrough, py("relay_proxy.py"),
                               py("sdk_interop_agent.py")) as c:
         init = await c.initialize()

@@ -258,3 +258,23 @@ def test_payload_values_too_deep_to_decode_raise_a_decode_error() -> None:
     msg = Notification(method="m", params=Raw(nested(DEEP)))
     with pytest.raises(msgspec.DecodeError, match="nested too deeply"):
         msg.params_value()
+
+
+def test_a_message_prints_as_its_kind_id_method_and_the_start_of_its_payload() -> None:
+    request = decode(b'{"jsonrpc":"2.0","id":7,"method":"session/prompt",'
+                     b'"params":{"sessionId":"s-1"}}')
+    assert repr(request) == "Request(id=7, method='session/prompt', params={\"sessionId\":\"s-1\"})"
+    note = decode(b'{"jsonrpc":"2.0","method":"session/cancel"}')
+    assert repr(note) == "Notification(method='session/cancel', params=-)"
+    answer = decode(b'{"jsonrpc":"2.0","id":"a","result":{"stopReason":"end_turn"}}')
+    assert repr(answer) == 'Response(id="a", result={"stopReason":"end_turn"})'
+    failed = error_response(Raw(b"3"), -32601, "Method not found")
+    assert repr(failed) == 'Response(id=3, error={"code":-32601,"message":"Method not found"})'
+
+
+def test_a_huge_payload_prints_its_start_and_how_much_was_left_out() -> None:
+    big = Raw(b'{"text":"' + b"x" * 1_000_000 + b'"}')
+    shown = repr(Request(id=Raw(b"1"), method="_ext/big", params=big))
+    assert len(shown) < 300
+    assert shown.startswith("Request(id=1, method='_ext/big', params={\"text\":\"xxx")
+    assert shown.endswith(f"…(+{len(big) - 160} bytes))")

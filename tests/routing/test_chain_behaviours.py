@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
+from acp_conductor_proxies.passthrough import Passthrough
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Notification, Raw
 from conductor.plugins import Proxy, ProxyContext, on
 from conductor.testing import ScriptedAgent, open_test_chain
-from proxies.passthrough import Passthrough
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Request

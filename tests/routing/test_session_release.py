@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
+from acp_conductor_proxies.context import Context, ContextOptions
+from acp_conductor_proxies.permissions import Permissions, PermissionsOptions
+from acp_conductor_proxies.redact import Redact, RedactOptions
+from acp_conductor_proxies.transcript import Transcript, TranscriptOptions
 from conductor.errors import RpcError
-from conductor.plugins import Proxy, SessionEnd, SessionScope
+from conductor.plugins import CloseReason, Proxy, SessionScope
 from conductor.routing.deadlines import Timeouts
 from conductor.routing.sessions import SessionRecord
 from conductor.testing import ScriptedAgent, open_test_chain
-from proxies.context import Context, ContextOptions
-from proxies.permissions import Permissions, PermissionsOptions
-from proxies.redact import Redact, RedactOptions
-from proxies.transcript import Transcript, TranscriptOptions
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,11 +33,11 @@ class Recorder(Proxy):
 
     def __init__(self) -> None:
         super().__init__()
-        self.ended: list[tuple[str, SessionEnd | None]] = []
+        self.ended: list[tuple[str, CloseReason | None]] = []
         self.changed = anyio.Event()
 
     async def session_closed(self, session: SessionScope) -> None:
-        self.ended.append((session.session_id, session.ended))
+        self.ended.append((session.session_id, session.closed_reason))
         self.changed.set()
         self.changed = anyio.Event()
 
@@ -87,14 +87,14 @@ async def test_sessions_closed_or_refused_leave_nothing_behind_in_the_router_or_
                     await client.call("session/close", {"sessionId": f"old-{i}"})
             assert alive(SessionScope) == 0
             assert alive(SessionRecord) == 0
-    refused = [sid for sid, why in proxies[-1].ended if why is SessionEnd.REFUSED]
+    refused = [sid for sid, why in proxies[-1].ended if why is CloseReason.REFUSED]
     assert len(refused) == 30
 
 
 async def test_an_idle_session_expires_but_one_in_a_turn_does_not_and_the_agent_is_not_told(
 ) -> None:
     recorder = Recorder()
-    during_turn: list[tuple[str, SessionEnd | None]] = []
+    during_turn: list[tuple[str, CloseReason | None]] = []
 
     async def prompt(agent: ScriptedAgent, message: Request) -> object:
         await recorder.wait_ended(1)  # the idle session expires while this turn runs
@@ -107,19 +107,19 @@ async def test_an_idle_session_expires_but_one_in_a_turn_does_not_and_the_agent_
         with anyio.fail_after(5):
             busy, idle = await client.new_session(), await client.new_session()
             await client.prompt(busy, "a long turn")
-            assert during_turn == [(idle, SessionEnd.EXPIRED)]
+            assert during_turn == [(idle, CloseReason.EXPIRED)]
             await recorder.wait_ended(2)  # once its turn ended, the busy one goes too
-    assert recorder.ended == [(idle, SessionEnd.EXPIRED), (busy, SessionEnd.EXPIRED)]
+    assert recorder.ended == [(idle, CloseReason.EXPIRED), (busy, CloseReason.EXPIRED)]
     assert agent.received_params("session/close") == []
 
 
-async def test_sessions_still_open_when_the_connection_ends_are_released_as_disconnected(
+async def test_sessions_still_open_when_the_connection_ends_are_released_as_stopped(
 ) -> None:
     recorder = Recorder()
     async with open_test_chain([recorder]) as client:
         with anyio.fail_after(5):
             sids = [await client.new_session() for _ in range(3)]
-    assert sorted(recorder.ended) == [(sid, SessionEnd.DISCONNECTED) for sid in sorted(sids)]
+    assert sorted(recorder.ended) == [(sid, CloseReason.STOPPED) for sid in sorted(sids)]
 
 
 @pytest.mark.parametrize("expiry", [0, -1])

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from conductor.config import Regex
 from conductor.plugins import Proxy, ProxyContext, on
+from conductor.validation import Regex
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Call, Notification, Request

@@ -1,12 +1,7 @@
-"""A test kit for plugin authors: drive proxies through a real router, in memory.
+"""The test kit's pieces: peers (a test client, a scripted agent) and the chains they drive.
 
-    async def test_my_proxy_answers_prompts() -> None:
-        agent = ScriptedAgent(replies={"session/prompt": {"stopReason": "end_turn"}})
-        async with open_test_chain([MyProxy(MyOptions(...))], agent) as client:
-            with anyio.fail_after(5):
-                sid = await client.new_session("/tmp")
-                await client.prompt(sid, "hello")
-        assert agent.received_params("session/prompt")[0]["prompt"][0]["text"] == "hello"
+`conductor.testing` re-exports everything here; the pytest plugin
+(`conductor.testing.pytest_plugin`) wraps it in fixtures.
 
 The chain is the conductor's own `Chain` with each proxy hosted in-process exactly as
 `use = ...` runs it. `transport="pipes"` puts real framing (encode, newline-split, decode)
@@ -17,6 +12,8 @@ any ACP agent command) over OS pipes with the same client.
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -37,6 +34,7 @@ from conductor.plugins.host import open_inprocess_hop
 from conductor.routing.chain import Chain
 from conductor.routing.topology import ComponentLink, Hop, Role
 from conductor.rpc.endpoint import Endpoint
+from conductor.rpc.failure import raise_for_error
 from conductor.transport.base import Unreadable
 from conductor.transport.memory import open_link
 from conductor.transport.pipes import PipeSink, PipeSource
@@ -55,19 +53,36 @@ Script = JsonValue | Callable[["ScriptedAgent", Request], Awaitable[JsonValue]]
 ClientScript = JsonValue | Callable[[Request], Awaitable[JsonValue]]
 
 
+# How long a test peer waits for an answer (or for `wait_for`) before failing the test with
+# what it did receive: a hang in a test becomes a message, not a pytest timeout.
+DEFAULT_TIMEOUT = 30.0
+
+
 class TestPeer:
     """One end of a connection in a test: sends requests (answers matched by its
-    `Endpoint`), answers what it is asked, and records every call that arrives."""
+    `Endpoint`), answers what it is asked, and records every call that arrives.
+
+    Every wait (`request`, `call`, `wait_for`, ...) is bounded by `timeout` seconds (None:
+    unbounded); past it the test fails with a TimeoutError saying what was awaited and
+    what this peer received meanwhile.
+    """
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
         self.name = name
+        self.timeout = timeout
         self.endpoint: Endpoint | None = None
         self.received: list[Call] = []   # every request and notification that arrived
         self.batches: list[int] = []     # the size of every batch that arrived
         self.tg: TaskGroup | None = None
         self._changed = anyio.Event()
+
+    def __repr__(self) -> str:
+        methods = self.received_methods()
+        shown = ", ".join(methods[-8:])
+        return f"<{type(self).__name__} {self.name}: received {len(methods)} ({shown})>" \
+            if methods else f"<{type(self).__name__} {self.name}: received nothing>"
 
     def connect(self, sink: MessageSink, tg: TaskGroup) -> None:
         self.endpoint = Endpoint(self.name, sink)
@@ -81,12 +96,25 @@ class TestPeer:
 
     async def request(self, method: str, params: JsonValue = None, *,
                       ident: int | None = None) -> Response:
-        """Send a request (with id `ident`, else the next free one); return the response."""
-        return await self._ep.request(method, params, ident=ident)
+        """Send a request (with id `ident`, else the next free one); return the response,
+        an error answer included (`response.is_error`, `.result_value()`, `.error_value()`).
+
+        Raises:
+            TimeoutError: no answer within `timeout` seconds (the request is cancelled).
+        """
+        with anyio.move_on_after(_bound(self.timeout)) as scope:
+            return await self._ep.request(method, params, ident=ident)
+        assert scope.cancelled_caught
+        raise TimeoutError(self._waited(f"an answer to {method}"))
 
     async def call(self, method: str, params: JsonValue = None) -> JsonValue:
-        """request(), then the decoded result. Raises RpcError on an error answer."""
-        return (await self._ep.call(method, params)).result_value()
+        """request(), then the decoded result: e.g. `await client.call("_ext/foo", {"x": 1})`.
+
+        Raises:
+            RpcError: the answer is an error (`.code`, `.message`, `.data`).
+            TimeoutError: no answer within `timeout` seconds.
+        """
+        return raise_for_error(await self.request(method, params)).result_value()
 
     async def notify(self, method: str, params: JsonValue = None) -> None:
         await self._ep.notify(method, params)
@@ -130,15 +158,73 @@ class TestPeer:
         """The decoded params of every received `method` message, in order."""
         return [m.params_value() for m in self.received if m.method == method]
 
+    def received_methods(self) -> list[str]:
+        """The method of every request and notification received, in order."""
+        return [m.method for m in self.received]
+
+    def last_params(self, method: str) -> JsonValue:
+        """The decoded params of the last `method` message received.
+
+        Raises:
+            AssertionError: none arrived (the message lists what did).
+        """
+        found = self.received_params(method)
+        if not found:
+            raise AssertionError(f"{self.name} never received {method}; it received: "
+                                 f"{self.received_methods() or 'nothing'}")
+        return found[-1]
+
     async def wait_for(self, method: str, count: int = 1,
                        where: Callable[[JsonValue], bool] | None = None) -> list[JsonValue]:
-        """Wait until `count` `method` messages (matching `where`) have arrived. Bound it
-        with `anyio.fail_after` at the call site."""
-        while True:
-            found = [p for p in self.received_params(method) if where is None or where(p)]
-            if len(found) >= count:
-                return found
-            await self._changed.wait()
+        """Wait until `count` `method` messages (matching `where`) have arrived; returns
+        their params.
+
+        Raises:
+            TimeoutError: not within `timeout` seconds.
+        """
+        with anyio.move_on_after(_bound(self.timeout)):
+            while True:
+                found = [p for p in self.received_params(method) if where is None or where(p)]
+                if len(found) >= count:
+                    return found
+                await self._changed.wait()
+        raise TimeoutError(self._waited(f"{count} {method} message(s)"))
+
+    def _waited(self, what: str) -> str:
+        return (f"{self.name} waited {self.timeout:g}s for {what}; it received: "
+                f"{self.received[-20:] or 'nothing'}")
+
+
+def _bound(timeout: float | None) -> float:
+    return float("inf") if timeout is None else timeout
+
+
+class TurnResult(dict[str, JsonValue]):
+    """The result of `session/prompt` (a dict, as the agent sent it), with what the turn
+    streamed: `text` (the agent's message chunks), `stop_reason`, `updates`."""
+
+    def __init__(self, result: JsonValue, updates: list[JsonValue]) -> None:
+        super().__init__(result if isinstance(result, dict) else {})
+        self.updates: list[JsonValue] = updates  # each session/update's `update` object
+
+    @property
+    def stop_reason(self) -> str | None:
+        reason = self.get("stopReason")
+        return reason if isinstance(reason, str) else None
+
+    @property
+    def text(self) -> str:
+        """The agent's text of this turn (every `agent_message_chunk`, joined)."""
+        return _chunks(self.updates, "agent_message_chunk")
+
+    @property
+    def thoughts(self) -> str:
+        return _chunks(self.updates, "agent_thought_chunk")
+
+
+def _chunks(updates: list[JsonValue], kind: str) -> str:
+    return "".join(str((u.get("content") or {}).get("text", "")) for u in updates
+                   if isinstance(u, dict) and u.get("sessionUpdate") == kind)
 
 
 class TestClient(TestPeer):
@@ -146,8 +232,9 @@ class TestClient(TestPeer):
 
     __test__ = False
 
-    def __init__(self, replies: dict[str, ClientScript] | None = None) -> None:
-        super().__init__("client")
+    def __init__(self, replies: dict[str, ClientScript] | None = None, *,
+                 timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        super().__init__("client", timeout=timeout)
         self.replies: dict[str, ClientScript] = {
             "session/request_permission": {"outcome": {"outcome": "selected",
                                                        "optionId": "allow"}},
@@ -174,20 +261,38 @@ class TestClient(TestPeer):
         result = await self.call("session/new", {"cwd": cwd, "mcpServers": [], **extra})
         return str(result["sessionId"])
 
-    async def prompt(self, session_id: str, text: str) -> JsonValue:
-        """One turn; returns the prompt's result (e.g. {"stopReason": "end_turn"})."""
-        return await self.call("session/prompt", {"sessionId": session_id,
-                                                  "prompt": [{"type": "text", "text": text}]})
+    async def prompt(self, session_id: str, prompt: str | list[JsonValue],
+                     **extra: JsonValue) -> TurnResult:
+        """One turn (a text, or a list of content blocks). Returns the prompt's result,
+        e.g. {"stopReason": "end_turn"}, with `.text`, `.stop_reason` and `.updates` of
+        the turn.
+
+        Raises:
+            RpcError: the prompt was answered with an error.
+        """
+        blocks = [{"type": "text", "text": prompt}] if isinstance(prompt, str) else prompt
+        start = len(self.received)
+        result = await self.call("session/prompt", {"sessionId": session_id,
+                                                    "prompt": blocks, **extra})
+        # An agent streams a turn's updates before its answer; they arrived first, in order.
+        return TurnResult(result, self.updates(session_id, since=start))
+
+    def updates(self, session_id: str | None = None, *, since: int = 0) -> list[JsonValue]:
+        """The `update` object of every session/update received (for one session, or all),
+        from `received[since]` on."""
+        out = []
+        for message in self.received[since:]:
+            if message.method != "session/update":
+                continue
+            params = message.params_value()
+            if isinstance(params, dict) and (session_id is None
+                                             or params.get("sessionId") == session_id):
+                out.append(params.get("update"))
+        return out
 
     def agent_text(self, session_id: str | None = None) -> str:
         """All agent_message_chunk text received so far (for one session, or all)."""
-        out = []
-        for p in self.received_params("session/update"):
-            update = p.get("update", {})
-            if (session_id is None or p.get("sessionId") == session_id) and \
-                    update.get("sessionUpdate") == "agent_message_chunk":
-                out.append(update.get("content", {}).get("text", ""))
-        return "".join(out)
+        return _chunks(self.updates(session_id), "agent_message_chunk")
 
 
 class ScriptedAgent(TestPeer):
@@ -199,8 +304,9 @@ class ScriptedAgent(TestPeer):
     sent right after the response (e.g. an update immediately after session/new).
     """
 
-    def __init__(self, replies: dict[str, Script] | None = None) -> None:
-        super().__init__("agent")
+    def __init__(self, replies: dict[str, Script] | None = None, *,
+                 timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        super().__init__("agent", timeout=timeout)
         self._sessions = itertools.count(1)
         self._after: list[tuple[str, JsonValue]] = []
         self.replies: dict[str, Script] = {
@@ -238,6 +344,23 @@ class ScriptedAgent(TestPeer):
             await self._ep.send(Notification(method=method, params=payload(params)))
 
 
+def says(text: str, *, stop_reason: str = "end_turn",
+         thought: str | None = None) -> Callable[[ScriptedAgent, Request], Awaitable[JsonValue]]:
+    """A `session/prompt` script: stream `text` (after a `thought`, if given) as the agent's
+    message, then end the turn with `stop_reason`.
+
+        ScriptedAgent(replies={"session/prompt": says("Hello!")})
+    """
+    async def reply(agent: ScriptedAgent, message: Request) -> JsonValue:
+        sid = (message.params_value() or {}).get("sessionId")
+        for kind, chunk in (("agent_thought_chunk", thought), ("agent_message_chunk", text)):
+            if chunk is not None:
+                await agent.notify("session/update", {"sessionId": sid, "update": {
+                    "sessionUpdate": kind, "content": {"type": "text", "text": chunk}}})
+        return {"stopReason": stop_reason}
+    return reply
+
+
 @asynccontextmanager
 async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | None = None, *,
                           client: TestClient | None = None,
@@ -260,9 +383,14 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
         async def to_chain(hop: Hop, item: Incoming) -> None:
             await chain.receive(hop, item)
 
-        client_hop = _link_peer(client, "client", tg, transport, tracer, to_chain, sinks)
+        def to_chain_nowait(hop: Hop, item: Incoming) -> bool:
+            return chain.receive_nowait(hop, item)
+
+        client_hop = _link_peer(client, "client", tg, transport, tracer, to_chain, sinks,
+                                nowait=to_chain_nowait)
 
         async def host(proxy: Proxy[Any], *, task_status: anyio.abc.TaskStatus[Hop]) -> None:
+            proxy.chain_status = chain.status
             async with open_inprocess_hop(proxy, to_chain, tracer=tracer) as hop:
                 task_status.started(hop)
                 await anyio.sleep_forever()
@@ -273,6 +401,7 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
         async def starter() -> list[ComponentLink]:
             links = [ComponentLink(p.name, Role.PROXY, await tg.start(host, p)) for p in proxies]
             agent_hop = _link_peer(agent, "agent", tg, transport, tracer, to_chain, sinks,
+                                   nowait=to_chain_nowait,
                                    on_eof=agent_gone)
             return [*links, ComponentLink("agent", Role.AGENT, agent_hop)]
 
@@ -292,7 +421,8 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
 def _link_peer(peer: TestPeer, name: str, tg: TaskGroup, transport: Transport,
                tracer: TraceSink | None, to_chain: Callable[[Hop, Incoming], Awaitable[None]],
                sinks: list[MessageSink],
-               on_eof: Callable[[Hop], Awaitable[None]] | None = None) -> Hop:
+               on_eof: Callable[[Hop], Awaitable[None]] | None = None,
+               nowait: Callable[[Hop, Incoming], bool] | None = None) -> Hop:
     """Connect `peer` to the router both ways; returns the router's hop for it."""
     to_peer, peer_in = open_link(transport)
     from_peer, chain_in = open_link(transport)
@@ -303,8 +433,11 @@ def _link_peer(peer: TestPeer, name: str, tg: TaskGroup, transport: Transport,
     async def into_chain(item: Incoming) -> None:
         await to_chain(hop, item)
 
+    def into_chain_nowait(item: Incoming) -> bool:
+        return nowait is not None and nowait(hop, item)
+
     async def read() -> None:
-        await chain_in.serve(into_chain)
+        await chain_in.serve(into_chain, into_chain_nowait)  # the router's two paths
         if on_eof is not None:
             await on_eof(hop)
     tg.start_soon(peer_in.serve, peer.deliver)
@@ -356,4 +489,24 @@ async def open_process_client(argv: Sequence[str], *, env: dict[str, str] | None
             await process.aclose()
 
 
-__all__ = ["ScriptedAgent", "TestClient", "TestPeer", "open_process_client", "open_test_chain"]
+def conductor_command(chain: str | os.PathLike[str], *args: str) -> list[str]:
+    """The command line of this interpreter's `acp-conductor --chain CHAIN ARGS...`."""
+    return [sys.executable, "-m", "conductor", "--chain", os.fspath(chain), *args]
+
+
+@asynccontextmanager
+async def open_conductor(chain: str | os.PathLike[str], *args: str,
+                         env: dict[str, str] | None = None, stderr: Any = None,
+                         client: TestClient | None = None,
+                         initialize: bool = True) -> AsyncIterator[TestClient]:
+    """A real conductor process serving the chain file `chain` (every component as the
+    file says: subprocesses, in-process plugins), driven over its stdin/stdout as an
+    editor would. `args` are more options (e.g. "--trace", "t.jsonl")."""
+    async with open_process_client(conductor_command(chain, *args), env=env, stderr=stderr,
+                                   client=client, initialize=initialize) as connected:
+        yield connected
+
+
+__all__ = ["DEFAULT_TIMEOUT", "ScriptedAgent", "TestClient", "TestPeer", "TurnResult",
+           "conductor_command", "open_conductor", "open_process_client", "open_test_chain",
+           "says"]

@@ -7,7 +7,7 @@ class Passthrough(Proxy[NoOptions]):
     """Forwards everything untouched (the reference proxy)."""
 
 
-if __name__ == "__main__":  # `python -m proxies.passthrough`: run it as a stdio proxy
+if __name__ == "__main__":  # `python -m acp_conductor_proxies.passthrough`: run it as a stdio proxy
     from conductor.cli.plugins import run_stdio
 
     run_stdio(lambda: Passthrough())

@@ -1,0 +1,167 @@
+"""One agent-side MCP session relayed as one MCP-over-ACP connection to the provider.
+
+The agent's MCP client speaks plain MCP (JSON-RPC) to the bridge, over HTTP or through the
+stdio shim; the provider sees `mcp/message` on the connection the bridge opened for this
+session. Requests keep their ids on each side: an agent request becomes an ACP request of
+the bridge's endpoint (its cancel, `notifications/cancelled`, becomes `$/cancel_request`);
+a provider request (elicitation, sampling) goes to the agent under an id of the relay's
+own, and the agent's answer goes back as the ACP answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from conductor import acp
+from conductor.jsonrpc.message import Request, Response, error_response, payload
+from conductor.rpc.endpoint import Inbound
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+    from conductor.jsonrpc.message import Call
+    from conductor.rpc.endpoint import Endpoint, Outgoing
+
+log = logging.getLogger("acp_conductor.bridge")
+
+ToAgent = Callable[[dict[str, Any]], Awaitable[None]]
+MAX_PENDING = 1024  # agent requests in flight on one session
+
+
+class Relay:
+    """Both directions of one bridged MCP session."""
+
+    def __init__(self, endpoint: Endpoint, tg: TaskGroup, connection_id: str, name: str,
+                 to_agent: ToAgent, close_agent: Callable[[], Awaitable[None]]) -> None:
+        self.endpoint = endpoint
+        self.tg = tg
+        self.connection_id = connection_id
+        self.name = name
+        self.to_agent = to_agent
+        self.close_agent = close_agent
+        self.closed = False
+        self._outgoing: dict[Any, Outgoing] = {}      # agent request id -> our ACP request
+        self._asked: dict[str, Request] = {}          # our id toward the agent -> provider's
+        self._ids = itertools.count(1)
+        self.progress: dict[Any, Any] = {}            # progressToken -> agent request id
+
+    # -- from the agent ------------------------------------------------------------------
+
+    async def from_agent(self, message: dict[str, Any]) -> None:
+        """A JSON-RPC message the agent's MCP client sent."""
+        method = message.get("method")
+        if method is None:  # an answer to a request the provider made
+            await self._answer_provider(message)
+            return
+        params = message.get("params")
+        if "id" not in message:
+            if method == "notifications/cancelled" and isinstance(params, dict):
+                outgoing = self._outgoing.get(_key(params.get("requestId")))
+                if outgoing is not None:
+                    await self.endpoint.cancel(outgoing)
+                    return
+            await self.endpoint.notify(acp.MCP_MESSAGE, self._envelope(method, params))
+            return
+        ident = message["id"]
+        if len(self._outgoing) >= MAX_PENDING:
+            await self.to_agent({"jsonrpc": "2.0", "id": ident, "error": {
+                "code": -32603, "message": f"too many requests in flight ({MAX_PENDING})"}})
+            return
+        token = (params.get("_meta") or {}).get("progressToken") \
+            if isinstance(params, dict) else None
+        if token is not None:
+            self.progress[_key(token)] = ident
+        outgoing, request = self.endpoint.open_request(
+            acp.MCP_MESSAGE, payload(self._envelope(method, params)))
+        self._outgoing[_key(ident)] = outgoing
+        self.tg.start_soon(self._ask_provider, ident, token, outgoing, request)
+
+    async def _ask_provider(self, ident: Any, token: Any, outgoing: Outgoing,
+                            request: Request) -> None:
+        try:
+            try:
+                await self.endpoint.send(request)
+                answer = await self.endpoint.wait(outgoing, cancel_on_abort=False)
+            except Exception as e:  # the chain is going away: the agent still gets an answer
+                answer = error_response(request.id, -32603, f"{type(e).__name__}: {e}")
+            reply: dict[str, Any] = {"jsonrpc": "2.0", "id": ident}
+            if answer.is_error:
+                reply["error"] = answer.error_value()
+            else:
+                reply["result"] = answer.result_value()
+            if not self.closed:
+                await self.to_agent(reply)
+        finally:
+            self._outgoing.pop(_key(ident), None)
+            if token is not None:
+                self.progress.pop(_key(token), None)
+
+    async def _answer_provider(self, message: dict[str, Any]) -> None:
+        request = self._asked.pop(str(message.get("id")), None)
+        if request is None:
+            log.debug("%s: answer for unknown id %r from the agent", self.name,
+                      message.get("id"))
+            return
+        if "error" in message:
+            answer = Response(id=request.id, error=payload(message["error"]))
+        else:
+            answer = Response(id=request.id, result=payload(message.get("result")))
+        await self.endpoint.send(answer)
+        self.endpoint.untrack_inbound(request.id)
+
+    def _envelope(self, method: str, params: Any) -> Any:
+        body: dict[str, Any] = {"connectionId": self.connection_id, "method": method}
+        if params is not None:
+            body["params"] = params
+        return body
+
+    # -- from the provider ---------------------------------------------------------------
+
+    async def from_provider(self, msg: Call) -> None:
+        """An `mcp/message` the provider sent on this connection."""
+        params = msg.params_value() or {}
+        inner: dict[str, Any] = {"jsonrpc": "2.0", "method": params.get("method")}
+        if "params" in params:
+            inner["params"] = params["params"]
+        if isinstance(msg, Request):
+            ident = f"acp-{next(self._ids)}"
+            inner["id"] = ident
+            self._asked[ident] = msg
+
+            async def cancel() -> None:
+                await self.to_agent({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                     "params": {"requestId": ident}})
+            self.endpoint.track_inbound(msg.id, Inbound(on_cancel=cancel))
+        if not self.closed:
+            await self.to_agent(inner)
+
+    async def close(self, *, tell_provider: bool) -> None:
+        """The session ends: what is owed is answered, and the other side is told."""
+        if self.closed:
+            return
+        self.closed = True
+        for request in self._asked.values():  # the provider asked; nobody will answer now
+            self.endpoint.untrack_inbound(request.id)
+            with anyio.CancelScope(shield=True):
+                await self.endpoint.send(error_response(
+                    request.id, -32603, f"the agent's MCP session for {self.name} closed"))
+        self._asked.clear()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            if tell_provider:
+                try:
+                    await self.endpoint.request(acp.MCP_DISCONNECT,
+                                                {"connectionId": self.connection_id},
+                                                cancel_on_abort=False)
+                except Exception as e:  # the chain is going: nothing to tell
+                    log.debug("mcp/disconnect for %s: %s", self.connection_id, e)
+            else:
+                await self.close_agent()
+
+
+def _key(ident: Any) -> Any:
+    return ident if isinstance(ident, str | int) and not isinstance(ident, bool) else repr(ident)

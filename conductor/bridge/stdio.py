@@ -1,0 +1,129 @@
+"""The bridge's stdio side: a Unix socket the `mcp-shim` processes connect back to.
+
+The socket lives in a directory only this user can enter (0700, made by `mkdtemp`), and a
+shim must open with `{"server": KEY, "token": TOKEN}` (its environment has the token), so
+neither another user nor a stray process of this one gets a tool: a wrong hello is
+refused, logged and closed. After the hello every line is one MCP message each way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from conductor.bridge.relay import Relay
+from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
+
+if TYPE_CHECKING:
+    from anyio.abc import SocketStream, TaskStatus
+
+    from conductor.bridge import McpBridge
+
+log = logging.getLogger("acp_conductor.bridge.stdio")
+
+HELLO_LIMIT: Final = 4096
+HELLO_TIMEOUT: Final = 10.0
+MAX_SHIMS: Final = 256
+
+
+class SocketBridge:
+    """Listens for shims on a private Unix socket."""
+
+    def __init__(self, bridge: McpBridge) -> None:
+        self.bridge = bridge
+        self.directory = ""
+        self.path = ""
+        self.open = 0
+
+    async def serve(self, *, task_status: TaskStatus[None]) -> None:
+        self.directory = tempfile.mkdtemp(prefix="acp-conductor-mcp-")  # 0700
+        self.path = os.path.join(self.directory, "bridge.sock")
+        try:
+            listener = await anyio.create_unix_listener(self.path, mode=0o600)
+            log.info("MCP bridge: shims connect to %s", self.path)
+            async with listener:
+                task_status.started()
+                await listener.serve(self._shim, task_group=self.bridge.tg)
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    async def _shim(self, stream: SocketStream) -> None:
+        bridge = self.bridge
+        async with stream:
+            reader = BufferedByteReceiveStream(stream)
+            try:
+                with anyio.fail_after(HELLO_TIMEOUT):
+                    hello = json.loads(await reader.receive_until(b"\n", HELLO_LIMIT))
+            except (TimeoutError, ValueError, anyio.IncompleteRead, anyio.EndOfStream,
+                    anyio.DelimiterNotFound) as e:
+                bridge.refused("stdio", f"a shim sent no usable hello ({type(e).__name__})")
+                return
+            server = bridge.by_key.get(str(hello.get("server"))) \
+                if isinstance(hello, dict) else None
+            token = hello.get("token") if isinstance(hello, dict) else None
+            if server is None or not server.check(token if isinstance(token, str) else None):
+                bridge.refused("stdio", "a shim named an unknown server" if server is None
+                               else "a shim presented a wrong token")
+                await _say(stream, {"error": "refused: unknown server or wrong token"})
+                return
+            if self.open >= MAX_SHIMS:
+                await _say(stream, {"error": f"too many MCP sessions ({MAX_SHIMS} open)"})
+                return
+            try:
+                connection_id = await bridge.connect(server)
+            except Exception as e:
+                await _say(stream, {"error": f"cannot connect to {server.name}: {e}"})
+                return
+            await _say(stream, {"ok": True})
+            lock = anyio.Lock()
+
+            async def to_agent(body: dict[str, Any]) -> None:
+                async with lock:
+                    try:
+                        await _say(stream, body)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        log.debug("%s: the shim is gone", server.name)
+
+            relay = Relay(bridge.endpoint, bridge.tg, connection_id,  # type: ignore[arg-type]
+                          server.name, to_agent, stream.aclose)
+            bridge.relays[connection_id] = relay
+            self.open += 1
+            try:
+                while True:
+                    try:
+                        line = await reader.receive_until(b"\n", DEFAULT_MAX_FRAME_BYTES)
+                    except (anyio.EndOfStream, anyio.IncompleteRead,
+                            anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        return
+                    except anyio.DelimiterNotFound:
+                        log.warning("%s: a message over %d bytes from the agent; closing",
+                                    server.name, DEFAULT_MAX_FRAME_BYTES)
+                        return
+                    if not line.strip():
+                        continue
+                    try:
+                        message = json.loads(line)
+                    except ValueError:
+                        await to_agent({"jsonrpc": "2.0", "id": None, "error": {
+                            "code": -32700, "message": "Parse error"}})
+                        continue
+                    if isinstance(message, dict):
+                        await relay.from_agent(message)
+            except Exception:  # one broken session must not take the chain down
+                log.exception("MCP bridge: the session for %s failed", server.name)
+            finally:
+                self.open -= 1
+                if bridge.relays.get(connection_id) is relay:
+                    bridge.relays.pop(connection_id, None)
+                    await relay.close(tell_provider=True)
+
+
+async def _say(stream: SocketStream, body: Any) -> None:
+    await stream.send(json.dumps(body, separators=(",", ":")).encode() + b"\n")

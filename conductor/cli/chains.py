@@ -1,0 +1,44 @@
+"""`acp-conductor chains`: the built-in chains, usable by name (`--chain demo`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from conductor.cli.context import handle_errors
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def description(path: Path) -> str:
+    """A chain file's first comment line, without its leading `name:`."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            text = line.lstrip("# ").strip()
+            head, sep, rest = text.partition(": ")
+            return rest if sep and head == path.stem else text
+    return ""
+
+
+@click.command("chains")
+@click.argument("name", required=False)
+@handle_errors
+def chains_command(name: str | None) -> None:
+    """List the built-in chains, or print the one called NAME (to start your own from it).
+
+    \b
+    acp-conductor run --chain demo "hello"       # a built-in chain, by name
+    acp-conductor chains permissions > my.toml   # a copy to edit
+    """
+    from conductor.config import BUILTIN_CHAINS, builtin_chains, chain_path
+
+    if name is not None:
+        click.echo(chain_path(name).read_text(encoding="utf-8"), nl=False)
+        return
+    found = builtin_chains()
+    width = max(map(len, found), default=0)
+    for chain, path in found.items():
+        click.echo(f"{chain:<{width}}  {description(path)}")
+    click.echo(f"\nUse one with --chain NAME; the files are in {BUILTIN_CHAINS}")

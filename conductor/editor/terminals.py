@@ -1,0 +1,155 @@
+"""`run`'s terminals (`terminal/*`): real processes in `--cwd`, only with `--allow-terminal`.
+
+Each terminal runs in its own process group with an environment token of its own, so
+killing or releasing it (or the end of the run) takes what it started with it, even what
+left its group (`setsid`, daemons): the supervisor's token sweep.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from conductor.editor.sandbox import NOT_FOUND, Sandbox
+from conductor.errors import RpcError
+from conductor.jsonrpc.codes import ErrorCode
+from conductor.supervise.component import TOKEN_PREFIX, sweep_strays
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Coroutine
+
+    from anyio.abc import Process
+
+    from conductor.jsonrpc.message import JsonValue
+
+    # Starts a task in the run's task group (a terminal's output reader).
+    Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], Awaitable[None]]
+
+TERMINAL_STRAY_GRACE = 1.0  # how long a terminal's strays get between SIGTERM and SIGKILL
+
+
+@dataclass
+class _Terminal:
+    process: Process
+    limit: int | None
+    token: str  # in its environment: finds what left its process group (setsid, daemons)
+    output: bytearray = field(default_factory=bytearray)
+    truncated: bool = False
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+    def add(self, chunk: bytes) -> None:
+        self.output += chunk
+        if self.limit is not None and len(self.output) > self.limit:
+            # Keep the end (the spec truncates from the beginning), at a character boundary.
+            cut = len(self.output) - self.limit
+            while cut < len(self.output) and (self.output[cut] & 0xC0) == 0x80:
+                cut += 1
+            del self.output[:cut]
+            self.truncated = True
+
+    def status(self) -> dict[str, Any] | None:
+        code = self.process.returncode
+        if code is None or not self.done.is_set():
+            return None
+        if code < 0:
+            return {"exitCode": None, "signal": signal.Signals(-code).name}
+        return {"exitCode": code, "signal": None}
+
+
+class Terminals:
+    """The agent's terminals, by id."""
+
+    def __init__(self, sandbox: Sandbox, *, allowed: bool,
+                 spawn: Spawn) -> None:
+        self.sandbox = sandbox
+        self.allowed = allowed
+        self._spawn = spawn  # starts a task in the run's task group (terminal readers)
+        self._terminals: dict[str, _Terminal] = {}
+
+    async def handle(self, method: str, p: dict[str, Any]) -> JsonValue:
+        if not self.allowed:
+            command = " ".join([str(p.get("command", "")), *map(str, p.get("args") or [])])
+            self.sandbox.refuse("terminal", command.strip() or method,
+                         "running commands needs --allow-terminal")
+        if method == "terminal/create":
+            return await self._create_terminal(p)
+        term = self._terminals.get(str(p.get("terminalId")))
+        if term is None:
+            raise RpcError(NOT_FOUND, f"unknown terminal {p.get('terminalId')!r}")
+        if method == "terminal/output":
+            return {"output": term.output.decode("utf-8", "replace"),
+                    "truncated": term.truncated, "exitStatus": term.status()}
+        if method == "terminal/wait_for_exit":
+            await term.done.wait()
+            return term.status() or {"exitCode": None, "signal": None}
+        if method in ("terminal/kill", "terminal/release"):
+            if method == "terminal/release":
+                self._terminals.pop(str(p.get("terminalId")), None)
+            await _stop_terminal(term)
+            return {}
+        raise RpcError(ErrorCode.METHOD_NOT_FOUND, "Method not found", {"method": method})
+
+    async def _create_terminal(self, p: dict[str, Any]) -> JsonValue:
+        command = p.get("command")
+        if not isinstance(command, str) or not command:
+            raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params", "command must be a string")
+        cwd = self.sandbox.inside("terminal", p.get("cwd") or str(self.sandbox.root),
+                                  file=False)
+        env = dict(os.environ)
+        for item in p.get("env") or []:
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                env[item["name"]] = str(item.get("value", ""))
+        token = secrets.token_hex(8)
+        env[f"{TOKEN_PREFIX}{token}"] = "1"  # after the agent's env: it cannot drop it
+        argv = [command, *map(str, p.get("args") or [])]
+        try:
+            process = await anyio.open_process(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                               stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            raise RpcError(ErrorCode.INTERNAL_ERROR,
+                           f"cannot start {command}: {e.strerror}") from None
+        limit = p.get("outputByteLimit")
+        term = _Terminal(process, limit if isinstance(limit, int) else None, token)
+        ident = f"term-{len(self._terminals) + 1}-{process.pid}"
+        self._terminals[ident] = term
+        self.sandbox.events.decision({"type": "access", "op": "terminal", "target": " ".join(argv),
+                              "allowed": True, "terminalId": ident})
+
+        async def pump() -> None:
+            assert process.stdout is not None
+            try:
+                async for chunk in process.stdout:
+                    term.add(chunk)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+            await process.wait()
+            term.done.set()
+
+        await self._spawn(pump)
+        return {"terminalId": ident}
+
+    async def aclose(self) -> None:
+        """Kill what the agent left running (released terminals were stopped already)."""
+        terminals = list(self._terminals.values())
+        self._terminals.clear()
+        for term in terminals:
+            await _stop_terminal(term)
+
+
+async def _stop_terminal(term: _Terminal) -> None:
+    """SIGKILL the terminal's process group, then TERM and KILL whatever still carries its
+    token (descendants that left the group). Bounded; harmless when all are gone."""
+    with anyio.CancelScope(shield=True):
+        try:
+            os.killpg(term.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        await sweep_strays(term.token, TERMINAL_STRAY_GRACE)
+        with anyio.move_on_after(2):
+            await term.process.wait()

@@ -1,0 +1,229 @@
+"""Composition root for `acp-conductor serve`: a chain for every client that connects over
+the network (ACP's WebSocket / Streamable HTTP transport, `conductor.transport.http`).
+
+Each connection gets its own chain (`serve_connection`: components spawned for it, stopped
+with it; nothing shared), its own trace file, and an idle timer. The exposure rules are
+checked before anything binds: a non-loopback address needs TLS and a token.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from conductor.errors import ConfigError, ExitCode
+from conductor.serve import RunOptions, plan_chain, serve_connection
+from conductor.tracing.sink import open_trace_sink
+from conductor.transport.http import PATH, AcpEndpoint, Gate, serve_asgi
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from conductor.config import ChainConfig
+    from conductor.transport.http import RemoteClient
+
+log = logging.getLogger("acp_conductor.remote")
+
+EXIT_SIGNAL = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
+MIN_TOKEN_CHARS = 16
+
+
+@dataclass
+class ListenSettings:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    tokens: tuple[str, ...] = ()          # empty: no authentication (loopback only)
+    origins: frozenset[str] = frozenset()
+    max_connections: int = 16
+    idle_timeout: float = 900.0
+    certfile: str | None = None
+    keyfile: str | None = None
+    mode: str = "agent"
+    max_frame_bytes: int | None = None
+    trace: str | None = None              # one file per connection: t.jsonl -> t.1.jsonl, ...
+    trace_unredacted: bool = False
+    handle_signals: bool = True
+    stop: anyio.Event = field(default_factory=anyio.Event)  # set it to shut down (tests)
+
+    @property
+    def tls(self) -> bool:
+        return self.certfile is not None
+
+    def urls(self, port: int) -> tuple[str, str]:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        secure = "s" if self.tls else ""
+        return f"ws{secure}://{host}:{port}{PATH}", f"http{secure}://{host}:{port}{PATH}"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything, so it counts as exposed
+
+
+def check_exposure(settings: ListenSettings) -> None:
+    """The secure-by-default rules, before anything binds.
+
+    Raises:
+        ConfigError: a non-loopback address without TLS or without a token; half a TLS
+            configuration; a token too short to resist guessing.
+    """
+    if (settings.certfile is None) != (settings.keyfile is None):
+        raise ConfigError("TLS needs both a certificate and its key", field="--tls-cert",
+                          hint="give --tls-cert and --tls-key together")
+    for token in settings.tokens:
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ConfigError(f"a token of {len(token)} characters is too easy to guess",
+                              field="token", hint=f"use at least {MIN_TOKEN_CHARS} random "
+                              "characters, e.g. `python -c 'import secrets; "
+                              "print(secrets.token_urlsafe(32))'`")
+    if is_loopback(settings.host):
+        return
+    if not settings.tls:
+        raise ConfigError(
+            f"{settings.host} is reachable from other machines, and without TLS the token "
+            "and every prompt would cross the network in clear text", field="--listen",
+            hint="give --tls-cert and --tls-key, or listen on 127.0.0.1 behind a TLS proxy")
+    if not settings.tokens:
+        raise ConfigError(f"{settings.host} is reachable from other machines: a token is "
+                          "required there", field="--no-token",
+                          hint="drop --no-token (a token is generated), or listen on 127.0.0.1")
+
+
+def bind(settings: ListenSettings) -> socket.socket:
+    """The listening socket (port 0: any free port).
+
+    Raises:
+        ConfigError: the address cannot be bound (in use, not ours, no such interface).
+    """
+    try:
+        info = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(info[0], socket.SOCK_STREAM)
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {settings.host}: {e.strerror or e}",
+                          field="--listen") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(info[4])
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {settings.host}:{settings.port}: "
+                          f"{e.strerror or e}", field="--listen",
+                          hint="pick another port (0: any free one)") from None
+    return sock
+
+
+def _trace_path(template: str, number: int) -> str:
+    path = Path(template)
+    return str(path.with_name(f"{path.stem}.{number}{path.suffix or '.jsonl'}"))
+
+
+async def serve_listener(config: ChainConfig, settings: ListenSettings, *,
+                         ready: Callable[[tuple[str, str]], None] | None = None) -> int:
+    """Serve `config`'s chain to every client that connects, until a signal (or
+    `settings.stop`); then end every connection gracefully. Returns the exit code.
+
+    Raises:
+        ConfigError: the chain cannot be planned, or the address is refused or unusable.
+    """
+    check_exposure(settings)
+    plan_chain(config, settings.mode)  # a broken chain fails now, not at the first connection
+    max_frame = settings.max_frame_bytes or config.conductor.max_frame_bytes
+    sock = bind(settings)
+    port = sock.getsockname()[1]
+    numbers = iter(range(1, 1 << 62))
+    running: set[RemoteClient] = set()
+    stop_server = anyio.Event()
+    received: list[int] = []
+
+    async def serve_client(client: RemoteClient) -> None:
+        running.add(client)
+        number = next(numbers)
+        path = _trace_path(settings.trace, number) if settings.trace else None
+        try:
+            with open_trace_sink(path, config, unredacted=settings.trace_unredacted) as tracer:
+                options = RunOptions(mode=settings.mode, max_frame_bytes=max_frame,
+                                     tracer=tracer, handle_signals=False,
+                                     client_transport=client.transport)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_watch_idle, client, settings.idle_timeout)
+                    if tracer is not None:
+                        async with tracer.open_flusher():
+                            code = await serve_connection(config, client, client, options)
+                    else:
+                        code = await serve_connection(config, client, client, options)
+                    tg.cancel_scope.cancel()
+            log.info("%s client %s: its chain stopped (status %d)", client.transport,
+                     client.id, code)
+        except Exception:  # one connection's failure must not stop the others
+            log.exception("%s client %s: its chain failed", client.transport, client.id)
+        finally:
+            client.finish()
+            running.discard(client)
+
+    async def watch_signals() -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s: shutting down", signal.Signals(signum).name)
+                received.append(signum)
+                settings.stop.set()
+                return
+
+    async with anyio.create_task_group() as chains:
+        def connected(client: RemoteClient) -> None:
+            chains.start_soon(serve_client, client)
+
+        endpoint = AcpEndpoint(
+            Gate(settings.tokens, settings.origins, settings.max_connections), connected,
+            max_frame_bytes=max_frame)
+        if settings.handle_signals:
+            chains.start_soon(watch_signals)
+        async with anyio.create_task_group() as server:
+            server.start_soon(_serve_then_close, endpoint, sock, settings, stop_server)
+            if ready is not None:
+                ready(settings.urls(port))
+            await settings.stop.wait()
+            for client in list(running):
+                client.end()  # each chain stops as if its client had closed its input
+            with anyio.move_on_after(2 * config.conductor.shutdown_grace + 5):
+                for client in list(running):
+                    await client.finished.wait()
+            stop_server.set()  # hypercorn's own graceful shutdown is bounded
+        chains.cancel_scope.cancel()
+    if received:
+        return EXIT_SIGNAL.get(signal.Signals(received[0]), 1)
+    return 0
+
+
+async def _serve_then_close(endpoint: AcpEndpoint, sock: socket.socket,
+                            settings: ListenSettings, stop: anyio.Event) -> None:
+    try:
+        await serve_asgi(endpoint, sock, certfile=settings.certfile, keyfile=settings.keyfile,
+                         shutdown=stop.wait)
+    finally:
+        sock.close()
+
+
+async def _watch_idle(client: RemoteClient, idle: float) -> None:
+    """End a connection that exchanged nothing for `idle` seconds with none of its client's
+    requests still open."""
+    while True:
+        await anyio.sleep_until(client.last_activity + idle)
+        if anyio.current_time() >= client.last_activity + idle and not client.busy:
+            log.warning("%s client %s: idle for %g s, closing it", client.transport, client.id,
+                        idle)
+            client.end()
+            return
+        if client.busy:
+            client.last_activity = anyio.current_time()  # look again one period later

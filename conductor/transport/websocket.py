@@ -1,0 +1,136 @@
+"""Messages over a WebSocket, one JSON-RPC message per text frame: the client end of ACP's
+remote transport (its WebSocket profile), used for remote components (`url = "wss://..."`).
+
+httpx-ws does the handshake and the framing, on anyio (so on both backends). It is an
+optional dependency (the `remote` extra), imported only when a chain names a url.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
+from conductor.jsonrpc.message import Message, encode, encode_batch
+from conductor.transport.base import decode_whole
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from conductor.transport.base import Handle, HandleNowait
+
+REMOTE_EXTRA_HINT = "pip install 'acp-conductor[remote]'"
+CONNECT_TIMEOUT = 30.0
+PING_INTERVAL = 20.0  # a peer that stops answering pings is a dropped connection
+
+
+def text_of(item: Message | list[Message]) -> str:
+    """One message (or a batch) as the text of one frame; payload bytes unchanged."""
+    data = encode(item) if isinstance(item, Message) else encode_batch(item)
+    return data[:-1].decode("utf-8", "replace")  # valid JSON is valid UTF-8: nothing replaced
+
+
+class WsClientSink:
+    """A MessageSink that sends each message as one text frame."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+        self._closed = False
+
+    async def send(self, item: Message | list[Message]) -> None:
+        import httpx_ws
+
+        if self._closed:
+            raise anyio.BrokenResourceError
+        try:
+            await self._session.send_text(text_of(item))
+        except (httpx_ws.HTTPXWSException, OSError, anyio.BrokenResourceError,
+                anyio.ClosedResourceError) as e:
+            raise anyio.BrokenResourceError from e
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.move_on_after(2, shield=True):
+            try:
+                await self._session.close()
+            except Exception:  # the peer is gone already: closed is closed
+                pass
+
+
+class WsClientSource:
+    """A MessageSource reading text frames until the server closes; `ended` says how."""
+
+    def __init__(self, session: Any, *, max_frame_bytes: int) -> None:
+        self._session = session
+        self._max = max_frame_bytes
+        self.ended = "the connection is still open"
+
+    async def serve(self, handle: Handle, nowait: HandleNowait | None = None) -> None:
+        import httpx_ws
+
+        while True:
+            try:
+                text = await self._session.receive_text()
+            except httpx_ws.WebSocketDisconnect as e:
+                self.ended = f"closed by the server: code {e.code}" + (
+                    f", {e.reason}" if e.reason else "")
+                return
+            except httpx_ws.WebSocketInvalidTypeReceived:
+                continue  # binary frames carry nothing in ACP: ignored, as the RFD says
+            except (httpx_ws.HTTPXWSException, OSError, anyio.EndOfStream,
+                    anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
+                self.ended = f"network error: {type(e).__name__}"
+                return
+            item = decode_whole(text.encode(), self._max)
+            if nowait is None or not nowait(item):
+                await handle(item)
+
+
+def http_url(url: str) -> str:
+    """httpx speaks http(s): the same address, ws -> http, wss -> https."""
+    scheme, rest = url.split("://", 1)
+    return ("https" if scheme.lower() == "wss" else "http") + "://" + rest
+
+
+@asynccontextmanager
+async def open_ws_client(url: str, headers: dict[str, str], *,
+                         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                         ) -> AsyncIterator[tuple[WsClientSink, WsClientSource]]:
+    """Connect to a WebSocket ACP endpoint; the socket is closed on exit.
+
+    Raises:
+        ConnectionError: the extra is not installed, the server cannot be reached, or it
+            refused the upgrade (the message says which, with the HTTP status); also raised
+            on exit when the connection failed underneath (pings unanswered).
+    """
+    try:
+        import httpx
+        import httpx_ws
+    except ImportError:
+        raise ConnectionError(f"remote components need the remote extra: {REMOTE_EXTRA_HINT}"
+                              ) from None
+    try:
+        async with AsyncExitStack() as stack:
+            client = await stack.enter_async_context(httpx.AsyncClient(
+                headers=headers, timeout=httpx.Timeout(CONNECT_TIMEOUT)))
+            try:
+                session: Any = await stack.enter_async_context(httpx_ws.aconnect_ws(
+                    http_url(url), client, keepalive_ping_interval_seconds=PING_INTERVAL,
+                    keepalive_ping_timeout_seconds=PING_INTERVAL))
+            except httpx_ws.WebSocketUpgradeError as e:
+                status = e.response.status_code
+                raise ConnectionError(f"the server refused the connection: HTTP {status}"
+                                      + (" (check the token header)" if status == 401
+                                         else "")) from None
+            except httpx.HTTPError as e:
+                raise ConnectionError(str(e) or type(e).__name__) from None
+            yield WsClientSink(session), WsClientSource(session, max_frame_bytes=max_frame_bytes)
+    except* (httpx_ws.HTTPXWSException, httpx.HTTPError, OSError) as group:
+        first = group.exceptions[0]
+        if isinstance(first, ConnectionError):
+            raise first from None
+        raise ConnectionError(f"network error: {type(first).__name__}") from None

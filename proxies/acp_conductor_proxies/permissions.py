@@ -1,0 +1,735 @@
+"""permissions: a declarative policy for what the agent may do through the editor.
+
+Rules are checked in order, first match wins, else `default`. They judge
+`session/request_permission` (by tool kind, title, paths, command) and the agent's direct
+requests to the editor: `fs/read_text_file`, `fs/write_text_file`, `terminal/create`. So a
+`.env` rule also stops a read that goes straight through the editor's filesystem, or a
+`cat .env` in a terminal. A request the policy cannot place (an unknown session, a path
+that is not absolute, a NUL byte, a path through /proc) is denied without consulting the
+rules. Every decision is logged with the rule, or the reason, that made it.
+docs/proxies.md says exactly what path and command rules can and cannot see.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote, urlsplit
+
+from pydantic import BaseModel, ConfigDict
+
+from conductor.errors import RpcError
+from conductor.jsonrpc.codes import ErrorCode
+from conductor.plugins import Proxy, ProxyContext, on
+from conductor.validation import Regex
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from conductor.jsonrpc.message import JsonValue, Request
+
+Action = Literal["allow", "deny", "ask"]
+PERMISSION_DENIED = ErrorCode.POLICY_DENIED  # docs/errors.md
+
+MAX_SYMLINKS = 40          # as Linux's ELOOP limit
+MAX_WORDS = 10_000         # words of one command that are judged as paths; more is refused
+MAX_GLOB_MATCHES = 256     # what one shell glob may expand to, for matching
+MAX_COMMAND_CHARS = 256 * 1024  # a longer command line is refused (Linux: 128 KiB per arg)
+MAX_SPELLING_CHARS = 8 * MAX_COMMAND_CHARS  # all the spellings of one command, together
+MAX_DEPTH = 8              # shells within shells
+MAX_DIRS = 32              # `cd`s in one command line
+MAX_WRAPPED_WORDS = 256    # how far into `sudo -u x ... CMD` the wrapped command is looked for
+MAX_WRAPPED_PLAIN = 16     # words after a wrapper that may start the wrapped command
+# Paths that name a different file in each process (/proc/self/cwd, /dev/fd/3): what the
+# editor would open there cannot be known here.
+PER_PROCESS_ROOTS = ("/proc", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh",
+                    "fish", "csh", "tcsh"})
+# Programs that run their arguments as a command: `sudo rm -rf x` is judged as `rm -rf x` too.
+WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "command", "exec",
+                      "builtin", "xargs", "parallel", "find", "timeout", "stdbuf", "setsid",
+                      "ionice", "chrt", "taskset", "busybox", "unbuffer", "flock", "watch",
+                      "strace", "ltrace", "nsenter", "chroot", "runuser", "systemd-run"})
+SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while",
+                            "until", "!", "{", "}", "time", "coproc"})
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_OPERATOR_CHARS = frozenset(";&|()<>")
+
+
+class Rule(BaseModel):
+    """One rule: every condition given must match; a rule with none matches everything."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Action
+    name: str | None = None                 # shown in the log; default "rule N"
+    kind: str | list[str] | None = None     # tool kind: read, edit, delete, execute, fetch, ...
+    title: str | None = None                # glob on the tool call's title
+    path: str | None = None                 # glob on any path involved (see docs)
+    command: Regex | None = None            # regex searched in the command line
+
+
+class PermissionsOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rules: list[Rule] = []
+    default: Action = "ask"
+
+
+class Unplaceable(Exception):
+    """The policy cannot tell which file or command a request means: it is denied."""
+
+
+# -- paths ---------------------------------------------------------------------------------
+
+def _lexical(path: str) -> str:
+    """An absolute path with `//`, `.`, `..` and a trailing `/` folded, without the disk."""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part not in ("", "."):
+            parts.append(part)
+    return "/" + "/".join(parts)
+
+
+def _per_process(path: str) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in PER_PROCESS_ROOTS)
+
+
+def resolve(path: str) -> str:
+    """The absolute `path` with every symlink followed in order, as the kernel does
+    (`link/..` is the parent of the link's target); missing parts are kept as written.
+
+    Raises:
+        Unplaceable: a symlink loop, or a way through /proc or /dev/fd.
+    """
+    done = "/"
+    todo = path.split("/")[::-1]  # a stack: the next component is last
+    links = 0
+    while todo:
+        part = todo.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        candidate = os.path.join(done, part)
+        if _per_process(candidate):
+            raise Unplaceable(f"{path} goes through {candidate}, which names a different "
+                              "file in each process")
+        try:
+            target = os.readlink(candidate)
+        except OSError:  # not a link, missing, or not ours to read: taken as written
+            done = candidate
+            continue
+        links += 1
+        if links > MAX_SYMLINKS:
+            raise Unplaceable(f"{path}: too many levels of symbolic links")
+        if target.startswith("/"):
+            done = "/"
+        todo.extend(target.split("/")[::-1])
+    return done
+
+
+def _spellings(full: str, bases: Iterable[str]) -> set[str]:
+    """`full` (absolute, folded), relative to each base it lies under, and its file name."""
+    names = {full, os.path.basename(full)}
+    for base in bases:
+        if full == base:
+            names.add(".")
+        elif full.startswith(base.rstrip("/") + "/"):
+            names.add(full[len(base.rstrip("/")) + 1:])
+    names.discard("")
+    return names
+
+
+@dataclass(frozen=True)
+class Place:
+    """Every name one path goes by. `names`: what any spelling of it reads as (lexical and
+    real, absolute and relative to the cwd, file names); `targets`: the names of each file
+    the request could actually reach (None when that cannot be known)."""
+
+    shown: str
+    names: frozenset[str]
+    targets: tuple[frozenset[str], ...] | None
+
+
+class Placer:
+    """Places paths for one request: its session `cwd` (and that resolved) are the bases
+    of the relative spellings."""
+
+    def __init__(self, cwd: str | None) -> None:
+        self.cwd = cwd
+        self.bases = {_lexical(cwd)} if cwd else set()
+        self.error: Unplaceable | None = None
+        if cwd:
+            try:
+                self.bases.add(resolve(cwd))
+            except Unplaceable as e:
+                self.error = e
+
+    def place(self, path: str, *, base: str | None = None, strict: bool = True) -> Place:
+        """Where `path` (absolute, or relative to `base`, by default the session's cwd)
+        leads. With `strict`, a path the policy cannot judge raises; otherwise (a word in
+        a command, which may not be a path at all) it keeps only its lexical names.
+
+        Raises:
+            Unplaceable: a NUL byte; with `strict`, a loop or a way through /proc or /dev/fd.
+        """
+        if "\0" in path:
+            raise Unplaceable(f"{path!r} has a NUL byte")
+        base = base or self.cwd
+        if os.path.isabs(path):
+            raw = path
+        elif base is not None:
+            raw = f"{base}/{path}"
+        else:  # only path_matches asks this: match the lexical spelling as it stands
+            folded = os.path.normpath(path)
+            return Place(path, frozenset({folded, os.path.basename(folded)}), None)
+        lexical = _lexical(raw)
+        try:
+            if self.error is not None:
+                raise self.error
+            # The kernel follows `link/..` through the link; an editor that normalises
+            # first does not: either file may be the one opened.
+            reached = {resolve(raw), resolve(lexical)}
+        except Unplaceable:
+            if strict:
+                raise
+            return Place(path, frozenset(_spellings(lexical, self.bases)), None)
+        names = _spellings(lexical, self.bases)
+        targets = tuple(frozenset(_spellings(r, self.bases)) for r in sorted(reached))
+        for target in targets:
+            names |= target
+        return Place(path, frozenset(names), targets)
+
+
+def place(path: str, cwd: str | None, *, strict: bool = True) -> Place:
+    """`Placer(cwd).place(path)`. Raises:
+        Unplaceable: see `Placer.place`.
+    """
+    return Placer(cwd).place(path, strict=strict)
+
+
+def path_matches(pattern: str, path: str, cwd: str | None) -> bool:
+    """Does a deny or ask rule's glob match any spelling of `path` (see `place`)?"""
+    return _glob_any(pattern, [place(path, cwd, strict=False)])
+
+
+def _glob_any(pattern: str, places: list[Place]) -> bool:
+    # Deny and ask fold case: `.ENV` is the same file as `.env` on a case-insensitive
+    # filesystem (macOS, Windows), and realpath does not fix the case there.
+    folded = pattern.casefold()
+    return any(fnmatchcase(name.casefold(), folded) for p in places for name in p.names)
+
+
+def _glob_all(pattern: str, places: list[Place]) -> bool:
+    # Allow judges the file reached, not the name it was asked by: every file every path
+    # could reach must match, case and all.
+    return bool(places) and all(
+        p.targets is not None
+        and all(any(fnmatchcase(name, pattern) for name in t) for t in p.targets)
+        for p in places)
+
+
+def absolute_path(value: object, what: str) -> str:
+    """A path ACP requires to be absolute, checked.
+
+    Raises:
+        Unplaceable: not a non-empty string, not absolute, or with a NUL byte.
+    """
+    if not isinstance(value, str) or not value:
+        raise Unplaceable(f"{what} is not a path: {value!r}")
+    if "\0" in value:
+        raise Unplaceable(f"{what} {value!r} has a NUL byte")
+    if not os.path.isabs(value):
+        raise Unplaceable(f"{what} must be absolute (ACP), got {value!r}")
+    return value
+
+
+# -- commands ------------------------------------------------------------------------------
+
+@dataclass
+class Command:
+    """A command line as rules see it."""
+
+    line: str                                    # as sent: command and arguments, joined
+    simple: list[str] = field(default_factory=list)       # every simple command, normalised
+    unwrapped: list[str] = field(default_factory=list)    # what wrappers would run, shells
+    #   seen through: spellings for deny and ask rules only
+    words: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (word, bases)
+    opaque: bool = False    # parts no rule can see through: expansions, scripts, stdin
+    budget: int = MAX_SPELLING_CHARS
+    placements: int = 0
+
+    def spellings(self) -> list[str]:
+        return [self.line, *self.simple, *self.unwrapped]
+
+    def add_words(self, words: list[str], bases: tuple[str, ...]) -> None:
+        """Words that may be paths, each to be tried against every base. Raises:
+            Unplaceable: more than MAX_WORDS placements in one command.
+        """
+        self.words.extend((w, bases) for w in words)
+        self.placements += len(words) * max(len(bases), 1)
+        if self.placements > MAX_WORDS:
+            raise Unplaceable(f"the command has more than {MAX_WORDS} words to judge")
+
+    def spell(self, into: list[str], argv: list[str]) -> None:
+        """Add `argv` as a spelling. Raises:
+            Unplaceable: the spellings of one command would exceed MAX_SPELLING_CHARS.
+        """
+        text = _spelled(argv)
+        self.budget -= len(text)
+        if self.budget < 0:
+            raise Unplaceable("the command is too complex to judge")
+        into.append(text)
+
+
+def command_of(argv: list[str], cwd: str | None, *, script: str | None = None) -> Command:
+    """Parse an argv (and `script`, a command line an editor may hand to a shell).
+
+    Raises:
+        Unplaceable: a NUL byte, too long, too many words, or nested too deep to judge.
+    """
+    pieces = [*argv, *([script] if script is not None else [])]
+    if any("\0" in p for p in pieces):
+        raise Unplaceable("the command has a NUL byte")
+    if sum(map(len, pieces)) > MAX_COMMAND_CHARS:
+        raise Unplaceable(f"the command is longer than {MAX_COMMAND_CHARS} characters")
+    command = Command(" ".join(argv))
+    bases = (cwd,) if cwd else ()
+    _add_argv(command, argv, bases, in_shell=False, depth=0)
+    if script is not None:
+        _add_script(command, script, bases, depth=0)
+    return command
+
+
+def _spelled(argv: list[str]) -> str:
+    return " ".join([os.path.basename(argv[0]) or argv[0], *argv[1:]])
+
+
+def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_shell: bool,
+              depth: int) -> None:
+    while argv and (argv[0] in SHELL_KEYWORDS or _ASSIGNMENT.match(argv[0])):
+        argv = argv[1:]
+    if not argv:
+        return
+    if len(argv) > MAX_WORDS:
+        raise Unplaceable(f"the command has more than {MAX_WORDS} words to judge")
+    command.spell(command.simple, argv)
+    for i, word in enumerate(argv):
+        if i == 0 and "/" not in word:
+            continue  # a program found on PATH is not a path here
+        command.add_words(_path_words(word, bases, in_shell), bases)
+    _look_inside(command, argv, bases, depth)
+
+
+def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
+                 depth: int) -> None:
+    """What a shell (`sh -c SCRIPT`) or a wrapper (`sudo -u x CMD`) would run.
+
+    Raises:
+        Unplaceable: shells nested too deep, or a wrapped command too far in to find.
+    """
+    if depth >= MAX_DEPTH:
+        raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
+    program = os.path.basename(argv[0])
+    if program in SHELLS:
+        script = _shell_script(argv)
+        if script is None:
+            command.opaque = True  # a script file or stdin: unseen
+            for word in argv[1:]:  # unless an option this parser missed hid the -c
+                if any(c.isspace() for c in word):
+                    _add_script(command, word, bases, depth + 1)
+        else:
+            # Seen through: what runs is the script's commands, not `sh -c ...` itself
+            # (kept for deny and ask rules all the same).
+            if command.simple and command.simple[-1] == _spelled(argv):
+                command.unwrapped.append(command.simple.pop())
+            _add_script(command, script, bases, depth + 1)
+        return
+    if program not in WRAPPERS:
+        return
+    # Options and their values come first and differ per wrapper: every later word could
+    # be where the wrapped command starts, so each suffix is judged (wrappers nest).
+    plain = 0
+    for i, word in enumerate(argv[1:], start=1):
+        if i > MAX_WRAPPED_WORDS:
+            raise Unplaceable(f"no command found in the first {MAX_WRAPPED_WORDS} words "
+                              f"after {program}")
+        if any(c.isspace() for c in word):  # `su -c STR`, `env -S STR`, `watch STR`
+            command.opaque = True
+            _add_script(command, word, bases, depth + 1)
+        if word.startswith("-") or _ASSIGNMENT.match(word):
+            continue
+        command.spell(command.unwrapped, argv[i:])
+        inner = os.path.basename(word)
+        if inner in SHELLS:
+            _look_inside(command, argv[i:], bases, depth + 1)
+        elif inner not in WRAPPERS:
+            plain += 1
+            if plain >= MAX_WRAPPED_PLAIN:
+                return
+
+
+def _shell_script(argv: list[str]) -> str | None:
+    """The script of `sh -c SCRIPT` (`-ec`, `-lc`, `-o pipefail -c` ...), else None."""
+    wants_script = False
+    words = iter(argv[1:])
+    for word in words:
+        if word == "--":
+            continue
+        if word[:1] in "-+" and len(word) > 1:
+            if word in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
+                next(words, None)
+            elif not word.startswith("--") and "c" in word[1:]:
+                wants_script = True
+            continue
+        return word if wants_script else None
+    return None
+
+
+def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: int) -> None:
+    if "$" in script or "`" in script or "<<" in script:
+        command.opaque = True  # values only the running shell knows
+    # Newlines and backquotes separate commands too; a `#` is not taken for a comment
+    # (shlex would hide `a#b; rm -rf x` from the rules).
+    lexer = shlex.shlex(script.replace("\n", ";").replace("`", ";"), posix=True,
+                        punctuation_chars=";&|()<>")
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    try:
+        tokens = list(lexer)
+    except ValueError:  # an unclosed quote: the raw line is all rules can see
+        command.opaque = True
+        return
+    current: list[str] = []
+    dirs = list(bases)
+    redirect = False
+    for token in [*tokens, ";"]:
+        if token and set(token) <= _OPERATOR_CHARS:
+            if "<" in token or ">" in token:
+                if current and current[-1].isdigit():
+                    current.pop()  # the fd of `2>`
+                redirect = True
+                continue
+            _simple(command, current, dirs, depth)
+            current = []
+            continue
+        if redirect:  # the file of `> out` or `< .env` is a path the command touches
+            command.add_words(_path_words(token, dirs, True), tuple(dirs))
+            redirect = False
+            continue
+        current.append(token)
+
+
+def _simple(command: Command, argv: list[str], dirs: list[str], depth: int) -> None:
+    _add_argv(command, argv, tuple(dirs), in_shell=True, depth=depth)
+    words = [w for w in argv if not _ASSIGNMENT.match(w)]
+    if words[:1] in (["cd"], ["pushd"]) and len(words) > 1:
+        # Later relative paths may be relative to it, or not (it was in a subshell, or
+        # failed): both count.
+        if len(dirs) >= MAX_DIRS:
+            raise Unplaceable(f"the command changes directory more than {MAX_DIRS} times")
+        dirs.append(os.path.join(dirs[-1] if dirs else "/", os.path.expanduser(words[1])))
+
+
+def _path_words(word: str, bases: Iterable[str], in_shell: bool) -> list[str]:
+    """What `word` could name as a path: itself, the value of `--opt=value`, `-fVALUE` or
+    `NAME=value`, a `file://` URI's path, `~` expanded, and in a shell, what a glob
+    expands to."""
+    if word in ("", "-"):
+        return []
+    out = [] if word.startswith("-") else [word]
+    if "=" in word:
+        out.append(word.split("=", 1)[1])
+    elif word.startswith("-") and not word.startswith("--") and len(word) > 2:
+        out.append(word[2:])  # a short option's value: `-f.env`
+    for w in list(out):
+        if w.lower().startswith("file:"):
+            out.append(unquote(urlsplit(w).path))
+        if w.startswith("~"):
+            out.append(os.path.expanduser(w))
+    if in_shell and any(c in word for c in "*?["):
+        for base in bases:
+            pattern = word if os.path.isabs(word) else os.path.join(glob.escape(base), word)
+            out.extend(itertools.islice(glob.iglob(pattern), MAX_GLOB_MATCHES))
+    return [w for w in out if w]
+
+
+# -- decisions -----------------------------------------------------------------------------
+
+@dataclass
+class Subject:
+    """What a request asks to do, in the terms rules speak."""
+
+    method: str
+    kind: str | None = None
+    title: str | None = None
+    paths: list[str] = field(default_factory=list)   # as named, for the log
+    places: list[Place] = field(default_factory=list)
+    command: Command | None = None
+    cwd: str | None = None
+
+    def describe(self) -> str:
+        parts = [self.method]
+        if self.kind:
+            parts.append(f"kind={self.kind}")
+        if self.title:
+            parts.append(f"title={self.title!r}")
+        if self.paths:
+            parts.append(f"paths={self.paths}")
+        if self.command is not None:
+            parts.append(f"command={self.command.line!r}")
+        return " ".join(parts)
+
+
+def rule_matches(rule: Rule, subject: Subject) -> bool:
+    """Deny and ask rules match any spelling of what the request names; an allow rule only
+    what it certainly reaches (see docs/proxies.md)."""
+    strict = rule.action == "allow"
+    if rule.kind is not None:
+        kinds = [rule.kind] if isinstance(rule.kind, str) else rule.kind
+        if subject.kind not in kinds:
+            return False
+    if rule.title is not None and (subject.title is None
+                                   or not fnmatchcase(subject.title, rule.title)):
+        return False
+    if rule.path is not None:
+        if not (_glob_all if strict else _glob_any)(rule.path, subject.places):
+            return False
+    if rule.command is not None:
+        command = subject.command
+        if command is None:
+            return False
+        if strict:  # every command that will run must be one the rule allows
+            return not command.opaque and bool(command.simple) and all(
+                re.search(rule.command, c) for c in command.simple)
+        return any(re.search(rule.command, c) for c in command.spellings())
+    return True
+
+
+class Permissions(Proxy[PermissionsOptions]):
+    """Allow, deny or ask for tool calls and editor file/terminal access, by declarative rules."""
+
+    options_model = PermissionsOptions
+
+    def decide(self, subject: Subject) -> tuple[Action, str]:
+        for i, rule in enumerate(self.options.rules):
+            if rule_matches(rule, subject):
+                return rule.action, rule.name or f"rule {i + 1}"
+        return self.options.default, "default"
+
+    def mcp_servers(self) -> list[Any]:
+        """An opt-in `permissions` MCP server: the agent can ask before it tries.
+        Declared when the chain file names it ([[mcp_server]] type acp, docs/mcp.md)."""
+        from mcp.server.mcpserver import MCPServer
+
+        from conductor.plugins import McpOffer, tool_context
+
+        server = MCPServer("permissions", instructions=(
+            "The editor's policy for this session: ask whether an action would be allowed, "
+            "denied or asked about before trying it."))
+
+        @server.tool()
+        def check(kind: str = "", path: str = "", title: str = "", command: str = "") -> str:
+            """Would the policy allow this action? kind: read, edit, delete, move, search,
+            execute, fetch, other; path: a file it touches; title: what it would be called;
+            command: a command line. Answers allow, deny or ask, and the rule that decided."""
+            session = tool_context().session
+            cwd = session.cwd if session is not None else None
+            if cwd is None or not os.path.isabs(cwd):
+                return "deny (cannot place it: the session has no absolute cwd)"
+            # Judged as the permission request the agent would send, by the same rules.
+            tool: dict[str, Any] = {"kind": kind or None, "title": title or None}
+            if path:
+                tool["locations"] = [{"path": os.path.join(cwd, path)}]
+            if command:
+                tool["rawInput"] = {"command": command}
+            try:
+                subject = _permission_subject({"toolCall": tool}, cwd, Subject("check"))
+            except Unplaceable as e:
+                return f"deny (cannot place it: {e})"
+            action, by = self.decide(subject)
+            return f"{action} (by {by})"
+
+        @server.tool()
+        def rules() -> str:
+            """The policy's rules, in the order they are checked (first match wins)."""
+            lines = [f"{i + 1}. {r.name or f'rule {i + 1}'}: {r.action} "
+                     + " ".join(f"{k}={v!r}" for k, v in r.model_dump(
+                         exclude={"action", "name"}, exclude_none=True).items())
+                     for i, r in enumerate(self.options.rules)]
+            return "\n".join([*lines, f"otherwise: {self.options.default}"])
+
+        return [McpOffer(server, declare=False)]
+
+    def _judge(self, ctx: ProxyContext, method: str, params: dict[str, Any]) -> tuple[Action,
+                                                                                     str]:
+        """(action, why): a request that cannot be placed is denied before any rule."""
+        try:
+            subject = _SUBJECTS[method](params, _session_cwd(ctx), Subject(method))
+            action, why = self.decide(subject)
+            why = f"by {why}"
+        except Unplaceable as e:
+            action, why = "deny", f"cannot place it: {e}"
+            self.log.info("deny %s %s (%s)", method, _summary(params), why)
+            return action, why
+        self.log.info("%s %s (%s)", action, subject.describe(), why)
+        return action, why
+
+    @on("session/request_permission", source="successor")
+    async def request_permission(self, ctx: ProxyContext, message: Request) -> JsonValue:
+        params = _params(message)
+        action, _ = self._judge(ctx, message.method, params)
+        if action == "ask":
+            return await ctx.forward()
+        wanted = ("allow_once", "allow_always") if action == "allow" else \
+            ("reject_once", "reject_always")
+        options = [o for o in params.get("options") or [] if isinstance(o, dict)]
+        for kind in wanted:  # prefer the one-off choice: a policy decides each time
+            for option in options:
+                if option.get("kind") == kind and "optionId" in option:
+                    return {"outcome": {"outcome": "selected", "optionId": option["optionId"]}}
+        return {"outcome": {"outcome": "cancelled"}}
+
+    @on("fs/read_text_file", source="successor")
+    async def read_text_file(self, ctx: ProxyContext, message: Request) -> JsonValue:
+        return await self._allow_or_refuse(ctx, message)
+
+    @on("fs/write_text_file", source="successor")
+    async def write_text_file(self, ctx: ProxyContext, message: Request) -> JsonValue:
+        return await self._allow_or_refuse(ctx, message)
+
+    @on("terminal/create", source="successor")
+    async def create_terminal(self, ctx: ProxyContext, message: Request) -> JsonValue:
+        return await self._allow_or_refuse(ctx, message)
+
+    async def _allow_or_refuse(self, ctx: ProxyContext, message: Request) -> JsonValue:
+        method = message.method
+        action, why = self._judge(ctx, method, _params(message))
+        # allow and ask both pass the request on: the editor has the file and its own prompts.
+        if action == "deny":
+            raise RpcError(PERMISSION_DENIED,
+                           f"denied by the permissions policy of {self.name} ({why})",
+                           {"component": self.name, "method": method, "reason": why})
+        return await ctx.forward()
+
+
+def _params(message: Request) -> dict[str, Any]:
+    params = message.params_value()
+    return params if isinstance(params, dict) else {}
+
+
+def _summary(params: dict[str, Any]) -> str:
+    """What a request names, for the log line of one that could not be placed."""
+    tool = params.get("toolCall")
+    if not isinstance(tool, dict):
+        tool = {}
+    shown = {"path": params.get("path"), "command": params.get("command"),
+             "args": params.get("args"), "cwd": params.get("cwd"), "title": tool.get("title"),
+             "sessionId": params.get("sessionId")}
+    return " ".join(f"{k}={v!r:.200}" for k, v in shown.items() if v is not None)
+
+
+def _session_cwd(ctx: ProxyContext) -> str:
+    """Raises:
+        Unplaceable: the session was never set up through this proxy, or has no usable cwd.
+    """
+    session = ctx.session
+    if session is None:
+        raise Unplaceable("the request names no session")
+    cwd = session.cwd
+    if cwd is None or "\0" in cwd or not os.path.isabs(cwd):
+        raise Unplaceable(f"session {session.session_id!r} is unknown to this proxy "
+                          "(no session/new, load or resume with an absolute cwd went through it)")
+    return cwd
+
+
+def _file_subject(params: dict[str, Any], cwd: str, subject: Subject, kind: str) -> Subject:
+    path = absolute_path(params.get("path"), "path")
+    subject.kind, subject.cwd, subject.paths = kind, cwd, [path]
+    subject.places = [place(path, cwd)]
+    return subject
+
+
+def _terminal_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Subject:
+    program, args = params.get("command"), params.get("args") or []
+    if not isinstance(program, str) or not program:
+        raise Unplaceable(f"command is not a string: {program!r}")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise Unplaceable("args is not a list of strings")
+    where = cwd
+    subject.kind, subject.cwd = "execute", cwd
+    if params.get("cwd") is not None:
+        where = absolute_path(params["cwd"], "cwd")
+        subject.paths.append(where)
+        subject.places.append(place(where, cwd))
+    # Some editors hand `command` to a shell: a whole command line there is judged as one.
+    script = program if not args and any(c.isspace() for c in program) else None
+    subject.command = command_of([program, *args], where, script=script)
+    # Environment values name files too: BASH_ENV=.env makes bash run it, LD_PRELOAD loads it.
+    env = params.get("env") or []
+    values = [e.get("value") for e in env if isinstance(e, dict)] if isinstance(env, list) \
+        else []
+    strings = [v for v in values if isinstance(v, str)]
+    if not isinstance(env, list) or len(strings) != len(env):
+        raise Unplaceable("env is not a list of {name, value} strings")
+    for value in strings:
+        subject.command.add_words(_path_words(value, (where,), in_shell=False), (where,))
+    _add_words(subject, subject.command, cwd)
+    return subject
+
+
+def _permission_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Subject:
+    tool = params.get("toolCall")
+    if not isinstance(tool, dict):
+        tool = {}
+    subject.kind, subject.title, subject.cwd = tool.get("kind"), tool.get("title"), cwd
+    for location in tool.get("locations") or []:
+        path = absolute_path(location.get("path") if isinstance(location, dict) else None,
+                             "toolCall.locations[].path")
+        subject.paths.append(path)
+        subject.places.append(place(path, cwd))
+    raw = tool.get("rawInput")
+    if not isinstance(raw, dict):
+        raw = {}
+    where = raw.get("cwd") if isinstance(raw.get("cwd"), str) and \
+        os.path.isabs(raw["cwd"]) else cwd
+    line = raw.get("command")
+    if isinstance(line, list) and all(isinstance(w, str) for w in line):
+        subject.command = command_of(line, where)
+    elif isinstance(line, str):  # agents' shell tools take one command line
+        subject.command = command_of([line], where, script=line)
+    # Agents name the file of a tool call in rawInput too (path, file_path, notebook_path).
+    for key, value in raw.items():
+        if key.lower().endswith("path") and isinstance(value, str) and value:
+            subject.paths.append(value)
+            subject.places.append(Placer(cwd).place(value, base=where,
+                                                    strict=os.path.isabs(value)))
+    if subject.command is not None:
+        _add_words(subject, subject.command, cwd)
+    return subject
+
+
+def _add_words(subject: Subject, command: Command, cwd: str) -> None:
+    placer = Placer(cwd)
+    for word, bases in command.words:
+        for base in bases or (cwd,):
+            subject.places.append(placer.place(word, base=base, strict=False))
+
+
+_SUBJECTS: dict[str, Any] = {
+    "session/request_permission": _permission_subject,
+    "fs/read_text_file": lambda p, cwd, s: _file_subject(p, cwd, s, "read"),
+    "fs/write_text_file": lambda p, cwd, s: _file_subject(p, cwd, s, "edit"),
+    "terminal/create": _terminal_subject,
+}

@@ -1,0 +1,156 @@
+"""session-tools: tools about the session itself, for the agent (an MCP server, docs/mcp.md).
+
+- `chain`: the chain's components and their state, and the open sessions (what the
+  conductor knows; stand-alone, only this proxy and what initialize said);
+- `search_transcript`: lines of this session's transcript (prompts, the agent's messages,
+  tool calls) that contain a text, newest last;
+- `ask_user`: a yes/no question to the person at the editor (as a permission request).
+
+It remembers the last `keep` lines of each session (and at most `sessions` sessions), in
+memory only.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from conductor.plugins import Proxy, ProxyContext, on, tool_context
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Notification, Request
+
+
+class SessionToolsOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    keep: int = Field(default=2000, ge=1, description="transcript lines kept per session")
+    sessions: int = Field(default=64, ge=1, description="sessions remembered at most")
+
+
+def _text(blocks: Any) -> str:
+    blocks = blocks if isinstance(blocks, list) else [blocks]
+    return "".join(str(b.get("text", "")) for b in blocks
+                   if isinstance(b, dict) and b.get("type") == "text")
+
+
+class SessionTools(Proxy[SessionToolsOptions]):
+    """Give the agent tools about its own session: the chain, the transcript, the user."""
+
+    options_model = SessionToolsOptions
+
+    def __init__(self, options: SessionToolsOptions | None = None) -> None:
+        super().__init__(options)
+        self._lines: OrderedDict[str, deque[str]] = OrderedDict()
+        self._agent_line: dict[str, str] = {}   # the agent's message being streamed
+        self._initialize: dict[str, Any] = {}
+
+    # -- what it records -------------------------------------------------------------------
+
+    def _log(self, session_id: str, line: str) -> None:
+        lines = self._lines.get(session_id)
+        if lines is None:
+            lines = self._lines[session_id] = deque(maxlen=self.options.keep)
+            while len(self._lines) > self.options.sessions:
+                self._lines.popitem(last=False)
+        lines.append(line)
+
+    def _flush_agent(self, session_id: str) -> None:
+        text = self._agent_line.pop(session_id, "")
+        if text.strip():
+            self._log(session_id, f"agent: {text.strip()}")
+
+    @on("initialize")
+    async def remember_initialize(self, ctx: ProxyContext, request: Request) -> Any:
+        self._initialize["client"] = (request.params_value() or {}).get("clientInfo")
+        answer = await ctx.forward()
+        if answer is not None and not answer.is_error:
+            result = answer.result_value() or {}
+            self._initialize["agent"] = result.get("agentInfo")
+            self._initialize["protocolVersion"] = result.get("protocolVersion")
+        return answer
+
+    @on("session/prompt")
+    async def record_prompt(self, ctx: ProxyContext, request: Request) -> Any:
+        params = request.params_value() or {}
+        sid = str(params.get("sessionId", ""))
+        self._flush_agent(sid)
+        self._log(sid, f"user: {_text(params.get('prompt'))}")
+        answer = await ctx.forward()
+        self._flush_agent(sid)
+        return answer
+
+    @on("session/update", source="successor")
+    async def record_update(self, ctx: ProxyContext, note: Notification) -> None:
+        params = note.params_value() or {}
+        sid = str(params.get("sessionId", ""))
+        update = params.get("update") or {}
+        kind = update.get("sessionUpdate")
+        if kind == "agent_message_chunk":
+            self._agent_line[sid] = self._agent_line.get(sid, "") + _text(update.get("content"))
+        elif kind == "tool_call":
+            self._flush_agent(sid)
+            self._log(sid, f"tool call: {update.get('title', '')} ({update.get('kind', '')})")
+        await ctx.forward()
+
+    # -- the tools ---------------------------------------------------------------------------
+
+    def describe_chain(self) -> str:
+        status: Any = self.chain_status() if self.chain_status is not None else None
+        if not isinstance(status, dict):  # stand-alone: only this proxy is known
+            status = {"components": [{"name": self.name, "role": "proxy",
+                                      "state": "running (stand-alone)"}]}
+        lines = ["components (editor side first):"]
+        for c in status.get("components", []):
+            where = " (in-process)" if c.get("inProcess") else ""
+            lines.append(f"  {c.get('name')}: {c.get('role')}{where}, {c.get('state')}")
+        sessions = status.get("sessions")
+        if sessions is not None:
+            lines.append(f"open sessions: {len(sessions)}")
+            for r in sessions:
+                lines.append(f"  {r.get('sessionId')}: {r.get('state')}, {r.get('prompts')} "
+                             f"prompt(s), opened by {r.get('openedBy')}")
+        mcp = status.get("mcp")
+        if isinstance(mcp, dict):
+            lines.append(f"MCP-over-ACP: {mcp.get('servers')} server(s) declared, "
+                         f"{mcp.get('connections')} connection(s) open")
+        info = self._initialize
+        for who in ("client", "agent"):
+            about = info.get(who)
+            if isinstance(about, dict):
+                lines.append(f"{who}: {about.get('name')} {about.get('version', '')}".rstrip())
+        if "protocolVersion" in info:
+            lines.append(f"ACP protocol version: {info['protocolVersion']}")
+        return "\n".join(lines)
+
+    def mcp_servers(self) -> list[Any]:
+        from mcp.server.mcpserver import MCPServer
+
+        server = MCPServer("session-tools", instructions=(
+            "Tools about this ACP session: the chain of components serving it, its "
+            "transcript, and yes/no questions to the user."))
+
+        @server.tool()
+        def chain() -> str:
+            """The chain serving this session: each component (proxy or agent) and its
+            state, and the open sessions."""
+            return self.describe_chain()
+
+        @server.tool()
+        def search_transcript(query: str, limit: int = 20) -> str:
+            """Lines of this session's transcript (prompts, agent messages, tool calls)
+            that contain `query` (case-insensitive), newest last."""
+            sid = tool_context().session_id or ""
+            self._flush_agent(sid)
+            lines = [line for line in self._lines.get(sid, ())
+                     if query.lower() in line.lower()]
+            return "\n".join(lines[-max(1, limit):]) or f"no line contains {query!r}"
+
+        @server.tool()
+        async def ask_user(question: str) -> str:
+            """Ask the user a yes/no question; answers "yes" or "no"."""
+            return "yes" if await tool_context().ask_permission(question) else "no"
+
+        return [server]

@@ -1,0 +1,89 @@
+"""`acp-conductor init`: chain files that load as written (their commented examples too),
+and a proxy package that works once `pip install -e` has installed it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+from typing import TYPE_CHECKING
+
+import pytest
+
+from conductor.cli.init import AGENTS, chain_text
+from conductor.config import parse_chain
+from conductor.serve import _plan
+from tests.conftest import child_env, conductor_argv
+from tests.e2e.conftest import fresh_venv, user_env
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def conductor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(conductor_argv(*args), env=child_env(), cwd=cwd, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=60, check=False)
+
+
+def with_examples_enabled(text: str) -> str:
+    """The chain file with its commented-out [[proxy]] blocks uncommented."""
+    return re.sub(r"^# (\[\[proxy\]\]\n(?:# .*\n)*)",
+                  lambda m: re.sub(r"^# ", "", m.group(1), flags=re.M), text, flags=re.M)
+
+
+@pytest.mark.parametrize("agent", sorted(AGENTS))
+def test_the_chain_for_each_known_agent_loads_with_its_example_proxies_enabled(
+        agent: str, tmp_path: Path) -> None:
+    text = chain_text(agent, AGENTS[agent], tmp_path / "chain.toml")
+    for variant, proxies in ((text, 0), (with_examples_enabled(text), 3)):
+        config = parse_chain(tomllib.loads(variant), file="chain.toml",
+                             base_dir=str(tmp_path))
+        assert len(config.proxy) == proxies
+        plan = _plan(config, "agent")  # plugins found, options valid, variables set
+        assert [name for name in [*config.proxy_names(), config.agent_name()]] == [
+            *["permissions", "redact", "transcript"][:proxies], agent]
+        assert len(plan) == proxies + 1
+
+
+def test_init_writes_a_chain_that_runs_and_never_overwrites_one(tmp_path: Path) -> None:
+    result = conductor("init", "--agent", "demo", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    written = (tmp_path / "chain.toml").read_text(encoding="utf-8")
+    assert conductor("run", "--chain", "chain.toml", "hello", cwd=tmp_path).returncode == 0
+    again = conductor("init", "--agent", "codex", cwd=tmp_path)
+    assert again.returncode == 2
+    assert "chain.toml already exists; not overwriting it" in again.stderr
+    assert (tmp_path / "chain.toml").read_text(encoding="utf-8") == written
+
+
+def test_init_with_an_agent_command_puts_it_in_the_chain(tmp_path: Path) -> None:
+    result = conductor("init", "--agent-command", 'my-agent --acp --name "x y"', "-o",
+                       "mine.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    chain = tomllib.loads((tmp_path / "mine.toml").read_text(encoding="utf-8"))
+    assert chain["agent"]["command"] == 'my-agent --acp --name "x y"'
+
+
+def test_a_proxy_package_from_init_is_usable_by_name_once_installed(
+        wheel: Path, tmp_path: Path) -> None:
+    venv = fresh_venv(tmp_path / "venv")
+
+    def sh(*argv: str, cwd: Path = tmp_path) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(argv, env=user_env(venv), cwd=cwd, capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL, timeout=120, check=False)
+        assert done.returncode == 0, f"{argv}\n{done.stdout}\n{done.stderr}"
+        return done
+
+    sh("pip", "install", "-q", str(wheel))
+    sh("acp-conductor", "init", "--proxy", "shout")
+    sh("pip", "install", "-q", "-e", "shout[test]")
+    listed = sh("acp-conductor", "proxies").stdout
+    assert re.search(r"^shout +Puts a line of text in front of every prompt\.", listed, re.M)
+    (tmp_path / "chain.toml").write_text(
+        '[[proxy]]\nuse = "shout"\noptions = { prefix = "Be brief." }\n'
+        '[agent]\ncommand = ["${PYTHON}", "-m", "conductor.demo_agent"]\n', encoding="utf-8")
+    ran = sh("acp-conductor", "run", "--chain", "chain.toml", "hello")
+    assert "You said: Be brief. hello" in ran.stdout
+    tests = sh("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+               cwd=tmp_path / "shout")
+    assert re.search(r"^[1-9][0-9]* passed in ", tests.stdout, re.M), tests.stdout

@@ -1,0 +1,39 @@
+"""A plugin's lifecycle hooks in a real conductor process, which exits with os._exit: what
+the plugin flushes in chain_stopped reaches its file, in-process and stand-alone."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+
+from conductor.testing import open_process_client
+from tests.conftest import BIN, child_env, conductor_argv
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+PLUGIN = f"{BIN / 'lifecycle_proxy.py'}:Lifecycle"
+
+
+@pytest.mark.parametrize("mode", ["in-process", "stand-alone"])
+async def test_hooks_run_in_order_and_what_chain_stopped_flushes_is_written(
+        tmp_path: Path, mode: str) -> None:
+    log = tmp_path / "hooks.log"
+    options = json.dumps({"path": str(log)})
+    entry = f"plugin = {json.dumps(PLUGIN)}\noptions = {{ path = {json.dumps(str(log))} }}" \
+        if mode == "in-process" else "command = " + json.dumps(
+            ["${PYTHON}", "-m", "conductor", "serve-proxy", PLUGIN, "--options", options])
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[[proxy]]\nname = "hooks"\n{entry}\n\n[agent]\n'
+                     'command = ["${PYTHON}", "-m", "conductor.demo_agent"]\n', encoding="utf-8")
+    async with open_process_client(conductor_argv("--chain", str(chain)),
+                                   env=child_env()) as client:
+        with anyio.fail_after(20):
+            sid = await client.new_session("/tmp")
+            await client.prompt(sid, "hello")
+    # The client closed its input and the conductor exited: the session was still open.
+    assert log.read_text(encoding="utf-8").splitlines() == [
+        "chain_started", f"opened {sid}", f"closed {sid}: stopped", "chain_stopped"]

@@ -1,0 +1,367 @@
+"""The permissions proxy against an agent that tries to get past its rules.
+
+Each case runs the shipped example policy (chains/permissions.toml) in memory: the agent
+asks the editor for a file, a terminal or a permission, and the test checks whether the
+editor ever saw the request. "Denied" means the agent got -33004 (POLICY_DENIED) or a
+reject option, and the editor saw nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import shlex
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+
+from acp_conductor_proxies.permissions import PERMISSION_DENIED, Permissions, PermissionsOptions
+from conductor.config import load_chain
+from conductor.errors import RpcError
+from conductor.rpc.failure import raise_for_error as answer_or_raise
+from conductor.testing import ScriptedAgent, TestClient, open_test_chain
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = PermissionsOptions(**load_chain(str(REPO / "chains" / "permissions.toml"))
+                             .proxy[0].options)
+SESSION = object()  # "the session the test opened"
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    """A project with secrets, and links that lead to them under innocent names."""
+    ws = tmp_path / "ws"
+    (ws / "secrets" / "inner").mkdir(parents=True)
+    (ws / "sub").mkdir()
+    (ws / "public").mkdir()
+    (ws / ".env").write_text("SECRET=1", encoding="utf-8")
+    (ws / "secrets" / "k").write_text("key", encoding="utf-8")
+    (ws / "ok.txt").write_text("ok", encoding="utf-8")
+    (ws / "key.pem").write_text("pem", encoding="utf-8")
+    (ws / "public" / "a.txt").write_text("a", encoding="utf-8")
+    (ws / "innocent.txt").symlink_to(".env")
+    (ws / "notsecret").symlink_to("secrets")
+    (ws / "chain1").symlink_to("chain2")          # a chain of links ending at .env
+    (ws / "chain2").symlink_to(ws / "chain3")
+    (ws / "chain3").symlink_to("sub/../.env")
+    (ws / "up").symlink_to("secrets/inner")        # up/../k is secrets/k to the kernel
+    (ws / "loop1").symlink_to("loop2")
+    (ws / "loop2").symlink_to("loop1")
+    (ws / "public" / "leak.txt").symlink_to("../.env")
+    return ws
+
+
+@dataclass
+class Probe:
+    agent: ScriptedAgent
+    client: TestClient
+    sid: str
+
+    async def reaches_editor(self, method: str, params: dict[str, Any],
+                             session: object = SESSION) -> bool:
+        """Send `method` from the agent; True when the editor got it, False when the
+        policy refused it (with -33004)."""
+        sid = self.sid if session is SESSION else session
+        before = len(self.client.received_params(method))
+        answer = await self.agent.request(method, {"sessionId": sid, **params})
+        reached = len(self.client.received_params(method)) > before
+        try:
+            answer_or_raise(answer)
+        except RpcError as e:
+            assert not reached and e.code == PERMISSION_DENIED, e
+            assert "denied by the permissions policy of permissions" in e.message
+        return reached
+
+    async def permission(self, tool_call: dict[str, Any],
+                         session: object = SESSION) -> str:
+        """The option a permission request got: `editor` when the editor was asked."""
+        sid = self.sid if session is SESSION else session
+        answer = answer_or_raise(await self.agent.request("session/request_permission", {
+            "sessionId": sid, "toolCall": {"toolCallId": "c1", **tool_call},
+            "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}))
+        outcome = answer.result_value()["outcome"]
+        return outcome.get("optionId", outcome["outcome"])
+
+
+@asynccontextmanager
+async def policy(cwd: Path, options: PermissionsOptions = SHIPPED) -> AsyncIterator[Probe]:
+    agent = ScriptedAgent()
+    client = TestClient({
+        "terminal/create": {"terminalId": "t1"},
+        "session/request_permission": {"outcome": {"outcome": "selected",
+                                                   "optionId": "editor"}}})
+    async with open_test_chain([Permissions(options)], agent, client=client) as client:
+        with anyio.fail_after(10):
+            yield Probe(agent, client, await client.new_session(str(cwd)))
+
+
+def fill(value: Any, ws: Path) -> Any:
+    """`value` with every `{ws}` in its strings replaced by the workspace."""
+    if isinstance(value, str):
+        return value.format(ws=ws)
+    if isinstance(value, list):
+        return [fill(v, ws) for v in value]
+    if isinstance(value, dict):
+        return {k: fill(v, ws) for k, v in value.items()}
+    return value
+
+
+# -- what the policy cannot place is denied ----------------------------------------------
+
+@pytest.mark.parametrize("path", ["innocent.txt", "notsecret/k", "ok.txt", "./ok.txt", "",
+                                  "~", "~/.env", "file://{ws}/ok.txt", "file://{ws}/.env"])
+async def test_a_read_of_a_path_that_is_not_absolute_is_denied_whatever_it_names(
+        ws: Path, path: str) -> None:
+    async with policy(ws) as probe:
+        assert not await probe.reaches_editor("fs/read_text_file",
+                                              {"path": path.format(ws=ws)})
+        assert await probe.reaches_editor("fs/read_text_file", {"path": f"{ws}/ok.txt"})
+
+
+@pytest.mark.parametrize("session", [None, "no-such-session", 7])
+@pytest.mark.parametrize("name", ["innocent.txt", "ok.txt"])
+async def test_a_request_for_a_session_the_proxy_never_saw_is_denied(
+        ws: Path, session: object, name: str) -> None:
+    async with policy(ws) as probe:
+        for path in (name, f"{ws}/{name}"):
+            assert not await probe.reaches_editor("fs/read_text_file", {"path": path},
+                                                  session=session)
+            assert not await probe.reaches_editor("fs/write_text_file",
+                                                  {"path": path, "content": "x"},
+                                                  session=session)
+        assert not await probe.reaches_editor("terminal/create",
+                                              {"command": "cat", "args": [name]},
+                                              session=session)
+        assert await probe.permission({"kind": "read", "locations": [{"path": f"{ws}/ok.txt"}]},
+                                      session=session) == "no"
+
+
+@pytest.mark.parametrize("path", [5, None, ["/x"], {"p": 1}, "{ws}/ok.txt\0", "{ws}/.env\0.txt",
+                                  "{ws}/loop1", "{ws}/loop1/x"])
+async def test_a_path_that_is_not_a_string_has_a_nul_byte_or_loops_is_denied(
+        ws: Path, path: object) -> None:
+    async with policy(ws) as probe:
+        path = path.format(ws=ws) if isinstance(path, str) else path
+        assert not await probe.reaches_editor("fs/read_text_file", {"path": path})
+        assert not await probe.reaches_editor("fs/write_text_file",
+                                              {"path": path, "content": "x"})
+
+
+@pytest.mark.parametrize("path", ["/proc/self/cwd/.env", "/proc/self/cwd/ok.txt",
+                                  "/proc/self/root{ws}/.env", "/proc/self/root{ws}/ok.txt",
+                                  "/proc/1/root{ws}/ok.txt", "/proc/thread-self/cwd/x",
+                                  "/dev/fd/3", "/dev/stdin", "/proc", "{ws}/viaproc"])
+async def test_a_path_through_proc_or_dev_fd_is_denied_it_names_another_file_per_process(
+        ws: Path, path: str) -> None:
+    (ws / "viaproc").symlink_to("/proc/self/cwd")
+    async with policy(ws) as probe:
+        assert not await probe.reaches_editor("fs/read_text_file", {"path": path.format(ws=ws)})
+
+
+# -- every spelling and link of a denied file ---------------------------------------------
+
+@pytest.mark.parametrize("path", [
+    ".env", "innocent.txt", "notsecret/k", "secrets/k", "./.env", ".env/", ".env/.", ".env//",
+    "sub/../.env", "sub/../notsecret/./k", "/.env", "chain1", "up/../k", "key.pem",
+    "secrets/inner/../k",
+    # case: deny globs ignore case, on every filesystem (a case-insensitive one opens .env)
+    ".Env", ".ENV", "KEY.PEM", "Secrets/k", "SECRETS/K",
+])
+async def test_every_absolute_spelling_and_link_of_a_protected_file_is_denied(
+        ws: Path, path: str) -> None:
+    async with policy(ws) as probe:
+        for spelled in (f"{ws}/{path}", f"/{ws}/{path}", f"{ws}//{path}"):
+            assert not await probe.reaches_editor("fs/read_text_file", {"path": spelled}), \
+                spelled
+            assert not await probe.reaches_editor("fs/write_text_file",
+                                                  {"path": spelled, "content": "x"}), spelled
+
+
+async def test_a_protected_file_is_denied_through_a_symlinked_session_cwd(
+        ws: Path, tmp_path: Path) -> None:
+    alias = tmp_path / "alias"
+    alias.symlink_to(ws)
+    async with policy(alias) as probe:
+        for path in (f"{ws}/secrets/k", f"{alias}/notsecret/k", f"{alias}/innocent.txt"):
+            assert not await probe.reaches_editor("fs/read_text_file", {"path": path})
+        assert await probe.reaches_editor("fs/read_text_file", {"path": f"{alias}/ok.txt"})
+
+
+@pytest.mark.parametrize("path", ["ok.txt", "sub/../ok.txt", "./ok.txt", "public/a.txt",
+                                  "secrets/../ok.txt", "envy.txt", "not.env.d/x"])
+async def test_ordinary_files_still_reach_the_editor(ws: Path, path: str) -> None:
+    async with policy(ws) as probe:
+        assert await probe.reaches_editor("fs/read_text_file", {"path": f"{ws}/{path}"})
+
+
+# -- terminals: what the command names ----------------------------------------------------
+
+def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
+    return {"command": command, "args": list(args), **extra}
+
+
+@pytest.mark.parametrize("request_", [
+    terminal("cat", ".env"), terminal("cat", ".ENV"), terminal("cat", "innocent.txt"),
+    terminal("cat", "notsecret/k"), terminal("cat", "./secrets/k"), terminal("cat", "{ws}/.env"),
+    terminal("cat", "chain1"), terminal("cat", "up/../k"), terminal("head", "-n1", "key.pem"),
+    terminal("cp", "ok.txt", ".env"), terminal("grep", "--file=.env", "x"),
+    terminal("curl", "file://{ws}/.env"), terminal("cat", "~/../..{ws}/.env"),
+    terminal("cat", "k", cwd="{ws}/secrets"), terminal("cat", "k", cwd="{ws}/notsecret"),
+    terminal("sh", "-c", "cat .env"), terminal("bash", "-lc", "cd secrets && cat k"),
+    terminal("sh", "-c", "cat < .env"), terminal("sh", "-c", "echo x > .env"),
+    terminal("sh", "-c", "cat .e*"), terminal("sh", "-c", "cat notsecret/*"),
+    terminal("sh", "-c", "true;cat .env"), terminal("sh", "-c", "a#b; cat .env"),
+    terminal("sh", "-c", "echo ok\ncat .env"), terminal("sudo", "cat", ".env"),
+    terminal("cat .env"), terminal("/bin/sh", "-ec", "cat '.env'"), terminal("grep", "-f.env"),
+    terminal("bash", "--rcfile", "/dev/null", "-c", "cat .env"),
+    terminal("bash", "--norc", "--unknown-opt", "x", "-c", "cat .env"),
+    terminal("bash", "-c", "true", env=[{"name": "BASH_ENV", "value": ".env"}]),
+    terminal("ls", env=[{"name": "LD_PRELOAD", "value": "{ws}/secrets/k"}]),
+])
+async def test_a_terminal_command_that_names_a_protected_file_is_denied(
+        ws: Path, request_: dict[str, Any]) -> None:
+    request_ = fill(request_, ws)
+    async with policy(ws) as probe:
+        assert not await probe.reaches_editor("terminal/create", request_)
+
+
+RM_RF = [
+    ["rm", "-rf", "x"], ["rm", "-Rf", "x"], ["rm", "-fr", "x"], ["rm", "-fR", "x"],
+    ["rm", "-f", "-r", "x"], ["rm", "-r", "-f", "x"], ["rm", "-R", "x"], ["rm", "x", "-r"],
+    ["rm", "--recursive", "--force", "x"], ["rm", "--force", "--recursive", "x"],
+    ["rm", "--rec", "x"], ["rm", "-v", "-i", "-d", "-r", "x"], ["RM", "-RF", "x"],
+    ["/bin/rm", "-rf", "x"], ["/usr/bin/rm", "-r", "x"], ["./rm", "-r", "x"],
+    ["sh", "-c", "rm -rf x"], ["bash", "-c", "rm -Rf x"], ["bash", "-lc", "rm -f -r x"],
+    ["sh", "-c", "echo hi; rm -rf x"], ["sh", "-c", "echo hi && rm -rf x"],
+    ["sh", "-c", "echo hi\nrm -rf x"], ["sh", "-c", "(rm -rf x)"], ["sh", "-c", "x=1 rm -rf x"],
+    ["sh", "-c", "r''m -rf x"], ["sh", "-c", '"rm" -rf x'], ["sh", "-c", "\\rm -rf x"],
+    ["sh", "-c", "echo `rm -rf x`"], ["sh", "-c", "echo $(rm -rf x)"],
+    ["sh", "-c", "if true; then rm -rf x; fi"], ["sh", "-c", "sudo rm -rf x"],
+    ["sh", "-c", "bash -c 'rm -rf x'"], ["sudo", "rm", "-rf", "x"],
+    ["sudo", "-u", "root", "rm", "-rf", "x"], ["sudo", "-E", "nice", "-n", "5", "rm", "-rf", "x"],
+    ["env", "FOO=1", "rm", "-rf", "x"], ["xargs", "rm", "-rf"], ["timeout", "5", "rm", "-rf", "x"],
+    ["nohup", "rm", "-rf", "x"], ["find", ".", "-exec", "rm", "-rf", "{}", ";"],
+    ["busybox", "rm", "-rf", "x"], ["su", "-c", "rm -rf x"], ["sudo", "sh", "-c", "rm -rf x"],
+    ["rm -rf x"],
+]
+
+
+@pytest.mark.parametrize("argv", RM_RF, ids=" ".join)
+async def test_the_shipped_rm_rule_holds_against_obvious_variants(ws: Path,
+                                                                   argv: list[str]) -> None:
+    async with policy(ws) as probe:
+        assert not await probe.reaches_editor("terminal/create", terminal(*argv))
+        assert await probe.permission({"kind": "execute", "title": "run",
+                                       "rawInput": {"command": argv}}) == "no"
+        assert await probe.permission({"kind": "execute", "title": "run",
+                                       "rawInput": {"command": shlex.join(argv)}}) == "no"
+
+
+@pytest.mark.parametrize("argv", [
+    ["rm", "x"], ["rm", "-f", "x"], ["rm", "-i", "-v", "x"], ["rm", "-f", "./-report"],
+    ["rm", "-f", "my-report.txt"], ["rmdir", "-p", "a/b"], ["grep", "-r", "rm", "."],
+    ["git", "rm", "--cached", "x"], ["ls", "-la"], ["cat", "ok.txt"], ["sh", "-c", "cat ok.txt"],
+    ["echo", "environment"], ["sh", "-c", "bash -c 'cat ok.txt'"],
+], ids=" ".join)
+async def test_ordinary_commands_still_reach_the_editor(ws: Path, argv: list[str]) -> None:
+    async with policy(ws) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal(*argv))
+
+
+@pytest.mark.parametrize("request_", [
+    terminal("ls", cwd="sub"), terminal("ls", cwd="/proc/self/cwd"), terminal("ls", cwd=5),
+    terminal("cat", "ok.txt\0"), terminal("cat\0", "ok.txt"), {"command": "cat", "args": [1]},
+    {"command": 5}, {"args": ["x"]}, terminal("sh", "-c", "cat ok.txt\0"),
+    terminal("ls", env=[{"name": "X", "value": 5}]), terminal("ls", env="X=1"),
+    terminal("ls", env=[{"name": "X", "value": "a\0"}]),
+    terminal("sh", "-c", functools.reduce(lambda s, _: f"sh -c {shlex.quote(s)}", range(9), "ls")),
+    terminal("cat", *["x"] * 20_000),
+])
+async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
+                                                          request_: dict[str, Any]) -> None:
+    async with policy(ws) as probe:
+        assert not await probe.reaches_editor("terminal/create", request_)
+
+
+# -- permission requests ------------------------------------------------------------------
+
+@pytest.mark.parametrize("tool_call", [
+    {"kind": "execute", "rawInput": {"command": "cat .env"}},
+    {"kind": "execute", "rawInput": {"command": ["cat", "innocent.txt"]}},
+    {"kind": "execute", "rawInput": {"command": "cat k", "cwd": "{ws}/secrets"}},
+    {"kind": "read", "locations": [{"path": "{ws}/innocent.txt"}]},
+    {"kind": "read", "locations": [{"path": "{ws}/ok.txt"}, {"path": "{ws}/.ENV"}]},
+    {"kind": "read", "locations": [{"path": "innocent.txt"}]},
+    {"kind": "read", "locations": [{"path": "ok.txt"}]},
+    {"kind": "read", "locations": [{"path": 5}]},
+    {"kind": "read", "locations": ["{ws}/ok.txt"]},
+    {"kind": "read", "locations": [{"path": "/proc/self/cwd/ok.txt"}]},
+    {"kind": "edit", "rawInput": {"file_path": "{ws}/.env"}},
+    {"kind": "edit", "rawInput": {"path": "notsecret/k"}},
+])
+async def test_a_permission_request_for_a_protected_or_unplaceable_path_is_rejected(
+        ws: Path, tool_call: dict[str, Any]) -> None:
+    async with policy(ws) as probe:
+        assert await probe.permission({"title": "t", **fill(tool_call, ws)}) == "no"
+        assert probe.client.received_params("session/request_permission") == []
+
+
+async def test_a_permission_for_an_ordinary_file_follows_the_rules(ws: Path) -> None:
+    async with policy(ws) as probe:
+        assert await probe.permission({"kind": "read", "locations": [
+            {"path": f"{ws}/ok.txt"}]}) == "yes"          # by the `reads` rule
+        assert await probe.permission({"kind": "execute", "rawInput": {
+            "command": "ls"}}) == "editor"                # default: ask the editor
+
+
+# -- allow rules judge the file reached, not the name it was asked by ---------------------
+
+ALLOW_PUBLIC = PermissionsOptions(default="deny", rules=[
+    {"name": "public", "path": "public/*", "action": "allow"}])
+
+
+@pytest.mark.parametrize(("path", "allowed"), [
+    ("public/a.txt", True), ("sub/../public/a.txt", True), ("public/leak.txt", False),
+    ("public/../.env", False), ("Public/a.txt", False), ("public/missing", True),
+])
+async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
+        ws: Path, path: str, allowed: bool) -> None:
+    async with policy(ws, ALLOW_PUBLIC) as probe:
+        assert await probe.reaches_editor("fs/read_text_file",
+                                          {"path": f"{ws}/{path}"}) is allowed
+
+
+@pytest.mark.parametrize(("argv", "allowed"), [
+    (["git", "status"], True), (["sh", "-c", "git status"], True),
+    (["sh", "-c", "git status; rm -rf x"], False), (["sh", "-c", "git status $(curl x)"], False),
+    (["sh", "-c", "git status `curl x`"], False), (["sh", "script.sh"], False),
+    (["sudo", "git", "status"], False), (["sh", "-c", "git status 'unclosed"], False),
+])
+async def test_an_allow_command_rule_needs_every_command_that_would_run_to_match(
+        ws: Path, argv: list[str], allowed: bool) -> None:
+    options = PermissionsOptions(default="deny", rules=[
+        {"name": "status", "command": "^git status$", "action": "allow"}])
+    async with policy(ws, options) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal(*argv)) is allowed
+
+
+async def test_each_decision_is_logged_with_the_rule_or_the_reason(
+        ws: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    async with policy(ws) as probe:
+        await probe.reaches_editor("fs/read_text_file", {"path": f"{ws}/innocent.txt"})
+        await probe.reaches_editor("fs/read_text_file", {"path": "innocent.txt"})
+        await probe.reaches_editor("terminal/create", terminal("rm", "-Rf", "x"))
+    assert f"deny fs/read_text_file kind=read paths=['{ws}/innocent.txt'] (by protect-env)" \
+        in caplog.text
+    assert "deny fs/read_text_file path='innocent.txt'" in caplog.text
+    assert "(cannot place it: path must be absolute (ACP), got 'innocent.txt')" in caplog.text
+    assert "deny terminal/create kind=execute command='rm -Rf x' (by no-rm-rf)" in caplog.text

@@ -1,0 +1,63 @@
+"""Built-in chains ship inside the package and are reachable by name after any install."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conductor.cli.chains import description
+from conductor.config import BUILTIN_CHAINS, chain_path
+from tests.conftest import child_env, conductor_argv
+
+
+def conductor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(conductor_argv(*args), env=child_env(), cwd=cwd, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=60, check=False)
+
+
+def test_a_built_in_chain_runs_by_name_from_any_directory(tmp_path: Path) -> None:
+    result = conductor("run", "--chain", "demo", "hello", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "You said: hello" in result.stdout
+
+
+def test_a_file_of_that_name_in_the_current_directory_wins_over_the_built_in(
+        tmp_path: Path) -> None:
+    (tmp_path / "demo").write_text("[agent\n", encoding="utf-8")
+    assert chain_path("demo") == BUILTIN_CHAINS / "demo.toml"  # the test's cwd has none
+    result = conductor("check", "--chain", "demo", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "demo: not valid TOML" in result.stderr
+
+
+def test_an_unknown_chain_name_is_refused_with_the_built_in_names(tmp_path: Path) -> None:
+    result = conductor("run", "--chain", "dmeo", "hello", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "no built-in chain by that name (built in: context, demo," in result.stderr
+    assert "acp-conductor chains" in result.stderr
+
+
+def test_a_path_that_does_not_exist_is_a_missing_file_not_a_name(tmp_path: Path) -> None:
+    result = conductor("run", "--chain", "demo.toml", "hello", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "demo.toml: file not found" in result.stderr
+
+
+def test_built_in_chain_names_complete_in_the_shell(tmp_path: Path) -> None:
+    env = child_env(COMP_WORDS="acp-conductor run --chain de", COMP_CWORD="3",
+                    _ACP_CONDUCTOR_COMPLETE="bash_complete")
+    script = Path(sys.executable).parent / "acp-conductor"  # completion goes by its name
+    done = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.stdout.splitlines() == ["plain,demo", "file,de"]
+
+
+def test_chains_lists_every_built_in_chain_with_what_it_does(tmp_path: Path) -> None:
+    result = conductor("chains", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for path in BUILTIN_CHAINS.glob("*.toml"):
+        assert f"{path.stem}  " in result.stdout
+        assert description(path) and description(path) in result.stdout
+    shown = conductor("chains", "permissions", cwd=tmp_path)
+    assert shown.stdout == (BUILTIN_CHAINS / "permissions.toml").read_text(encoding="utf-8")

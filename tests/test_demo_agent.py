@@ -1,0 +1,49 @@
+"""The demo agent, driven over its real stdio as an editor would."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import anyio
+
+from conductor.testing import TestClient, open_process_client
+from tests.conftest import child_env
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from conductor.jsonrpc.message import Message
+
+DEMO = [sys.executable, "-m", "conductor.demo_agent"]
+
+
+async def test_the_demo_agent_asks_for_absolute_paths_resolved_against_the_session_cwd(
+        tmp_path: Path) -> None:
+    asked: dict[str, object] = {}
+
+    async def remember(message: Message) -> object:
+        asked[str(message.method)] = message.params_value()
+        return {"content": "text"} if message.method == "fs/read_text_file" else {}
+
+    client = TestClient({"fs/read_text_file": remember, "fs/write_text_file": remember})
+    async with open_process_client(DEMO, env=child_env(), client=client) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session(str(tmp_path))
+            await client.prompt(sid, "read:notes.txt writefile:out/new.txt read:/abs/x")
+    assert [p["path"] for p in client.received_params("fs/read_text_file")] == \
+        [str(tmp_path / "notes.txt"), "/abs/x"]
+    assert asked["fs/write_text_file"]["path"] == str(tmp_path / "out" / "new.txt")
+
+
+async def test_the_demo_agent_runs_terminals_in_the_session_cwd(tmp_path: Path) -> None:
+    client = TestClient({"terminal/create": {"terminalId": "t1"},
+                         "terminal/wait_for_exit": {"exitCode": 0, "signal": None},
+                         "terminal/output": {"output": "", "truncated": False},
+                         "terminal/release": {}})
+    async with open_process_client(DEMO, env=child_env(), client=client) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session(str(tmp_path))
+            await client.prompt(sid, "terminal:ls")
+    [created] = client.received_params("terminal/create")
+    assert created["cwd"] == str(tmp_path)

@@ -1,0 +1,118 @@
+"""`acp-conductor doctor`: what an editor's environment must give the chain, line by line."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import TYPE_CHECKING
+
+from conductor.cli.doctor import (
+    MINIMAL_PATH,
+    Finding,
+    chain_findings,
+    conductor_findings,
+    editor_environment,
+    file_findings,
+)
+from tests.conftest import child_env, conductor_argv
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pytest
+
+
+def tool(folder: Path, name: str, script: str = "exit 0") -> None:
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{script}\n", encoding="utf-8")
+    path.chmod(0o755)
+
+
+def findings(tmp_path: Path, chain: str, environ: dict[str, str]) -> dict[str, Finding]:
+    (tmp_path / "chain.toml").write_text(chain, encoding="utf-8")
+    return {f.subject: f for f in chain_findings(str(tmp_path / "chain.toml"), environ)}
+
+
+NPM_AGENT = '[agent]\nname = "claude"\ncommand = "npx -y @zed-industries/claude-agent-acp"\n'
+
+
+def test_an_npm_agent_needs_npx_on_the_editors_path_and_a_recent_node(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "npx")
+    tool(bin_dir, "node", "echo v20.11.1")
+    found = findings(tmp_path, NPM_AGENT, {"PATH": str(bin_dir)})
+    assert found["claude"] == Finding("ok", "claude", f"`npx` is {bin_dir / 'npx'}")
+    assert found["node"].status == "ok" and "v20.11.1" in found["node"].detail
+
+    tool(bin_dir, "node", "echo v16.20.0")
+    assert findings(tmp_path, NPM_AGENT, {"PATH": str(bin_dir)})["node"].status == "warn"
+
+    missing = findings(tmp_path, NPM_AGENT, {"PATH": str(tmp_path / "empty")})["claude"]
+    assert missing.status == "fail"
+    assert f"`npx` is not on PATH ({tmp_path / 'empty'})" in missing.detail
+
+
+def test_the_variables_a_chain_references_are_looked_up_in_the_editors_environment(
+        tmp_path: Path) -> None:
+    chain = ('[agent]\ncommand = "true"\nenv = { A = "${NEEDED}", B = "${OPTIONAL:-x}" }\n'
+             'secret_env = ["TOKEN"]\n')
+    found = findings(tmp_path, chain, {"PATH": "/usr/bin:/bin"})
+    assert found["${NEEDED}"].status == "fail"
+    assert "agent.env.A needs it" in found["${NEEDED}"].detail
+    assert found["${OPTIONAL}"].status == "ok" and "default 'x'" in found["${OPTIONAL}"].detail
+    assert found["TOKEN"].status == "warn"
+    given = findings(tmp_path, chain, {"PATH": "/usr/bin:/bin", "NEEDED": "1", "TOKEN": "t"})
+    assert given["${NEEDED}"].status == given["TOKEN"].status == "ok"
+
+
+def test_a_plugin_that_cannot_be_loaded_is_a_failure_with_the_config_error(
+        tmp_path: Path) -> None:
+    found = findings(tmp_path, '[[proxy]]\nuse = "redcat"\n[agent]\ncommand = "true"\n',
+                     {"PATH": "/usr/bin:/bin"})
+    assert found["redcat"].status == "fail"
+    assert "did you mean 'redact'?" in found["redcat"].detail
+
+
+def test_trace_and_log_files_must_be_writable_where_they_are_asked_for(tmp_path: Path) -> None:
+    ok, missing = file_findings(str(tmp_path / "t.jsonl"), str(tmp_path / "no" / "log.txt"))
+    assert ok.status == "ok" and missing.status == "fail"
+    assert missing.subject == "--log-file" and "does not exist" in missing.detail
+
+
+def test_acp_conductor_missing_from_the_path_is_a_warning_that_says_what_to_do() -> None:
+    (finding,) = conductor_findings({"PATH": "/nonexistent"})
+    assert finding.status == "warn"
+    assert "not on PATH" in finding.detail and "absolute path" in finding.detail
+
+
+def test_the_minimal_environment_is_a_desktop_apps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOME_SHELL_EXPORT", "1")
+    env = editor_environment(minimal=True)
+    assert env["PATH"] == MINIMAL_PATH
+    assert "SOME_SHELL_EXPORT" not in env
+
+
+def test_doctor_exits_1_when_a_check_fails_and_0_with_warnings_only(tmp_path: Path) -> None:
+    chain = tmp_path / "chain.toml"
+    chain.write_text('[agent]\ncommand = "true"\nsecret_env = ["SURELY_UNSET_TOKEN"]\n',
+                     encoding="utf-8")
+    ok = subprocess.run(conductor_argv("doctor", "--chain", str(chain)), env=child_env(),
+                        capture_output=True, text=True, timeout=60, check=False)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "warn  SURELY_UNSET_TOKEN: not set" in ok.stdout
+    chain.write_text('[agent]\ncommand = "no-such-agent-program"\n', encoding="utf-8")
+    failed = subprocess.run(conductor_argv("doctor", "--chain", str(chain)), env=child_env(),
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert failed.returncode == 1
+    assert "fail  agent: `no-such-agent-program` is not on PATH" in failed.stdout
+    assert failed.stdout.splitlines()[-1].startswith("1 failed, ")
+
+
+def test_a_remote_agent_is_named_with_its_address_and_its_header_variables_checked(
+        tmp_path: Path) -> None:
+    chain = ('[agent]\nurl = "wss://build-box:8765/acp"\n'
+             'headers = { Authorization = "Bearer ${AGENT_TOKEN}" }\n')
+    found = findings(tmp_path, chain, {"PATH": "/usr/bin:/bin"})
+    assert found["agent"] == Finding("ok", "agent", "remote, at wss://build-box:8765/acp")
+    assert found["${AGENT_TOKEN}"].status == "fail"
+    assert "agent.headers.Authorization needs it" in found["${AGENT_TOKEN}"].detail

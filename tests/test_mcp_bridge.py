@@ -1,0 +1,101 @@
+"""The bridge in-process: rewrites that stay stable, the token at the door of its HTTP
+endpoint (on both anyio backends), and what an agent that takes neither transport gets."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+
+import anyio
+import httpx2
+import msgspec
+import pytest
+
+from conductor.bridge import SOCKET_ENV, TOKEN_ENV, open_mcp_bridge
+from conductor.routing.mcp import McpRefusedError, McpSupport, for_agent
+
+
+def support(version: int, *transports: str) -> McpSupport:
+    return McpSupport(version, frozenset(transports))
+
+
+def setup(*server_ids: str, extra: list[dict[str, object]] | None = None) -> msgspec.Raw:
+    servers = [{"type": "acp", "name": f"n-{s}", "serverId": s} for s in server_ids]
+    return msgspec.Raw(json.dumps({"cwd": "/", "mcpServers": [*(extra or []), *servers]})
+                       .encode())
+
+
+def servers_of(params: object) -> list[dict[str, object]]:
+    assert isinstance(params, msgspec.Raw)
+    return list(json.loads(bytes(params))["mcpServers"])
+
+
+async def test_http_rewrites_are_stable_per_server_and_carry_a_token_each() -> None:
+    async with open_mcp_bridge("auto") as bridge:
+        agent = support(1, "stdio", "http")
+        first = servers_of(await bridge.rewrite(setup("a", "b"), agent, frozenset()))
+        again = servers_of(await bridge.rewrite(setup("b"), agent, frozenset()))
+    a, b = first
+    assert again == [b]  # the same serverId, on a reload or a fork: the same declaration
+    assert a["type"] == "http" and a["name"] == "n-a"
+    assert str(a["url"]).startswith("http://127.0.0.1:")
+    tokens = [h["value"] for s in (a, b) for h in s["headers"]]  # type: ignore[attr-defined]
+    assert all(t.startswith("Bearer ") and len(t) > 40 for t in tokens)
+    assert tokens[0] != tokens[1] and a["url"] != b["url"]
+
+
+async def test_stdio_rewrites_run_the_shim_with_the_socket_and_token_in_its_env() -> None:
+    async with open_mcp_bridge("stdio") as bridge:
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio", "http"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        directory = os.path.dirname(env[SOCKET_ENV])
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+        assert stat.S_ISSOCK(os.stat(env[SOCKET_ENV]).st_mode)
+    assert entry["type"] == "stdio"  # v2: every entry has a type
+    assert entry["command"] == sys.executable
+    assert entry["args"][:3] == ["-m", "conductor", "mcp-shim"]  # type: ignore[index]
+    assert len(env[TOKEN_ENV]) > 40
+    assert not await anyio.Path(directory).exists()  # removed when the bridge stops
+
+
+async def test_the_http_endpoint_refuses_a_request_without_or_with_a_wrong_token() -> None:
+    async with open_mcp_bridge("http") as bridge:
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(1, "http"),
+                                                  frozenset()))
+        url = str(entry["url"])
+        token = entry["headers"][0]["value"]  # type: ignore[index]
+        body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+        accept = {"Accept": "application/json, text/event-stream"}
+        with anyio.fail_after(10):
+            async with httpx2.AsyncClient() as client:
+                none = await client.post(url, json=body, headers=accept)
+                wrong = await client.post(url, json=body, headers={
+                    **accept, "Authorization": "Bearer " + "x" * 43})
+                elsewhere = await client.post(url.rsplit("/", 1)[0] + "/nope", json=body,
+                                              headers={**accept, "Authorization": token})
+    assert (none.status_code, wrong.status_code, elsewhere.status_code) == (401, 401, 401)
+    assert "token" in none.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("mode", ["http", "stdio"])
+async def test_a_bridge_that_cannot_reach_the_agent_leaves_it_no_acp_declaration(
+        mode: str) -> None:
+    async with open_mcp_bridge(mode) as bridge:
+        agent = support(2, "http") if mode == "stdio" else support(2, "stdio")
+        assert not bridge.covers(agent)
+        stdio = {"type": "stdio", "name": "files", "command": "/bin/f"}
+        out = await for_agent(setup("a", extra=[stdio]), agent, bridge, frozenset())
+        assert servers_of(out) == [stdio]
+        with pytest.raises(McpRefusedError, match="'n-a' is required"):
+            await for_agent(setup("a"), agent, bridge, frozenset({"n-a"}))
+
+
+async def test_an_agent_that_takes_acp_gets_the_declaration_unchanged() -> None:
+    async with open_mcp_bridge("auto") as bridge:
+        params = setup("a")
+        assert await for_agent(params, support(1, "stdio", "acp"), bridge, frozenset()) \
+            is params
+        assert bridge.servers == {}  # nothing was bridged, nothing listens

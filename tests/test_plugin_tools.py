@@ -1,0 +1,332 @@
+"""Proxies give the agent tools: MCP servers on the official SDK, served in-process over
+MCP-over-ACP through the real router (the agent here is an MCP client speaking raw
+`mcp/*`; tests/e2e/test_mcp_bridge.py has real SDK clients)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp_types
+import pytest
+from mcp.server.lowlevel import Server
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
+
+from conductor.errors import RpcError
+from conductor.plugins import McpOffer, Proxy, SessionSetup, tool_context
+from conductor.testing import ScriptedAgent, TestClient, open_test_chain
+from tests.conftest import REPO
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from conductor.jsonrpc.message import JsonValue, Request
+
+INIT = {"protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "test-agent", "version": "0"}}
+
+
+class McpAgent(ScriptedAgent):
+    """An agent that takes `acp` MCP servers and talks MCP over ACP when told to."""
+
+    def __init__(self, *, takes_acp: bool = True) -> None:
+        super().__init__({"initialize": self._init, "session/new": self._new})
+        self.takes_acp = takes_acp
+        self.servers: dict[str, list[dict[str, Any]]] = {}
+        self.answer_mcp: dict[str, JsonValue] = {}  # what it answers the server's requests
+        self.replies["mcp/message"] = self._mcp_request
+
+    async def _init(self, agent: ScriptedAgent, msg: Request) -> JsonValue:
+        return {"protocolVersion": 1,
+                "agentCapabilities": {"mcpCapabilities": {"acp": self.takes_acp}}}
+
+    async def _new(self, agent: ScriptedAgent, msg: Request) -> JsonValue:
+        sid = f"s{len(self.servers) + 1}"
+        self.servers[sid] = msg.params_value().get("mcpServers", [])
+        return {"sessionId": sid}
+
+    async def _mcp_request(self, agent: ScriptedAgent, msg: Request) -> JsonValue:
+        return self.answer_mcp[msg.params_value()["method"]]
+
+    async def open_mcp(self, session: str, name: str | None = None) -> str:
+        entry = next(s for s in self.servers[session] if name is None or s["name"] == name)
+        conn = await self.call("mcp/connect", {"serverId": entry["serverId"]})
+        ident = str(conn["connectionId"])
+        await self.mcp(ident, "initialize", INIT)
+        await self.notify("mcp/message", {"connectionId": ident,
+                                          "method": "notifications/initialized"})
+        return ident
+
+    async def mcp(self, conn: str, method: str, params: JsonValue = None) -> Any:
+        body: dict[str, JsonValue] = {"connectionId": conn, "method": method}
+        if params is not None:
+            body["params"] = params
+        return await self.call("mcp/message", body)
+
+    def mcp_notifications(self, method: str) -> list[JsonValue]:
+        return [p for p in self.received_params("mcp/message") if p["method"] == method]
+
+
+def docs_server(started: anyio.Event | None = None, release: anyio.Event | None = None,
+                cancelled: list[str] | None = None) -> MCPServer:
+    server = MCPServer("docs", instructions="search the docs")
+
+    @server.tool()
+    async def search(query: str, ctx: Context) -> str:
+        """Search the docs."""
+        await ctx.report_progress(1, 2, "halfway")
+        await ctx.session.send_tool_list_changed()
+        call = tool_context()
+        return f"found {query} for session {call.session_id}"
+
+    @server.tool()
+    async def slow(ctx: Context) -> str:
+        assert started is not None and release is not None and cancelled is not None
+        started.set()
+        try:
+            await release.wait()
+        except anyio.get_cancelled_exc_class():
+            cancelled.append("slow")
+            raise
+        return "done"
+
+    @server.tool()
+    async def confirm(what: str) -> str:
+        call = tool_context()
+        await call.update({"sessionUpdate": "agent_message_chunk",
+                           "content": {"type": "text", "text": f"asking about {what}"}})
+        return "yes" if await call.ask_permission(f"Do {what}?") else "no"
+
+    @server.resource("docs://readme")
+    def readme() -> str:
+        return "the readme"
+
+    @server.prompt()
+    def review(topic: str) -> str:
+        return f"Review {topic}."
+
+    return server
+
+
+class Docs(Proxy):
+    """Docs tools."""
+
+    def __init__(self, server: MCPServer | Server[Any] | None = None) -> None:
+        super().__init__()
+        self.server = server if server is not None else docs_server()
+
+    def mcp_servers(self) -> list[Any]:
+        return [self.server]
+
+
+async def test_a_proxys_tools_resources_and_prompts_reach_the_agent() -> None:
+    agent = McpAgent()
+    async with open_test_chain([Docs()], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            [decl] = agent.servers[sid]
+            assert decl["type"] == "acp" and decl["name"] == "docs"
+            conn = await agent.open_mcp(sid)
+            tools = await agent.mcp(conn, "tools/list")
+            assert {t["name"] for t in tools["tools"]} == {"search", "slow", "confirm"}
+            result = await agent.mcp(conn, "tools/call", {
+                "name": "search", "arguments": {"query": "anyio"},
+                "_meta": {"progressToken": "p1"}})
+            assert result["content"][0]["text"] == f"found anyio for session {sid}"
+            read = await agent.mcp(conn, "resources/read", {"uri": "docs://readme"})
+            assert read["contents"][0]["text"] == "the readme"
+            prompt = await agent.mcp(conn, "prompts/get", {"name": "review",
+                                                           "arguments": {"topic": "x"}})
+            assert prompt["messages"][0]["content"]["text"] == "Review x."
+            # what the server sent on its own came back as mcp/message notifications
+            [progress] = agent.mcp_notifications("notifications/progress")
+            assert progress["params"] == {"progressToken": "p1", "progress": 1.0,
+                                          "total": 2.0, "message": "halfway"}
+            assert progress["connectionId"] == conn
+            assert agent.mcp_notifications("notifications/tools/list_changed")
+
+
+async def test_an_inner_mcp_error_is_the_answers_error() -> None:
+    agent = McpAgent()
+    async with open_test_chain([Docs()], agent) as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            with pytest.raises(RpcError) as failed:
+                await agent.mcp(conn, "no/such/method")
+            assert failed.value.code == -32601
+
+
+async def test_a_tool_handler_sees_its_session_and_asks_the_editor() -> None:
+    asked: list[JsonValue] = []
+
+    async def permission(msg: Request) -> JsonValue:
+        asked.append(msg.params_value())
+        return {"outcome": {"outcome": "selected", "optionId": "allow"}}
+
+    agent = McpAgent()
+    client = TestClient(replies={"session/request_permission": permission})
+    async with open_test_chain([Docs()], agent, client=client):
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            conn = await agent.open_mcp(sid)
+            result = await agent.mcp(conn, "tools/call", {"name": "confirm",
+                                                          "arguments": {"what": "deploy"}})
+    assert result["content"][0]["text"] == "yes"
+    assert asked[0]["sessionId"] == sid
+    assert asked[0]["toolCall"]["title"] == "Do deploy?"
+    assert client.agent_text(sid) == "asking about deploy"
+
+
+async def test_cancelling_an_in_flight_tool_call_cancels_the_handler() -> None:
+    started, release, cancelled = anyio.Event(), anyio.Event(), []
+    agent = McpAgent()
+    async with open_test_chain([Docs(docs_server(started, release, cancelled))], agent) \
+            as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            answers: list[Any] = []
+
+            async def call() -> None:
+                answers.append(await agent.request("mcp/message", {
+                    "connectionId": conn, "method": "tools/call",
+                    "params": {"name": "slow", "arguments": {}}}, ident=500))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await started.wait()
+                await agent.cancel(500)
+    assert cancelled == ["slow"]
+    assert answers[0].error_code() == -32800
+
+
+async def test_a_server_request_is_relayed_to_the_agent_and_answered() -> None:
+    class Color(BaseModel):
+        color: str
+
+    server = MCPServer("asker")
+
+    @server.tool()
+    async def pick(ctx: Context) -> str:
+        answer = await ctx.elicit("Which color?", Color)
+        return answer.data.color if answer.action == "accept" else answer.action
+
+    agent = McpAgent()
+    agent.answer_mcp["elicitation/create"] = {"action": "accept",
+                                              "content": {"color": "blue"}}
+    async with open_test_chain([Docs(server)], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            entry = agent.servers[sid][0]
+            conn = str((await agent.call("mcp/connect", {"serverId": entry["serverId"]}))
+                       ["connectionId"])
+            await agent.mcp(conn, "initialize", {**INIT, "capabilities": {"elicitation": {}}})
+            await agent.notify("mcp/message", {"connectionId": conn,
+                                               "method": "notifications/initialized"})
+            result = await agent.mcp(conn, "tools/call", {"name": "pick", "arguments": {}})
+    assert result["content"][0]["text"] == "blue"
+    [asked] = [p for p in agent.received_params("mcp/message")
+               if p["method"] == "elicitation/create"]
+    assert asked["connectionId"] == conn
+
+
+async def test_a_low_level_server_works_too() -> None:
+    async def list_tools(ctx: Any, params: Any) -> mcp_types.ListToolsResult:
+        return mcp_types.ListToolsResult(tools=[mcp_types.Tool(
+            name="ping", input_schema={"type": "object"})])
+
+    async def call_tool(ctx: Any, params: Any) -> mcp_types.CallToolResult:
+        return mcp_types.CallToolResult(content=[mcp_types.TextContent(
+            type="text", text=f"pong from {tool_context().server_name}")])
+
+    server = Server("low", on_list_tools=list_tools, on_call_tool=call_tool)
+    agent = McpAgent()
+    async with open_test_chain([Docs(server)], agent) as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            result = await agent.mcp(conn, "tools/call", {"name": "ping", "arguments": {}})
+    assert result["content"][0]["text"] == "pong from low"
+
+
+class PerSession(Proxy):
+    """A server per session."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setups: list[SessionSetup] = []
+        self.shared = MCPServer("shared")
+        self.extra = MCPServer("opt-in")
+
+    def mcp_servers(self) -> list[Any]:
+        return [self.shared, McpOffer(self.extra, declare=False)]
+
+    async def session_mcp_servers(self, setup: SessionSetup) -> list[Any]:
+        self.setups.append(setup)
+        return [McpOffer(MCPServer("scratch"), name=f"scratch-{setup.cwd}")]
+
+
+async def test_per_session_servers_and_a_reload_declares_the_same_server_ids() -> None:
+    proxy = PerSession()
+    agent = McpAgent()
+    agent.replies["session/load"] = None
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session("/w")
+            first = agent.servers[sid]
+            await client.call("session/load", {"sessionId": sid, "cwd": "/w",
+                                               "mcpServers": []})
+    assert [s["name"] for s in first] == ["shared", "scratch-/w"]  # opt-in one not asked for
+    [load] = agent.received_params("session/load")
+    assert [s["serverId"] for s in load["mcpServers"]][:1] == [first[0]["serverId"]]
+    assert [s.method for s in proxy.setups] == ["session/new", "session/load"]
+
+
+async def test_an_opt_in_server_is_declared_when_the_chain_asks_for_it() -> None:
+    proxy = PerSession()
+    proxy.mcp_requested = frozenset({"opt-in"})
+    agent = McpAgent()
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session("/w")
+    assert [s["name"] for s in agent.servers[sid]] == ["shared", "opt-in", "scratch-/w"]
+
+
+async def test_nothing_is_declared_to_an_agent_that_takes_no_acp_servers() -> None:
+    agent = McpAgent(takes_acp=False)
+    async with open_test_chain([Docs()], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+    assert agent.servers[sid] == []
+
+
+async def test_closing_the_session_closes_its_tool_connections() -> None:
+    proxy = Docs()
+    agent = McpAgent()
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            conn = await agent.open_mcp(sid)
+            await client.call("session/close", {"sessionId": sid})
+            await agent.wait_for("mcp/disconnect")
+            with pytest.raises(RpcError) as refused:
+                await agent.mcp(conn, "tools/list")
+    assert refused.value.code == -32602
+
+
+async def test_the_example_in_docs_mcp_works_as_written(tmp_path: Path) -> None:
+    text = (REPO / "docs" / "mcp.md").read_text(encoding="utf-8")
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.splitlines()) < 30  # the promise the page makes
+    module = tmp_path / "my_tools.py"
+    module.write_text(code, encoding="utf-8")
+    from conductor.plugins.registry import find_plugin
+    proxy = find_plugin(f"{module}:Tickets")()
+    agent = McpAgent()
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            looked = await agent.mcp(conn, "tools/call", {"name": "lookup",
+                                                          "arguments": {"ticket": "T-1"}})
+            closed = await agent.mcp(conn, "tools/call", {"name": "close",
+                                                          "arguments": {"ticket": "T-1"}})
+    assert looked["content"][0]["text"] == "T-1: login fails on Safari (open)"
+    assert closed["content"][0]["text"] == "T-1 closed"  # the test client allows

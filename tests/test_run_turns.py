@@ -1,0 +1,152 @@
+"""`run` for scripts: several turns in one session, each reported, the run stopping at the
+first that does not end with end_turn; the session closed at the end; the prompt file."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from conductor.cli.run import read_prompt_file
+from conductor.config import load_chain
+from conductor.editor.turn import RunExit, TurnOptions, run_turns
+from conductor.errors import ConfigError
+from tests.conftest import BIN
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from conductor.config import ChainConfig
+
+
+class Recorded:
+    """A renderer that keeps every record (RunEvents)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def session(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def update(self, session_id: str | None, update: dict[str, Any]) -> None:
+        self.records.append({"type": "update", "sessionId": session_id, "update": update})
+
+    def decision(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def notice(self, text: str) -> None:
+        self.records.append({"type": "notice", "message": text})
+
+    def turn(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def result(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    async def ask_permission(self, tool_call: dict[str, Any],
+                             options: list[dict[str, Any]]) -> str | None:
+        return None
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["type"] == kind]
+
+    def said(self) -> str:
+        return "".join(r["update"]["content"]["text"] for r in self.of("update")
+                       if r["update"]["sessionUpdate"] == "agent_message_chunk")
+
+
+def demo_chain(tmp_path: Path, proxy: str = "") -> ChainConfig:
+    path = tmp_path / "chain.toml"
+    path.write_text(f"{proxy}\n[agent]\n"
+                    'command = ["${PYTHON}", "-m", "conductor.demo_agent"]\n', encoding="utf-8")
+    return load_chain(str(path))
+
+
+async def run(config: ChainConfig, tmp_path: Path, *prompts: str) -> tuple[int, Recorded]:
+    events = Recorded()
+    code = await run_turns(config, TurnOptions(prompts=list(prompts), cwd=tmp_path,
+                                               handle_signals=False), events)
+    return code, events
+
+
+async def test_each_prompt_is_a_turn_of_the_same_session_reported_in_order(
+        tmp_path: Path) -> None:
+    code, events = await run(demo_chain(tmp_path), tmp_path, "one", "plan two")
+    assert code == RunExit.END_TURN
+    assert [s["sessionId"] for s in events.of("session")] == ["demo-session-1"]
+    turns = events.of("turn")
+    assert [(t["turn"], t["of"], t["stopReason"], t["exitCode"], t["exitReason"])
+            for t in turns] == [(1, 2, "end_turn", 0, "end_turn"), (2, 2, "end_turn", 0,
+                                                                    "end_turn")]
+    assert turns[1]["usage"] is None and turns[1]["durationMs"] >= 0
+    result = events.records[-1]
+    assert result["type"] == "result" and result["exitCode"] == 0
+    assert result["prompts"] == 2
+    assert result["turns"] == [{k: v for k, v in t.items() if k != "type"} for t in turns]
+    assert events.said() == ("Hello from the demo agent. You said: one "
+                             "Hello from the demo agent. You said: plan two ")
+
+
+async def test_the_first_turn_not_ending_with_end_turn_stops_the_run_with_its_code(
+        tmp_path: Path) -> None:
+    code, events = await run(demo_chain(tmp_path), tmp_path, "one", "stop:refusal two",
+                             "three")
+    assert code == RunExit.REFUSAL
+    assert [t["exitReason"] for t in events.of("turn")] == ["end_turn", "refusal"]
+    assert "three" not in events.said()  # never sent
+    result = events.records[-1]
+    assert (result["exitCode"], result["stopReason"], result["prompts"]) == (5, "refusal", 3)
+    assert len(result["turns"]) == 2
+
+
+async def test_a_turn_answered_with_an_error_is_reported_and_ends_the_run_with_exit_1(
+        tmp_path: Path) -> None:
+    (tmp_path / "second.py").write_text(textwrap.dedent("""
+        from conductor.plugins import Proxy, on
+
+        class FailsSecond(Proxy):
+            prompts = 0
+
+            @on("session/prompt")
+            async def prompt(self, ctx, message):
+                self.prompts += 1
+                if self.prompts == 2:
+                    raise ValueError("second prompt")
+                return await ctx.forward()
+        """), encoding="utf-8")
+    config = demo_chain(tmp_path, f'[[proxy]]\nplugin = "{tmp_path / "second.py"}:FailsSecond"')
+    code, events = await run(config, tmp_path, "one", "two", "three")
+    assert code == RunExit.FAILED
+    failed = events.of("turn")[-1]
+    assert (failed["turn"], failed["exitReason"], failed["stopReason"]) == (2, "failed", None)
+    assert "ValueError: second prompt" in failed["error"]["message"]
+    assert events.records[-1]["error"]["code"] == failed["error"]["code"]
+
+
+async def test_run_closes_its_session_at_the_end_and_proxies_see_it_closed(
+        tmp_path: Path) -> None:
+    log = tmp_path / "hooks.log"
+    config = demo_chain(tmp_path, f'[[proxy]]\nplugin = "{BIN / "lifecycle_proxy.py"}:Lifecycle"'
+                                  f'\noptions = {{ path = "{log}" }}')
+    code, _ = await run(config, tmp_path, "one", "two")
+    assert code == 0
+    # The demo agent advertises sessionCapabilities.close: run ends the session itself.
+    assert log.read_text(encoding="utf-8").splitlines() == [
+        "chain_started", "opened demo-session-1", "closed demo-session-1: closed",
+        "chain_stopped"]
+
+
+def test_a_prompt_file_holds_prompts_between_lines_of_dashes() -> None:
+    text = "first line\nsecond line\n---\n\nsecond prompt\n---  \n---\nthird\n"
+    assert read_prompt_file(text, "p.txt") == ["first line\nsecond line", "second prompt",
+                                               "third"]
+
+
+def test_a_jsonl_prompt_file_holds_strings_or_objects_and_refuses_anything_else() -> None:
+    good = '"one"\n\n{"prompt": "two\\n---\\nstill two"}\n'
+    assert read_prompt_file(good, "p.jsonl") == ["one", "two\n---\nstill two"]
+    with pytest.raises(ConfigError, match="line 2 is not a prompt"):
+        read_prompt_file('"one"\n{"text": "x"}\n', "p.jsonl")
+    with pytest.raises(ConfigError, match="line 1 is not JSON"):
+        read_prompt_file("one\n", "p.jsonl")

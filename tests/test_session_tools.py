@@ -1,0 +1,101 @@
+"""The session-tools proxy: its tools, as an agent calls them over MCP-over-ACP."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import anyio
+
+from acp_conductor_proxies.session_tools import SessionTools, SessionToolsOptions
+from conductor.testing import TestClient, open_test_chain
+from tests.test_plugin_tools import McpAgent
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import JsonValue, Request
+
+
+async def call_tool(agent: McpAgent, conn: str, name: str, **arguments: JsonValue) -> str:
+    result = await agent.mcp(conn, "tools/call", {"name": name, "arguments": arguments})
+    return str(result["content"][0]["text"])
+
+
+async def test_search_transcript_finds_this_sessions_prompts_and_answers_only() -> None:
+    agent = McpAgent()
+    agent.replies["session/prompt"] = answer_with_text
+    async with open_test_chain([SessionTools()], agent) as client:
+        with anyio.fail_after(5):
+            mine = await client.new_session()
+            other = await client.new_session()
+            await client.prompt(mine, "where is the config parser?")
+            await client.prompt(other, "config of the other session")
+            conn = await agent.open_mcp(mine)
+            found = await call_tool(agent, conn, "search_transcript", query="CONFIG")
+            missing = await call_tool(agent, conn, "search_transcript", query="zebra")
+    assert found == ("user: where is the config parser?\n"
+                     "agent: the config parser is in conductor/config.py")
+    assert missing == "no line contains 'zebra'"
+
+
+async def answer_with_text(agent: McpAgent, message: Request) -> JsonValue:
+    sid = message.params_value()["sessionId"]
+    for word in ("the config parser ", "is in conductor/config.py"):
+        await agent.notify("session/update", {"sessionId": sid, "update": {
+            "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": word}}})
+    return {"stopReason": "end_turn"}
+
+
+async def test_chain_lists_the_components_and_sessions() -> None:
+    agent = McpAgent()
+    proxy = SessionTools()
+    proxy.rename("tools")
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            text = await call_tool(agent, await agent.open_mcp(sid), "chain")
+    assert "  tools: proxy (in-process), running" in text
+    assert "  agent: agent, running" in text
+    assert f"  {sid}: idle, 0 prompt(s), opened by client" in text
+    assert "client: test-client 0" in text
+
+
+async def test_ask_user_asks_the_editor_a_yes_no_question() -> None:
+    answers = iter(["allow", "reject"])
+
+    async def permission(message: Request) -> JsonValue:
+        return {"outcome": {"outcome": "selected", "optionId": next(answers)}}
+
+    agent = McpAgent()
+    client = TestClient(replies={"session/request_permission": permission})
+    async with open_test_chain([SessionTools(SessionToolsOptions())], agent, client=client):
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            first = await call_tool(agent, conn, "ask_user", question="Deploy now?")
+            second = await call_tool(agent, conn, "ask_user", question="Really?")
+    assert (first, second) == ("yes", "no")
+    [asked, _] = client.received_params("session/request_permission")
+    assert asked["toolCall"]["title"] == "Deploy now?"
+
+
+async def test_the_permissions_proxy_answers_check_when_the_chain_asks_for_its_tools() -> None:
+    from acp_conductor_proxies.permissions import Permissions, PermissionsOptions, Rule
+
+    proxy = Permissions(PermissionsOptions(rules=[
+        Rule(name="protect-env", path=".env*", action="deny"),
+        Rule(kind="read", action="allow")]))
+    quiet = McpAgent()
+    async with open_test_chain([proxy], quiet) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session("/work")
+    assert quiet.servers[sid] == []  # opt-in: not declared unless asked for
+    proxy = Permissions(proxy.options)
+    proxy.mcp_requested = frozenset({"permissions"})
+    agent = McpAgent()
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session("/work"))
+            denied = await call_tool(agent, conn, "check", kind="read", path="sub/../.env")
+            allowed = await call_tool(agent, conn, "check", kind="read", path="README.md")
+            listed = await call_tool(agent, conn, "rules")
+    assert denied == "deny (by protect-env)"
+    assert allowed == "allow (by rule 2)"
+    assert listed.splitlines()[-1] == "otherwise: ask"

@@ -1,0 +1,176 @@
+"""The plugin authors' test kit: its fixtures, its accessors, and what a failure says."""
+
+from __future__ import annotations
+
+import textwrap
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+
+from conductor.errors import RpcError
+from conductor.plugins import Proxy, ProxyContext, on
+from conductor.testing import ScriptedAgent, TestClient, open_test_chain, says
+from tests.conftest import doc_files
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Request
+
+pytest_plugins = ["pytester"]
+
+
+class Echo(Proxy):
+    """Answers `_ext/echo` itself; tags prompts."""
+
+    @on("_ext/echo")
+    async def echo(self, ctx: ProxyContext, message: Request) -> object:
+        return {"echo": message.params_value()}
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Request) -> object:
+        params = message.params_value()
+        params["prompt"].append({"type": "text", "text": "[echo]"})
+        return await ctx.forward(message.with_params(params))
+
+
+@pytest.fixture
+def acp_proxies() -> list[Proxy[Any]]:
+    return [Echo()]
+
+
+@pytest.fixture
+def acp_agent() -> ScriptedAgent:
+    return ScriptedAgent(replies={"session/prompt": says("Hi there.", thought="hmm")})
+
+
+def test_the_pytest_plugin_is_registered_for_pytest_to_load() -> None:
+    plugins = {e.name: e.value for e in entry_points(group="pytest11")}
+    assert plugins.get("acp_conductor") == "conductor.testing.pytest_plugin", \
+        "reinstall to register the entry point: pip install -e '.[test]'"
+
+
+async def test_a_prompt_returns_the_turns_text_and_stop_reason(acp_client: TestClient,
+                                                               acp_agent: ScriptedAgent) -> None:
+    sid = await acp_client.new_session("/tmp")
+    turn = await acp_client.prompt(sid, "hello")
+    assert turn.text == "Hi there."
+    assert turn.thoughts == "hmm"
+    assert turn.stop_reason == "end_turn"
+    assert turn == {"stopReason": "end_turn"}  # still the prompt's result as sent
+    assert [u["sessionUpdate"] for u in turn.updates] == ["agent_thought_chunk",
+                                                          "agent_message_chunk"]
+    assert acp_agent.last_params("session/prompt")["prompt"][-1]["text"] == "[echo]"
+    assert acp_agent.received_methods() == ["initialize", "session/new", "session/prompt"]
+
+
+async def test_a_second_turn_reports_only_its_own_text(acp_client: TestClient) -> None:
+    sid = await acp_client.new_session("/tmp")
+    await acp_client.prompt(sid, "one")
+    turn = await acp_client.prompt(sid, "two")
+    assert turn.text == "Hi there."
+    assert acp_client.agent_text(sid) == "Hi there.Hi there."
+
+
+async def test_an_ext_request_is_answered_by_the_proxy(acp_client: TestClient,
+                                                       acp_agent: ScriptedAgent) -> None:
+    assert await acp_client.call("_ext/echo", {"x": 1}) == {"echo": {"x": 1}}
+    with pytest.raises(RpcError) as refused:
+        await acp_client.call("_ext/unknown", {})
+    assert refused.value.code == -32601  # the agent has no script for it
+    answer = await acp_client.request("_ext/unknown", {})
+    assert answer.is_error and answer.error_value()["code"] == -32601
+
+
+async def test_a_missing_message_fails_naming_what_did_arrive(acp_client: TestClient,
+                                                              acp_agent: ScriptedAgent) -> None:
+    with pytest.raises(AssertionError, match=r"agent never received session/load; "
+                                             r"it received: \['initialize'\]"):
+        acp_agent.last_params("session/load")
+
+
+async def test_a_request_nobody_answers_fails_with_what_the_peer_received() -> None:
+    never = anyio.Event()
+
+    async def hang(agent: ScriptedAgent, message: Request) -> object:
+        await agent.notify("session/update", {"sessionId": "s-1", "update": {
+            "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "…"}}})
+        await never.wait()
+        return None
+
+    agent = ScriptedAgent(replies={"_ext/slow": hang})
+    async with open_test_chain([], agent, client=TestClient(timeout=0.2)) as client:
+        with pytest.raises(TimeoutError) as waited:
+            await client.request("_ext/slow", {"n": 1})
+        await agent.wait_for("$/cancel_request")  # and the request was cancelled
+    assert "client waited 0.2s for an answer to _ext/slow" in str(waited.value)
+    assert "it received: [Notification(method='session/update', params={\"sessionId\":" \
+        "\"s-1\"" in str(waited.value)
+
+
+async def test_a_wait_for_that_never_comes_fails_with_what_arrived() -> None:
+    async with open_test_chain([], client=TestClient(timeout=0.1)) as client:
+        with pytest.raises(TimeoutError, match=r"client waited 0.1s for 1 session/update "
+                                               r"message\(s\); it received: nothing"):
+            await client.wait_for("session/update")
+
+
+def test_a_plugin_authors_async_tests_run_on_asyncio_without_configuring_anyio(
+        pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_author=textwrap.dedent("""
+        import pytest
+        from conductor.plugins import Proxy, ProxyContext, on
+        from conductor.testing import ScriptedAgent, says
+
+        class Shout(Proxy):
+            @on("session/prompt")
+            async def prompt(self, ctx: ProxyContext, message):
+                params = message.params_value()
+                params["prompt"][0]["text"] = params["prompt"][0]["text"].upper()
+                return await ctx.forward(message.with_params(params))
+
+        @pytest.fixture
+        def acp_proxies():
+            return [Shout()]
+
+        async def test_shout(acp_client, acp_agent, anyio_backend):
+            acp_agent.replies["session/prompt"] = says("ok")
+            sid = await acp_client.new_session("/tmp")
+            assert (await acp_client.prompt(sid, "hi")).text == "ok"
+            assert acp_agent.last_params("session/prompt")["prompt"][0]["text"] == "HI"
+            assert anyio_backend == "asyncio"
+
+        async def test_own_chain(acp_chain):
+            async with acp_chain([Shout()]) as client:
+                assert (await client.new_session()).startswith("session-")
+    """))
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)  # once each: asyncio, as the conductor runs plugins
+
+
+def test_a_project_that_picks_its_backends_keeps_them(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(textwrap.dedent("""
+        import pytest
+
+        @pytest.fixture(params=["asyncio", "trio"])
+        def anyio_backend(request):
+            return request.param
+    """))
+    pytester.makepyfile(test_both="""
+        async def test_new_session(acp_client, anyio_backend):
+            assert await acp_client.new_session()
+    """)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_new_session?trio? PASSED*"])
+
+
+def test_the_testing_example_in_writing_a_proxy_runs_as_written(
+        pytester: pytest.Pytester) -> None:
+    files = doc_files("writing-a-proxy.md")
+    assert set(files) >= {"upper.py", "upper.toml", "test_upper.py"}
+    for name in ("upper.py", "upper.toml", "test_upper.py"):
+        (pytester.path / name).write_text(files[name], encoding="utf-8")
+    # As the author runs it: no pytest or anyio configuration of their own.
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_upper.py")
+    result.assert_outcomes(passed=3)

@@ -1,0 +1,179 @@
+"""Traces that answer "where is it stuck": requests never answered, where each stopped,
+long silences, and a page that keeps a long chain's lanes in view."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+from click.testing import CliRunner
+
+from conductor.plugins import Proxy, ProxyContext, on
+from conductor.testing import ScriptedAgent, open_test_chain
+from conductor.tracing.sink import JsonlTraceSink
+from conductor.tracing.view import load_trace, pending
+from tests.conftest import child_env, conductor_argv
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from conductor.jsonrpc.message import Message
+
+PROXIES = 10
+SILENCE = 2.5  # seconds added before the last request, as if the chain had waited
+
+
+class Visit(Proxy):
+    """Handles everything, so every message crosses its hop (and shows in the trace)."""
+
+    @on("*")
+    async def down(self, ctx: ProxyContext, message: Message) -> object:
+        return await ctx.forward()
+
+    @on("*", source="successor")
+    async def up(self, ctx: ProxyContext, message: Message) -> object:
+        return await ctx.forward()
+
+
+class Hold(Visit):
+    """Keeps `_ext/hold` for ever: neither forwards nor answers it."""
+
+    @on("_ext/hold")
+    async def hold(self, ctx: ProxyContext, message: Message) -> object:
+        ctx.release()
+        await anyio.sleep_forever()
+
+
+async def _record(path: Path) -> None:
+    sink = JsonlTraceSink(path)
+    proxies: list[Proxy[Any]] = []
+    for i in range(PROXIES):
+        proxy = Hold() if i == 4 else Visit()
+        proxy.rename("holder" if i == 4 else f"proxy-number-{i}")
+        proxies.append(proxy)
+
+    async def hang(agent: ScriptedAgent, message: Message) -> object:
+        await anyio.sleep_forever()
+
+    agent = ScriptedAgent(replies={"_ext/hang": hang})
+    with anyio.fail_after(10):
+        async with open_test_chain(proxies, agent, tracer=sink) as client, \
+                anyio.create_task_group() as tg:
+            sid = await client.new_session()
+            tg.start_soon(client.request, "_ext/hang", {"sessionId": sid})
+            tg.start_soon(client.request, "_ext/hold", {})
+            await agent.wait_for("_ext/hang")
+            await client.new_session()  # later: its events get the silence before them
+            tg.cancel_scope.cancel()
+    sink.close()
+
+
+@pytest.fixture(scope="module")
+def stuck_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trace of a chain of ten proxies, written by the real sink from the real router,
+    where the agent never answers `_ext/hang` and the fifth proxy keeps `_ext/hold`."""
+    path = tmp_path_factory.mktemp("stuck") / "stuck.jsonl"
+    anyio.run(_record, path)
+    lines = [json.loads(line) for line in path.read_bytes().splitlines()]
+    later = [e["seq"] for e in lines if e.get("method") == "session/new"
+             and e.get("hop") == "client" and e.get("dir") == "in"][-1]
+    for event in lines:
+        if event.get("seq", 0) >= later:
+            event["time"] += SILENCE
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines), encoding="utf-8")
+    return path
+
+
+def test_each_unanswered_request_is_found_with_the_way_it_took_and_who_has_it(
+        stuck_trace: Path) -> None:
+    items = pending(load_trace(stuck_trace).events)
+    assert [(p.first["method"], p.holder) for p in items] == [("_ext/hang", "agent"),
+                                                              ("_ext/hold", "holder")]
+    hang, hold = items
+    assert hang.path == ["client", *(f"proxy-number-{i}" if i != 4 else "holder"
+                                     for i in range(PROXIES)), "agent"]
+    assert hold.path == ["client", "proxy-number-0", "proxy-number-1", "proxy-number-2",
+                         "proxy-number-3", "holder"]
+    assert hang.answer is None  # nobody answered the client either
+
+
+def test_trace_show_pending_lists_them_and_the_timeline_marks_them(stuck_trace: Path) -> None:
+    from conductor.cli.trace import trace_group
+
+    shown = CliRunner().invoke(trace_group, ["show", str(stuck_trace), "--pending"])
+    assert shown.exit_code == 0, shown.output
+    out = shown.output
+    assert "2 of" in out and "requests never got an answer" in out
+    assert "_ext/hang #3 [session-1]  from client" in out
+    assert "stopped at: agent (sent #" in out
+    assert "stopped at: holder" in out
+    assert "path: client → proxy-number-0 → proxy-number-1 → proxy-number-2 → " \
+           "proxy-number-3 → holder\n" in out
+    only = CliRunner().invoke(trace_group, ["show", str(stuck_trace), "--pending",
+                                            "--method", "_ext/hold"])
+    assert "_ext/hang" not in only.output and "stopped at: holder" in only.output
+    timeline = CliRunner().invoke(trace_group, ["show", str(stuck_trace), "--method",
+                                                "_ext/*"], env={"COLUMNS": "300"})
+    assert timeline.output.count("no answer") == sum(
+        1 for p in pending(load_trace(stuck_trace).events) for e in p.requests
+        if "pair" not in e)
+
+
+def test_a_hung_agent_is_found_in_the_trace_of_a_run_that_gave_up(tmp_path: Path) -> None:
+    chain = tmp_path / "mute.toml"
+    chain.write_text('[agent]\nname = "mute"\ncommand = ["sh", "-c", "cat >/dev/null"]\n',
+                     encoding="utf-8")
+    trace = tmp_path / "t.jsonl"
+    done = subprocess.run(conductor_argv("--trace", str(trace), "run", "--chain", str(chain),
+                                         "hi", "--timeout", "0.5"),
+                          capture_output=True, text=True, env=child_env(), timeout=60)
+    assert done.returncode == 124, done.stderr
+    shown = subprocess.run(conductor_argv("trace", "show", str(trace), "--pending"),
+                           capture_output=True, text=True, env=child_env(), timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("1 of 1 requests never got an answer")
+    assert "initialize #1  from client" in shown.stdout
+    assert "  path: client → mute\n" in shown.stdout
+    assert "stopped at: mute (sent #1 at" in shown.stdout
+    # Shutdown answered the editor for it; the agent itself never did.
+    assert "client got an error from conductor: -33001: mute: was stopped before answering" \
+        in shown.stdout
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
+                    reason="chromium is not installed (.ci/run installs it)")
+def test_the_page_marks_where_requests_stopped_shows_the_silence_and_fits_every_lane(
+        stuck_trace: Path, tmp_path: Path) -> None:
+    assert CHROMIUM is not None, "CI must have chromium: .ci/run installs it"
+    page = tmp_path / "stuck.html"
+    done = subprocess.run(conductor_argv("trace", "html", str(stuck_trace), "-o", str(page)),
+                          capture_output=True, text=True, env=child_env(), timeout=30)
+    assert done.returncode == 0, done.stderr
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,900",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=60)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    out = dom.stdout
+    lanes = load_trace(stuck_trace).lanes
+    assert len(lanes) == PROXIES + 3  # client, conductor, the proxies, the agent
+    assert 'data-ready="1"' in out and 'data-errors="0"' in out, out[:2000]
+    assert f'data-lanes-visible="{len(lanes)}"' in out  # every lane name in view at 1400 px
+    assert 'data-pending="2"' in out
+    assert out.count('class="pend"') == 2
+    assert "stopped at agent, never answered" in out
+    assert out.count('class="msg request pending stuck"') == 2  # where each stopped
+    assert "stopped here: agent never answered" in out
+    assert "stopped here: holder never answered" in out
+    assert 'data-gaps="1"' in out
+    assert f"{SILENCE:.1f} s without a message" in out

@@ -1,0 +1,279 @@
+"""`acp-conductor serve`'s endpoint in process, on both backends: a real listener (hypercorn
+on an ephemeral 127.0.0.1 port), a real chain per connection (the demo agent), and raw HTTP
+and WebSocket clients (httpx, httpx-ws) for the transport's and the gate's rules."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from contextlib import aclosing, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx
+import httpx_ws
+import pytest
+
+from conductor.config import parse_chain
+from conductor.listen import ListenSettings, serve_listener
+from tests.bin.rawjson import members
+from tests.conftest import BIN
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+# httpx reads a response through nested async generators; an SSE stream left early leaves
+# the inner ones to trio's finalizer, which warns (the response itself is closed).
+pytestmark = pytest.mark.filterwarnings("ignore:Async generator 'http:ResourceWarning")
+
+TOKEN = "token-" + "a" * 26
+OTHER = "token-" + "b" * 26
+AUTH = {"Authorization": f"Bearer {TOKEN}"}  # httpx-ws adds to the dict it is given: copy
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": 1, "clientCapabilities": {}}}
+
+
+def demo_chain(agent: list[str] | None = None) -> Any:
+    return parse_chain({"agent": {"command": agent or [sys.executable, "-m",
+                                                       "conductor.demo_agent"]}},
+                       file="<test>")
+
+
+@asynccontextmanager
+async def open_listener(chain: Any = None, **overrides: Any) -> AsyncIterator[tuple[str, str]]:
+    """A listener on an ephemeral port: (ws url, http url). Stopped gracefully on exit."""
+    settings = ListenSettings(port=0, tokens=(TOKEN, OTHER), handle_signals=False,
+                              **overrides)
+    urls: list[tuple[str, str]] = []
+    up = anyio.Event()
+
+    def ready(found: tuple[str, str]) -> None:
+        urls.append(found)
+        up.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(serve_listener, chain or demo_chain(), settings,
+                                        ready=ready))
+        with anyio.fail_after(10):
+            await up.wait()
+        try:
+            yield urls[0]
+        finally:
+            settings.stop.set()
+
+
+async def initialize(client: httpx.AsyncClient, url: str, headers: dict[str, str] | None = None
+                     ) -> httpx.Response:
+    return await client.post(url, json=INIT, headers=headers if headers is not None else AUTH)
+
+
+@asynccontextmanager
+async def open_events(response: httpx.Response) -> AsyncIterator[Callable[[], Awaitable[Any]]]:
+    """`next_event()`: the next SSE data event of an open stream."""
+    async with aclosing(response.aiter_lines()) as lines:  # trio wants generators closed
+        async def next_event() -> Any:
+            async for line in lines:
+                if line.startswith("data: "):
+                    return json.loads(line[6:])
+            raise EOFError("the stream ended")
+        yield next_event
+
+
+async def test_initialize_over_http_answers_with_the_chain_result_and_a_connection_id() -> None:
+    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            answer = await initialize(client, url)
+            assert answer.status_code == 200
+            assert answer.headers["acp-connection-id"]
+            body = answer.json()
+            assert body["id"] == 1 and body["result"]["protocolVersion"] == 1
+            done = await client.delete(url, headers={
+                **AUTH, "Acp-Connection-Id": answer.headers["acp-connection-id"]})
+            assert done.status_code == 202
+
+
+async def test_a_request_without_a_token_is_refused_and_the_log_names_no_token(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="acp_conductor")
+    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            missing = await initialize(client, url, headers={})
+            wrong = await initialize(client, url,
+                                     headers={"Authorization": "Bearer not-the-token-123456"})
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert "no bearer token" in missing.json()["error"]
+    assert wrong.status_code == 401 and wrong.json()["error"] == "wrong bearer token"
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "no bearer token" in logged and "wrong bearer token" in logged
+    for secret in (TOKEN, OTHER, "not-the-token-123456"):
+        assert secret not in logged
+
+
+async def test_a_connection_opened_with_one_token_refuses_requests_bearing_another() -> None:
+    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            opened = await initialize(client, url)
+            ident = opened.headers["acp-connection-id"]
+            other = {"Authorization": f"Bearer {OTHER}", "Acp-Connection-Id": ident}
+            post = await client.post(url, headers=other, json={
+                "jsonrpc": "2.0", "id": 2, "method": "session/new",
+                "params": {"cwd": "/", "mcpServers": []}})
+            stream = await client.get(url, headers={**other, "Accept": "text/event-stream"})
+            delete = await client.delete(url, headers=other)
+            still = await client.delete(url, headers={**AUTH, "Acp-Connection-Id": ident})
+    assert [post.status_code, stream.status_code, delete.status_code] == [403, 403, 403]
+    assert "another token" in post.json()["error"]
+    assert still.status_code == 202  # the rightful owner still has it
+
+
+async def test_a_session_of_one_connection_is_unknown_on_another() -> None:
+    async with open_listener() as (_, url), httpx.AsyncClient(timeout=10) as client:
+        with anyio.fail_after(20):
+            first = (await initialize(client, url)).headers["acp-connection-id"]
+            second = (await initialize(client, url)).headers["acp-connection-id"]
+            headers = {**AUTH, "Acp-Connection-Id": first, "Accept": "text/event-stream"}
+            async with client.stream("GET", url, headers=headers) as stream, \
+                    open_events(stream) as next_event:
+                accepted = await client.post(url, headers={**AUTH, "Acp-Connection-Id": first},
+                                             json={"jsonrpc": "2.0", "id": "s", "method":
+                                                   "session/new",
+                                                   "params": {"cwd": "/", "mcpServers": []}})
+                assert accepted.status_code == 202
+                answer = await next_event()
+            session = answer["result"]["sessionId"]
+            prompt = {"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                      "params": {"sessionId": session, "prompt": []}}
+            elsewhere = await client.post(url, json=prompt, headers={
+                **AUTH, "Acp-Connection-Id": second, "Acp-Session-Id": session})
+            unnamed = await client.post(url, json=prompt,
+                                        headers={**AUTH, "Acp-Connection-Id": first})
+    assert answer["id"] == "s"
+    assert elsewhere.status_code == 404 and "Acp-Session-Id" in elsewhere.json()["error"]
+    assert unnamed.status_code == 400 and "needs an Acp-Session-Id" in unnamed.json()["error"]
+
+
+async def test_session_traffic_goes_to_the_session_stream_while_one_is_open() -> None:
+    async with open_listener() as (_, url), httpx.AsyncClient(timeout=10) as client:
+        with anyio.fail_after(20):
+            ident = (await initialize(client, url)).headers["acp-connection-id"]
+            base = {**AUTH, "Acp-Connection-Id": ident}
+            sse = {**base, "Accept": "text/event-stream"}
+            async with client.stream("GET", url, headers=sse) as main, \
+                    open_events(main) as next_main:
+                await client.post(url, headers=base, json={
+                    "jsonrpc": "2.0", "id": 2, "method": "session/new",
+                    "params": {"cwd": "/", "mcpServers": []}})
+                opened = await next_main()
+                session = opened["result"]["sessionId"]
+                async with client.stream("GET", url, headers={**sse, "Acp-Session-Id": session}
+                                         ) as scoped, open_events(scoped) as next_scoped:
+                    await client.post(url, headers={**base, "Acp-Session-Id": session}, json={
+                        "jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                        "params": {"sessionId": session,
+                                   "prompt": [{"type": "text", "text": "hi"}]}})
+                    events = [await next_scoped()]
+                    while "id" not in events[-1]:
+                        events.append(await next_scoped())
+    assert events[-1] == {"jsonrpc": "2.0", "id": 3, "result": {"stopReason": "end_turn"}}
+    assert all(e["params"]["sessionId"] == session for e in events[:-1])
+
+
+async def test_the_rfd_status_codes_for_malformed_requests() -> None:
+    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            ident = (await initialize(client, url)).headers["acp-connection-id"]
+            base = {**AUTH, "Acp-Connection-Id": ident}
+            text = await client.post(url, content=b"{}", headers={**base,
+                                                                   "Content-Type": "text/plain"})
+            batch = await client.post(url, json=[INIT], headers=base)
+            junk = await client.post(url, content=b"{nope", headers={
+                **base, "Content-Type": "application/json"})
+            accept = await client.get(url, headers=base)
+            no_id = await client.post(url, json={"jsonrpc": "2.0", "method": "x"}, headers=AUTH)
+            unknown = await client.post(url, json={"jsonrpc": "2.0", "method": "x"},
+                                        headers={**AUTH, "Acp-Connection-Id": "nope"})
+            elsewhere = await client.post(url.replace("/acp", "/other"), json=INIT, headers=AUTH)
+    assert text.status_code == 415
+    assert batch.status_code == 501
+    assert junk.status_code == 400 and junk.json()["error"]["code"] == -32700
+    assert accept.status_code == 406
+    assert no_id.status_code == 400 and unknown.status_code == 404
+    assert elsewhere.status_code == 404
+
+
+async def test_a_browser_origin_is_refused_unless_allowed_and_then_gets_cors_headers() -> None:
+    allowed = "http://localhost:5173"
+    async with open_listener(origins=frozenset({allowed})) as (_, url), \
+            httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            foreign = await initialize(client, url, {**AUTH, "Origin": "https://evil.example"})
+            preflight = await client.options(url, headers={"Origin": allowed})
+            welcome = await initialize(client, url, {**AUTH, "Origin": allowed})
+    assert foreign.status_code == 403 and "evil.example" in foreign.json()["error"]
+    assert preflight.status_code == 204
+    assert "acp-connection-id" in preflight.headers["access-control-allow-headers"]
+    assert welcome.status_code == 200
+    assert welcome.headers["access-control-allow-origin"] == allowed
+    assert welcome.headers["access-control-expose-headers"] == "acp-connection-id"
+
+
+async def test_connections_over_the_limit_are_refused() -> None:
+    async with open_listener(max_connections=1) as (_, url), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            first = await initialize(client, url)
+            second = await initialize(client, url)
+            with pytest.raises(httpx_ws.WebSocketUpgradeError) as refused:
+                async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)):
+                    pass
+    assert first.status_code == 200
+    assert second.status_code == 503 and "max-connections" in second.json()["error"]
+    assert refused.value.response.status_code == 503
+
+
+async def test_an_idle_connection_is_closed_and_its_stream_ends() -> None:
+    async with open_listener(idle_timeout=0.5) as (_, url), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            ident = (await initialize(client, url)).headers["acp-connection-id"]
+            headers = {**AUTH, "Acp-Connection-Id": ident, "Accept": "text/event-stream"}
+            async with client.stream("GET", url, headers=headers) as events:
+                async for _ in events.aiter_lines():
+                    pass  # until the server ends the stream
+            gone = await client.delete(url, headers=headers)
+    assert gone.status_code == 404
+
+
+async def test_websocket_carries_the_chain_and_takes_the_token_as_a_subprotocol() -> None:
+    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            async with httpx_ws.aconnect_ws(url, client,
+                                            subprotocols=["acp", f"bearer.{TOKEN}"]) as ws:
+                assert ws.subprotocol == "acp"  # never the token
+                assert ws.response is not None
+                assert ws.response.headers["acp-connection-id"]
+                await ws.send_text(json.dumps({**INIT, "id": "x"}))
+                answer = json.loads(await ws.receive_text())
+            with pytest.raises(httpx_ws.WebSocketUpgradeError) as refused:
+                async with httpx_ws.aconnect_ws(url, client):
+                    pass
+    assert answer["id"] == "x" and answer["result"]["protocolVersion"] == 1
+    assert refused.value.response.status_code == 401
+
+
+async def test_payload_bytes_cross_a_websocket_hop_unchanged(tmp_path: Any) -> None:
+    log = tmp_path / "agent.jsonl"
+    agent = [sys.executable, str(BIN / "tee_stdio.py"), str(log), sys.executable, "-m",
+             "conductor.demo_agent"]
+    params = ('{ "protocolVersion" : 1,"clientCapabilities":{},"x":1e2,"y":"\\u00e9",'
+              '"z":123456789012345678901234567890,"_meta":null}')
+    async with open_listener(demo_chain(agent)) as (_, url), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)) as ws:
+                await ws.send_text('{"jsonrpc":"2.0","id":"7","method":"initialize",'
+                                   f'"params":{params}}}')
+                answer = json.loads(await ws.receive_text())
+    received = [json.loads(line)["line"] for line in log.read_text().splitlines()
+                if json.loads(line)["dir"] == "recv"]
+    assert members(received[0])["params"] == params
+    assert answer["id"] == "7"
