@@ -17,6 +17,7 @@ been forwarded yet.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -142,6 +143,8 @@ class ProxyHost:
         self.task_group: TaskGroup | None = None
         self._sessions: dict[str, SessionScope] = {}
         self._strays: dict[str, None] = {}  # scopes made for sessions never set up, oldest first
+        # Sessions the router ended (idle expiry, lost), waiting for dispatch to release them.
+        self.releases: deque[tuple[str, CloseReason]] = deque()
         self._handlers = proxy.handlers()
         self._routed = False   # some session has its own handlers or is ours: read sessionId
         self._dialect = Dialect.PROXY
@@ -529,15 +532,12 @@ class ProxyHost:
 
 # -- running a host -----------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class _Release:
-    """In the inbox, in order with messages: the router ended this session."""
-
-    session_id: str
-    reason: CloseReason
+class _Wake:
+    """In the inbox: the router ended sessions (`ProxyHost.releases`); look at them."""
 
 
-_InboxItem = Message | list[Message] | _Release
+_WAKE: Final = _Wake()
+_InboxItem = Message | list[Message] | _Wake
 
 
 class _InboxSink:
@@ -548,13 +548,16 @@ class _InboxSink:
         self._host = host
         self.passes = host.passes  # the router asks the host directly: no extra call
 
-    async def release(self, session_id: str, reason: CloseReason) -> None:
-        """Queued behind what the proxy was already sent, so a message of that session
-        handed over earlier is still dispatched with its state."""
+    def release(self, session_id: str, reason: CloseReason) -> None:
+        """Never waits: the router may end thousands of sessions at once (idle expiry), and
+        the bounded inbox is for messages (filled with releases, the inboxes of two proxies
+        could wedge each other). Dispatch looks at `releases` after what it was already
+        handed, and is woken if idle."""
+        self._host.releases.append((session_id, reason))
         try:
-            await self._send.send(_Release(session_id, reason))
-        except _GONE:
-            pass  # the proxy is stopping: it releases every session itself
+            self._send.send_nowait(_WAKE)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # busy (it looks before it waits again), or stopping (stop_chain releases)
 
     async def send(self, item: Message | list[Message]) -> None:
         self._host.queued += len(item) if isinstance(item, list) else 1
@@ -606,6 +609,8 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
             writes = CoalescedWrites()
             async with receive:
                 while True:
+                    while host.releases:
+                        await host.release(*host.releases.popleft())
                     try:
                         item = await receive.receive()
                     except anyio.EndOfStream:
@@ -613,9 +618,9 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
                     writes.begin()
                     try:
                         while True:
-                            if isinstance(item, _Release):
-                                await host.release(item.session_id, item.reason)
+                            if item is _WAKE:
                                 item = []
+                            assert not isinstance(item, _Wake)
                             for message in item if isinstance(item, list) else (item,):
                                 try:
                                     await host.dispatch(message)

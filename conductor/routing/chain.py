@@ -598,7 +598,7 @@ class Chain:
 
     # -- releasing sessions ------------------------------------------------------------------
 
-    async def end_sessions(self, session_ids: list[str], reason: CloseReason) -> None:
+    def end_sessions(self, session_ids: list[str], reason: CloseReason) -> None:
         """The router ends these sessions without a message saying so (idle expiry, a lost
         session): its record goes, and each in-process proxy drops its state for them. The
         agent and subprocess proxies are not told."""
@@ -608,7 +608,7 @@ class Chain:
         for hop in self.topology.hops():
             if hop.release is not None and hop.failure is None:
                 for sid in released:
-                    await hop.release(sid, reason)
+                    hop.release(sid, reason)
 
     async def expire_idle(self, seconds: float) -> list[str]:
         """End every session idle for `seconds` or more; returns their ids."""
@@ -616,7 +616,7 @@ class Chain:
         if expired:
             log.info("%d session(s) idle for %gs or more expired: %s", len(expired), seconds,
                      ", ".join(expired[:5]) + (" ..." if len(expired) > 5 else ""))
-            await self.end_sessions(expired, CloseReason.EXPIRED)
+            self.end_sessions(expired, CloseReason.EXPIRED)
         return expired
 
     async def serve_timers(self) -> None:

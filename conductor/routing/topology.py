@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,8 +38,8 @@ class Role(enum.StrEnum):
 # forward it untouched with nothing earlier still in its dispatch (see Chain._forward).
 Passes = Callable[[str, bool], bool]
 # (session id, why): an in-process proxy drops its state for a session the router ended
-# without a message crossing it (idle expiry, a lost session, the end of the connection).
-Release = Callable[[str, CloseReason], Awaitable[None]]
+# without a message crossing it (idle expiry, a lost session). Never waits.
+Release = Callable[[str, CloseReason], None]
 
 
 class Hop(Endpoint):

@@ -154,3 +154,43 @@ async def test_scopes_made_for_sessions_never_set_up_are_bounded(
                 await client.prompt(f"stale-{i}", "hi")
             assert alive(SessionScope) == 10
     assert recorder.ended == []  # never opened: no hook for their end either
+
+
+async def test_thousands_of_sessions_expiring_at_once_never_wait_on_a_busy_proxy() -> None:
+    """The router ends sessions in every in-process proxy. A proxy busy with a message
+    must not hold the others' releases: with releases queued in its bounded inbox, 300 of
+    them filled it and the expiring task waited for it, while it waited for the others."""
+    from conductor.jsonrpc.message import Notification
+    from conductor.plugins import ProxyContext, on
+    from conductor.plugins import host as plugin_host
+
+    count = plugin_host.INBOX_SIZE + 44
+    all_closed, holding = anyio.Event(), anyio.Event()
+
+    class Busy(Proxy):
+        @on("_test/hold")
+        async def hold(self, ctx: ProxyContext, message: Notification) -> None:
+            holding.set()
+            await all_closed.wait()  # dispatch is held until then
+
+    class Opener(Recorder):
+        @on("_test/open", source="successor")
+        async def open_many(self, ctx: ProxyContext, message: Notification) -> None:
+            for _ in range(count):
+                await ctx.open_session({"cwd": "/", "mcpServers": []})
+
+        async def session_closed(self, session: SessionScope) -> None:
+            await super().session_closed(session)
+            if len(self.ended) == count:
+                all_closed.set()
+
+    agent = ScriptedAgent()
+    opener = Opener()
+    async with open_test_chain([Busy(), opener], agent,
+                               timeouts=Timeouts(session_idle_expiry=0.2)) as client:
+        with anyio.fail_after(10):
+            await client.notify("_test/hold", {})
+            await holding.wait()
+            await agent.notify("_test/open", {})
+            await all_closed.wait()
+    assert {why for _, why in opener.ended} == {CloseReason.EXPIRED}
