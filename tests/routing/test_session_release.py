@@ -25,7 +25,7 @@ from conductor.testing import ScriptedAgent, open_test_chain
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from conductor.jsonrpc.message import Request
+    from conductor.jsonrpc.message import Notification, Request
 
 
 class Recorder(Proxy):
@@ -160,7 +160,6 @@ async def test_thousands_of_sessions_expiring_at_once_never_wait_on_a_busy_proxy
     """The router ends sessions in every in-process proxy. A proxy busy with a message
     must not hold the others' releases: with releases queued in its bounded inbox, 300 of
     them filled it and the expiring task waited for it, while it waited for the others."""
-    from conductor.jsonrpc.message import Notification
     from conductor.plugins import ProxyContext, on
     from conductor.plugins import host as plugin_host
 
