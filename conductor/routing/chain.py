@@ -577,8 +577,8 @@ class Chain:
 
         async def refused(answer: Response) -> Response:
             # A load or resume that failed opened nothing: forget what it installed.
-            if answer.is_error:
-                table.closed(session_id, CloseReason.REFUSED)
+            if answer.is_error and table.closed(session_id, CloseReason.REFUSED):
+                await self.mcp_routes.drain()
             return answer
         return refused
 
@@ -598,17 +598,18 @@ class Chain:
 
     # -- releasing sessions ------------------------------------------------------------------
 
-    def end_sessions(self, session_ids: list[str], reason: CloseReason) -> None:
+    async def end_sessions(self, session_ids: list[str], reason: CloseReason) -> None:
         """The router ends these sessions without a message saying so (idle expiry, a lost
-        session): its record goes, and each in-process proxy drops its state for them. The
-        agent and subprocess proxies are not told."""
+        session): its record goes, its MCP-over-ACP connections end, and each in-process
+        proxy drops its state for them. The agent and subprocess proxies are not told."""
         released = [sid for sid in session_ids if self.sessions.closed(sid, reason) is not None]
         if not released:
             return
         for hop in self.topology.hops():
             if hop.release is not None and hop.failure is None:
                 for sid in released:
-                    hop.release(sid, reason)
+                    hop.release(sid, reason)  # never waits (see the host's `releases`)
+        await self.mcp_routes.drain()
 
     async def expire_idle(self, seconds: float) -> list[str]:
         """End every session idle for `seconds` or more; returns their ids."""
@@ -616,7 +617,7 @@ class Chain:
         if expired:
             log.info("%d session(s) idle for %gs or more expired: %s", len(expired), seconds,
                      ", ".join(expired[:5]) + (" ..." if len(expired) > 5 else ""))
-            self.end_sessions(expired, CloseReason.EXPIRED)
+            await self.end_sessions(expired, CloseReason.EXPIRED)
         return expired
 
     async def serve_timers(self) -> None:

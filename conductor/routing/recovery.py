@@ -177,7 +177,7 @@ class Recovery:
                 self.lost[sid] = why
                 while len(self.lost) > MAX_LOST:
                     del self.lost[next(iter(self.lost))]
-            chain.end_sessions(list(lost), CloseReason.LOST)
+            await chain.end_sessions(list(lost), CloseReason.LOST)
 
     # -- optional proxies ----------------------------------------------------------------------
 

@@ -422,3 +422,18 @@ async def test_a_side_connection_reaches_a_provider_deep_in_the_chain_in_its_env
     await chain.fail_hop(hops["p1"], ComponentExitedError("p1", 1, []))
     assert out["bridge"].take()["method"] == "mcp/disconnect"
     assert out["p0"].sent == [] and out["client"].sent == []
+
+
+async def test_an_expired_session_ends_its_connections_like_a_closed_one() -> None:
+    h = Harness()
+    await h.start()
+    await h.new_session("s1", [acp_server("tools", "ed-1")], [])
+    conn = await connect_through(h, "ed-1", "client", "c1")
+    assert await h.chain.expire_idle(0.0) == ["s1"]
+    disconnect = h.out["client"].take()
+    assert disconnect["method"] == "mcp/disconnect"
+    assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": "mcp/disconnect",
+                                     "params": {"connectionId": conn}}
+    assert h.chain.mcp_routes.connections == {}
+    assert h.chain.mcp_routes.declarations == {}
+    await h.frame("client", {"id": disconnect["id"], "result": {}})
