@@ -151,10 +151,12 @@ class PipeSink:
         """Write the whole buffer at once if the pipe has room and no write is in flight:
         the common case, without the lock's bookkeeping. False: what is left (possibly
         less than before) goes out through the lock."""
+        if self._writing.locked():
+            return False  # a write is in flight: flushing means waiting until it is done
         if not self._buffer:
             return True
         write = getattr(self._stream, "write_nowait", None)
-        if write is None or self._writing.locked():
+        if write is None:
             return False
         try:
             written = write(self._buffer)
