@@ -99,6 +99,7 @@ class Variant:
     n: int = 0                                  # proxies in the chain
     default: bool = True                        # run without --only
     pythonpath: Path = REPO                     # which checkout's conductor runs
+    env: dict[str, str] = field(default_factory=dict)  # set for this variant only
 
 
 VARIANTS: list[Variant] = [
@@ -111,6 +112,9 @@ VARIANTS: list[Variant] = [
             lambda _: [PY, str(BENCH / "loop_relay.py"), "--json", *AGENT], "relay",
             default=False),
     Variant("acp+0", "acp-conductor agent AGENT", lambda _: acp_agent_mode(AGENT), "acp"),
+    Variant("acp+0-asyncio", "the same on asyncio's own loop (ACP_CONDUCTOR_LOOP=asyncio)",
+            lambda _: acp_agent_mode(AGENT), "acp", default=False,
+            env={"ACP_CONDUCTOR_LOOP": "asyncio"}),
     Variant("thinkwell+0", "@thinkwell/conductor (bench/node/thinkwell.mjs) AGENT",
             lambda _: thinkwell(AGENT), "thinkwell"),
     Variant("acp+1", "acp-conductor agent PROXY AGENT (PROXY = bench/fast_passthrough.py)",
@@ -182,8 +186,8 @@ def precompile(checkout: Path) -> None:
             compileall.compile_dir(checkout / package, quiet=1)
 
 
-def child_env(pythonpath: Path) -> dict[str, str]:
-    env = dict(os.environ)
+def child_env(pythonpath: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), str(pythonpath / "proxies"),
                                                       env.get("PYTHONPATH")]))
     return env
@@ -195,7 +199,7 @@ class Editor:
     profile_dir: Path | None = None
 
     def __init__(self, argv: list[str], stderr_path: Path, pythonpath: Path = REPO,
-                 python_flags: tuple[str, ...] = ()) -> None:
+                 python_flags: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         if argv[1:3] == ["-m", "conductor"]:
             if self.profile_dir is not None:
                 out = self.profile_dir / f"{stderr_path.stem}.prof"
@@ -204,7 +208,7 @@ class Editor:
         self._stderr = stderr_path.open("ab")
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, bufsize=0, env=child_env(pythonpath),
+                                     stderr=self._stderr, bufsize=0, env=child_env(pythonpath, env),
                                      cwd=pythonpath)  # `-m` puts the cwd first on sys.path
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
@@ -430,7 +434,7 @@ class Figures:
 def start_stop(variant: Variant, work: Path) -> tuple[float, float, float | None]:
     """A fresh start: (spawn -> initialize answered, EOF -> exit, last child -> exit)."""
     editor = Editor(variant.argv(work), work / f"{variant.name}.startup.stderr",
-                    variant.pythonpath)
+                    variant.pythonpath, env=variant.env)
     try:
         editor.call("initialize", INIT)
         startup = time.perf_counter() - editor.started
@@ -515,7 +519,7 @@ def measure_all(variants: list[Variant], work: Path, sizes: Sizes, phases: set[s
     editors: dict[str, Editor] = {}
     try:
         for v in variants:
-            editor = Editor(v.argv(work), work / f"{v.name}.stderr", v.pythonpath)
+            editor = Editor(v.argv(work), work / f"{v.name}.stderr", v.pythonpath, env=v.env)
             editors[v.name] = editor
             editor.call("initialize", INIT)
             editor.call("session/new", SESSION_NEW)
@@ -897,7 +901,7 @@ def main() -> int:
             if v.conductor == "acp":
                 with_old.append(Variant(f"{v.name}@{args.compare.name}",
                                         f"{v.about} ({args.compare})", v.argv, v.conductor, v.n,
-                                        v.default, args.compare.resolve()))
+                                        v.default, args.compare.resolve(), v.env))
         chosen = with_old
     if not chosen:
         parser.error("no variant left to run")

@@ -128,3 +128,12 @@ def test_an_escaped_payload_that_cannot_be_decoded_is_left_out_of_the_trace_not_
     events = [json.loads(line) for line in written.splitlines()]
     assert events[1]["method"] == "_x/deep" and isinstance(events[1]["payload"], str)
     assert events[2]["line"] == "still tracing"
+
+
+def test_a_secret_that_also_spells_json_outside_a_string_leaves_the_line_valid() -> None:
+    # "true" and "1234" occur outside strings in most trace lines (flags, numbers, seq).
+    line = b'{"seq":1234,"ok":true,"payload":{"text":"pin 1234 is true","n":1e2}}'
+    out = Redactor(["1234", "true"])(line)
+    assert json.loads(out) == {"seq": 1234, "ok": True,
+                               "payload": {"text": f"pin {REDACTED} is {REDACTED}", "n": 100}}
+    assert b'"n":1e2' in out  # a number's spelling survives the byte-for-byte path

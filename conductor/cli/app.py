@@ -55,8 +55,7 @@ class LazyGroup(click.Group):
 
 def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
     """Serve the editor on our stdin/stdout with `config`'s chain, then exit."""
-    import anyio
-
+    from conductor.cli import loop
     from conductor.serve import RunOptions, serve_chain
     from conductor.tracing.sink import open_trace_sink, run_flushed
     from conductor.transport.stdio import stdio_streams
@@ -65,7 +64,7 @@ def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
     stdin, stdout = stdio_streams()  # claims stdout before any plugin is imported
     with open_trace_sink(options.trace, config, unredacted=options.trace_unredacted) as tracer:
         run = RunOptions(mode=mode, max_frame_bytes=options.max_frame_bytes, tracer=tracer)
-        code = anyio.run(run_flushed, tracer, serve_chain, config, stdin, stdout, run)
+        code = loop.run(run_flushed, tracer, serve_chain, config, stdin, stdout, run)
     exit_now(code)
 
 

@@ -6,9 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-import anyio
 import click
 
+from conductor.cli import loop
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.exits import epilog
 from conductor.cli.run import claim_stdout, flush
@@ -65,7 +65,7 @@ def call_command(ctx: click.Context, method: str, params: str | None, open_sessi
     with open_trace_sink(options.trace, config,
                          unredacted=options.trace_unredacted) as tracer:
         call.tracer = tracer
-        outcome = anyio.run(run_flushed, tracer, call_chain, config, call)
+        outcome = loop.run(run_flushed, tracer, call_chain, config, call)
     if outcome.answer is not None:
         shown = outcome.answer.error_value() if outcome.answer.is_error \
             else outcome.answer.result_value()

@@ -7,13 +7,13 @@ import os
 import sys
 from typing import Any
 
-import anyio
 import click
 import msgspec
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from conductor.cli import loop
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.run import claim_stdout, flush
 from conductor.config import load_chain
@@ -100,7 +100,7 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
     path = options.chain()
     config = load_chain(path)
     with open_trace_sink(options.trace, config, unredacted=options.trace_unredacted) as tracer:
-        report = anyio.run(run_flushed, tracer,
+        report = loop.run(run_flushed, tracer,
                            functools.partial(check_chain, config, timeout=timeout, tracer=tracer))
     if as_json:
         click.echo(msgspec.json.encode({"chain": path, **report.to_json()}).decode(), file=out)

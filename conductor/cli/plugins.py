@@ -72,8 +72,7 @@ def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = N
     Stdout is claimed before `load` imports any user code, so a stray `print` lands in the
     log instead of corrupting the wire; the wire keeps the real stdout.
     """
-    import anyio
-
+    from conductor.cli import loop
     from conductor.cli.logs import ProxyFormatter
     from conductor.plugins.host import serve_proxy
     from conductor.transport.stdio import FdReceiveStream, FdSendStream, claim_stdout
@@ -86,4 +85,4 @@ def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = N
     async def serve() -> None:
         await serve_proxy(proxy, FdReceiveStream(0), FdSendStream(wire_fd),
                           max_frame_bytes=max_frame_bytes)
-    anyio.run(serve)
+    loop.run(serve)

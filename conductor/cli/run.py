@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-import anyio
 import click
 from rich.console import Console
 
+from conductor.cli import loop
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.exits import epilog
 from conductor.config import load_chain
@@ -180,7 +180,7 @@ def run_command(ctx: click.Context, prompt: str | None, more_prompts: tuple[str,
                          unredacted=options.trace_unredacted) as tracer:
         turn.tracer = tracer
         try:
-            code = anyio.run(run_flushed, tracer, run_turns, config, turn, events)
+            code = loop.run(run_flushed, tracer, run_turns, config, turn, events)
         finally:
             live = getattr(events, "live", None)
             if live is not None:

@@ -113,8 +113,7 @@ def serve_command(ctx: click.Context, listen: str, token_file: str | None, token
     """
     import functools
 
-    import anyio
-
+    from conductor.cli import loop
     from conductor.config import load_chain
     from conductor.listen import ListenSettings, serve_listener
 
@@ -142,5 +141,5 @@ def serve_command(ctx: click.Context, listen: str, token_file: str | None, token
             click.echo("acp-conductor: warning: no token: any local process may connect",
                        err=True)
 
-    code = anyio.run(functools.partial(serve_listener, config, settings, ready=ready))
+    code = loop.run(functools.partial(serve_listener, config, settings, ready=ready))
     sys.exit(code)

@@ -21,6 +21,8 @@ _AUTH_NAME_VALUE = re.compile(
     rb'("name"\s*:\s*"(?i:authorization)"\s*,\s*"value"\s*:\s*)"(?:[^"\\]|\\.)*"')
 _AUTH_HEADER_TEXT = re.compile(
     rb'((?i:authorization)\s*:\s*)(?:(?i:bearer|basic|token)\s+)?[^\s"\\,}]+')
+# A JSON string in a line without backslashes: nothing inside it can be a quote.
+_RAW_STRING = re.compile(rb'"[^"]*"')
 _MIN_SECRET = 4  # shorter values would blank out ordinary text
 _CLEAN_MAX, _CLEAN_MAX_LEN = 4096, 64
 
@@ -28,11 +30,13 @@ _CLEAN_MAX, _CLEAN_MAX_LEN = 4096, 64
 class Redactor:
     """Replaces secrets in an encoded trace line, keeping it valid JSON.
 
-    A line without a backslash is redacted byte for byte: no escape can hide a character
-    from the match, so the bytes are the text. A line with escapes (`\\u0073k-...`, `\\/`)
-    is decoded, every string (keys too) redacted as text, and re-encoded: a reader of the
-    trace sees decoded strings, so that is what must be clean. Numbers and key order survive;
-    a number's spelling may not (only in the trace: the wire is never touched).
+    A line without a backslash is redacted byte for byte inside its strings (keys too): no
+    escape can hide a character from the match, so the bytes are the text. Only strings:
+    a secret that also spells a literal or a number ("true", "1234") must not break the
+    line's JSON. A line with escapes (`\\u0073k-...`, `\\/`) is decoded, every string
+    redacted as text, and re-encoded: a reader of the trace sees decoded strings, so that is
+    what must be clean. Numbers and key order survive; a number's spelling may not (only in
+    the trace: the wire is never touched).
     """
 
     def __init__(self, secrets: Iterable[str] = (), patterns: Iterable[str] = ()) -> None:
@@ -59,12 +63,8 @@ class Redactor:
             except (msgspec.DecodeError, RecursionError):
                 raise ValueError("not decodable, so not checked for secrets") from None
             line = msgspec.json.encode(self._redact_tree(tree))
-        else:
-            for form in self._secrets:
-                if form in line:
-                    line = line.replace(form, REDACTED.encode())
-            for pattern in self._patterns:
-                line = pattern.sub(REDACTED.encode(), line)
+        elif self._mentions_secret(line):
+            line = _RAW_STRING.sub(self._redact_raw_string, line)
         # Re-encoded lines are canonical (msgspec escapes only quotes, backslashes and control
         # characters), and these regexes match whole JSON strings or stop at a backslash.
         if b"authorization" in line.lower():  # cheap test first: the regexes cost ~10x more
@@ -72,6 +72,22 @@ class Redactor:
             line = _AUTH_NAME_VALUE.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
             line = _AUTH_HEADER_TEXT.sub(rb"\1" + REDACTED.encode(), line)
         return line
+
+    def _mentions_secret(self, line: bytes) -> bool:
+        """Whether a line without escapes holds a secret anywhere, strings or not. Only its
+        strings are then rewritten: a secret that also spells a literal, a number or part of
+        the trace's own fields ("true", "1234") must not break the line's JSON."""
+        return any(form in line for form in self._secrets) or \
+            any(pattern.search(line) for pattern in self._patterns)
+
+    def _redact_raw_string(self, match: re.Match[bytes]) -> bytes:
+        text = match[0]
+        for form in self._secrets:
+            if form in text:
+                text = text.replace(form, REDACTED.encode())
+        for pattern in self._patterns:
+            text = pattern.sub(REDACTED.encode(), text)
+        return text
 
     def _redact_text(self, text: str) -> str:
         if text in self._clean:

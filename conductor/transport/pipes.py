@@ -67,6 +67,10 @@ class PipeSink:
 
     __slots__ = ("_broken", "_buffer", "_closed", "_stream", "_writing")
 
+    # A stream may offer `write_nowait(data) -> int`: write what fits now, without waiting
+    # (FdSendStream). Then a flush that finds the pipe with room costs one write() and no
+    # lock; anything left over goes through the locked, waiting path.
+
     def __init__(self, stream: ByteSendStream) -> None:
         self._stream = stream
         self._closed = False
@@ -131,6 +135,8 @@ class PipeSink:
 
     async def flush(self) -> None:
         """Write whatever is buffered. Raises anyio.BrokenResourceError when the peer is gone."""
+        if self._write_nowait():
+            return
         async with self._writing:
             if not self._buffer:
                 return
@@ -140,6 +146,28 @@ class PipeSink:
             except _GONE as e:
                 self._broken = e
                 raise anyio.BrokenResourceError from e
+
+    def _write_nowait(self) -> bool:
+        """Write the whole buffer at once if the pipe has room and no write is in flight:
+        the common case, without the lock's bookkeeping. False: what is left (possibly
+        less than before) goes out through the lock."""
+        if self._writing.locked():
+            return False  # a write is in flight: flushing means waiting until it is done
+        if not self._buffer:
+            return True
+        write = getattr(self._stream, "write_nowait", None)
+        if write is None:
+            return False
+        try:
+            written = write(self._buffer)
+        except _GONE as e:
+            self._broken = e
+            raise anyio.BrokenResourceError from e
+        if written == len(self._buffer):
+            self._buffer = bytearray()
+            return True
+        del self._buffer[:written]
+        return False
 
     async def aclose(self) -> None:
         if self._closed:

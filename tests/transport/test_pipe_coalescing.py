@@ -94,3 +94,52 @@ async def test_a_send_to_a_gone_peer_raises_broken_resource() -> None:
         await sink.send(note("x"))
     with pytest.raises(anyio.BrokenResourceError):  # and stays broken
         await sink.send(note("y"))
+
+
+class NowaitStream(RecordingStream):
+    """A stream that can also write without waiting (as FdSendStream does), taking at most
+    `room` bytes at a time."""
+
+    def __init__(self, room: int, gate: anyio.Event | None = None) -> None:
+        super().__init__(gate)
+        self.room = room
+
+    def write_nowait(self, data: bytes | bytearray) -> int:
+        taken = bytes(data[:self.room])
+        if taken:
+            self.writes.append(taken)
+        return len(taken)
+
+
+@pytest.mark.parametrize("room", [1 << 20, 10, 0])
+async def test_a_flush_writes_what_fits_at_once_and_the_rest_in_order(room: int) -> None:
+    out = NowaitStream(room)
+    sink = PipeSink(out)
+    await sink.send(note("one"))
+    await sink.send(note("two"))
+    expected = b"".join(b'{"jsonrpc":"2.0","method":"session/update","params":{"t":"%s"}}\n'
+                        % t for t in (b"one", b"two"))
+    assert b"".join(out.writes) == expected
+
+
+@pytest.mark.parametrize("nowait", [False, True])
+async def test_closing_a_sink_waits_for_a_write_in_flight(nowait: bool) -> None:
+    # The first message's write is held: closing the sink meanwhile must not close the
+    # stream under it (an answer sent just before shutdown would be lost).
+    gate = anyio.Event()
+    out = NowaitStream(0, gate) if nowait else RecordingStream(gate)
+    closed: list[int] = []
+
+    async def aclose() -> None:
+        closed.append(len(out.writes))
+    out.aclose = aclose  # type: ignore[method-assign]
+    sink = PipeSink(out)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sink.send, note("last answer"))
+        with anyio.fail_after(5):
+            await out.attempted.wait()
+        tg.start_soon(sink.aclose)
+        await anyio.sleep(0.01)
+        assert closed == []
+        gate.set()
+    assert closed == [1]
