@@ -3,6 +3,7 @@ there, so they run on asyncio only (in-process tests cover both backends)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
 import subprocess
@@ -22,11 +23,17 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This checkout's wheel, built as `pip wheel` builds it (offline: no build isolation)."""
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(out), str(REPO)],
-                   check=True, capture_output=True, timeout=300)
+    """This checkout's wheel, built as `pip wheel` builds it (offline: no build isolation);
+    once per run, whichever xdist worker asks first."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's
+    out = shared / "dist"
+    with (shared / "dist.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not list(out.glob("acp_conductor-*.whl")):
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--no-build-isolation", "-w", str(out), str(REPO)],
+                           check=True, capture_output=True, timeout=300)
     (built,) = out.glob("acp_conductor-*.whl")
     return built
 
