@@ -21,41 +21,29 @@ def configure_logging(level: str = "warning", log_file: str | None = None) -> No
 
         fd = open_output(log_file, option="--log-file", append=True)
         stream = open(fd, "a", encoding="utf-8", buffering=1)
-    root = logging.getLogger("acp_conductor")
-    root.handlers.clear()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("acp-conductor %(levelname)s: %(message)s"))
-    root.addHandler(handler)
-    root.setLevel(level.upper())
-    root.propagate = False
-
-    component = logging.getLogger("acp_conductor.stderr")
-    component.handlers.clear()
-    comp_handler = logging.StreamHandler(stream)
-    comp_handler.setFormatter(logging.Formatter("%(component)s| %(message)s"))
-    component.addHandler(comp_handler)
-    component.setLevel(logging.INFO)
-    component.propagate = False
-
+    _route("acp_conductor", stream, logging.Formatter("acp-conductor %(levelname)s: %(message)s"),
+           level.upper())
+    _route("acp_conductor.stderr", stream, logging.Formatter("%(component)s| %(message)s"),
+           logging.INFO)
     # The MCP SDK (plugin tools, the bridge) logs under "mcp", and MCPServer() would
     # otherwise install a root handler at INFO: its records go where ours go, at our level.
-    sdk = logging.getLogger("mcp")
-    sdk.handlers.clear()
-    sdk_handler = logging.StreamHandler(stream)
-    sdk_handler.setFormatter(logging.Formatter("acp-conductor %(levelname)s (mcp): %(message)s"))
-    sdk.addHandler(sdk_handler)
-    sdk.setLevel(level.upper())
-    sdk.propagate = False
-
+    _route("mcp", stream,
+           logging.Formatter("acp-conductor %(levelname)s (mcp): %(message)s"), level.upper())
     # Plugin proxies speak like components: always shown, prefixed with the proxy's name
     # (their logs are audit trails, e.g. every permission decision).
-    proxies = logging.getLogger("acp_conductor.proxy")
-    proxies.handlers.clear()
-    proxy_handler = logging.StreamHandler(stream)
-    proxy_handler.setFormatter(ProxyFormatter())
-    proxies.addHandler(proxy_handler)
-    proxies.setLevel(logging.DEBUG if level == "debug" else logging.INFO)
-    proxies.propagate = False
+    _route("acp_conductor.proxy", stream, ProxyFormatter(),
+           logging.DEBUG if level == "debug" else logging.INFO)
+
+
+def _route(name: str, stream: TextIO, formatter: logging.Formatter, level: int | str) -> None:
+    """Logger `name` writes to `stream` alone, formatted by `formatter`, from `level` on."""
+    logger = logging.getLogger(name)
+    logger.handlers.clear()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
 
 
 class ProxyFormatter(logging.Formatter):

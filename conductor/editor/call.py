@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 import anyio
 
 from conductor.editor.client import EditorHandler, open_client_connection
-from conductor.errors import ConductorError, ConnectionClosedError, ExplainedCode, RpcError
+from conductor.editor.inprocess import InProcessChain
+from conductor.errors import ConnectionClosedError, ExplainedCode, RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.serve import RunOptions, serve_chain
-from conductor.transport.memory import memory_pipe
+from conductor.serve import RunOptions
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -84,30 +84,15 @@ async def call_chain(config: ChainConfig, options: CallOptions) -> CallOutcome:
     Raises:
         ConfigError: the chain cannot be planned, or PARAMS do not fit --session.
     """
-    to_conductor, conductor_in = memory_pipe()
-    conductor_out, from_conductor = memory_pipe()
-    done = anyio.Event()
-    code: int | None = None
-    error: ConductorError | None = None
+    chain = InProcessChain(config, RunOptions(max_frame_bytes=options.max_frame_bytes,
+                                              tracer=options.tracer))
     outcome = CallOutcome(CallExit.TIMEOUT, reason=f"no answer to {options.method} within "
                                                    f"{options.timeout:g}s")
     step = "initialize"
 
     async with anyio.create_task_group() as tg:
-        async def conductor() -> None:
-            nonlocal code, error
-            try:
-                code = await serve_chain(config, conductor_in, conductor_out, RunOptions(
-                    max_frame_bytes=options.max_frame_bytes, tracer=options.tracer,
-                    handle_signals=False))
-            except ConductorError as e:
-                error = e
-                await conductor_out.aclose()
-            finally:
-                done.set()
-
-        tg.start_soon(conductor)
-        async with open_client_connection(from_conductor, to_conductor,
+        tg.start_soon(chain.serve)
+        async with open_client_connection(chain.from_conductor, chain.to_conductor,
                                           _CallEditor(options)) as conn:
             with anyio.move_on_after(options.timeout):
                 try:
@@ -146,11 +131,11 @@ async def call_chain(config: ChainConfig, options: CallOptions) -> CallOutcome:
             if outcome.code is CallExit.TIMEOUT and step != options.method:
                 outcome.reason = f"no answer to {step} within {options.timeout:g}s"
         with anyio.move_on_after(config.conductor.shutdown_grace + 10):
-            await done.wait()
+            await chain.done.wait()
         tg.cancel_scope.cancel()
 
-    if error is not None:
-        raise error
-    if code == CallExit.COMPONENT and outcome.answer is None:
+    if chain.error is not None:
+        raise chain.error
+    if chain.code == CallExit.COMPONENT and outcome.answer is None:
         outcome.code = CallExit.COMPONENT
     return outcome

@@ -16,11 +16,11 @@ import msgspec
 
 from conductor import acp
 from conductor.editor.client import EditorHandler, open_client_connection
-from conductor.errors import ConductorError, ConnectionClosedError, RpcError
+from conductor.editor.inprocess import InProcessChain
+from conductor.errors import ConnectionClosedError, RpcError
 from conductor.jsonrpc.message import Notification, Request, Response
-from conductor.serve import RunOptions, serve_chain
+from conductor.serve import RunOptions
 from conductor.tracing.sink import FanoutTraceSink
-from conductor.transport.memory import memory_pipe
 
 if TYPE_CHECKING:
     from msgspec import Raw
@@ -176,31 +176,16 @@ async def check_chain(config: ChainConfig, *, timeout: float = 30.0,  # noqa: AS
     names = [*config.proxy_names(), *([config.agent_name()] if config.agent else [])]
     for name in names:
         recorder.get(name)  # keep chain order in the report
-    to_conductor, conductor_in = memory_pipe()
-    conductor_out, from_conductor = memory_pipe()
-    done = anyio.Event()
-    code: int | None = None
-    error: ConductorError | None = None
+    chain = InProcessChain(config, RunOptions(
+        mode=mode, tracer=FanoutTraceSink(recorder, tracer) if tracer else recorder))
     reason: str | None = None
     blame: str | None = None
     tail: list[str] = []
     result: dict[str, Any] | None = None
 
     async with anyio.create_task_group() as tg:
-        async def conductor() -> None:
-            nonlocal code, error
-            try:
-                code = await serve_chain(config, conductor_in, conductor_out, RunOptions(
-                    mode=mode, tracer=FanoutTraceSink(recorder, tracer) if tracer else recorder,
-                    handle_signals=False))
-            except ConductorError as e:
-                error = e
-                await conductor_out.aclose()
-            finally:
-                done.set()
-
-        tg.start_soon(conductor)
-        async with open_client_connection(from_conductor, to_conductor,
+        tg.start_soon(chain.serve)
+        async with open_client_connection(chain.from_conductor, chain.to_conductor,
                                           _Successor() if mode == "proxy" else None) as conn:
             try:
                 with anyio.fail_after(timeout):
@@ -224,11 +209,11 @@ async def check_chain(config: ChainConfig, *, timeout: float = 30.0,  # noqa: AS
             except ConnectionClosedError:
                 reason = "the conductor stopped before answering initialize"
         with anyio.move_on_after(config.conductor.shutdown_grace + 10):
-            await done.wait()
+            await chain.done.wait()
         tg.cancel_scope.cancel()
 
-    if error is not None:
-        raise error
+    if chain.error is not None:
+        raise chain.error
     components = [recorder.components[n] for n in recorder.components]
     if reason is None:
         for report in components:
@@ -239,5 +224,5 @@ async def check_chain(config: ChainConfig, *, timeout: float = 30.0,  # noqa: AS
         tail = list(recorder.components[blame].stderr)
     if reason is not None:
         return CheckReport(False, components, reason, blame, tail,
-                           3 if blame is not None or code == 3 else 1, result, mode)
-    return CheckReport(True, components, exit_code=code or 0, initialize=result, mode=mode)
+                           3 if blame is not None or chain.code == 3 else 1, result, mode)
+    return CheckReport(True, components, exit_code=chain.code or 0, initialize=result, mode=mode)

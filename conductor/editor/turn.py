@@ -20,17 +20,16 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from conductor.editor.client import ClientConnection, open_client_connection
+from conductor.editor.inprocess import InProcessChain
 from conductor.editor.policy import RunEditor, RunEvents
 from conductor.errors import (
-    ConductorError,
     ConfigError,
     ConnectionClosedError,
     ExplainedCode,
     RpcError,
 )
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.serve import RunOptions, serve_chain
-from conductor.transport.memory import memory_pipe
+from conductor.serve import RunOptions
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -137,28 +136,13 @@ async def run_turns(config: ChainConfig, options: TurnOptions, events: RunEvents
         ConfigError: the chain cannot be planned, or the agent cannot load --session-id.
     """
     started = time.monotonic()
-    to_conductor, conductor_in = memory_pipe()
-    conductor_out, from_conductor = memory_pipe()
-    conductor_code: int | None = None
-    conductor_error: ConductorError | None = None
-    conductor_done = anyio.Event()
+    chain = InProcessChain(config, RunOptions(mode="agent",
+                                              max_frame_bytes=options.max_frame_bytes,
+                                              tracer=options.tracer))
     turn = _Turn()
     record: dict[str, Any] = {"type": "result"}
 
     async with anyio.create_task_group() as tg:
-
-        async def conductor() -> None:
-            nonlocal conductor_code, conductor_error
-            try:
-                conductor_code = await serve_chain(
-                    config, conductor_in, conductor_out,
-                    RunOptions(mode="agent", max_frame_bytes=options.max_frame_bytes,
-                               tracer=options.tracer, handle_signals=False))
-            except ConductorError as e:
-                conductor_error = e
-                await conductor_out.aclose()  # the client sees EOF instead of waiting forever
-            finally:
-                conductor_done.set()
 
         async def spawn(func: Callable[[], Coroutine[Any, Any, None]]) -> None:
             tg.start_soon(func)
@@ -171,12 +155,13 @@ async def run_turns(config: ChainConfig, options: TurnOptions, events: RunEvents
                            allow_terminal=options.allow_terminal,
                            max_frame_bytes=options.max_frame_bytes,
                            on_policy_failure=policy_failure, spawn=spawn)
-        tg.start_soon(conductor)
+        tg.start_soon(chain.serve)
         if options.handle_signals:
             tg.start_soon(_watch_signals, turn, events)
         try:
             with turn.scope:  # a second Ctrl-C cancels it
-                async with open_client_connection(from_conductor, to_conductor, editor) as conn:
+                async with open_client_connection(chain.from_conductor, chain.to_conductor,
+                                                  editor) as conn:
                     await _converse(conn, editor, options, events, turn, record)
                     await _close_session(conn, turn)
         except* ConnectionClosedError:  # arrives wrapped by the connection's task group
@@ -185,15 +170,15 @@ async def run_turns(config: ChainConfig, options: TurnOptions, events: RunEvents
             with anyio.CancelScope(shield=True):
                 await editor.aclose()
                 with anyio.move_on_after(config.conductor.shutdown_grace + 10):
-                    await _first(conductor_done, turn.forced)
+                    await _first(chain.done, turn.forced)
         # Forced: cancelling serve_chain still stops each component (shielded cleanup).
         tg.cancel_scope.cancel()
 
-    if conductor_error is not None:
-        raise conductor_error
+    if chain.error is not None:
+        raise chain.error
     if turn.usage_error is not None:
         raise turn.usage_error
-    code = _exit_code(turn, editor, conductor_code)
+    code = _exit_code(turn, editor, chain.code)
     if turn.error is not None:
         record["error"] = turn.error.to_json()
     record.update(stopReason=(turn.result or {}).get("stopReason"),
