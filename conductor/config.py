@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
     from pydantic import ValidationError
 
+    from conductor.tracing.redact import Redactor
+
 # pydantic reads this from a dataclass: a misspelt key is an error, not ignored.
 _STRICT: dict[str, Any] = {"extra": "forbid"}
 
@@ -512,3 +514,24 @@ def mcp_servers(config: ChainConfig) -> list[McpServer]:
                                                for k, v in spec.headers.items()),
                                  required=spec.required))
     return out
+
+
+def trace_redactor(config: ChainConfig | None, *, unredacted: bool = False) -> Redactor | None:
+    """What a trace of `config`'s chain hides (None: nothing, `--trace-unredacted`): the
+    values of each component's `secret_env` names, and `[conductor] redact` patterns."""
+    from conductor.tracing.redact import Redactor
+
+    if unredacted:
+        return None
+    if config is None:
+        return Redactor()
+    secrets: list[str] = []
+    for i, spec in enumerate([*config.proxy, *([config.agent] if config.agent else [])]):
+        if not spec.secret_env:
+            continue
+        try:
+            env = component_environment(spec, file=config.source, where=f"component[{i}]")
+        except ConfigError:
+            env = dict(os.environ)  # the run itself will report the unset variable
+        secrets.extend(env[n] for n in spec.secret_env if env.get(n))
+    return Redactor(secrets, config.conductor.redact)

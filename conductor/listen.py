@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from conductor.config import trace_redactor
 from conductor.errors import ConfigError, ExitCode
 from conductor.serve import RunOptions, plan_chain, serve_connection
 from conductor.tracing.sink import open_trace_sink
@@ -142,6 +143,7 @@ async def serve_listener(config: ChainConfig, settings: ListenSettings, *,
     max_frame = settings.max_frame_bytes or config.conductor.max_frame_bytes
     sock = bind(settings)
     port = sock.getsockname()[1]
+    redactor = trace_redactor(config, unredacted=settings.trace_unredacted)  # one for every trace
     numbers = iter(range(1, 1 << 62))
     running: set[RemoteClient] = set()
     stop_server = anyio.Event()
@@ -152,7 +154,7 @@ async def serve_listener(config: ChainConfig, settings: ListenSettings, *,
         number = next(numbers)
         path = _trace_path(settings.trace, number) if settings.trace else None
         try:
-            with open_trace_sink(path, config, unredacted=settings.trace_unredacted) as tracer:
+            with open_trace_sink(path, redactor) as tracer:
                 options = RunOptions(mode=settings.mode, max_frame_bytes=max_frame,
                                      tracer=tracer, handle_signals=False,
                                      client_transport=client.transport)

@@ -57,12 +57,12 @@ def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
     """Serve the editor on our stdin/stdout with `config`'s chain, then exit."""
     from conductor.cli import loop
     from conductor.serve import RunOptions, serve_chain
-    from conductor.tracing.sink import open_trace_sink, run_flushed
+    from conductor.tracing.sink import run_flushed
     from conductor.transport.stdio import stdio_streams
 
     options = globals_of(ctx)
     stdin, stdout = stdio_streams()  # claims stdout before any plugin is imported
-    with open_trace_sink(options.trace, config, unredacted=options.trace_unredacted) as tracer:
+    with options.trace_sink(config) as tracer:
         run = RunOptions(mode=mode, max_frame_bytes=options.max_frame_bytes, tracer=tracer)
         code = loop.run(run_flushed, tracer, serve_chain, config, stdin, stdout, run)
     exit_now(code)

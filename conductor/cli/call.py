@@ -15,7 +15,7 @@ from conductor.cli.run import claim_stdout, flush
 from conductor.config import load_chain
 from conductor.editor.call import CallExit, CallOptions, call_chain
 from conductor.errors import ConfigError
-from conductor.tracing.sink import open_trace_sink, run_flushed
+from conductor.tracing.sink import run_flushed
 
 
 @click.command("call", epilog=epilog("Exit codes of call", CallExit))
@@ -62,8 +62,7 @@ def call_command(ctx: click.Context, method: str, params: str | None, open_sessi
     call = CallOptions(method=method, params=value, notify=notify, session=open_session,
                        cwd=Path(cwd), timeout=timeout, max_frame_bytes=options.max_frame_bytes,
                        on_notification=notified if show_notifications else None)
-    with open_trace_sink(options.trace, config,
-                         unredacted=options.trace_unredacted) as tracer:
+    with options.trace_sink(config) as tracer:
         call.tracer = tracer
         outcome = loop.run(run_flushed, tracer, call_chain, config, call)
     if outcome.answer is not None:

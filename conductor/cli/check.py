@@ -18,7 +18,7 @@ from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.run import claim_stdout, flush
 from conductor.config import load_chain
 from conductor.editor.check import CheckReport, ComponentReport, check_chain
-from conductor.tracing.sink import open_trace_sink, run_flushed
+from conductor.tracing.sink import run_flushed
 
 
 def _short_command(argv: list[str]) -> str:
@@ -99,7 +99,7 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
     options = globals_of(ctx)
     path = options.chain()
     config = load_chain(path)
-    with open_trace_sink(options.trace, config, unredacted=options.trace_unredacted) as tracer:
+    with options.trace_sink(config) as tracer:
         report = loop.run(run_flushed, tracer,
                            functools.partial(check_chain, config, timeout=timeout, tracer=tracer))
     if as_json:

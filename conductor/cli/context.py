@@ -19,7 +19,12 @@ import click
 from conductor.errors import ConductorError, ConfigError, ExitCode
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from click.shell_completion import CompletionItem
+
+    from conductor.config import ChainConfig
+    from conductor.tracing.sink import JsonlTraceSink
 
 log = logging.getLogger("acp_conductor")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,6 +51,16 @@ class Globals:
         if not self.chain_file:
             raise ConfigError("give --chain FILE", field="--chain")
         return self.chain_file
+
+    def trace_sink(self, config: ChainConfig | None
+                   ) -> AbstractContextManager[JsonlTraceSink | None]:
+        """The `--trace` file for a run of `config`'s chain (None without --trace), hiding
+        its secrets unless --trace-unredacted."""
+        from conductor.config import trace_redactor
+        from conductor.tracing.sink import open_trace_sink
+
+        return open_trace_sink(self.trace,
+                               trace_redactor(config, unredacted=self.trace_unredacted))
 
 
 def _record(field: str) -> Callable[[click.Context, click.Parameter, Any], None]:

@@ -24,7 +24,7 @@ from conductor.config import load_chain
 from conductor.editor.policy import APPROVE_CHOICES
 from conductor.editor.turn import RunExit, TurnOptions, run_turns
 from conductor.errors import ConfigError
-from conductor.tracing.sink import open_trace_sink, run_flushed
+from conductor.tracing.sink import run_flushed
 
 
 def claim_stdout() -> TextIO:
@@ -176,8 +176,7 @@ def run_command(ctx: click.Context, prompt: str | None, more_prompts: tuple[str,
                        approve=approve, allow_write=allow_write, allow_terminal=allow_terminal,
                        timeout=timeout, cancel_grace=cancel_grace,
                        max_frame_bytes=options.max_frame_bytes)
-    with open_trace_sink(options.trace, config,
-                         unredacted=options.trace_unredacted) as tracer:
+    with options.trace_sink(config) as tracer:
         turn.tracer = tracer
         try:
             code = loop.run(run_flushed, tracer, run_turns, config, turn, events)

@@ -3,7 +3,6 @@ Authorization headers) never reach a trace file, however the JSON spells them.""
 
 from __future__ import annotations
 
-import os
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -11,8 +10,6 @@ import msgspec
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
-
-    from conductor.config import ChainConfig
 
 REDACTED = "[redacted]"
 
@@ -135,25 +132,3 @@ class Redactor:
                     elif isinstance(value, (dict, list)):
                         stack.append(value)
         return root
-
-    @classmethod
-    def from_config(cls, config: ChainConfig) -> Redactor:
-        """Secrets: values of each component's `secret_env` names.
-
-        Patterns: `[conductor] redact`.
-        """
-        from conductor.config import component_environment
-        from conductor.errors import ConfigError
-
-        secrets: list[str] = []
-        specs = [*config.proxy, *([config.agent] if config.agent else [])]
-        for i, spec in enumerate(specs):
-            names = getattr(spec, "secret_env", [])
-            if not names:
-                continue
-            try:
-                env = component_environment(spec, file=config.source, where=f"component[{i}]")
-            except ConfigError:
-                env = dict(os.environ)  # the run itself will report the unset variable
-            secrets.extend(env[n] for n in names if env.get(n))
-        return cls(secrets, getattr(config.conductor, "redact", []))

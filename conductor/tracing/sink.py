@@ -26,7 +26,6 @@ from conductor.tracing.redact import REDACTED, Redactor
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
-    from conductor.config import ChainConfig
     from conductor.jsonrpc.message import Message
 
 T = TypeVar("T")
@@ -289,13 +288,13 @@ async def run_flushed(sink: JsonlTraceSink | None, func: Callable[..., Awaitable
 
 
 @contextmanager
-def open_trace_sink(path: str | None, config: ChainConfig | None, *,
-                    unredacted: bool = False) -> Iterator[JsonlTraceSink | None]:
-    """The `--trace FILE` sink for a run (None without a path); flushed and closed on exit."""
+def open_trace_sink(path: str | None,
+                    redactor: Redactor | None) -> Iterator[JsonlTraceSink | None]:
+    """The `--trace FILE` sink for a run (None without a path), hiding what `redactor`
+    finds (None: nothing); flushed and closed on exit."""
     if path is None:
         yield None
         return
-    redactor = None if unredacted else (Redactor.from_config(config) if config else Redactor())
     sink = JsonlTraceSink(path, redactor=redactor)
     try:
         yield sink
