@@ -16,6 +16,7 @@ such a task is at most deferred to the end of that read; otherwise it is written
 
 from __future__ import annotations
 
+from collections import deque
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
 
@@ -125,10 +126,7 @@ class PipeSink:
         async with self._writing:
             pending, self._buffer = self._buffer, bytearray()
             try:
-                await self._stream.send(bytes(pending + head))
-                # anyio's byte streams take any buffer (they hand it to the OS or copy it)
-                await self._stream.send(cast("bytes", memoryview(payload)))
-                await self._stream.send(b"}\n")
+                await self._write_all([pending + head, memoryview(payload), b"}\n"])
             except _GONE as e:
                 self._broken = e
                 raise anyio.BrokenResourceError from e
@@ -142,10 +140,36 @@ class PipeSink:
                 return
             data, self._buffer = self._buffer, bytearray()
             try:
-                await self._stream.send(cast("bytes", data))
+                await self._write_all([data])
             except _GONE as e:
                 self._broken = e
                 raise anyio.BrokenResourceError from e
+
+    async def _write_all(self, chunks: list[bytearray | bytes | memoryview]) -> None:
+        """Write `chunks` in order (the caller holds `_writing`). Cancelled part-way, what
+        the pipe has not taken goes back to the front of the buffer, to be written first:
+        otherwise the next message would start inside a half-written frame, and both be
+        lost to the reader. Streams without `write_nowait` write each chunk as a whole."""
+        write = getattr(self._stream, "write_nowait", None)
+        wait = getattr(self._stream, "wait_writable", None)
+        if write is None or wait is None:
+            for chunk in chunks:
+                # anyio's byte streams take any buffer (they hand it to the OS or copy it)
+                await self._stream.send(cast("bytes", chunk))
+            return
+        views = deque(memoryview(chunk) for chunk in chunks if len(chunk))
+        try:
+            while views:
+                written = write(views[0])
+                if written == len(views[0]):
+                    views.popleft()
+                    continue
+                views[0] = views[0][written:]
+                await wait()
+        except BaseException:
+            if views and self._broken is None:
+                self._buffer[:0] = b"".join(views)
+            raise
 
     def _write_nowait(self) -> bool:
         """Write the whole buffer at once if the pipe has room and no write is in flight:

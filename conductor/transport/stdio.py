@@ -224,6 +224,12 @@ class FdSendStream(ByteSendStream):
         except (BrokenPipeError, ConnectionResetError) as e:
             raise anyio.BrokenResourceError from e
 
+    async def wait_writable(self) -> None:
+        """Until the pipe has room (or its reader is gone: the next write says so)."""
+        if self._closed:
+            raise anyio.ClosedResourceError
+        await anyio.wait_writable(self._fd.fd)
+
     async def send(self, item: bytes | bytearray | memoryview) -> None:
         view = memoryview(item)
         fd = self._fd.fd
