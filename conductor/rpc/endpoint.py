@@ -254,6 +254,11 @@ class Endpoint:
             self.pending.pop(outgoing.ident, None)
             raise ConnectionClosedError(f"{self.name}: connection closed before {method}") \
                 from e
+        except BaseException:
+            # Cancelled before it was written (waiting for the writer's turn, a full pipe):
+            # nothing will ever wait for its answer, so nothing may keep it pending.
+            self.pending.pop(outgoing.ident, None)
+            raise
         return await self.wait(outgoing, cancel_on_abort=cancel_on_abort)
 
     async def call(self, method: str, params: object = UNSET) -> Response:

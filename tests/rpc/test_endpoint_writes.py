@@ -60,3 +60,33 @@ def test_ids_the_conductor_allocates_key_as_ints_and_other_ids_keep_their_type()
     assert id_key(Raw(b'"17"')) == "17"
     assert id_key(Raw(b"-3")) == -3
     assert id_key(Raw(b"null")) is None
+
+
+class HeldSink:
+    """A sink whose sends wait until `release` is set (a full pipe)."""
+
+    def __init__(self) -> None:
+        self.release = anyio.Event()
+
+    async def send(self, item: Message | list[Message]) -> None:
+        await self.release.wait()
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_request_cancelled_before_it_was_written_is_not_left_pending() -> None:
+    endpoint = Endpoint("peer", HeldSink())
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(endpoint.notify, "first")  # holds the writer's turn
+            await wait_all_tasks_blocked()
+            with anyio.CancelScope() as scope:
+                async def cancel_when_queued() -> None:
+                    await wait_all_tasks_blocked()  # the request waits for the turn
+                    scope.cancel()
+                tg.start_soon(cancel_when_queued)
+                await endpoint.request("never/sent")
+            assert scope.cancelled_caught
+            tg.cancel_scope.cancel()
+    assert endpoint.pending == {}  # no answer can come for it: nothing may wait for one
