@@ -212,7 +212,12 @@ class ProxyHost:
         else:
             outgoing, request = self.endpoint.open_request(method, params, deliver=deliver,
                                                            context=sent)
-        await self.endpoint.send(request)
+        try:
+            await self.endpoint.send(request)
+        except BaseException:
+            # Not written (cancelled, or the peer is gone): no answer will ever settle it.
+            self.endpoint.pending.pop(outgoing.ident, None)
+            raise
         return outgoing
 
     async def _answered(self, outgoing: Outgoing, answer: Response) -> None:

@@ -90,3 +90,26 @@ async def test_a_request_cancelled_before_it_was_written_is_not_left_pending() -
             assert scope.cancelled_caught
             tg.cancel_scope.cancel()
     assert endpoint.pending == {}  # no answer can come for it: nothing may wait for one
+
+
+async def test_a_plugin_request_cancelled_before_it_was_written_is_not_left_pending() -> None:
+    from conductor.plugins.api import Proxy, Side
+    from conductor.plugins.host import ProxyHost
+
+    class Quiet(Proxy[None]):
+        name = "quiet"
+
+    host = ProxyHost(Quiet(), HeldSink())
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.endpoint.notify, "first")  # holds the writer's turn
+            await wait_all_tasks_blocked()
+            with anyio.CancelScope() as scope:
+                async def cancel_when_queued() -> None:
+                    await wait_all_tasks_blocked()  # the request waits for the turn
+                    scope.cancel()
+                tg.start_soon(cancel_when_queued)
+                await host.start_request("_ext/never_sent", Raw(b"{}"), Side.SUCCESSOR)
+            assert scope.cancelled_caught
+            tg.cancel_scope.cancel()
+    assert host.endpoint.pending == {}
