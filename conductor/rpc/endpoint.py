@@ -19,6 +19,7 @@ responses (`settle`) and the cancels (`cancel_inbound`) and decides what else to
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ from conductor.jsonrpc.message import (
     payload,
 )
 from conductor.rpc.failure import cancelled_response, failure_response, raise_for_error
+
+log = logging.getLogger("acp_conductor.rpc")
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.head import Head
@@ -352,12 +355,20 @@ class Endpoint:
         self.pending.clear()
         for outgoing in owed:
             outgoing.failure = error
-            if outgoing.deliver is not None:
-                await outgoing.deliver(outgoing, failure_response(
-                    outgoing.id, error, component=component or self.name,
-                    method=outgoing.method))
-            if outgoing._done is not None:
-                outgoing._done.set()
+            try:
+                if outgoing.deliver is not None:
+                    await outgoing.deliver(outgoing, failure_response(
+                        outgoing.id, error, component=component or self.name,
+                        method=outgoing.method))
+            except Exception as e:
+                # One recipient that cannot take its answer (its own connection broke) must
+                # not cost the others theirs.
+                log.warning("%s: the failure answer to %s could not be delivered: %s",
+                            self.name, outgoing.method, e)
+                log.debug("delivery failure", exc_info=True)
+            finally:
+                if outgoing._done is not None:
+                    outgoing._done.set()
 
     # -- requests we received ------------------------------------------------------------
 

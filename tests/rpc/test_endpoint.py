@@ -237,6 +237,28 @@ async def test_a_forwarded_request_gets_its_connections_failure_as_an_error_answ
     assert "killed by signal 9" in error["message"]
 
 
+async def test_a_recipient_that_cannot_take_its_failure_answer_does_not_cost_the_others_theirs(
+        ) -> None:
+    delivered: list[str] = []
+
+    async def broken(outgoing: object, answer: Response) -> None:
+        raise anyio.BrokenResourceError("the editor went away too")
+
+    async def deliver(outgoing: object, answer: Response) -> None:
+        delivered.append(answer.error_value()["message"])
+
+    sink, source = open_link("memory")
+    endpoint = Endpoint("agent", sink)
+    endpoint.open_request("session/prompt", deliver=broken)
+    endpoint.open_request("session/prompt", deliver=deliver)
+    waiting, _ = endpoint.open_request("fs/read_text_file")
+    await sink.aclose()
+    await source.serve(ignore)
+    await endpoint.fail(ComponentExitedError("agent", 1), component="agent")
+    assert len(delivered) == 1 and "agent" in delivered[0]
+    assert waiting.failure is not None
+
+
 async def test_replies_to_a_batch_leave_as_one_array_even_with_duplicate_and_float_ids(
         ) -> None:
     sent: list[object] = []
