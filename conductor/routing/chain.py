@@ -661,9 +661,14 @@ class Chain:
         self._timers.start_soon(self._cancel_held, hop, outgoing.ident, expired.session_id)
 
     async def _cancel_held(self, hop: Hop, ident: int, session_id: str | None) -> None:
+        node = self.topology.find(hop)
+        # An agent's turn is stopped the ACP way only: $/cancel_request is not in v1's
+        # stable protocol, and SDK agents print a traceback for it (issue 10.13).
+        agent_turn = session_id is not None and node is not None and node.role is Role.AGENT
         with anyio.move_on_after(CANCEL_WRITE_BOUND):
-            await self._send(hop, Notification(method=acp.CANCEL_REQUEST,
-                                               params=payload({"requestId": ident})))
+            if not agent_turn:
+                await self._send(hop, Notification(method=acp.CANCEL_REQUEST,
+                                                   params=payload({"requestId": ident})))
             if session_id is not None:  # the turn itself: ACP's way to stop it
                 await self._send(hop, Notification(method=acp.SESSION_CANCEL,
                                                    params=payload({"sessionId": session_id})))

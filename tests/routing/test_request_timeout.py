@@ -104,8 +104,10 @@ async def test_a_proxy_that_holds_a_request_itself_is_the_one_named() -> None:
     assert error["message"] == "holder did not answer session/new within 0.1s"
 
 
-async def test_a_turn_past_prompt_timeout_is_answered_and_cancelled_with_session_cancel(
+async def test_a_turn_past_prompt_timeout_is_answered_and_the_agent_gets_only_session_cancel(
 ) -> None:
+    # ACP's turn cancel is what every agent understands; $/cancel_request is not in v1's
+    # stable protocol and SDK agents print a traceback for it (issue 10.13).
     agent = ScriptedAgent({"session/prompt": hang})
     async with open_test_chain([], agent, timeouts=Timeouts(prompt=0.1)) as client:
         with anyio.fail_after(5):
@@ -115,7 +117,7 @@ async def test_a_turn_past_prompt_timeout_is_answered_and_cancelled_with_session
             await agent.wait_for("session/cancel")
     assert error_of(answer)["message"] == "agent did not answer session/prompt within 0.1s"
     assert agent.received_params("session/cancel") == [{"sessionId": sid}]
-    assert len(agent.received_params("$/cancel_request")) == 1
+    assert agent.received_params("$/cancel_request") == []
 
 
 async def test_request_timeout_leaves_turns_and_requests_to_the_editor_alone() -> None:
