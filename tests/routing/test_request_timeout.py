@@ -52,9 +52,10 @@ async def test_a_request_the_agent_never_answers_gets_a_timeout_naming_it_and_is
 ) -> None:
     agent = ScriptedAgent({"session/new": hang})
     client = CountingClient()
-    async with open_test_chain([], agent, client=client,
+    async with open_test_chain([], agent, client=client, initialize=False,
                                timeouts=Timeouts(request=0.1)) as client:
         with anyio.fail_after(5):
+            await client.initialize(2)  # $/cancel_request is in v2's stable protocol
             answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
             await agent.wait_for("$/cancel_request")
     error = error_of(answer)
@@ -65,6 +66,19 @@ async def test_a_request_the_agent_never_answers_gets_a_timeout_naming_it_and_is
     assert agent.received_params("$/cancel_request") == [
         {"requestId": int(bytes(asked.id))}]
     assert set(client.answers.values()) == {1}  # the agent's late -32800 never arrives
+
+
+async def test_a_v1_agent_is_not_sent_a_cancel_request_for_a_request_it_never_answered(
+) -> None:
+    # v1's stable protocol has no $/cancel_request, and SDK agents print a traceback for a
+    # method they do not know (issue 10.13): the request is answered for it, nothing more.
+    agent = ScriptedAgent({"session/new": hang})
+    async with open_test_chain([], agent, timeouts=Timeouts(request=0.1)) as client:
+        with anyio.fail_after(5):
+            answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
+            await anyio.wait_all_tasks_blocked()  # the cancel would be written by now
+    assert error_of(answer)["code"] == ErrorCode.REQUEST_TIMEOUT
+    assert agent.received_params("$/cancel_request") == []
 
 
 class Forwarding(Proxy):
