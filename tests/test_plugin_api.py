@@ -474,3 +474,46 @@ async def test_a_stand_alone_proxy_answers_requests_it_cannot_read_by_id() -> No
             tg.cancel_scope.cancel()
     assert [(a["id"], a["error"]["code"]) for a in answers] == [
         ("deep", -32600), ("big", ErrorCode.FRAME_TOO_LARGE), ("bad", -32700)]
+
+
+class PeerRecorder:
+    """A TraceSink that keeps (hop, direction, method, peer) for every message."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, object, str | None]] = []
+
+    def message(self, hop: str, direction: str, message: Message | list[Message], *,
+                peer: str | None = None, origin: object = None) -> None:
+        for one in message if isinstance(message, list) else [message]:
+            self.seen.append((hop, direction, getattr(one, "method", None), peer))
+
+    def lifecycle(self, component: str, event: str, **fields: object) -> None:
+        pass
+
+
+async def test_a_cancel_an_in_process_proxy_sends_is_traced_to_the_proxy_after_it() -> None:
+    # Issue 10: the trace said `redact -> permissions` for a cancel that went to transcript.
+    never = anyio.Event()
+
+    async def hang(agent: ScriptedAgent, message: Message) -> object:
+        await never.wait()
+        return None
+
+    from conductor.testing import TestClient
+
+    proxies = [PromptCounter(), PromptCounter(), PromptCounter()]
+    for proxy, name in zip(proxies, ("permissions", "redact", "transcript"), strict=True):
+        proxy.rename(name)
+    agent, trace = ScriptedAgent({"session/prompt": hang}), PeerRecorder()
+    async with open_test_chain(proxies, agent, client=TestClient(timeout=0.3),
+                               tracer=trace) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            with pytest.raises(TimeoutError):  # the client gives up and cancels the prompt
+                await client.prompt(sid, "hello")
+            await agent.wait_for("$/cancel_request")
+    sent = {hop: peer for hop, direction, method, peer in trace.seen
+            if method == "$/cancel_request" and direction == "in"}
+    assert sent == {"client": "permissions", "permissions": "redact",
+                    "redact": "transcript", "transcript": "agent"}
+    assert len(agent.received_params("$/cancel_request")) == 1

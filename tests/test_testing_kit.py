@@ -72,6 +72,18 @@ async def test_a_second_turn_reports_only_its_own_text(acp_client: TestClient) -
     assert acp_client.agent_text(sid) == "Hi there.Hi there."
 
 
+async def test_the_process_fixture_drives_any_acp_command_over_real_pipes(
+        acp_process: Any) -> None:
+    from tests.conftest import child_env, conductor_argv
+
+    async with acp_process(conductor_argv("demo-agent"), env=child_env()) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            turn = await client.prompt(sid, "hello")
+    assert turn.text == "Hello from the demo agent. You said: hello "
+    assert turn.stop_reason == "end_turn"
+
+
 async def test_an_ext_request_is_answered_by_the_proxy(acp_client: TestClient,
                                                        acp_agent: ScriptedAgent) -> None:
     assert await acp_client.call("_ext/echo", {"x": 1}) == {"echo": {"x": 1}}

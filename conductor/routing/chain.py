@@ -661,9 +661,17 @@ class Chain:
         self._timers.start_soon(self._cancel_held, hop, outgoing.ident, expired.session_id)
 
     async def _cancel_held(self, hop: Hop, ident: int, session_id: str | None) -> None:
+        node = self.topology.find(hop)
+        # An agent is sent only what its protocol has: a turn is stopped the ACP way, and
+        # $/cancel_request is in v2's stable protocol, not v1's (SDK agents print a
+        # traceback for it; issue 10.13). Proxies speak the conductor protocol: they have it.
+        to_agent = node is not None and node.role is Role.AGENT
+        v2 = (self.handshake.version or 0) >= 2  # a v2 client gets only a v2 agent
+        cancel_request = not to_agent or (session_id is None and v2)
         with anyio.move_on_after(CANCEL_WRITE_BOUND):
-            await self._send(hop, Notification(method=acp.CANCEL_REQUEST,
-                                               params=payload({"requestId": ident})))
+            if cancel_request:
+                await self._send(hop, Notification(method=acp.CANCEL_REQUEST,
+                                                   params=payload({"requestId": ident})))
             if session_id is not None:  # the turn itself: ACP's way to stop it
                 await self._send(hop, Notification(method=acp.SESSION_CANCEL,
                                                    params=payload({"sessionId": session_id})))

@@ -141,6 +141,29 @@ async def test_as_a_proxy_the_conductor_carries_envelope_meta_to_its_predecessor
         assert note["params"] == {"x": 1}
 
 
+async def test_a_proxy_with_no_components_passes_everything_through_unchanged() -> None:
+    # Issue 10: `acp-conductor proxy` alone was refused; the Rust conductor tests that an
+    # empty nested conductor is a transparent proxy. The test plays the outer conductor.
+    async with open_conductor("proxy") as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
+                      "params": {"protocolVersion": 1}})
+        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
+        assert wrapped["params"] == {"method": "initialize", "params": {"protocolVersion": 1}}
+        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
+        assert (await c.response(0))["result"] == {"protocolVersion": 1}
+        await c.send({"jsonrpc": "2.0", "id": 1, "method": "session/new",
+                      "params": {"cwd": "/", "mcpServers": []}})
+        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
+        assert wrapped["params"] == {"method": "session/new",
+                                     "params": {"cwd": "/", "mcpServers": []}}
+        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"sessionId": "s"}})
+        assert (await c.response(1))["result"] == {"sessionId": "s"}
+        await c.send({"jsonrpc": "2.0", "method": "_proxy/successor",
+                      "params": {"method": "session/update", "params": {"sessionId": "s"}}})
+        note = await c.read_until(lambda m: m.get("method") == "session/update")
+        assert note["params"] == {"sessionId": "s"}
+
+
 async def test_as_a_proxy_the_conductor_refuses_a_second_proxy_initialize() -> None:
     async with open_conductor("proxy", proxy_cmd()) as c:
         await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",

@@ -135,6 +135,17 @@ def test_every_line_that_is_not_run_is_still_in_the_docs() -> None:
     assert set(NOT_RUN) <= lines, set(NOT_RUN) - lines
 
 
+def test_no_doc_installs_acp_conductor_from_a_package_index() -> None:
+    # acp-conductor is not published (issue 10.6): every install, in any block or inline,
+    # names a checkout, a wheel or a path, never the bare package name.
+    from_index = re.compile(r"\b(pip|pipx|uv tool|uv pip) install[^\n`&;|#]*?(?<![\w./-])"
+                            r"'?acp-conductor\b(?![\w./-])")
+    found = [f"{doc.name}: {line.strip()}" for doc in DOCS
+             for line in doc.read_text(encoding="utf-8").splitlines()
+             if from_index.search(line)]
+    assert found == []
+
+
 @pytest.mark.parametrize("doc", [d for d in DOCS if d.name != "ci.md"
                                  and "```sh" in d.read_text(encoding="utf-8")],
                          ids=lambda d: d.name)

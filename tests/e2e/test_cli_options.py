@@ -1,0 +1,71 @@
+"""Global options are accepted after the subcommand too, and bad usage is a usage error.
+
+Issue 10: `run --trace` and `proxy --chain` were refused (`No such option`), and bad JSON in
+`serve-proxy --options` was reported as an internal error with exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import TYPE_CHECKING
+
+import click
+
+from conductor.cli.app import main
+from tests.conftest import child_env, conductor_argv
+from tests.wire_client import open_conductor, proxy_cmd
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+GLOBAL = {"--chain", "--log-level", "--log-file", "--max-frame-bytes", "--trace",
+          "--trace-unredacted"}
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(conductor_argv(*args), env=child_env(), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60, check=False, cwd=cwd)
+
+
+def options_of(command: click.Command) -> set[str]:
+    return {name for p in command.params if isinstance(p, click.Option) for name in p.opts}
+
+
+def test_every_subcommand_that_runs_a_chain_takes_every_global_option() -> None:
+    ctx = click.Context(main)
+    runs_a_chain = {name: command for name in main.list_commands(ctx)
+                    if (command := main.get_command(ctx, name)) is not None
+                    and "--chain" in options_of(command)}
+    assert {"agent", "proxy", "run", "check", "call", "serve", "doctor"} <= set(runs_a_chain)
+    for name, command in runs_a_chain.items():
+        assert GLOBAL <= options_of(command), (name, GLOBAL - options_of(command))
+
+
+def test_trace_given_after_run_writes_the_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    done = run("run", "--chain", "demo", "--trace", str(trace), "hello", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    methods = {json.loads(line).get("method") for line in trace.read_text().splitlines()}
+    assert "session/prompt" in methods
+
+
+async def test_chain_given_after_proxy_serves_that_chain(tmp_path: Path) -> None:
+    chain = tmp_path / "proxies.toml"
+    chain.write_text(f'[[proxy]]\nname = "relay"\ncommand = {json.dumps(proxy_cmd())}\n',
+                     encoding="utf-8")
+    # The test plays the outer conductor, speaking to `acp-conductor proxy --chain` directly.
+    async with open_conductor("proxy", "--chain", str(chain)) as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
+                      "params": {"protocolVersion": 1}})
+        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
+        assert wrapped["params"]["method"] == "initialize"
+        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
+        assert (await c.response(0))["result"] == {"protocolVersion": 1}
+
+
+def test_options_that_are_not_json_are_a_usage_error_for_serve_proxy() -> None:
+    done = run("serve-proxy", "redact", "--options", "{bad")
+    assert done.returncode == 2, done.stderr
+    assert "Invalid value for --options: not JSON" in done.stderr
+    assert "internal error" not in done.stderr and done.stdout == ""
