@@ -215,7 +215,8 @@ def soak(args: argparse.Namespace) -> None:
                 run(args, editor, work, proxies)
         except (SystemExit, Exception):  # the conductor is reaped: its stderr is complete
             log = (work / "stderr.log").read_text(encoding="utf-8", errors="replace")
-            sys.stderr.write(log[-4000:])
+            tail = log[-4000:]
+            sys.stderr.write(tail if tail == log else tail[tail.find("\n") + 1:])  # whole lines
             raise
 
 
