@@ -15,13 +15,21 @@ back) and `session/close`, a hundred sessions at a time, and prints the conducto
 resident set size every `--every` sessions. A conductor that releases what each session
 holds stays flat after warm-up; one that keeps something per session grows by that much
 per session (issue 11.4: 3.5 KB per session before the fix).
+
+However the soak ends (finished, an error answer, the conductor too slow to exit, Ctrl-C,
+SIGTERM or SIGHUP), it leaves no process behind: the conductor gets EOF on its stdin, then
+`--exit-timeout` seconds later SIGTERM (it stops its components), then as long again
+SIGKILL (its watchdog stops them). Killed with SIGKILL itself, the soak cannot clean up,
+but its end closes the conductor's stdin, on which the conductor shuts down.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 BUILT_INS = ("permissions", "context", "redact", "transcript")
 BATCH = 100
+EXIT_TIMEOUT = 30.0  # seconds the conductor gets to exit at each step of `Editor.reap`
 
 
 # -- the agent (--agent) ----------------------------------------------------------------------
@@ -89,18 +98,29 @@ def chain_file(work: Path, proxies: list[str], idle_expiry: float | None) -> Pat
 
 
 class Editor:
-    """The conductor, driven with blocking reads and writes."""
+    """The conductor, driven with blocking reads and writes. A context manager: on the way
+    out, however that happens, the conductor is reaped (`reap`)."""
 
-    def __init__(self, chain: Path, stderr: Path, checkout: Path = REPO) -> None:
+    def __init__(self, chain: Path, stderr: Path, checkout: Path = REPO,
+                 exit_timeout: float = EXIT_TIMEOUT) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout),
                                                           env.get("PYTHONPATH")]))
+        self.exit_timeout = exit_timeout
         self._stderr = stderr.open("wb")
+        # In our process group, as an editor's agent is: Ctrl-C reaches it too, and it stops
+        # its components itself (each in a group of its own, which a group kill would miss).
         self.proc = subprocess.Popen([PY, "-m", "conductor", "--chain", str(chain)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, env=env, cwd=chain.parent)
         self._next = 0
         self._pending: list[bytes] = []
+
+    def __enter__(self) -> Editor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.reap()
 
     def send(self, method: str, params: object) -> int:
         self._next += 1
@@ -136,29 +156,72 @@ class Editor:
         raise RuntimeError("no VmRSS")
 
     def close(self) -> int:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        code = self.proc.wait(timeout=30)
+        """EOF on the conductor's stdin, its cue to shut down; its exit code once it has."""
+        self._close_stdin()
+        try:
+            return self.proc.wait(timeout=self.exit_timeout)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"the conductor did not exit within {self.exit_timeout:g}s of "
+                             "its stdin closing") from None
+
+    def reap(self) -> None:
+        """Leave no process behind: EOF, then SIGTERM (the conductor stops its components),
+        then SIGKILL (its watchdog stops them), each after `exit_timeout` seconds."""
+        again: BaseException | None = None
+        for step in (self._close_stdin, self.proc.terminate, self.proc.kill):
+            if self.proc.poll() is not None:
+                break
+            try:
+                step()
+                self.proc.wait(timeout=self.exit_timeout)
+            except subprocess.TimeoutExpired:
+                continue
+            except (KeyboardInterrupt, SystemExit) as e:  # asked again: stop waiting
+                again = e
+                self.proc.kill()
+                break
+        self.proc.wait()  # after SIGKILL: at once
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
         self._stderr.close()
-        return code
+        if again is not None:
+            raise again
+
+    def _close_stdin(self) -> None:
+        # The pipe itself, not its buffer: flushing a write that was cut off half-way could
+        # block for ever on a conductor that no longer reads.
+        stdin = self.proc.stdin
+        if stdin is not None:
+            with contextlib.suppress(OSError):
+                getattr(stdin, "raw", stdin).close()
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """SIGTERM and SIGHUP end the soak as Ctrl-C does: through the cleanup, not around it."""
+    raise SystemExit(128 + signum)
 
 
 def soak(args: argparse.Namespace) -> None:
     proxies = [] if args.proxies == "none" else args.proxies.split(",")
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
     with tempfile.TemporaryDirectory(prefix="acp-soak-") as tmp:
         work = Path(tmp)
         try:
-            run(args, work, proxies)
-        except SystemExit:
+            with Editor(chain_file(work, proxies, args.idle_expiry), work / "stderr.log",
+                        Path(args.checkout), args.exit_timeout) as editor:
+                run(args, editor, work, proxies)
+        except (SystemExit, Exception):  # the conductor is reaped: its stderr is complete
             log = (work / "stderr.log").read_text(encoding="utf-8", errors="replace")
-            sys.stderr.write(log[-4000:])
+            tail = log[-4000:]
+            sys.stderr.write(tail if tail == log else tail[tail.find("\n") + 1:])  # whole lines
             raise
 
 
-def run(args: argparse.Namespace, work: Path, proxies: list[str]) -> None:
+def run(args: argparse.Namespace, editor: Editor, work: Path, proxies: list[str]) -> None:
     """One soak: the editor's side, and the figures it prints."""
-    editor = Editor(chain_file(work, proxies, args.idle_expiry), work / "stderr.log",
-                    Path(args.checkout))
     editor.send("initialize", {"protocolVersion": 1, "clientCapabilities": {},
                                "clientInfo": {"name": "soak", "version": "0"}})
     editor.flush_and_wait()
@@ -216,6 +279,9 @@ def main() -> None:
                         help="[conductor] session_idle_expiry, in seconds")
     parser.add_argument("--checkout", default=str(REPO),
                         help="run the conductor of this checkout (compare before/after)")
+    parser.add_argument("--exit-timeout", type=float, default=EXIT_TIMEOUT,
+                        help="seconds the conductor gets to exit after its stdin closes "
+                             "(then SIGTERM, as long again, then SIGKILL)")
     args = parser.parse_args()
     if args.agent:
         serve_agent()
