@@ -260,3 +260,53 @@ def test_a_token_file_readable_by_others_is_refused(demo_chain: Path, tmp_path: 
                           env=child_env(), capture_output=True, text=True, timeout=30,
                           check=False)
     assert done.returncode == 2 and "chmod 600" in done.stderr
+
+
+async def test_a_turn_on_a_remote_agent_is_cancelled_across_the_websocket_hop(
+        demo_chain: Path, tmp_path: Path) -> None:
+    async with open_server(demo_chain) as inner:
+        outer = tmp_path / "outer.toml"
+        outer.write_text(f'[agent]\nurl = "{inner.ws_url}"\n'
+                         f'headers = {{ Authorization = "Bearer {TOKEN}" }}\n',
+                         encoding="utf-8")
+        async with open_conductor("--chain", str(outer)) as conductor:
+            await conductor.initialize()
+            session = await conductor.new_session()
+            await conductor.send({"jsonrpc": "2.0", "id": "p", "method": "session/prompt",
+                                  "params": {"sessionId": session,
+                                             "prompt": [{"type": "text", "text": "hang"}]}})
+            await conductor.read_until(lambda m: m.get("method") == "session/update")
+            await conductor.send({"jsonrpc": "2.0", "method": "session/cancel",
+                                  "params": {"sessionId": session}})
+            answer = await conductor.response("p")
+            # the remote agent still serves this session after the cancelled turn
+            again = await conductor.request("session/prompt", {
+                "sessionId": session, "prompt": [{"type": "text", "text": "still there"}]})
+    assert answer["result"] == {"stopReason": "cancelled"}
+    assert again["result"] == {"stopReason": "end_turn"}
+
+
+async def test_a_remote_proxy_whose_connection_drops_is_answered_naming_it(
+        tmp_path: Path) -> None:
+    inner_chain = tmp_path / "inner.toml"
+    inner_chain.write_text('[[proxy]]\nuse = "passthrough"\n', encoding="utf-8")
+    async with open_server(inner_chain, "--as-proxy", expect_exit=-9) as inner:
+        outer = tmp_path / "outer.toml"
+        outer.write_text(f'[[proxy]]\nname = "far"\nurl = "{inner.ws_url}"\n'
+                         f'headers = {{ Authorization = "Bearer {TOKEN}" }}\n'
+                         '[agent]\ncommand = ["${PYTHON}", "-m", "conductor.demo_agent"]\n',
+                         encoding="utf-8")
+        async with open_conductor("--chain", str(outer)) as conductor:
+            await conductor.initialize()
+            session = await conductor.new_session()
+            await conductor.send({"jsonrpc": "2.0", "id": "p", "method": "session/prompt",
+                                  "params": {"sessionId": session,
+                                             "prompt": [{"type": "text", "text": "hang"}]}})
+            await conductor.read_until(lambda m: m.get("method") == "session/update")
+            inner.process.kill()  # the machine the proxy runs on goes away
+            answer = await conductor.response("p")
+            assert await conductor.wait() == 3
+    error = answer["error"]
+    assert error["code"] == -33001
+    assert error["data"] == {"component": "far", "url": inner.ws_url}
+    assert "far: the connection to" in error["message"]
