@@ -310,3 +310,19 @@ async def test_a_remote_proxy_whose_connection_drops_is_answered_naming_it(
     assert error["code"] == -33001
     assert error["data"] == {"component": "far", "url": inner.ws_url}
     assert "far: the connection to" in error["message"]
+
+
+async def test_sigterm_with_a_websocket_client_connected_ends_without_a_traceback(
+        demo_chain: Path) -> None:
+    async with open_server(demo_chain) as server, httpx.AsyncClient() as http:
+        async with httpx_ws.aconnect_ws(server.http_url, http, headers=dict(AUTH)) as ws:
+            with anyio.fail_after(20):
+                await ws.send_text(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                               "params": {"protocolVersion": 1,
+                                                          "clientCapabilities": {}}}))
+                assert json.loads(await ws.receive_text())["id"] == 1
+                server.signal(signal.SIGTERM)  # the client keeps its socket open meanwhile
+                with pytest.raises(httpx_ws.WebSocketDisconnect):
+                    await ws.receive_text()
+                assert await server.wait() == 143
+    assert "Traceback" not in server.stderr_text, server.stderr_text
