@@ -5,7 +5,9 @@ is another served chain reached by `url =`."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import signal
 import subprocess
 from contextlib import asynccontextmanager
@@ -21,7 +23,7 @@ from acp.http import create_http_stream
 from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
 from acp.ws import create_websocket_stream
 
-from tests.conftest import child_env, conductor_argv
+from tests.conftest import BIN, REPO, child_env, conductor_argv
 from tests.e2e.test_sdk_interop import RecordingClient
 from tests.wire_client import ConductorProcess, open_conductor
 
@@ -326,3 +328,29 @@ async def test_sigterm_with_a_websocket_client_connected_ends_without_a_tracebac
                     await ws.receive_text()
                 assert await server.wait() == 143
     assert "Traceback" not in server.stderr_text, server.stderr_text
+
+
+# .ci/run installs the TypeScript SDK (acpx depends on it) here; skipped only outside CI.
+TS_SDK = REPO / ".ci" / "node" / "node_modules" / "@agentclientprotocol" / "sdk"
+NODE = shutil.which("node")
+
+
+@pytest.mark.skipif((NODE is None or not (TS_SDK / "dist" / "http-stream.js").exists())
+                    and not os.environ.get("CI"),
+                    reason="node and the TypeScript ACP SDK are not installed (.ci/run does)")
+@pytest.mark.parametrize("mode", ["http", "ws"])
+async def test_the_typescript_sdk_drives_a_served_chain(demo_chain: Path, mode: str) -> None:
+    assert NODE is not None
+    async with open_server(demo_chain) as server:
+        # Node 20 has a WebSocket only behind a flag (22 has it by default); over ws the
+        # client authenticates as a browser does, with the subprotocol `bearer.TOKEN`.
+        flags = ["--experimental-websocket"] if mode == "ws" else []
+        url = server.ws_url if mode == "ws" else server.http_url
+        with anyio.fail_after(30):
+            done = await anyio.run_process(
+                [NODE, *flags, str(BIN / "ts_sdk_client.mjs"), mode, url, "hello from node"],
+                env=child_env(ACP_SDK_DIR=str(TS_SDK), ACP_TOKEN=TOKEN), check=False)
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert "You said: hello from node" in out
+    assert "stop: end_turn" in out
