@@ -20,6 +20,8 @@ import anyio
 
 from conductor.config import trace_redactor
 from conductor.errors import ConfigError, ExitCode
+from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.message import Batch, Request, error_response
 from conductor.serve import RunOptions, plan_chain, serve_connection
 from conductor.tracing.sink import open_trace_sink
 from conductor.transport.http import PATH, AcpEndpoint, Gate, serve_asgi
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from conductor.config import ChainConfig
+    from conductor.transport.base import Incoming
     from conductor.transport.http import RemoteClient
 
 log = logging.getLogger("acp_conductor.remote")
@@ -168,6 +171,11 @@ async def serve_listener(config: ChainConfig, settings: ListenSettings, *,
                     tg.cancel_scope.cancel()
             log.info("%s client %s: its chain stopped (status %d)", client.transport,
                      client.id, code)
+        except ConfigError as e:  # e.g. a link planted where this connection's trace goes
+            log.error("%s client %s: not served: %s", client.transport, client.id, e)
+            # The client is told that much; the server's paths stay in the server's log.
+            await _refuse(client, "the server cannot serve this connection now (its log "
+                          "says why)")
         except Exception:  # one connection's failure must not stop the others
             log.exception("%s client %s: its chain failed", client.transport, client.id)
         finally:
@@ -206,6 +214,24 @@ async def serve_listener(config: ChainConfig, settings: ListenSettings, *,
     if received:
         return EXIT_SIGNAL.get(signal.Signals(received[0]), 1)
     return 0
+
+
+async def _refuse(client: RemoteClient, why: str) -> None:
+    """Answer the client's first request (its initialize) with `why`, then end: a client
+    the server cannot serve learns why instead of seeing its connection just close."""
+    async def answer(item: Incoming) -> None:
+        for message in item.items if isinstance(item, Batch) else [item]:
+            if isinstance(message, Request):
+                try:
+                    await client.send(error_response(message.id, ErrorCode.INTERNAL_ERROR,
+                                                     why))
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass  # gone already
+                client.end()
+    with anyio.move_on_after(5):  # a client that never sends one is not waited for
+        await client.serve(answer)
+    with anyio.move_on_after(1):
+        await client.aclose()
 
 
 async def _serve_then_close(endpoint: AcpEndpoint, sock: socket.socket,

@@ -99,3 +99,41 @@ async def test_an_agent_that_takes_acp_gets_the_declaration_unchanged() -> None:
         assert await for_agent(params, support(1, "stdio", "acp"), bridge, frozenset()) \
             is params
         assert bridge.servers == {}  # nothing was bridged, nothing listens
+
+
+async def _hello(path: str, line: bytes) -> bytes:
+    """What the bridge's socket answers a shim that opens with `line` ('' when it closes)."""
+    async with await anyio.connect_unix(path) as stream:
+        await stream.send(line)
+        answer = b""
+        while not answer.endswith(b"\n"):
+            try:
+                answer += await stream.receive()
+            except anyio.EndOfStream:
+                break
+        return answer
+
+
+@pytest.mark.parametrize("hello", [
+    pytest.param(b'{"server": "KEY", "token": "' + b"x" * 43 + b'"}\n', id="wrong-token"),
+    pytest.param(b'{"server": "nope", "token": "TOKEN"}\n', id="unknown-server"),
+    pytest.param(b"[" * 2000 + b"]" * 2000 + b"\n", id="deep-json"),
+    pytest.param(b"\xff\xfe\n", id="not-utf8"),
+    pytest.param(b'"just a string"\n', id="not-an-object"),
+])
+async def test_a_shim_with_a_wrong_hello_is_refused_and_the_bridge_keeps_serving(
+        hello: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    async with open_mcp_bridge("stdio") as bridge:
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        key = entry["args"][3]  # type: ignore[index]
+        line = hello.replace(b"KEY", key.encode()).replace(b"TOKEN", env[TOKEN_ENV].encode())
+        with anyio.fail_after(10):
+            answer = await _hello(env[SOCKET_ENV], line)
+            assert b'"ok"' not in answer
+            # the listener still takes shims: the refusal ended one connection, not the bridge
+            second = await _hello(env[SOCKET_ENV], b'{"server": "x", "token": "y"}\n')
+    assert b"refused" in second
+    assert "MCP bridge refused a stdio request" in caplog.text
+    assert env[TOKEN_ENV] not in caplog.text  # the token never reaches a log

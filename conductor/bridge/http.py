@@ -83,6 +83,9 @@ class HttpBridge:
                                  shutdown_trigger=self.stop.wait, mode="asgi")
             else:
                 from hypercorn.asyncio import serve as serve_asyncio
+
+                from conductor.transport.http import quiet_cancelled_connections
+                quiet_cancelled_connections()  # an agent's MCP client left open at shutdown
                 await serve_asyncio(self.app, config,  # type: ignore[arg-type]
                                     shutdown_trigger=self.stop.wait, mode="asgi")
         finally:

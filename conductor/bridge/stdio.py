@@ -61,8 +61,10 @@ class SocketBridge:
             try:
                 with anyio.fail_after(HELLO_TIMEOUT):
                     hello = json.loads(await reader.receive_until(b"\n", HELLO_LIMIT))
-            except (TimeoutError, ValueError, anyio.IncompleteRead, anyio.EndOfStream,
-                    anyio.DelimiterNotFound) as e:
+            # RecursionError: valid JSON nested too deeply for the decoder (a 4 KB line of
+            # `[`), which must end this connection and not the bridge's task group.
+            except (TimeoutError, ValueError, RecursionError, anyio.IncompleteRead,
+                    anyio.EndOfStream, anyio.DelimiterNotFound) as e:
                 bridge.refused("stdio", f"a shim sent no usable hello ({type(e).__name__})")
                 return
             server = bridge.by_key.get(str(hello.get("server"))) \

@@ -29,6 +29,16 @@ def configure_logging(level: str = "warning", log_file: str | None = None) -> No
     # otherwise install a root handler at INFO: its records go where ours go, at our level.
     _route("mcp", stream,
            logging.Formatter("acp-conductor %(levelname)s (mcp): %(message)s"), level.upper())
+    # Every other library (httpx logs each request at INFO) goes where ours go, warnings
+    # and up. A root that has a handler also makes the SDK's `basicConfig` a no-op, which
+    # would otherwise print their INFO records on stderr past --log-file.
+    root = logging.getLogger()
+    root.handlers.clear()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("acp-conductor %(levelname)s (%(name)s): "
+                                           "%(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
     # Plugin proxies speak like components: always shown, prefixed with the proxy's name
     # (their logs are audit trails, e.g. every permission decision).
     _route("acp_conductor.proxy", stream, ProxyFormatter(),

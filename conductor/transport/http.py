@@ -721,4 +721,37 @@ async def serve_asgi(app: AcpEndpoint, sock: socket.socket, *, certfile: str | N
     else:
         from hypercorn.asyncio import serve as asyncio_serve
 
+        quiet_cancelled_connections()
         await asyncio_serve(app, config, shutdown_trigger=shutdown)  # type: ignore[arg-type]
+
+
+def quiet_cancelled_connections() -> None:
+    """Keep a connection cancelled at shutdown from printing a traceback (asyncio only).
+
+    Hypercorn cancels the connections still open when its graceful timeout ends (a client
+    that keeps its socket), and Python 3.11's `asyncio.streams` then calls `exception()` on
+    the cancelled task in a done-callback, which raises `CancelledError` into the loop's
+    exception handler: a traceback on stderr for an orderly stop (3.12 checks first). A
+    `CancelledError` is never a failure worth reporting, so this handler drops exactly
+    those and passes everything else on. Installed once per loop; a no-op on trio.
+    """
+    import asyncio
+
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return  # another backend (trio)
+    previous = loop.get_exception_handler()
+    if getattr(previous, "_quiets_cancelled", False):
+        return
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if isinstance(context.get("exception"), asyncio.CancelledError):
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    handler._quiets_cancelled = True  # type: ignore[attr-defined]
+    loop.set_exception_handler(handler)

@@ -342,6 +342,10 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
     if depth >= MAX_DEPTH:
         raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
     program = os.path.basename(argv[0])
+    if program == "eval":  # its arguments, joined, are a script
+        command.opaque = True
+        _add_script(command, " ".join(argv[1:]), bases, depth + 1)
+        return
     if program in SHELLS:
         script = _shell_script(argv)
         if script is None:
@@ -397,9 +401,47 @@ def _shell_script(argv: list[str]) -> str | None:
     return None
 
 
+_BASH_QUOTED = re.compile(r"""\$'((?:[^'\\]|\\.)*)'|\$(?=")""", re.DOTALL)
+_C_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}"
+                       r"|c.|.)", re.DOTALL)
+_C_SIMPLE = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n",
+             "r": "\r", "t": "\t", "v": "\v"}
+
+
+def _c_escape(m: re.Match[str]) -> str:
+    code = m.group(1)
+    if code[0] in "xuU" and len(code) > 1:
+        point = int(code[1:], 16)
+    elif code[0] in "01234567":
+        point = int(code, 8) & 0xFF
+    elif code[0] == "c" and len(code) > 1:
+        point = ord(code[1]) & 0x1F
+    else:
+        return _C_SIMPLE.get(code, code)
+    # bash ends the string at a NUL; a surrogate or beyond is no file name character
+    return "" if point == 0 else chr(point) if point < 0xD800 or 0xE000 <= point <= 0x10FFFF \
+        else "?"
+
+
+def _bash_unquoted(script: str) -> str:
+    """`script` with bash's `$'...'` (ANSI-C escapes decoded) and `$"..."` turned into
+    plain quotes, so `$'rm' -rf` and `$'\\x72m' -rf` are seen as `rm -rf`. A `$'` inside
+    single quotes is decoded too: this is one more spelling for deny rules, never the
+    only one."""
+    def plain(m: re.Match[str]) -> str:
+        if m.group(1) is None:
+            return ""  # `$"..."`: a translated string is the string itself
+        return shlex.quote(_C_ESCAPE.sub(_c_escape, m.group(1)))
+    return _BASH_QUOTED.sub(plain, script)
+
+
 def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: int) -> None:
     if "$" in script or "`" in script or "<<" in script:
         command.opaque = True  # values only the running shell knows
+    if "$'" in script or '$"' in script:
+        unquoted = _bash_unquoted(script)
+        if "$'" not in unquoted and '$"' not in unquoted:  # an escape cannot spell another
+            _add_script(command, unquoted, bases, depth)
     # Newlines and backquotes separate commands too; a `#` is not taken for a comment
     # (shlex would hide `a#b; rm -rf x` from the rules).
     lexer = shlex.shlex(script.replace("\n", ";").replace("`", ";"), posix=True,

@@ -5,7 +5,9 @@ is another served chain reached by `url =`."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import signal
 import subprocess
 from contextlib import asynccontextmanager
@@ -21,7 +23,7 @@ from acp.http import create_http_stream
 from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
 from acp.ws import create_websocket_stream
 
-from tests.conftest import child_env, conductor_argv
+from tests.conftest import BIN, REPO, child_env, conductor_argv
 from tests.e2e.test_sdk_interop import RecordingClient
 from tests.wire_client import ConductorProcess, open_conductor
 
@@ -260,3 +262,95 @@ def test_a_token_file_readable_by_others_is_refused(demo_chain: Path, tmp_path: 
                           env=child_env(), capture_output=True, text=True, timeout=30,
                           check=False)
     assert done.returncode == 2 and "chmod 600" in done.stderr
+
+
+async def test_a_turn_on_a_remote_agent_is_cancelled_across_the_websocket_hop(
+        demo_chain: Path, tmp_path: Path) -> None:
+    async with open_server(demo_chain) as inner:
+        outer = tmp_path / "outer.toml"
+        outer.write_text(f'[agent]\nurl = "{inner.ws_url}"\n'
+                         f'headers = {{ Authorization = "Bearer {TOKEN}" }}\n',
+                         encoding="utf-8")
+        async with open_conductor("--chain", str(outer)) as conductor:
+            await conductor.initialize()
+            session = await conductor.new_session()
+            await conductor.send({"jsonrpc": "2.0", "id": "p", "method": "session/prompt",
+                                  "params": {"sessionId": session,
+                                             "prompt": [{"type": "text", "text": "hang"}]}})
+            await conductor.read_until(lambda m: m.get("method") == "session/update")
+            await conductor.send({"jsonrpc": "2.0", "method": "session/cancel",
+                                  "params": {"sessionId": session}})
+            answer = await conductor.response("p")
+            # the remote agent still serves this session after the cancelled turn
+            again = await conductor.request("session/prompt", {
+                "sessionId": session, "prompt": [{"type": "text", "text": "still there"}]})
+    assert answer["result"] == {"stopReason": "cancelled"}
+    assert again["result"] == {"stopReason": "end_turn"}
+
+
+async def test_a_remote_proxy_whose_connection_drops_is_answered_naming_it(
+        tmp_path: Path) -> None:
+    inner_chain = tmp_path / "inner.toml"
+    inner_chain.write_text('[[proxy]]\nuse = "passthrough"\n', encoding="utf-8")
+    async with open_server(inner_chain, "--as-proxy", expect_exit=-9) as inner:
+        outer = tmp_path / "outer.toml"
+        outer.write_text(f'[[proxy]]\nname = "far"\nurl = "{inner.ws_url}"\n'
+                         f'headers = {{ Authorization = "Bearer {TOKEN}" }}\n'
+                         '[agent]\ncommand = ["${PYTHON}", "-m", "conductor.demo_agent"]\n',
+                         encoding="utf-8")
+        async with open_conductor("--chain", str(outer)) as conductor:
+            await conductor.initialize()
+            session = await conductor.new_session()
+            await conductor.send({"jsonrpc": "2.0", "id": "p", "method": "session/prompt",
+                                  "params": {"sessionId": session,
+                                             "prompt": [{"type": "text", "text": "hang"}]}})
+            await conductor.read_until(lambda m: m.get("method") == "session/update")
+            inner.process.kill()  # the machine the proxy runs on goes away
+            answer = await conductor.response("p")
+            assert await conductor.wait() == 3
+    error = answer["error"]
+    assert error["code"] == -33001
+    assert error["data"] == {"component": "far", "url": inner.ws_url}
+    assert "far: the connection to" in error["message"]
+
+
+async def test_sigterm_with_a_websocket_client_connected_ends_without_a_traceback(
+        demo_chain: Path) -> None:
+    async with open_server(demo_chain) as server, httpx.AsyncClient() as http:
+        async with httpx_ws.aconnect_ws(server.http_url, http, headers=dict(AUTH)) as ws:
+            with anyio.fail_after(20):
+                await ws.send_text(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                               "params": {"protocolVersion": 1,
+                                                          "clientCapabilities": {}}}))
+                assert json.loads(await ws.receive_text())["id"] == 1
+                server.signal(signal.SIGTERM)  # the client keeps its socket open meanwhile
+                with pytest.raises(httpx_ws.WebSocketDisconnect):
+                    await ws.receive_text()
+                assert await server.wait() == 143
+    assert "Traceback" not in server.stderr_text, server.stderr_text
+
+
+# .ci/run installs the TypeScript SDK (acpx depends on it) here; skipped only outside CI.
+TS_SDK = REPO / ".ci" / "node" / "node_modules" / "@agentclientprotocol" / "sdk"
+NODE = shutil.which("node")
+
+
+@pytest.mark.skipif((NODE is None or not (TS_SDK / "dist" / "http-stream.js").exists())
+                    and not os.environ.get("CI"),
+                    reason="node and the TypeScript ACP SDK are not installed (.ci/run does)")
+@pytest.mark.parametrize("mode", ["http", "ws"])
+async def test_the_typescript_sdk_drives_a_served_chain(demo_chain: Path, mode: str) -> None:
+    assert NODE is not None
+    async with open_server(demo_chain) as server:
+        # Node 20 has a WebSocket only behind a flag (22 has it by default); over ws the
+        # client authenticates as a browser does, with the subprotocol `bearer.TOKEN`.
+        flags = ["--experimental-websocket"] if mode == "ws" else []
+        url = server.ws_url if mode == "ws" else server.http_url
+        with anyio.fail_after(30):
+            done = await anyio.run_process(
+                [NODE, *flags, str(BIN / "ts_sdk_client.mjs"), mode, url, "hello from node"],
+                env=child_env(ACP_SDK_DIR=str(TS_SDK), ACP_TOKEN=TOKEN), check=False)
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert "You said: hello from node" in out
+    assert "stop: end_turn" in out

@@ -224,6 +224,7 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("bash", "--rcfile", "/dev/null", "-c", "cat .env"),
     terminal("bash", "--norc", "--unknown-opt", "x", "-c", "cat .env"),
     terminal("bash", "-c", "true", env=[{"name": "BASH_ENV", "value": ".env"}]),
+    terminal("sh", "-c", "eval 'cat .env'"), terminal("bash", "-c", "cat $'.\\x65nv'"),
     terminal("ls", env=[{"name": "LD_PRELOAD", "value": "{ws}/secrets/k"}]),
 ])
 async def test_a_terminal_command_that_names_a_protected_file_is_denied(
@@ -251,6 +252,13 @@ RM_RF = [
     ["nohup", "rm", "-rf", "x"], ["find", ".", "-exec", "rm", "-rf", "{}", ";"],
     ["busybox", "rm", "-rf", "x"], ["su", "-c", "rm -rf x"], ["sudo", "sh", "-c", "rm -rf x"],
     ["rm -rf x"],
+    # bash's own quoting of the program name: ANSI-C `$'...'` (escapes too) and `$"..."`
+    ["sh", "-c", "$'rm' -rf x"], ["bash", "-c", "$'\\x72m' -rf x"],
+    ["bash", "-c", "$'\\162m' -r x"], ["bash", "-c", '$"rm" -rf x'],
+    ["bash", "-c", "rm $'-rf' x"],
+    # eval runs its arguments as a script
+    ["sh", "-c", "eval 'rm -rf x'"], ["sh", "-c", "eval rm -rf x"],
+    ["bash", "-c", "echo hi; eval \"sudo rm -Rf x\""],
 ]
 
 
@@ -270,6 +278,7 @@ async def test_the_shipped_rm_rule_holds_against_obvious_variants(ws: Path,
     ["rm", "-f", "my-report.txt"], ["rmdir", "-p", "a/b"], ["grep", "-r", "rm", "."],
     ["git", "rm", "--cached", "x"], ["ls", "-la"], ["cat", "ok.txt"], ["sh", "-c", "cat ok.txt"],
     ["echo", "environment"], ["sh", "-c", "bash -c 'cat ok.txt'"],
+    ["bash", "-c", "printf $'rm -r\\n'"], ["sh", "-c", "eval 'ls -r'"],
 ], ids=" ".join)
 async def test_ordinary_commands_still_reach_the_editor(ws: Path, argv: list[str]) -> None:
     async with policy(ws) as probe:

@@ -277,3 +277,28 @@ async def test_payload_bytes_cross_a_websocket_hop_unchanged(tmp_path: Any) -> N
                 if json.loads(line)["dir"] == "recv"]
     assert members(received[0])["params"] == params
     assert answer["id"] == "7"
+
+
+@pytest.mark.parametrize("transport", ["http", "ws"])
+async def test_a_connection_whose_trace_file_is_a_planted_link_is_answered_and_the_next_served(
+        tmp_path: Any, transport: str, caplog: pytest.LogCaptureFixture) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n", encoding="utf-8")
+    (tmp_path / "t.1.jsonl").symlink_to(victim)  # where the first connection's trace goes
+    async with open_listener(trace=str(tmp_path / "t.jsonl")) as (ws_url, http_url), \
+            httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            if transport == "http":
+                refused = (await initialize(client, http_url)).json()
+            else:
+                async with httpx_ws.aconnect_ws(ws_url, client, headers=dict(AUTH)) as ws:
+                    await ws.send_text(json.dumps(INIT))
+                    refused = json.loads(await ws.receive_text())
+            served = (await initialize(client, http_url)).json()  # t.2.jsonl is fine
+    assert refused["id"] == 1
+    assert refused["error"]["code"] == -32603
+    assert "cannot serve this connection" in refused["error"]["message"]
+    assert str(tmp_path) not in refused["error"]["message"]  # server paths stay in its log
+    assert served["result"]["protocolVersion"] == 1
+    assert victim.read_text(encoding="utf-8") == "precious\n"
+    assert "Traceback" not in caplog.text and "is a symbolic link" in caplog.text
