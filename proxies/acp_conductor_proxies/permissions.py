@@ -104,12 +104,33 @@ def _per_process(path: str) -> bool:
     return any(path == root or path.startswith(root + "/") for root in PER_PROCESS_ROOTS)
 
 
-def resolve(path: str) -> str:
+def _proc_link(todo: list[str]) -> str | None:
+    """After `/proc`: `root` or `cwd` when the next components of `todo` (a stack) are
+    `PID/root`, `PID/cwd` or `PID/task/TID/...`, taken off the stack; otherwise None."""
+    names: list[int] = []
+    for i in range(len(todo) - 1, -1, -1):
+        if todo[i] not in ("", "."):
+            names.append(i)
+            if len(names) == 4:
+                break
+    parts = [todo[i] for i in names]
+    for length in (2, 4):
+        if len(parts) >= length and parts[length - 1] in ("root", "cwd") \
+                and ".." not in parts[:length - 1] \
+                and (length == 2 or parts[1] == "task"):
+            del todo[names[length - 1]:]
+            return parts[length - 1]
+    return None
+
+
+def resolve(path: str, *, proc_cwd: str | None = None) -> str:
     """The absolute `path` with every symlink followed in order, as the kernel does
     (`link/..` is the parent of the link's target); missing parts are kept as written.
+    With `proc_cwd` (a command's directory), `/proc/PID/root` is taken for `/` and
+    `/proc/PID/cwd` for `proc_cwd`, as they are for the process the command starts.
 
     Raises:
-        Unplaceable: a symlink loop, or a way through /proc or /dev/fd.
+        Unplaceable: a symlink loop, or (otherwise) a way through /proc or /dev/fd.
     """
     done = "/"
     todo = path.split("/")[::-1]  # a stack: the next component is last
@@ -123,6 +144,16 @@ def resolve(path: str) -> str:
             continue
         candidate = os.path.join(done, part)
         if _per_process(candidate):
+            link = _proc_link(todo) if proc_cwd is not None and candidate == "/proc" \
+                else None
+            if link is not None:
+                links += 1  # a jump like a link's: loops through it end at the limit
+                if links > MAX_SYMLINKS:
+                    raise Unplaceable(f"{path}: too many levels of symbolic links")
+                done = "/"
+                if link == "cwd" and proc_cwd is not None:
+                    todo.extend(proc_cwd.split("/")[::-1])
+                continue
             raise Unplaceable(f"{path} goes through {candidate}, which names a different "
                               "file in each process")
         try:
@@ -204,7 +235,15 @@ class Placer:
         except Unplaceable:
             if strict:
                 raise
-            return Place(path, frozenset(_spellings(lexical, self.bases)), None)
+            names = _spellings(lexical, self.bases)
+            if self.error is None and base is not None:
+                # A command's own /proc/self/root or /proc/self/cwd: judged as the file
+                # it reaches there (for deny and ask only: another PID's may differ).
+                try:
+                    names |= _spellings(resolve(raw, proc_cwd=base), self.bases)
+                except Unplaceable:
+                    pass
+            return Place(path, frozenset(names), None)
         names = _spellings(lexical, self.bases)
         targets = tuple(frozenset(_spellings(r, self.bases)) for r in sorted(reached))
         for target in targets:

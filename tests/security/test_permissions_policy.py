@@ -234,6 +234,35 @@ async def test_a_terminal_command_that_names_a_protected_file_is_denied(
         assert not await probe.reaches_editor("terminal/create", request_)
 
 
+@pytest.mark.parametrize("request_", [
+    terminal("cat", "/proc/self/cwd/secrets/k"), terminal("cat", "/proc/self/root{ws}/secrets/k"),
+    terminal("cat", "/proc/thread-self/root{ws}/notsecret/k"),
+    terminal("cat", "/proc/1/task/1/root/{ws}/secrets/k"), terminal("cat", "viaproc/secrets/k"),
+    terminal("cat", "/proc/self/cwd/../ws/secrets/k"),
+    terminal("sh", "-c", "cd secrets && cat /proc/self/cwd/k"),
+    terminal("cat", "/proc/self/cwd/k", cwd="{ws}/secrets"),
+])
+async def test_a_command_word_through_proc_self_root_or_cwd_is_judged_as_the_file_it_reaches(
+        ws: Path, request_: dict[str, Any]) -> None:
+    # A process's /proc/self/root is `/` and its /proc/self/cwd the terminal's directory:
+    # `cat /proc/self/cwd/secrets/k` reads secrets/k, so `secrets/*` must deny it.
+    (ws / "viaproc").symlink_to("/proc/self/cwd")
+    async with policy(ws) as probe:
+        assert not await probe.reaches_editor("terminal/create", fill(request_, ws))
+        line = shlex.join([request_["command"], *request_["args"]]).format(ws=ws)
+        if "cwd" not in request_:
+            assert await probe.permission({"kind": "execute", "title": "run",
+                                           "rawInput": {"command": line}}) == "no"
+
+
+@pytest.mark.parametrize("argv", [["cat", "/proc/self/cwd/ok.txt"], ["cat", "/proc/cpuinfo"],
+                                  ["cat", "/proc/self/root/etc/hostname"]], ids=" ".join)
+async def test_ordinary_command_words_through_proc_still_reach_the_editor(
+        ws: Path, argv: list[str]) -> None:
+    async with policy(ws) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal(*argv))
+
+
 RM_RF = [
     ["rm", "-rf", "x"], ["rm", "-Rf", "x"], ["rm", "-fr", "x"], ["rm", "-fR", "x"],
     ["rm", "-f", "-r", "x"], ["rm", "-r", "-f", "x"], ["rm", "-R", "x"], ["rm", "x", "-r"],
