@@ -269,6 +269,8 @@ class HttpClient(RemoteClient):
         self._main_reader: anyio.CancelScope | None = None
         self._session_streams: dict[str, MemoryObjectSendStream[bytes]] = {}
         self._session_readers: dict[str, anyio.CancelScope] = {}
+        # Each session stream's queue outlives one GET: a newer GET reads on from it, in order.
+        self._session_sources: dict[str, MemoryObjectReceiveStream[bytes]] = {}
         self.sessions: set[str] = set()
         self._request_session: dict[bytes, str] = {}
         self._initialize: bytes | None = None
@@ -335,39 +337,47 @@ class HttpClient(RemoteClient):
 
     async def stream(self, session: str | None, send: Send, receive: Receive) -> None:
         """Serve one GET: SSE events until the connection ends or the client goes away. A
-        newer GET for the same stream replaces this one."""
+        newer GET for the same stream replaces this one, and reads on from the events this
+        one had not sent yet."""
+        # Registered before the first await: the reader it replaces must see it is not the
+        # last one when it unwinds, or it would close the stream under this one.
+        reader = anyio.CancelScope()
         if session is None:
             if self._main_reader is not None:
                 self._main_reader.cancel()
+            self._main_reader = reader
             source = self._main.clone()
         else:
             old = self._session_readers.get(session)
             if old is not None:
                 old.cancel()
-            sink, source = anyio.create_memory_object_stream[bytes](OUTBOX)
-            self._session_streams[session] = sink
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no")]})
-        await send({"type": "http.response.body", "body": b": stream open\n\n",
-                    "more_body": True})
-        with anyio.CancelScope() as reader:
-            if session is None:
-                self._main_reader = reader
-            else:
-                self._session_readers[session] = reader
-            try:
+            self._session_readers[session] = reader
+            if session not in self._session_sources:
+                sink, self._session_sources[session] = \
+                    anyio.create_memory_object_stream[bytes](OUTBOX)
+                self._session_streams[session] = sink
+            source = self._session_sources[session].clone()
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no")]})
+            await send({"type": "http.response.body", "body": b": stream open\n\n",
+                        "more_body": True})
+            with reader:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
                     await _pump_sse(source, send)
                     tg.cancel_scope.cancel()
-            finally:
-                if session is not None and self._session_readers.get(session) is reader:
-                    del self._session_readers[session]
-                    self._session_streams.pop(session).close()
-                    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                        await self._hand_back(source)
-                source.close()
+        finally:
+            if session is not None and self._session_readers.get(session) is reader:
+                # The last reader of this session's stream: what is queued goes to the
+                # connection's stream, and so does what comes next.
+                del self._session_readers[session]
+                self._session_streams.pop(session).close()
+                self._session_sources.pop(session).close()
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    await self._hand_back(source)
+            source.close()
         if not reader.cancelled_caught:
             try:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
