@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], Awaitable[None]]
 
 TERMINAL_STRAY_GRACE = 1.0  # how long a terminal's strays get between SIGTERM and SIGKILL
+OUTPUT_GRACE = 0.5  # after the command exits, for the end of an output pipe a child may hold
 
 
 @dataclass
@@ -41,7 +42,8 @@ class _Terminal:
     token: str  # in its environment: finds what left its process group (setsid, daemons)
     output: bytearray = field(default_factory=bytearray)
     truncated: bool = False
-    done: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)  # exited, and its output read
+    drained: anyio.Event = field(default_factory=anyio.Event)  # its output pipe has ended
 
     def add(self, chunk: bytes) -> None:
         self.output += chunk
@@ -121,15 +123,26 @@ class Terminals:
         self.sandbox.events.decision({"type": "access", "op": "terminal", "target": " ".join(argv),
                               "allowed": True, "terminalId": ident})
 
-        async def pump() -> None:
+        async def read() -> None:
             assert process.stdout is not None
             try:
                 async for chunk in process.stdout:
                     term.add(chunk)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
-            await process.wait()
-            term.done.set()
+            term.drained.set()
+
+        async def pump() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read)
+                await process.wait()
+                # The command has exited, so all it wrote is in the pipe; but a child it
+                # left running (`server &`) may hold the pipe open for ever: the exit is
+                # reported after the pipe's end or a short grace, and the child's output
+                # is still collected until it ends or the terminal is stopped.
+                with anyio.move_on_after(OUTPUT_GRACE):
+                    await term.drained.wait()
+                term.done.set()
 
         await self._spawn(pump)
         return {"terminalId": ident}

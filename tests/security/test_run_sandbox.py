@@ -327,6 +327,25 @@ async def test_a_terminal_takes_its_detached_children_with_it(root: Path, how: s
             await ed.aclose()
 
 
+async def test_a_terminal_has_exited_when_its_command_has_though_a_child_keeps_its_output(
+        root: Path) -> None:
+    # `server &` without a redirect: the child inherits the terminal's output pipe, and
+    # holds it open long after the command itself has exited.
+    async with anyio.create_task_group() as tg:
+        ed, _ = editor(root, spawn=await spawner(tg), allow_terminal=True)
+        try:
+            with anyio.fail_after(10):
+                tid, output = await run_terminal(ed, "sleep 300 & echo $!; exit 3")
+                status = await ed.handle_request("terminal/output", {"terminalId": tid})
+                assert status["exitStatus"] == {"exitCode": 3, "signal": None}
+                child = int(output.split()[0])
+                assert psutil.pid_exists(child)
+                await ed.handle_request("terminal/release", {"terminalId": tid})
+            assert gone([child])
+        finally:
+            await ed.aclose()
+
+
 async def test_a_released_terminal_is_gone_and_its_id_unknown(root: Path) -> None:
     async with anyio.create_task_group() as tg:
         ed, _ = editor(root, spawn=await spawner(tg), allow_terminal=True)
