@@ -306,6 +306,7 @@ class Command:
     #   seen through: spellings for deny and ask rules only
     words: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (word, bases)
     opaque: bool = False    # parts no rule can see through: expansions, scripts, stdin
+    home: str | None = None  # the HOME the command is given (terminal/create's env)
     budget: int = MAX_SPELLING_CHARS
     placements: int = 0
 
@@ -332,8 +333,10 @@ class Command:
         into.append(text)
 
 
-def command_of(argv: list[str], cwd: str | None, *, script: str | None = None) -> Command:
-    """Parse an argv (and `script`, a command line an editor may hand to a shell).
+def command_of(argv: list[str], cwd: str | None, *, script: str | None = None,
+               home: str | None = None) -> Command:
+    """Parse an argv (and `script`, a command line an editor may hand to a shell);
+    `home` is the HOME its environment sets, if any.
 
     Raises:
         Unplaceable: a NUL byte, too long, too many words, or nested too deep to judge.
@@ -343,7 +346,7 @@ def command_of(argv: list[str], cwd: str | None, *, script: str | None = None) -
         raise Unplaceable("the command has a NUL byte")
     if sum(map(len, pieces)) > MAX_COMMAND_CHARS:
         raise Unplaceable(f"the command is longer than {MAX_COMMAND_CHARS} characters")
-    command = Command(" ".join(argv))
+    command = Command(" ".join(argv), home=home)
     bases = (cwd,) if cwd else ()
     _add_argv(command, argv, bases, in_shell=False, depth=0)
     if script is not None:
@@ -367,7 +370,7 @@ def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_s
     for i, word in enumerate(argv):
         if i == 0 and "/" not in word:
             continue  # a program found on PATH is not a path here
-        command.add_words(_path_words(word, bases, in_shell), bases)
+        command.add_words(_path_words(word, bases, in_shell, command.home), bases)
     _look_inside(command, argv, bases, depth)
 
 
@@ -506,7 +509,7 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
             current = []
             continue
         if redirect:  # the file of `> out` or `< .env` is a path the command touches
-            command.add_words(_path_words(token, dirs, True), tuple(dirs))
+            command.add_words(_path_words(token, dirs, True, command.home), tuple(dirs))
             redirect = False
             continue
         current.append(token)
@@ -515,15 +518,28 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
 def _simple(command: Command, argv: list[str], dirs: list[str], depth: int) -> None:
     _add_argv(command, argv, tuple(dirs), in_shell=True, depth=depth)
     words = [w for w in argv if not _ASSIGNMENT.match(w)]
-    if words[:1] in (["cd"], ["pushd"]) and len(words) > 1:
+    if words[:1] in (["cd"], ["pushd"]) and (len(words) > 1 or words[0] == "cd"):
         # Later relative paths may be relative to it, or not (it was in a subshell, or
-        # failed): both count.
-        if len(dirs) >= MAX_DIRS:
-            raise Unplaceable(f"the command changes directory more than {MAX_DIRS} times")
-        dirs.append(os.path.join(dirs[-1] if dirs else "/", os.path.expanduser(words[1])))
+        # failed): both count. A bare `cd` goes home.
+        target = words[1] if len(words) > 1 else "~"
+        for where in _homes(target, command.home) if target.startswith("~") else [target]:
+            if len(dirs) >= MAX_DIRS:
+                raise Unplaceable(f"the command changes directory more than {MAX_DIRS} "
+                                  "times")
+            dirs.append(os.path.join(dirs[-1] if dirs else "/", where))
 
 
-def _path_words(word: str, bases: Iterable[str], in_shell: bool) -> list[str]:
+def _homes(word: str, home: str | None) -> list[str]:
+    """`~`, `~/x` or `~user/x` expanded: by the conductor's idea of that home, and by the
+    HOME the command is given."""
+    out = [os.path.expanduser(word)]
+    if home is not None and (word == "~" or word.startswith("~/")):
+        out.append(home + word[1:])
+    return out
+
+
+def _path_words(word: str, bases: Iterable[str], in_shell: bool,
+                home: str | None = None) -> list[str]:
     """What `word` could name as a path: itself, the value of `--opt=value`, `-fVALUE` or
     `NAME=value`, a `file://` URI's path, `~` expanded, and in a shell, what a glob
     expands to."""
@@ -538,7 +554,7 @@ def _path_words(word: str, bases: Iterable[str], in_shell: bool) -> list[str]:
         if w.lower().startswith("file:"):
             out.append(unquote(urlsplit(w).path))
         if w.startswith("~"):
-            out.append(os.path.expanduser(w))
+            out.extend(_homes(w, home))
     if in_shell and any(c in word for c in "*?["):
         for base in bases:
             pattern = word if os.path.isabs(word) else os.path.join(glob.escape(base), word)
@@ -754,18 +770,25 @@ def _terminal_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Sub
         where = absolute_path(params["cwd"], "cwd")
         subject.paths.append(where)
         subject.places.append(place(where, cwd))
-    # Some editors hand `command` to a shell: a whole command line there is judged as one.
-    script = program if not args and any(c.isspace() for c in program) else None
-    subject.command = command_of([program, *args], where, script=script)
-    # Environment values name files too: BASH_ENV=.env makes bash run it, LD_PRELOAD loads it.
     env = params.get("env") or []
     values = [e.get("value") for e in env if isinstance(e, dict)] if isinstance(env, list) \
         else []
     strings = [v for v in values if isinstance(v, str)]
     if not isinstance(env, list) or len(strings) != len(env):
         raise Unplaceable("env is not a list of {name, value} strings")
+    homes = [e["value"] for e in env if e.get("name") == "HOME"]
+    home = os.path.join(where, homes[-1]) if homes and homes[-1] else None
+    # Some editors hand `command` to a shell: a whole command line there is judged as one.
+    script = program if not args and any(c.isspace() for c in program) else None
+    subject.command = command_of([program, *args], where, script=script, home=home)
+    # Environment values name files too: BASH_ENV=.env makes bash run it, LD_PRELOAD loads
+    # it; and some hold lists (LD_PRELOAD splits at spaces and colons, *PATH at colons).
     for value in strings:
-        subject.command.add_words(_path_words(value, (where,), in_shell=False), (where,))
+        pieces = [p for p in re.split(r"[:\s]+", value) if p] if re.search(r"[:\s]", value) \
+            else []
+        for word in [value, *pieces]:
+            subject.command.add_words(_path_words(word, (where,), in_shell=False, home=home),
+                                      (where,))
     _add_words(subject, subject.command, cwd)
     return subject
 

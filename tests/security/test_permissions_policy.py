@@ -226,6 +226,14 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("bash", "-c", "true", env=[{"name": "BASH_ENV", "value": ".env"}]),
     terminal("sh", "-c", "eval 'cat .env'"), terminal("bash", "-c", "cat $'.\\x65nv'"),
     terminal("ls", env=[{"name": "LD_PRELOAD", "value": "{ws}/secrets/k"}]),
+    # lists of paths in one value: LD_PRELOAD takes spaces and colons
+    terminal("ls", env=[{"name": "LD_PRELOAD", "value": "/lib/x.so {ws}/secrets/k"}]),
+    terminal("ls", env=[{"name": "LD_PRELOAD", "value": "/lib/x.so:{ws}/notsecret/k"}]),
+    # the terminal's own HOME: `~` and a bare `cd` lead there, not to the conductor's
+    terminal("sh", "-c", "cat ~/k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
+    terminal("sh", "-c", "cd && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
+    terminal("sh", "-c", "cd ~ && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
+    terminal("cat", "~/k", env=[{"name": "HOME", "value": "{ws}/notsecret"}]),
 ])
 async def test_a_terminal_command_that_names_a_protected_file_is_denied(
         ws: Path, request_: dict[str, Any]) -> None:
