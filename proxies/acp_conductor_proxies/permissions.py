@@ -17,6 +17,7 @@ import itertools
 import os
 import re
 import shlex
+import unicodedata
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal
@@ -263,11 +264,17 @@ def path_matches(pattern: str, path: str, cwd: str | None) -> bool:
     return _glob_any(pattern, [place(path, cwd, strict=False)])
 
 
+def _folded(text: str) -> str:
+    """`text` without case or Unicode normalisation (NFD of the case fold)."""
+    return unicodedata.normalize("NFD", unicodedata.normalize("NFD", text).casefold())
+
+
 def _glob_any(pattern: str, places: list[Place]) -> bool:
-    # Deny and ask fold case: `.ENV` is the same file as `.env` on a case-insensitive
-    # filesystem (macOS, Windows), and realpath does not fix the case there.
-    folded = pattern.casefold()
-    return any(fnmatchcase(name.casefold(), folded) for p in places for name in p.names)
+    # Deny and ask fold case and normalisation: `.ENV` is the same file as `.env` on a
+    # case-insensitive filesystem (macOS, Windows), `cafe\u0301` as `caf\u00e9` on macOS's,
+    # and realpath fixes neither there.
+    folded = _folded(pattern)
+    return any(fnmatchcase(_folded(name), folded) for p in places for name in p.names)
 
 
 def _glob_all(pattern: str, places: list[Place]) -> bool:

@@ -195,6 +195,20 @@ async def test_a_protected_file_is_denied_through_a_symlinked_session_cwd(
         assert await probe.reaches_editor("fs/read_text_file", {"path": f"{alias}/ok.txt"})
 
 
+@pytest.mark.parametrize("spelled", ["caf\u00e9", "cafe\u0301", "CAFE\u0301", "CAF\u00c9"])
+async def test_a_deny_glob_matches_every_unicode_normalisation_of_a_name(
+        ws: Path, spelled: str) -> None:
+    # macOS's filesystems open `cafe\u0301` (NFD) and `caf\u00e9` (NFC) as the same file.
+    options = PermissionsOptions(rules=[{"path": "caf\u00e9/*", "action": "deny"}])
+    async with policy(ws, options) as probe:
+        assert not await probe.reaches_editor("fs/read_text_file",
+                                              {"path": f"{ws}/{spelled}/k"})
+    options = PermissionsOptions(rules=[{"path": "cafe\u0301/*", "action": "deny"}])
+    async with policy(ws, options) as probe:
+        assert not await probe.reaches_editor("fs/read_text_file",
+                                              {"path": f"{ws}/{spelled}/k"})
+
+
 @pytest.mark.parametrize("path", ["ok.txt", "sub/../ok.txt", "./ok.txt", "public/a.txt",
                                   "secrets/../ok.txt", "envy.txt", "not.env.d/x"])
 async def test_ordinary_files_still_reach_the_editor(ws: Path, path: str) -> None:
