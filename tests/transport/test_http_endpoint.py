@@ -302,3 +302,22 @@ async def test_a_connection_whose_trace_file_is_a_planted_link_is_answered_and_t
     assert served["result"]["protocolVersion"] == 1
     assert victim.read_text(encoding="utf-8") == "precious\n"
     assert "Traceback" not in caplog.text and "is a symbolic link" in caplog.text
+
+
+async def test_a_websocket_client_sending_binary_pings_and_oversized_frames_is_still_served(
+        ) -> None:
+    async with open_listener(max_frame_bytes=4096) as (_, url), \
+            httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH),
+                                            max_message_size_bytes=1 << 20) as ws:
+                await ws.send_bytes(b'{"jsonrpc":"2.0","id":"b","method":"initialize"}')
+                pong = await ws.ping()
+                await pong.wait()
+                await ws.send_text(json.dumps({**INIT, "id": "big",
+                                               "params": {"pad": "x" * 6000}}))
+                oversized = json.loads(await ws.receive_text())
+                await ws.send_text(json.dumps({**INIT, "id": "x"}))
+                answer = json.loads(await ws.receive_text())
+    assert oversized["id"] == "big" and oversized["error"]["data"]["limit"] == 4096
+    assert answer["id"] == "x" and answer["result"]["protocolVersion"] == 1
