@@ -73,6 +73,7 @@ class Terminals:
         self.allowed = allowed
         self._spawn = spawn  # starts a task in the run's task group (terminal readers)
         self._terminals: dict[str, _Terminal] = {}
+        self._created = 0  # ids count up: a released id (or a reused pid) never comes back
 
     async def handle(self, method: str, p: dict[str, Any]) -> JsonValue:
         if not self.allowed:
@@ -118,7 +119,8 @@ class Terminals:
                            f"cannot start {command}: {e.strerror}") from None
         limit = p.get("outputByteLimit")
         term = _Terminal(process, limit if isinstance(limit, int) else None, token)
-        ident = f"term-{len(self._terminals) + 1}-{process.pid}"
+        self._created += 1
+        ident = f"term-{self._created}-{process.pid}"
         self._terminals[ident] = term
         self.sandbox.events.decision({"type": "access", "op": "terminal", "target": " ".join(argv),
                               "allowed": True, "terminalId": ident})
