@@ -112,9 +112,11 @@ class SocketBridge:
                         continue
                     try:
                         message = json.loads(line)
-                    except ValueError:
+                    except (ValueError, RecursionError) as e:  # RecursionError: too deep
+                        why = "nested too deeply" if isinstance(e, RecursionError) \
+                            else "not JSON"
                         await to_agent({"jsonrpc": "2.0", "id": None, "error": {
-                            "code": -32700, "message": "Parse error"}})
+                            "code": -32700, "message": f"Parse error: {why}"}})
                         continue
                     if isinstance(message, dict):
                         await relay.from_agent(message)
