@@ -118,6 +118,7 @@ class Component:
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.stderr_closed = anyio.Event()
         self._stopped = False
+        self._stopping = anyio.Lock()
         self._on_stderr = on_stderr
         self.stdin = stdin
         self.stdout = stdout
@@ -159,12 +160,14 @@ class Component:
 
     async def stop(self, grace: float) -> None:
         """EOF on stdin, wait, SIGTERM the group, wait, SIGKILL the group, then the strays
-        (`escalation.stop_escalating`). Always bounded; a second call returns at once."""
-        if self._stopped:
-            return
-        self._stopped = True
-        await stop_escalating(_Control(self), grace)
-        WATCHDOG.release(self.pid)
+        (`escalation.stop_escalating`). Always bounded. A second call waits for the first;
+        after one that was cancelled part-way (its caller's scope), it stops it again."""
+        async with self._stopping:
+            if self._stopped:
+                return
+            await stop_escalating(_Control(self), grace)
+            self._stopped = True  # only once done: a cancelled stop left it running
+            WATCHDOG.release(self.pid)
 
 
 class _Control:
