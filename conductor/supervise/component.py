@@ -242,9 +242,16 @@ async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIt
     # The pipes are our own fds, not the event loop's: a write is one os.write and a read
     # one os.read (FdSendStream/FdReceiveStream), with no transport, protocol and
     # StreamReader layers and no event-loop yield per message in between.
-    stdin_r, stdin_w = os.pipe()
-    stdout_r, stdout_w = os.pipe()
-    stderr_r, stderr_w = os.pipe()
+    made: list[int] = []
+    try:
+        for _ in range(3):
+            made.extend(os.pipe())
+    except OSError as e:  # out of fds (EMFILE): a start error, and none of them kept
+        for fd in made:
+            os.close(fd)
+        raise ComponentStartError(spec.name, f"cannot start {spec.argv[0]}: "
+                                  f"{e.strerror or e}") from None
+    stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = made
     try:
         popen = _spawn(spec, stdin=stdin_r, stdout=stdout_w, stderr=stderr_w)
     except BaseException:
