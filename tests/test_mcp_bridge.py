@@ -236,3 +236,23 @@ async def test_a_bad_message_from_a_shim_is_answered_and_its_session_keeps_servi
                 second = json.loads(await lines.receive_until(b"\n", 65536))
             await provider.disconnected.wait()  # the session ended: it is read no more
         assert second == {"jsonrpc": "2.0", "id": 7, "result": {"echo": "ping"}}
+
+
+@pytest.mark.parametrize("mode", ["http", "stdio"])
+async def test_two_setups_rewritten_at_once_share_one_listener(mode: str) -> None:
+    agent = support(2, mode)
+    found: list[str] = []
+
+    async def rewrite(server_id: str) -> None:
+        [entry] = servers_of(await bridge.rewrite(setup(server_id), agent, frozenset()))
+        if mode == "http":
+            found.append(str(entry["url"]).rsplit("/", 1)[0])
+        else:
+            env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+            found.append(env[SOCKET_ENV])
+
+    with anyio.fail_after(10):
+        async with open_mcp_bridge(mode) as bridge, anyio.create_task_group() as tg:
+            tg.start_soon(rewrite, "a")
+            tg.start_soon(rewrite, "b")
+    assert len(found) == 2 and found[0] == found[1], found
