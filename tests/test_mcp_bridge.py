@@ -214,6 +214,8 @@ class _Provider:
     pytest.param(b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":"x"}}',
                  id="meta-not-an-object"),
     pytest.param(b"[" * 100000 + b"]" * 100000, id="deep-json"),
+    pytest.param(b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', id="a-batch"),
+    pytest.param(b'"just a string"', id="not-an-object"),
 ])
 async def test_a_bad_message_from_a_shim_is_answered_and_its_session_keeps_serving(
         bad: bytes) -> None:
