@@ -337,6 +337,8 @@ async def serve_connection(
                 outcome.append(error)
                 delays.append(delay)
                 await chain.fail_hop(hop, error)
+                if role is Role.AGENT and bridge is not None:
+                    await bridge.agent_gone()  # its MCP clients died with it
                 if delay is not None:
                     chain.restarting(hop, error)
 

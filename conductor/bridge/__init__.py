@@ -249,6 +249,13 @@ class McpBridge:
         if self.tracer is not None:
             self.tracer.lifecycle("mcp-bridge", event, **fields)
 
+    async def agent_gone(self) -> None:
+        """The agent's process ended (it is restarted): end its HTTP MCP sessions, which no
+        connection closing marks the end of (they would hold their provider connections
+        until the idle timeout). Its shims ended with it: their sockets closed."""
+        if self._http is not None:
+            await self._http.end_sessions()
+
     async def aclose(self) -> None:
         """Close every agent-side session and stop the listeners (bounded)."""
         for relay in list(self.relays.values()):
