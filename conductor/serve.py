@@ -337,6 +337,8 @@ async def serve_connection(
                 outcome.append(error)
                 delays.append(delay)
                 await chain.fail_hop(hop, error)
+                if role is Role.AGENT and bridge is not None:
+                    await bridge.agent_gone()  # its MCP clients died with it
                 if delay is not None:
                     chain.restarting(hop, error)
 
@@ -368,6 +370,8 @@ async def serve_connection(
                             await comp.wait_exited()
                         with anyio.move_on_after(0.5):  # the last stderr lines complete the tail
                             await comp.stderr_closed.wait()
+                        if outcome:  # its re-attach failed, and it was stopped for that:
+                            return   # one failure, counted once (the back-off, the outcome)
                         code = comp.process.returncode
                         error = ComponentExitedError(launch.name, code, comp.stderr_tail)
                         if tracer is not None:

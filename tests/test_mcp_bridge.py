@@ -7,13 +7,21 @@ import json
 import os
 import stat
 import sys
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx2
 import msgspec
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 
-from conductor.bridge import SOCKET_ENV, TOKEN_ENV, open_mcp_bridge
+from conductor.bridge import SOCKET_ENV, TOKEN_ENV, McpBridge, open_mcp_bridge
+from conductor.bridge.relay import Relay
+from conductor.jsonrpc.message import Request, Response, raw
+from conductor.rpc.endpoint import Endpoint
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
 from conductor.routing.mcp import McpRefusedError, McpSupport, for_agent
 
 
@@ -137,3 +145,140 @@ async def test_a_shim_with_a_wrong_hello_is_refused_and_the_bridge_keeps_serving
     assert b"refused" in second
     assert "MCP bridge refused a stdio request" in caplog.text
     assert env[TOKEN_ENV] not in caplog.text  # the token never reaches a log
+
+
+def _provider_request(ident: int) -> Request:
+    return Request(id=raw(ident), method="mcp/message", params=raw(
+        {"connectionId": "c1", "method": "elicitation/create", "params": {}}))
+
+
+async def test_a_provider_request_arriving_while_its_session_closes_is_answered() -> None:
+    sent: list[object] = []
+    entered, gate = anyio.Event(), anyio.Event()
+
+    class Sink:  # the chain: its first send (the first refusal) waits for the test
+        async def send(self, item: object) -> None:
+            sent.append(item)
+            if len(sent) == 1:
+                entered.set()
+                await gate.wait()
+
+        async def aclose(self) -> None:
+            return None
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        return None
+
+    async def close_agent() -> None:
+        return None
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            relay = Relay(Endpoint("mcp-bridge", Sink()), tg, "c1", "srv", to_agent,
+                          close_agent)
+            await relay.from_provider(_provider_request(1))
+            tg.start_soon(lambda: relay.close(tell_provider=False))
+            await entered.wait()
+            tg.start_soon(relay.from_provider, _provider_request(2))  # while it closes
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+    answered = sorted(json.loads(bytes(m.id)) for m in sent if isinstance(m, Response))
+    assert answered == [1, 2]
+
+
+class _Provider:
+    """The router and an MCP provider behind the bridge's endpoint: it opens connection
+    `c1` and answers every `mcp/message` request with the method it carried."""
+
+    def __init__(self, bridge: McpBridge, tg: TaskGroup) -> None:
+        self.bridge, self.tg = bridge, tg
+        self.disconnected = anyio.Event()
+        bridge.endpoint = Endpoint("mcp-bridge", self)
+
+    async def send(self, item: object) -> None:
+        for message in item if isinstance(item, list) else [item]:
+            if isinstance(message, Request):
+                if message.method == "mcp/disconnect":
+                    self.disconnected.set()
+                inner = json.loads(bytes(message.params)) if message.params else {}
+                result = {"connectionId": "c1"} if message.method == "mcp/connect" \
+                    else {"echo": inner.get("method")}
+                self.tg.start_soon(self.bridge._deliver, Response(id=message.id,
+                                                                  result=raw(result)))
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("bad", [
+    pytest.param(b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":"x"}}',
+                 id="meta-not-an-object"),
+    pytest.param(b"[" * 100000 + b"]" * 100000, id="deep-json"),
+    pytest.param(b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', id="a-batch"),
+    pytest.param(b'"just a string"', id="not-an-object"),
+])
+async def test_a_bad_message_from_a_shim_is_answered_and_its_session_keeps_serving(
+        bad: bytes) -> None:
+    async with open_mcp_bridge("stdio") as bridge:
+        provider = _Provider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        key = entry["args"][3]  # type: ignore[index]
+        with anyio.fail_after(10):
+            async with await anyio.connect_unix(env[SOCKET_ENV]) as stream:
+                lines = BufferedByteReceiveStream(stream)
+                hello = {"server": key, "token": env[TOKEN_ENV]}
+                await stream.send(json.dumps(hello).encode() + b"\n")
+                assert json.loads(await lines.receive_until(b"\n", 4096)) == {"ok": True}
+                await stream.send(bad + b"\n")
+                first = json.loads(await lines.receive_until(b"\n", 65536))
+                assert "result" in first or "error" in first
+                await stream.send(b'{"jsonrpc":"2.0","id":7,"method":"ping"}\n')
+                second = json.loads(await lines.receive_until(b"\n", 65536))
+            await provider.disconnected.wait()  # the session ended: it is read no more
+        assert second == {"jsonrpc": "2.0", "id": 7, "result": {"echo": "ping"}}
+
+
+@pytest.mark.parametrize("mode", ["http", "stdio"])
+async def test_two_setups_rewritten_at_once_share_one_listener(mode: str) -> None:
+    agent = support(2, mode)
+    found: list[str] = []
+
+    async def rewrite(server_id: str) -> None:
+        [entry] = servers_of(await bridge.rewrite(setup(server_id), agent, frozenset()))
+        if mode == "http":
+            found.append(str(entry["url"]).rsplit("/", 1)[0])
+        else:
+            env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+            found.append(env[SOCKET_ENV])
+
+    with anyio.fail_after(10):
+        async with open_mcp_bridge(mode) as bridge, anyio.create_task_group() as tg:
+            tg.start_soon(rewrite, "a")
+            tg.start_soon(rewrite, "b")
+    assert len(found) == 2 and found[0] == found[1], found
+
+
+async def test_the_http_sessions_of_an_agent_that_is_gone_end_with_it() -> None:
+    # A restarted agent's MCP client died with it: its Streamable HTTP sessions (no TCP
+    # connection marks their end) must not hold their provider connections for the idle
+    # timeout, nor count toward the session limit.
+    async with open_mcp_bridge("http") as bridge:
+        provider = _Provider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(1, "http"),
+                                                  frozenset()))
+        headers = {"Accept": "application/json, text/event-stream",
+                   "Authorization": entry["headers"][0]["value"]}  # type: ignore[index]
+        body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}
+        with anyio.fail_after(10):
+            async with httpx2.AsyncClient() as client:
+                opened = await client.post(str(entry["url"]), json=body, headers=headers)
+            assert opened.status_code == 200, opened.text
+            assert opened.headers.get("mcp-session-id")
+            assert bridge.relays
+            await bridge.agent_gone()
+            await provider.disconnected.wait()  # its provider connection was ended
+        assert not bridge.relays

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from msgspec import Raw
 
+from conductor.bridge import TOKEN_ENV
 from conductor.jsonrpc.message import Message, Request, decode, int_id
 from conductor.tracing.redact import REDACTED, Redactor
 from conductor.tracing.sink import JsonlTraceSink
@@ -137,3 +138,20 @@ def test_a_secret_that_also_spells_json_outside_a_string_leaves_the_line_valid()
     assert json.loads(out) == {"seq": 1234, "ok": True,
                                "payload": {"text": f"pin {REDACTED} is {REDACTED}", "n": 100}}
     assert b'"n":1e2' in out  # a number's spelling survives the byte-for-byte path
+
+
+@pytest.mark.parametrize("escaped", [False, True], ids=["plain", "escaped"])
+def test_the_mcp_bridges_shim_token_never_reaches_the_trace(escaped: bool) -> None:
+    # The stdio bridge hands the agent its token in the server's env: as secret as the
+    # http bridge's Authorization header, which is redacted.
+    token = "gJ1aASXuzSUO6n29AO9v7giDLjGmmmf5uehWKu_D-fc"
+    server = {"name": "docs", "command": "python", "args": ["-m", "conductor", "mcp-shim", "k"],
+              "env": [{"name": "ACP_CONDUCTOR_MCP_SOCKET", "value": "/tmp/x/bridge.sock"},
+                      {"name": TOKEN_ENV, "value": token}]}
+    line = json.dumps({"payload": {"params": {"cwd": "/\\" if escaped else "/",
+                                              "mcpServers": [server]}}},
+                      separators=(",", ":")).encode()
+    out = Redactor()(line)
+    assert token.encode() not in out
+    assert json.loads(out)["payload"]["params"]["mcpServers"][0]["env"][1] == {
+        "name": TOKEN_ENV, "value": REDACTED}

@@ -93,6 +93,9 @@ class McpBridge:
         self.endpoint: Endpoint | None = None
         self._http: HttpBridge | None = None
         self._socket: SocketBridge | None = None
+        # Setups may be rewritten concurrently (in-process proxies): one listener each, not
+        # one per setup that found none yet.
+        self._opening = anyio.Lock()
 
     # -- wiring --------------------------------------------------------------------------
 
@@ -174,6 +177,10 @@ class McpBridge:
         return server
 
     async def _open_http(self) -> HttpBridge:
+        async with self._opening:
+            return await self._start_http()
+
+    async def _start_http(self) -> HttpBridge:
         if self._http is None:
             from conductor.bridge.http import HttpBridge
             http = HttpBridge(self)
@@ -183,6 +190,10 @@ class McpBridge:
         return self._http
 
     async def _open_socket(self) -> SocketBridge:
+        async with self._opening:
+            return await self._start_socket()
+
+    async def _start_socket(self) -> SocketBridge:
         if self._socket is None:
             from conductor.bridge.stdio import SocketBridge
             sock = SocketBridge(self)
@@ -237,6 +248,13 @@ class McpBridge:
     def _trace(self, event: str, **fields: object) -> None:
         if self.tracer is not None:
             self.tracer.lifecycle("mcp-bridge", event, **fields)
+
+    async def agent_gone(self) -> None:
+        """The agent's process ended (it is restarted): end its HTTP MCP sessions, which no
+        connection closing marks the end of (they would hold their provider connections
+        until the idle timeout). Its shims ended with it: their sockets closed."""
+        if self._http is not None:
+            await self._http.end_sessions()
 
     async def aclose(self) -> None:
         """Close every agent-side session and stop the listeners (bounded)."""

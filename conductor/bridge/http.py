@@ -91,10 +91,14 @@ class HttpBridge:
         finally:
             self.done.set()
 
-    async def aclose(self) -> None:
-        """Stop listening; open streams get `graceful_timeout` to end."""
+    async def end_sessions(self) -> None:
+        """End every agent-side session (each relay then tells its provider)."""
         for session in list(self.sessions.values()):
             await session.transport.terminate()
+
+    async def aclose(self) -> None:
+        """Stop listening; open streams get `graceful_timeout` to end."""
+        await self.end_sessions()
         self.stop.set()
         with anyio.move_on_after(3):
             await self.done.wait()

@@ -72,8 +72,9 @@ class Relay:
             await self.to_agent({"jsonrpc": "2.0", "id": ident, "error": {
                 "code": -32603, "message": f"too many requests in flight ({MAX_PENDING})"}})
             return
-        token = (params.get("_meta") or {}).get("progressToken") \
-            if isinstance(params, dict) else None
+        # What the stdio shim passes on is unchecked JSON: `_meta` may be anything.
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
         if token is not None:
             self.progress[_key(token)] = ident
         outgoing, request = self.endpoint.open_request(
@@ -128,6 +129,10 @@ class Relay:
         inner: dict[str, Any] = {"jsonrpc": "2.0", "method": params.get("method")}
         if "params" in params:
             inner["params"] = params["params"]
+        if isinstance(msg, Request) and self.closed:  # nobody is left to answer it
+            await self.endpoint.send(error_response(
+                msg.id, -32603, f"the agent's MCP session for {self.name} closed"))
+            return
         if isinstance(msg, Request):
             ident = f"acp-{next(self._ids)}"
             inner["id"] = ident
@@ -145,12 +150,14 @@ class Relay:
         if self.closed:
             return
         self.closed = True
-        for request in self._asked.values():  # the provider asked; nobody will answer now
+        # Taken at once: a provider request arriving during the sends below is answered by
+        # `from_provider`, and must not change the dict being walked.
+        asked, self._asked = list(self._asked.values()), {}
+        for request in asked:  # the provider asked; nobody will answer now
             self.endpoint.untrack_inbound(request.id)
             with anyio.CancelScope(shield=True):
                 await self.endpoint.send(error_response(
                     request.id, -32603, f"the agent's MCP session for {self.name} closed"))
-        self._asked.clear()
         with anyio.CancelScope(shield=True), anyio.move_on_after(2):
             if tell_provider:
                 try:

@@ -112,12 +112,19 @@ class SocketBridge:
                         continue
                     try:
                         message = json.loads(line)
-                    except ValueError:
+                    except (ValueError, RecursionError) as e:  # RecursionError: too deep
+                        why = "nested too deeply" if isinstance(e, RecursionError) \
+                            else "not JSON"
                         await to_agent({"jsonrpc": "2.0", "id": None, "error": {
-                            "code": -32700, "message": "Parse error"}})
+                            "code": -32700, "message": f"Parse error: {why}"}})
                         continue
                     if isinstance(message, dict):
                         await relay.from_agent(message)
+                    else:  # MCP has no batches (since 2025-06-18); silence would hang it
+                        await to_agent({"jsonrpc": "2.0", "id": None, "error": {
+                            "code": -32600, "message": "Invalid Request: not a JSON object"
+                            + (" (JSON-RPC batches are not supported)"
+                               if isinstance(message, list) else "")}})
             except Exception:  # one broken session must not take the chain down
                 log.exception("MCP bridge: the session for %s failed", server.name)
             finally:

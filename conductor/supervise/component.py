@@ -118,6 +118,7 @@ class Component:
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.stderr_closed = anyio.Event()
         self._stopped = False
+        self._stopping = anyio.Lock()
         self._on_stderr = on_stderr
         self.stdin = stdin
         self.stdout = stdout
@@ -159,12 +160,14 @@ class Component:
 
     async def stop(self, grace: float) -> None:
         """EOF on stdin, wait, SIGTERM the group, wait, SIGKILL the group, then the strays
-        (`escalation.stop_escalating`). Always bounded; a second call returns at once."""
-        if self._stopped:
-            return
-        self._stopped = True
-        await stop_escalating(_Control(self), grace)
-        WATCHDOG.release(self.pid)
+        (`escalation.stop_escalating`). Always bounded. A second call waits for the first;
+        after one that was cancelled part-way (its caller's scope), it stops it again."""
+        async with self._stopping:
+            if self._stopped:
+                return
+            await stop_escalating(_Control(self), grace)
+            self._stopped = True  # only once done: a cancelled stop left it running
+            WATCHDOG.release(self.pid)
 
 
 class _Control:
@@ -239,9 +242,16 @@ async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIt
     # The pipes are our own fds, not the event loop's: a write is one os.write and a read
     # one os.read (FdSendStream/FdReceiveStream), with no transport, protocol and
     # StreamReader layers and no event-loop yield per message in between.
-    stdin_r, stdin_w = os.pipe()
-    stdout_r, stdout_w = os.pipe()
-    stderr_r, stderr_w = os.pipe()
+    made: list[int] = []
+    try:
+        for _ in range(3):
+            made.extend(os.pipe())
+    except OSError as e:  # out of fds (EMFILE): a start error, and none of them kept
+        for fd in made:
+            os.close(fd)
+        raise ComponentStartError(spec.name, f"cannot start {spec.argv[0]}: "
+                                  f"{e.strerror or e}") from None
+    stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = made
     try:
         popen = _spawn(spec, stdin=stdin_r, stdout=stdout_w, stderr=stderr_w)
     except BaseException:

@@ -18,6 +18,11 @@ _AUTH_NAME_VALUE = re.compile(
     rb'("name"\s*:\s*"(?i:authorization)"\s*,\s*"value"\s*:\s*)"(?:[^"\\]|\\.)*"')
 _AUTH_HEADER_TEXT = re.compile(
     rb'((?i:authorization)\s*:\s*)(?:(?i:bearer|basic|token)\s+)?[^\s"\\,}]+')
+# The MCP bridge's shim token, handed to the agent in an MCP server's `env` (bridge.TOKEN_ENV;
+# spelt out here: tracing sits below the bridge).
+_SHIM_TOKEN = b"ACP_CONDUCTOR_MCP_TOKEN"
+_SHIM_NAME_VALUE = re.compile(
+    rb'("name"\s*:\s*"ACP_CONDUCTOR_MCP_TOKEN"\s*,\s*"value"\s*:\s*)"(?:[^"\\]|\\.)*"')
 # A JSON string in a line without backslashes: nothing inside it can be a quote.
 _RAW_STRING = re.compile(rb'"[^"]*"')
 _MIN_SECRET = 4  # shorter values would blank out ordinary text
@@ -68,6 +73,8 @@ class Redactor:
             line = _AUTH_JSON_KEY.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
             line = _AUTH_NAME_VALUE.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
             line = _AUTH_HEADER_TEXT.sub(rb"\1" + REDACTED.encode(), line)
+        if _SHIM_TOKEN in line:
+            line = _SHIM_NAME_VALUE.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
         return line
 
     def _mentions_secret(self, line: bytes) -> bool:

@@ -228,3 +228,31 @@ shutdown_grace = 3.0
         # re-attach would otherwise wait for its answer.
         with anyio.fail_after(6):
             assert await c.process.wait() == 0
+
+
+async def test_a_restart_whose_reattach_fails_counts_as_one_failure_not_two(
+        tmp_path: Path) -> None:
+    # Start 1 works, start 2 refuses initialize (its re-attach fails, and it is stopped),
+    # start 3 works: with max_restarts = 2 that is restart 1, then restart 2, then back.
+    count = shlex.quote(str(tmp_path / "starts"))
+    refuses = shlex.join([sys.executable, str(FAULTY), "--fail-init"])
+    script = (f"echo x >> {count}; n=$(wc -l < {count}); "
+              f"if [ \"$n\" -eq 2 ]; then exec {refuses}; fi; "
+              f"exec {shlex.join([sys.executable, str(FAULTY)])}")
+    path = chain(tmp_path, f"""
+[agent]
+command = {json.dumps(["sh", "-c", script])}
+restart = "on-failure"
+max_restarts = 2
+""")
+    async with open_conductor("--chain", path, "--log-level", "info") as c:
+        await c.initialize()
+        await crash(c, "faulty", "agent")
+        await c.wait_stderr("agent is back after its restart")
+        assert "result" in await prompt(c, await c.new_session())
+        await c.close_stdin()
+        with anyio.fail_after(10):
+            code = await c.process.wait()
+    assert "restart 2 of at most 2" in c.stderr_text
+    assert "restart 3 of" not in c.stderr_text
+    assert code == 0, c.stderr_text

@@ -47,3 +47,18 @@ async def test_a_cancelled_component_is_still_stopped_and_its_exit_seen() -> Non
                 scope.cancel()
                 await anyio.sleep_forever()
     assert comp.returncode == 0  # exited on EOF, and reaped during the cleanup
+
+
+async def test_a_stop_cancelled_part_way_is_finished_by_the_components_cleanup() -> None:
+    # A caller's stop (serve's run loop) cancelled during its grace, e.g. by the shutdown's
+    # backstop: the shielded cleanup's own stop must still end the process, not return at
+    # once because a stop had begun.
+    spec = LaunchSpec("agent", [sys.executable, "-c", "import time; time.sleep(60)"],
+                      shutdown_grace=0.2)  # it ignores EOF; TERM ends it
+    with anyio.fail_after(10):
+        async with open_component(spec, lambda name, line: None) as comp:
+            with anyio.CancelScope() as scope:
+                scope.cancel()  # cancelled at its first wait (after EOF on stdin)
+                await comp.stop(60.0)
+            assert comp.returncode is None
+    assert comp.returncode == -15  # TERMed by the cleanup, and reaped

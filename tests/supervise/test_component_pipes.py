@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
 import anyio
+import pytest
 
+from conductor.errors import ComponentStartError
 from conductor.supervise.component import LaunchSpec, open_component
 
 ECHO = "import sys\nfor line in sys.stdin: sys.stdout.write(line.upper()); sys.stdout.flush()"
@@ -28,3 +31,25 @@ async def test_a_component_echoes_over_its_pipes_and_its_fds_are_closed_on_exit(
             assert os.fstat(fd).st_ino != inode
         except OSError:
             pass
+
+
+async def test_running_out_of_fds_for_the_pipes_is_a_start_error_and_leaks_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[int] = []
+    real_pipe = os.pipe
+
+    def pipe() -> tuple[int, int]:
+        if len(made) == 4:  # the third pair: the process is out of fds (EMFILE)
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        r, w = real_pipe()
+        made.extend((r, w))
+        return r, w
+
+    monkeypatch.setattr(os, "pipe", pipe)
+    spec = LaunchSpec("agent", [sys.executable, "-c", ECHO])
+    with pytest.raises(ComponentStartError, match="Too many open files"):
+        async with open_component(spec, lambda name, line: None):
+            pass
+    for fd in made:
+        with pytest.raises(OSError):
+            os.fstat(fd)
