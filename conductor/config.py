@@ -5,7 +5,9 @@ The chain's types are plain dataclasses: serving a chain given on the command li
 validated by pydantic (`parse_chain`), imported only then: its types (`str | None`,
 `list[...]`, literals) are checked field by field and every problem is reported at once;
 the rules between fields live in each class's `__post_init__`, which names its field by
-starting its message with `field: `.
+starting its message with `field: `. A file whose shape is wrong raises ChainShapeError,
+which carries the chain its well-formed entries make, for `conductor.serve.read_chain` to
+report what resolving them finds in the same error.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from conductor.acp import Dialect  # noqa: TC001 (pydantic resolves the annotations)
-from conductor.errors import ConductorError, ConfigError
+from conductor.errors import ChainShapeError, ConductorError, ConfigError
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
 from conductor.routing.deadlines import Timeouts
 from conductor.routing.mcp import McpServer
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 _STRICT: dict[str, Any] = {"extra": "forbid"}
 
 
+_NAME = r"[A-Za-z0-9_.:-]+"  # a component's name
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -88,7 +91,7 @@ class ComponentSpec:
     optional: bool = False       # a proxy the chain goes on without when it fails for good
 
     def __post_init__(self) -> None:
-        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]+", self.name):
+        if self.name is not None and not re.fullmatch(_NAME, self.name):
             raise ValueError("name: use letters, digits and _ . : - only")
         if (isinstance(self.command, str) and not self.command.strip()) or (
                 isinstance(self.command, list) and not self.command):
@@ -226,6 +229,9 @@ class ChainConfig:
     mcp_server: list[McpServerSpec] = field(default_factory=list)
     source: str | None = field(default=None, init=False)  # the file it came from
     base_dir: str | None = field(default=None, init=False)
+    # A partial chain (ChainShapeError.partial): the entries held by stand-ins, never to be
+    # resolved ("proxy[1]", "agent", "mcp_server[0]"; "proxy": the whole table).
+    malformed: frozenset[str] = field(default=frozenset(), init=False)
 
     def proxy_names(self) -> list[str]:
         """Each proxy's name: its `name`, else what it runs (`use = "redact"` is `redact`,
@@ -265,35 +271,54 @@ def _default_name(spec: ComponentSpec) -> str | None:
 
 def config_error_from_validation(error: ValidationError, file: str | None) -> ConductorError:
     """One ConfigError naming every problem with its key path, and a fix for each."""
+    return ConfigError.combine(_shape_problems(error, file), file)
+
+
+def _shape_problems(error: ValidationError, file: str | None) -> list[ConductorError]:
     from conductor.validation import problems
 
-    return ConfigError.combine([ConfigError(p.message, file=file, field=p.field, hint=p.hint)
-                                for p in problems(error, ChainConfig)], file)
-
-
-def _validated(data: dict[str, Any], file: str | None) -> ChainConfig:
-    """`data` checked by pydantic (imported here: only a chain file needs it).
-
-    Raises:
-        ConfigError: every problem, at once.
-    """
-    from pydantic import TypeAdapter, ValidationError
-
-    try:
-        return TypeAdapter(ChainConfig).validate_python(data)
-    except ValidationError as e:
-        raise config_error_from_validation(e, file) from None
+    return [ConfigError(p.message, file=file, field=p.field, hint=p.hint)
+            for p in problems(error, ChainConfig)]
 
 
 def parse_chain(data: dict[str, Any], *, file: str | None = None,
                 base_dir: str | None = None) -> ChainConfig:
-    """Validate a decoded chain file.
+    """Validate a decoded chain file (with pydantic, imported here: only a file needs it).
 
     Raises:
-        ConfigError: the content is not a valid chain.
+        ChainShapeError: keys or types are wrong; it names every such problem, and those
+            between the well-formed entries, and carries the chain they make (`partial`).
+        ConfigError: the shape is right, but entries do not fit together.
     """
-    config = _validated(data, file)
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        config = TypeAdapter(ChainConfig).validate_python(data)
+    except ValidationError as e:
+        partial = _partial(data, e, file=file, base_dir=base_dir)
+        raise _shape_error([*_shape_problems(e, file), *_chain_problems(partial)], file,
+                           partial) from None
     config.source, config.base_dir = file, base_dir
+    found = _chain_problems(config)
+    if found:
+        raise ConfigError.combine(found, file)
+    return config
+
+
+def _shape_error(found: list[ConductorError], file: str | None,
+                 partial: ChainConfig) -> ChainShapeError:
+    error = ChainShapeError.combine(found, file)
+    if not isinstance(error, ChainShapeError):  # one problem: itself, made a shape error
+        assert isinstance(error, ConfigError)
+        error = ChainShapeError(error.message, file=file, field=error.field, hint=error.hint)
+    error.partial = partial
+    return error
+
+
+def _chain_problems(config: ChainConfig) -> list[ConductorError]:
+    """What is wrong between the entries of a well-shaped chain (or between the well-formed
+    entries of a partial one)."""
+    file = config.source
     found: list[ConductorError] = []
     if config.agent is not None and config.agent.in_process:
         found.append(ConfigError(
@@ -305,23 +330,87 @@ def parse_chain(data: dict[str, Any], *, file: str | None = None,
             "the agent cannot be optional: there is no chain without it", file=file,
             field="agent.optional",
             hint='remove it; `restart = "on-failure"` brings a failed agent back'))
-    names = [*config.proxy_names(), config.agent_name()]
     for i, server in enumerate(config.mcp_server):
+        if "proxy" in config.malformed or f"mcp_server[{i}]" in config.malformed:
+            continue  # the proxies' names, or the entry itself, are not known
         if server.type == "acp" and server.provider not in config.proxy_names():
-            raise ConfigError(f"provider {server.provider!r} is not a proxy of this chain",
-                              file=file, field=f"mcp_server[{i}].provider",
-                              hint="name a [[proxy]] (by its `name`, or proxy:N) that offers "
-                              f"the MCP server {server.name!r}")
+            found.append(ConfigError(
+                f"provider {server.provider!r} is not a proxy of this chain", file=file,
+                field=f"mcp_server[{i}].provider",
+                hint="name a [[proxy]] (by its `name`, or proxy:N) that offers the MCP server "
+                     f"{server.name!r}"))
+    names = [*config.proxy_names(), config.agent_name()]
     seen: set[str] = set()
     for i, name in enumerate(names):
-        if name in seen:
-            where = f"proxy[{i}].name" if i < len(config.proxy) else "agent.name"
+        agent = i == len(config.proxy)
+        if name in seen and not (agent and "agent" in config.malformed):
+            where = "agent.name" if agent else f"proxy[{i}].name"
             found.append(ConfigError(f"duplicate component name {name!r}", file=file,
                                      field=where, hint="give every component its own name"))
         seen.add(name)
-    if found:
-        raise ConfigError.combine(found, file)
+    return found
+
+
+# The tables of a chain file whose entries a partial chain keeps when they are well-formed.
+_SECTIONS = ("conductor", "proxy", "agent", "mcp_server")
+
+
+def _partial(data: dict[str, Any], error: ValidationError, *, file: str | None,
+             base_dir: str | None) -> ChainConfig:
+    """The chain the well-formed entries of a misshapen file make, for reporting what they
+    would meet at start-up along with the shape problems. A malformed [[proxy]] or
+    [[mcp_server]] keeps its place as a stand-in named as the file names it (so key paths
+    and default names stay the file's), listed in `malformed` and never resolved."""
+    from pydantic import TypeAdapter, ValidationError
+
+    malformed: set[str] = set()
+    for item in error.errors():
+        loc = item["loc"]
+        if len(loc) > 1 and loc[0] in ("proxy", "mcp_server") and isinstance(loc[1], int):
+            malformed.add(f"{loc[0]}[{loc[1]}]")
+        elif loc and loc[0] in _SECTIONS:
+            malformed.add(str(loc[0]))  # the table itself: not a table, not a list
+
+    def entry(kind: type[Any], raw: object, where: str) -> Any:
+        if where not in malformed:
+            try:
+                return TypeAdapter(kind).validate_python(raw)
+            except ValidationError:
+                malformed.add(where)  # pydantic said nothing of it above; be safe anyway
+        return None
+
+    settings = entry(SettingsSpec, data["conductor"], "conductor") \
+        if "conductor" in data else None
+    proxies: list[ComponentSpec] = []
+    if isinstance(data.get("proxy"), list) and "proxy" not in malformed:
+        for i, raw in enumerate(data["proxy"]):
+            proxies.append(entry(ComponentSpec, raw, f"proxy[{i}]") or _stand_in(raw))
+    agent = entry(ComponentSpec, data["agent"], "agent") if data.get("agent") is not None else None
+    servers: list[McpServerSpec] = []
+    if isinstance(data.get("mcp_server"), list) and "mcp_server" not in malformed:
+        for i, raw in enumerate(data["mcp_server"]):
+            server = entry(McpServerSpec, raw, f"mcp_server[{i}]")
+            name = raw.get("name") if isinstance(raw, dict) else None
+            servers.append(server or McpServerSpec(
+                name=name if isinstance(name, str) else "?", command="(malformed)"))
+    config = ChainConfig(conductor=settings or SettingsSpec(), proxy=proxies, agent=agent,
+                         mcp_server=servers)
+    config.source, config.base_dir = file, base_dir
+    config.malformed = frozenset(malformed)
     return config
+
+
+def _stand_in(raw: object) -> ComponentSpec:
+    """A malformed [[proxy]]'s place holder: named as the file names it (its `name`, else
+    what it `use`s), so that its siblings keep their default names."""
+    entry: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    name = entry.get("name")
+    named = name if isinstance(name, str) and re.fullmatch(_NAME, name) else None
+    if isinstance(entry.get("use"), str):
+        return ComponentSpec(name=named, use=entry["use"])
+    if isinstance(entry.get("plugin"), str):
+        return ComponentSpec(name=named, plugin=entry["plugin"])
+    return ComponentSpec(name=named, command="(malformed)")
 
 
 def _builtin_chains_dir() -> Path:
@@ -472,48 +561,56 @@ def mcp_servers(config: ChainConfig) -> list[McpServer]:
     """Resolve `[[mcp_server]]`: variables expanded, stdio commands made absolute.
 
     Raises:
-        ConfigError: a variable is unset or a command cannot be found.
+        ConfigError: a variable is unset or a command cannot be found (every such problem).
     """
+    out: list[McpServer] = []
+    found: list[ConductorError] = []
+    for i, spec in enumerate(config.mcp_server):
+        if f"mcp_server[{i}]" in config.malformed:
+            continue
+        try:
+            out.append(_mcp_server(spec, config, f"mcp_server[{i}]"))
+        except ConfigError as e:
+            found.append(e)
+    if found:
+        raise ConfigError.combine(found, config.source)
+    return out
+
+
+def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServer:
     import shutil
 
     env = dict(os.environ)
-    out: list[McpServer] = []
-    for i, spec in enumerate(config.mcp_server):
-        where = f"mcp_server[{i}]"
 
-        def x(text: str, key: str, where: str = where) -> str:
-            return expand(text, env, where=f"{where}.{key}", file=config.source)
+    def x(text: str, key: str) -> str:
+        return expand(text, env, where=f"{where}.{key}", file=config.source)
 
-        if spec.type == "acp":
-            assert spec.provider is not None
-            out.append(McpServer(spec.name, "acp", provider=spec.provider,
-                                 required=spec.required))
-        elif spec.type == "stdio":
-            assert spec.command is not None
-            command = x(spec.command, "command")
-            if "/" in command and not os.path.isabs(command) and config.base_dir:
-                relative = command  # a path, as a shell would see it: from the chain's folder
-                command = os.path.normpath(os.path.join(config.base_dir, command))
-                resolved = command if os.access(command, os.X_OK) else None
-                missing = f"{relative} ({relative_to_chain(config.base_dir)})"
-            else:
-                resolved = shutil.which(command) if not os.path.isabs(command) else command
-                missing = command
-            if resolved is None:
-                raise ConfigError(f"command not found: {missing}", file=config.source,
-                                  field=f"{where}.command",
-                                  hint="ACP wants an absolute path; give one, or fix PATH")
-            out.append(McpServer(spec.name, "stdio", command=resolved,
-                                 args=tuple(x(a, "args") for a in spec.args),
-                                 env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items()),
-                                 required=spec.required))
+    if spec.type == "acp":
+        assert spec.provider is not None
+        return McpServer(spec.name, "acp", provider=spec.provider, required=spec.required)
+    if spec.type == "stdio":
+        assert spec.command is not None
+        command = x(spec.command, "command")
+        if "/" in command and not os.path.isabs(command) and config.base_dir:
+            relative = command  # a path, as a shell would see it: from the chain's folder
+            command = os.path.normpath(os.path.join(config.base_dir, command))
+            resolved = command if os.access(command, os.X_OK) else None
+            missing = f"{relative} ({relative_to_chain(config.base_dir)})"
         else:
-            assert spec.url is not None
-            out.append(McpServer(spec.name, spec.type, url=x(spec.url, "url"),
-                                 headers=tuple((k, x(v, f"headers.{k}"))
-                                               for k, v in spec.headers.items()),
-                                 required=spec.required))
-    return out
+            resolved = shutil.which(command) if not os.path.isabs(command) else command
+            missing = command
+        if resolved is None:
+            raise ConfigError(f"command not found: {missing}", file=config.source,
+                              field=f"{where}.command",
+                              hint="ACP wants an absolute path; give one, or fix PATH")
+        return McpServer(spec.name, "stdio", command=resolved,
+                         args=tuple(x(a, "args") for a in spec.args),
+                         env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items()),
+                         required=spec.required)
+    assert spec.url is not None
+    return McpServer(spec.name, spec.type, url=x(spec.url, "url"),
+                     headers=tuple((k, x(v, f"headers.{k}")) for k, v in spec.headers.items()),
+                     required=spec.required)
 
 
 def trace_redactor(config: ChainConfig | None, *, unredacted: bool = False) -> Redactor | None:

@@ -2,6 +2,8 @@
 
     ConductorError                  base; the CLI exits with `type(e).exit_code`
     ├── ConfigError          (2)    names the file, the field and a fix
+    │   └── ChainShapeError         a chain file's keys or types are wrong: `.partial`, the
+    │                               chain its well-formed entries make, to resolve them too
     ├── PluginError          (2)    a plugin could not be found, loaded or validated
     │   ├── PluginNotFoundError     no entry point / module / attribute by that name
     │   └── PluginValidationError   found, but not a Proxy (`.plugin` names it)
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Self
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from conductor.config import ChainConfig
     from conductor.jsonrpc.message import JsonValue
 
 
@@ -91,6 +94,15 @@ class ConfigError(ConductorError):
                  for e in errors]
         return cls(f"{len(errors)} problems:\n  " + "\n  ".join(lines), file=file,
                    problems=errors)
+
+
+class ChainShapeError(ConfigError):
+    """A chain file whose shape (keys, types) is wrong. `partial` is the chain its
+    well-formed entries make, each malformed one's place held (`ChainConfig.malformed`), so
+    that a caller able to resolve plugins (`conductor.serve.read_chain`) reports what the
+    well-formed entries would meet at start-up in the same error."""
+
+    partial: ChainConfig | None = None
 
 
 class PluginError(ConductorError):

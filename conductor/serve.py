@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from contextlib import contextmanager
+import sys
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 
@@ -25,9 +26,11 @@ from conductor.config import (
     component_cwd,
     component_environment,
     component_headers,
+    load_chain,
     mcp_servers,
 )
 from conductor.errors import (
+    ChainShapeError,
     ComponentDisconnectedError,
     ComponentError,
     ComponentExitedError,
@@ -124,9 +127,20 @@ def _plan(config: ChainConfig, mode: str) -> list[tuple[Role, ComponentSpec, Pla
             fit the mode.
         PluginError: a plugin cannot be found or is not a Proxy.
     """
+    plan, found = _resolve(config, mode)
+    if found:
+        raise ConfigError.combine(found, config.source)
+    return plan
+
+
+def _resolve(config: ChainConfig, mode: str | None,
+             ) -> tuple[list[tuple[Role, ComponentSpec, Planned]], list[ConductorError]]:
+    """The plan, and every problem found making it (not only the first). `mode` None: a
+    partial chain (`ChainShapeError.partial`), whose well-formed entries alone are resolved
+    and which is not checked against a mode."""
     grace = config.conductor.shutdown_grace
     plan: list[tuple[Role, ComponentSpec, Planned]] = []
-    found: list[ConductorError] = []  # every problem is reported, not only the first
+    found: list[ConductorError] = []
 
     @contextmanager
     def collected() -> Iterator[None]:
@@ -136,6 +150,8 @@ def _plan(config: ChainConfig, mode: str) -> list[tuple[Role, ComponentSpec, Pla
             found.extend(e.problems if isinstance(e, ConfigError) and e.problems else [e])
 
     for i, (spec, name) in enumerate(zip(config.proxy, config.proxy_names(), strict=True)):
+        if f"proxy[{i}]" in config.malformed:
+            continue
         with collected():
             if spec.in_process:
                 # Plugins, and pydantic for their options, are imported only when a chain
@@ -151,26 +167,45 @@ def _plan(config: ChainConfig, mode: str) -> list[tuple[Role, ComponentSpec, Pla
             else:
                 plan.append((Role.PROXY, spec,
                              _launch_spec(spec, name, f"proxy[{i}]", config, grace)))
-    if mode == "agent":
-        if config.agent is None:
-            found.append(ConfigError("the chain has no agent", file=config.source,
-                                     field="agent", hint="add an [agent] table with a command"))
-        else:
-            with collected():
-                plan.append((Role.AGENT, config.agent,
-                             _remote_spec(config.agent, config.agent_name(), "agent", config)
-                             if config.agent.remote else
-                             _launch_spec(config.agent, config.agent_name(), "agent", config,
-                                          grace)))
-    elif config.agent is not None:
+    if mode == "agent" and config.agent is None:
+        found.append(ConfigError("the chain has no agent", file=config.source,
+                                 field="agent", hint="add an [agent] table with a command"))
+    elif mode == "proxy" and config.agent is not None:
         found.append(ConfigError("a chain run as a proxy ends at its successor, not an agent",
                                  file=config.source, field="agent",
                                  hint="remove the [agent] table, or run without `proxy`"))
+    elif config.agent is not None and not config.agent.in_process:
+        with collected():
+            plan.append((Role.AGENT, config.agent,
+                         _remote_spec(config.agent, config.agent_name(), "agent", config)
+                         if config.agent.remote else
+                         _launch_spec(config.agent, config.agent_name(), "agent", config,
+                                      grace)))
     with collected():
         mcp_servers(config)  # resolved again by serve_chain; checked here to report it too
-    if found:
-        raise ConfigError.combine(found, config.source)
-    return plan
+    return plan, found
+
+
+def read_chain(ref: str | os.PathLike[str]) -> ChainConfig:
+    """`load_chain`, for a chain about to be served: when the file's shape is wrong, the same
+    error also names what its well-formed entries would meet at start-up (an unknown plugin,
+    its options, an unset `${VAR}`, a missing command), so one run reports every problem.
+    A well-shaped file costs nothing more: it is resolved when it is served.
+
+    Raises:
+        ConfigError: as `load_chain`.
+    """
+    try:
+        return load_chain(ref)
+    except ChainShapeError as e:
+        if e.partial is None:
+            raise
+        # A plugin imported here may print: never onto the protocol stdout.
+        with redirect_stdout(sys.stderr):
+            _, found = _resolve(e.partial, None)
+        if not found:
+            raise
+        raise ConfigError.combine([*(e.problems or [e]), *found], e.file) from None
 
 
 def _ask_providers(config: ChainConfig,

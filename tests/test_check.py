@@ -94,6 +94,22 @@ def test_check_of_an_invalid_file_exits_2() -> None:
     assert "file not found" in result.stderr
 
 
+def test_check_of_a_misshapen_file_reports_every_problem_in_one_run(tmp_path: Path) -> None:
+    chain = tmp_path / "c.toml"
+    chain.write_text('[[proxy]]\nuse = "permisions"\n[[proxy]]\nuse = "redact"\n'
+                     'options = { patern = "x" }\n[agnet]\ncommand = "python agent.py"\n',
+                     encoding="utf-8")
+    result = check("--chain", str(chain))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"acp-conductor: error: {chain}: 3 problems:"
+    assert [line.split(":")[0].strip() for line in lines[1:]] == [
+        "agnet", "proxy[0].use", "proxy[1].options.patern"]
+    assert "did you mean 'permissions'?" in lines[2]
+    assert "did you mean 'patterns'?" in lines[3]
+
+
 def test_an_initialize_answer_nested_too_deeply_is_reported_not_fatal() -> None:
     from conductor.editor.check import _Recorder
     from conductor.jsonrpc.message import Raw, Request, Response

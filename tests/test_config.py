@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import textwrap
+from typing import TYPE_CHECKING
+
 import pytest
 
-from conductor.config import parse_chain
-from conductor.errors import ConfigError
-from conductor.serve import _plan
+from conductor.config import mcp_servers, parse_chain
+from conductor.errors import ChainShapeError, ConfigError, PluginNotFoundError
+from conductor.serve import _plan, read_chain
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 AGENT = {"command": "agent"}
 
@@ -79,3 +85,137 @@ def test_a_single_problem_stays_one_line() -> None:
         parse_chain({"agent": {"comand": "x", "command": "y"}}, file="c.toml")
     assert str(caught.value) == ("c.toml: agent.comand: unknown key 'comand' "
                                  "(hint: did you mean 'command'?)")
+
+
+def write_chain(tmp_path: Path, text: str) -> Path:
+    chain = tmp_path / "c.toml"
+    chain.write_text(textwrap.dedent(text), encoding="utf-8")
+    return chain
+
+
+def test_a_misshapen_chain_file_also_reports_what_its_well_formed_entries_would_meet(
+        tmp_path: Path) -> None:
+    chain = write_chain(tmp_path, """
+        [[proxy]]
+        use = "permisions"
+        [[proxy]]
+        use = "redact"
+        options = { patern = "x" }
+        [agnet]
+        command = "python agent.py"
+    """)
+    with pytest.raises(ConfigError) as caught:
+        read_chain(chain)
+    lines = str(caught.value).splitlines()
+    assert lines[0] == f"{chain}: 3 problems:"
+    assert lines[1] == "  agnet: unknown key 'agnet' (hint: did you mean 'agent'?)"
+    assert lines[2].startswith("  proxy[0].use: no proxy named 'permisions' is installed "
+                               "(did you mean 'permissions'?")
+    assert lines[3] == ("  proxy[1].options.patern: proxy 'redact': unknown option 'patern' "
+                        "(hint: did you mean 'patterns'?)")
+    assert caught.value.exit_code == 2
+
+
+def test_a_malformed_entry_is_not_resolved_and_its_siblings_keep_their_paths_and_names(
+        tmp_path: Path) -> None:
+    chain = write_chain(tmp_path, """
+        [[proxy]]
+        use = "nope"
+        colour = "red"
+        [[proxy]]
+        use = "nope"
+        [[proxy]]
+        use = "nope"
+        options = 3
+        [agent]
+        command = "x"
+    """)
+    with pytest.raises(ConfigError) as caught:
+        read_chain(chain)
+    text = str(caught.value)
+    assert "proxy[0].colour: unknown key 'colour'" in text
+    assert "proxy[2].options:" in text
+    # only the well-formed one is looked up, under the name it has beside its siblings
+    assert text.count("no proxy named 'nope'") == 1
+    assert "proxy[1].use: no proxy named 'nope'" in text
+    assert len(caught.value.problems) == 3
+
+
+def test_a_misshapen_file_reports_its_agents_and_mcp_servers_problems_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SURELY_UNSET_42", raising=False)
+    chain = write_chain(tmp_path, """
+        [conductor]
+        shutdown_grace = "soon"
+        [agent]
+        command = "x"
+        env = { K = "${SURELY_UNSET_42}" }
+        [[mcp_server]]
+        name = "files"
+        command = "./no-such-mcp-server"
+        [[mcp_server]]
+        name = "other"
+        command = "no-such-mcp-server-either-42"
+    """)
+    with pytest.raises(ConfigError) as caught:
+        read_chain(chain)
+    lines = str(caught.value).splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == [
+        "conductor.shutdown_grace", "agent.env.K", "mcp_server[0].command",
+        "mcp_server[1].command"]
+    assert f"./no-such-mcp-server (relative to {tmp_path}" in lines[2]
+
+
+def test_problems_between_well_formed_entries_are_reported_with_the_shape_problems() -> None:
+    with pytest.raises(ChainShapeError) as caught:
+        parse_chain({"proxy": [{"name": "p", "command": "x"}, {"name": "p", "command": "y"},
+                               {"name": "q", "comand": "z"}],
+                     "agent": {"command": "a", "optional": True}}, file="c.toml")
+    assert [p.field for p in caught.value.problems] == [
+        "proxy[2].comand", "agent.optional", "proxy[1].name"]
+
+
+def test_a_well_shaped_file_is_read_as_it_is_and_resolved_only_when_served(
+        tmp_path: Path) -> None:
+    chain = write_chain(tmp_path, """
+        [[proxy]]
+        use = "nope"
+        [agent]
+        command = "x"
+    """)
+    config = read_chain(chain)  # the plugin is looked for when the chain is planned
+    assert config.proxy_names() == ["nope"]
+    with pytest.raises(PluginNotFoundError):
+        _plan(config, "agent")
+
+
+def test_a_plugin_imported_to_report_a_misshapen_file_cannot_print_on_stdout(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "loud.py").write_text(textwrap.dedent("""
+        print("imported")
+        from conductor.plugins import Proxy
+        class Loud(Proxy):
+            '''Loud.'''
+    """), encoding="utf-8")
+    chain = write_chain(tmp_path, """
+        [[proxy]]
+        plugin = "loud.py"
+        options = { volume = 11 }
+        [agnet]
+        command = "x"
+    """)
+    with pytest.raises(ConfigError, match=r"proxy\[0\]\.options\.volume: proxy 'loud'"):
+        read_chain(chain)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "imported" in err
+
+
+def test_every_mcp_server_that_cannot_be_resolved_is_reported_at_once() -> None:
+    config = parse_chain({"agent": {"command": "a"}, "mcp_server": [
+        {"name": "a", "command": "no-such-mcp-server-42"},
+        {"name": "b", "command": "no-such-mcp-server-43"}]}, file="c.toml")
+    with pytest.raises(ConfigError) as caught:
+        mcp_servers(config)
+    assert [p.field for p in caught.value.problems] == [
+        "mcp_server[0].command", "mcp_server[1].command"]

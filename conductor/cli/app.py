@@ -108,7 +108,7 @@ def main(ctx: click.Context) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from conductor.config import load_chain
+    from conductor.serve import read_chain
 
     chain_file = globals_of(ctx).chain_file
     if chain_file is None:
@@ -116,7 +116,7 @@ def main(ctx: click.Context) -> None:
         click.echo("\nacp-conductor: error: give --chain FILE, or a command such as `agent`",
                    err=True)
         sys.exit(ExitCode.USAGE)
-    serve(load_chain(chain_file), ctx, "agent")
+    serve(read_chain(chain_file), ctx, "agent")
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -147,13 +147,14 @@ def proxy(ctx: click.Context, commands: tuple[str, ...]) -> None:
     Give proxy COMMANDS, or --chain with a file that has no [agent]. With neither, it is a
     transparent proxy: everything passes straight through to its successor.
     """
-    from conductor.config import chain_from_commands, load_chain
+    from conductor.config import chain_from_commands
+    from conductor.serve import read_chain
 
     chain_file = globals_of(ctx).chain_file
     if chain_file and commands:
         raise click.UsageError("give either --chain or COMMANDS, not both")
     if chain_file:
-        config = load_chain(chain_file)
+        config = read_chain(chain_file)
     else:
         config = chain_from_commands(list(commands), with_agent=False)
     serve(config, ctx, "proxy")

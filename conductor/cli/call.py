@@ -12,9 +12,9 @@ from conductor.cli import loop
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.exits import epilog
 from conductor.cli.run import claim_stdout, flush
-from conductor.config import load_chain
 from conductor.editor.call import CallExit, CallOptions, call_chain
 from conductor.errors import ConfigError
+from conductor.serve import read_chain
 from conductor.tracing.sink import run_flushed
 
 
@@ -45,7 +45,7 @@ def call_command(ctx: click.Context, method: str, params: str | None, open_sessi
     """
     out = claim_stdout()
     options = globals_of(ctx)
-    config = load_chain(options.chain())
+    config = read_chain(options.chain())
     text = sys.stdin.read() if params == "-" else params
     try:
         value = None if text is None else json.loads(text)

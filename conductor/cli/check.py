@@ -16,8 +16,8 @@ from rich.text import Text
 from conductor.cli import loop
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.run import claim_stdout, flush
-from conductor.config import load_chain
 from conductor.editor.check import CheckReport, ComponentReport, check_chain
+from conductor.serve import read_chain
 from conductor.tracing.sink import run_flushed
 
 
@@ -98,7 +98,7 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
     out = claim_stdout()
     options = globals_of(ctx)
     path = options.chain()
-    config = load_chain(path)
+    config = read_chain(path)
     with options.trace_sink(config) as tracer:
         report = loop.run(run_flushed, tracer,
                            functools.partial(check_chain, config, timeout=timeout, tracer=tracer))

@@ -163,11 +163,12 @@ def _variable_findings(config: ChainConfig, environ: dict[str, str]) -> list[Fin
 
 
 def chain_findings(path: str, environ: dict[str, str]) -> list[Finding]:
-    from conductor.config import component_argv, load_chain
+    from conductor.config import component_argv
     from conductor.plugins.registry import load_component_proxy
+    from conductor.serve import read_chain
 
     try:
-        config = load_chain(path)
+        config = read_chain(path)
     except ConductorError as e:
         return [Finding("fail", "chain", str(e))]
     out = [Finding("ok", "chain", f"{config.source} reads as a chain file")]

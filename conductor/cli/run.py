@@ -20,10 +20,10 @@ from rich.console import Console
 from conductor.cli import loop
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.exits import epilog
-from conductor.config import load_chain
 from conductor.editor.policy import APPROVE_CHOICES
 from conductor.editor.turn import RunExit, TurnOptions, run_turns
 from conductor.errors import ConfigError
+from conductor.serve import read_chain
 from conductor.tracing.sink import run_flushed
 
 
@@ -150,7 +150,7 @@ def run_command(ctx: click.Context, prompt: str | None, more_prompts: tuple[str,
 
     out = claim_stdout()
     options = globals_of(ctx)
-    config = load_chain(options.chain())
+    config = read_chain(options.chain())
     if as_json and output_format not in (None, "json"):
         raise ConfigError(f"--json is --format json: it contradicts --format {output_format}",
                           field="--format")

@@ -114,11 +114,11 @@ def serve_command(ctx: click.Context, listen: str, token_file: str | None, token
     import functools
 
     from conductor.cli import loop
-    from conductor.config import load_chain
     from conductor.listen import ListenSettings, serve_listener
+    from conductor.serve import read_chain
 
     options = globals_of(ctx)
-    config = load_chain(options.chain())
+    config = read_chain(options.chain())
     host, port = parse_listen(listen)
     tokens = read_tokens(token_file, token_env, no_token)
     generated = not tokens and not no_token
