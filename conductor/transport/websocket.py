@@ -8,7 +8,7 @@ optional dependency (the `remote` extra), imported only when a chain names a url
 from __future__ import annotations
 
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
@@ -17,13 +17,27 @@ from conductor.jsonrpc.message import Message, encode, encode_batch
 from conductor.transport.base import decode_whole
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
     from conductor.transport.base import Handle, HandleNowait
 
 REMOTE_EXTRA_HINT = "pip install 'acp-conductor[remote]'"
 CONNECT_TIMEOUT = 30.0
 PING_INTERVAL = 20.0  # a peer that stops answering pings is a dropped connection
+# A peer that stops reading makes our sends wait for its TCP window forever (and pings
+# queue behind them): a message must be taken within this grace plus a second per
+# SEND_RATE bytes of it, or the peer is dropped. Both ends use it (docs/remote.md).
+SEND_GRACE: Final = 30.0
+SEND_RATE: Final = 64 * 1024
+
+
+def allowed_send_time(size: int) -> float:
+    """How long the peer may take to accept a message of `size` bytes."""
+    return SEND_GRACE + size / SEND_RATE
+
+
+def stalled(waited: float) -> str:
+    return f"it stopped reading: a message was not taken within {waited:g} s"
 
 
 def text_of(item: Message | list[Message]) -> str:
@@ -33,10 +47,14 @@ def text_of(item: Message | list[Message]) -> str:
 
 
 class WsClientSink:
-    """A MessageSink that sends each message as one text frame."""
+    """A MessageSink that sends each message as one text frame. A send the peer does not
+    take in time (`timeout`) drops the connection: `source` then ends, saying why."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, source: WsClientSource, *,
+                 timeout: Callable[[int], float] = allowed_send_time) -> None:
         self._session = session
+        self._source = source
+        self._timeout = timeout
         self._closed = False
 
     async def send(self, item: Message | list[Message]) -> None:
@@ -44,11 +62,26 @@ class WsClientSink:
 
         if self._closed:
             raise anyio.BrokenResourceError
+        text = text_of(item)
+        waited = self._timeout(len(text))
         try:
-            await self._session.send_text(text_of(item))
+            with anyio.move_on_after(waited) as late:
+                await self._session.send_text(text)
         except (httpx_ws.HTTPXWSException, OSError, anyio.BrokenResourceError,
                 anyio.ClosedResourceError) as e:
             raise anyio.BrokenResourceError from e
+        if late.cancelled_caught:
+            await self._drop(stalled(waited))
+            raise anyio.BrokenResourceError
+
+    async def _drop(self, why: str) -> None:
+        """End a connection whose peer stopped reading. No close frame: it would wait
+        behind the message that is stuck (perhaps half written). Closing the socket ends
+        the reader (and makes httpx-ws's own close on exit fail fast, not wait forever)."""
+        self._closed = True
+        self._source.drop(why)
+        with anyio.move_on_after(1, shield=True):  # TLS says goodbye first: bounded
+            await self._session.stream.aclose()
 
     async def aclose(self) -> None:
         if self._closed:
@@ -68,13 +101,28 @@ class WsClientSource:
         self._session = session
         self._max = max_frame_bytes
         self.ended = "the connection is still open"
+        self._reading = anyio.CancelScope()
+        self._dropped: str | None = None
+
+    def drop(self, why: str) -> None:
+        """The connection is being dropped (`why`): stop reading (a message being handled
+        is handled to the end)."""
+        self._dropped = why
+        self._reading.cancel()
 
     async def serve(self, handle: Handle, nowait: HandleNowait | None = None) -> None:
         import httpx_ws
 
         while True:
+            text: str | None = None
             try:
-                text = await self._session.receive_text()
+                if self._dropped is None:
+                    self._reading = anyio.CancelScope()
+                    with self._reading:
+                        text = await self._session.receive_text()
+                if text is None:  # dropped (the sink saw the peer stop reading)
+                    self.ended = self._dropped or self.ended
+                    return
             except httpx_ws.WebSocketDisconnect as e:
                 self.ended = f"closed by the server: code {e.code}" + (
                     f", {e.reason}" if e.reason else "")
@@ -83,7 +131,7 @@ class WsClientSource:
                 continue  # binary frames carry nothing in ACP: ignored, as the RFD says
             except (httpx_ws.HTTPXWSException, OSError, anyio.EndOfStream,
                     anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
-                self.ended = f"network error: {type(e).__name__}"
+                self.ended = self._dropped or f"network error: {type(e).__name__}"
                 return
             item = decode_whole(text.encode(), self._max)
             if nowait is None or not nowait(item):
@@ -99,6 +147,7 @@ def http_url(url: str) -> str:
 @asynccontextmanager
 async def open_ws_client(url: str, headers: dict[str, str], *,
                          max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                         send_timeout: Callable[[int], float] = allowed_send_time,
                          ) -> AsyncIterator[tuple[WsClientSink, WsClientSource]]:
     """Connect to a WebSocket ACP endpoint; the socket is closed on exit.
 
@@ -128,7 +177,8 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
                                          else "")) from None
             except httpx.HTTPError as e:
                 raise ConnectionError(str(e) or type(e).__name__) from None
-            yield WsClientSink(session), WsClientSource(session, max_frame_bytes=max_frame_bytes)
+            source = WsClientSource(session, max_frame_bytes=max_frame_bytes)
+            yield WsClientSink(session, source, timeout=send_timeout), source
     except* (httpx_ws.HTTPXWSException, httpx.HTTPError, OSError) as group:
         first = group.exceptions[0]
         if isinstance(first, ConnectionError):
