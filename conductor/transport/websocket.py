@@ -17,13 +17,14 @@ from conductor.jsonrpc.message import Message, encode, encode_batch
 from conductor.transport.base import decode_whole
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Iterator
 
     from conductor.transport.base import Handle, HandleNowait
 
 REMOTE_EXTRA_HINT = "pip install 'acp-conductor[remote]'"
 CONNECT_TIMEOUT = 30.0
 PING_INTERVAL = 20.0  # a peer that stops answering pings is a dropped connection
+MESSAGE_TOO_BIG: Final = 1009  # the WebSocket close code
 # A peer that stops reading makes our sends wait for its TCP window forever (and pings
 # queue behind them): a message must be taken within this grace plus a second per
 # SEND_RATE bytes of it, or the peer is dropped. Both ends use it (docs/remote.md).
@@ -124,6 +125,14 @@ class WsClientSource:
                     self.ended = self._dropped or self.ended
                     return
             except httpx_ws.WebSocketDisconnect as e:
+                if getattr(self._session.connection, "too_big", False):
+                    # As the server end does: up to twice the limit is answered as any
+                    # oversized message; past that the socket closes with 1009.
+                    self.ended = f"it sent a message of over {2 * self._max} bytes " \
+                                 f"(twice the limit): closed with {MESSAGE_TOO_BIG}"
+                    with anyio.move_on_after(2, shield=True):
+                        await self._session.close(MESSAGE_TOO_BIG, "message too big")
+                    return
                 self.ended = f"closed by the server: code {e.code}" + (
                     f", {e.reason}" if e.reason else "")
                 return
@@ -136,6 +145,46 @@ class WsClientSource:
             item = decode_whole(text.encode(), self._max)
             if nowait is None or not nowait(item):
                 await handle(item)
+
+
+class _CappedConnection:
+    """A wsproto connection that stops a message at `cap` bytes (characters, for text)
+    while httpx-ws assembles its fragments, which it would otherwise do without a limit.
+    Past the cap it reports the connection closed instead of the fragment, so httpx-ws
+    stops reading and buffers no more; `too_big` says so."""
+
+    def __init__(self, inner: Any, cap: int) -> None:
+        self._inner = inner
+        self._cap = cap
+        self._assembled = 0
+        self.too_big = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def events(self) -> Iterator[Any]:
+        import wsproto.events
+
+        for event in self._inner.events():
+            if isinstance(event, wsproto.events.Message):
+                self._assembled += len(event.data)
+                if self._assembled > self._cap:
+                    self.too_big = True
+                    yield wsproto.events.CloseConnection(code=MESSAGE_TOO_BIG)
+                    return
+                if event.message_finished:
+                    self._assembled = 0
+            yield event
+
+
+def _capped_session(cap: int) -> type:
+    import httpx_ws
+
+    class CappedSession(httpx_ws.AsyncWebSocketSession):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.connection = _CappedConnection(self.connection, cap)  # type: ignore[assignment]
+    return CappedSession
 
 
 def http_url(url: str) -> str:
@@ -169,7 +218,8 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
             try:
                 session: Any = await stack.enter_async_context(httpx_ws.aconnect_ws(
                     http_url(url), client, keepalive_ping_interval_seconds=PING_INTERVAL,
-                    keepalive_ping_timeout_seconds=PING_INTERVAL))
+                    keepalive_ping_timeout_seconds=PING_INTERVAL,
+                    session_class=_capped_session(2 * max_frame_bytes)))
             except httpx_ws.WebSocketUpgradeError as e:
                 status = e.response.status_code
                 raise ConnectionError(f"the server refused the connection: HTTP {status}"

@@ -66,3 +66,33 @@ async def test_a_server_that_stops_reading_is_dropped_once_a_send_waits_too_long
                     await sink.send(note(1))
             tg.cancel_scope.cancel()
     assert source.ended == "it stopped reading: a message was not taken within 0.2 s"
+
+
+async def test_a_message_fragmented_past_twice_the_limit_closes_the_socket_with_1009() -> None:
+    # Fragments are assembled before any size check could see the message: without a cap
+    # a server could grow our memory by sending continuation frames that never finish.
+    closed: list[int] = []
+
+    async def fragments_without_end(stream: SocketStream, conn: wsproto.WSConnection
+                                    ) -> None:
+        for _ in range(9):  # 9000 characters, and never the last fragment
+            await stream.send(conn.send(ws.TextMessage(data="x" * 1000,
+                                                       message_finished=False)))
+        while not closed:
+            try:
+                conn.receive_data(await stream.receive())
+            except anyio.EndOfStream:
+                return
+            closed.extend(e.code for e in conn.events() if isinstance(e, ws.CloseConnection))
+
+    async def handle(item: object) -> None:
+        raise AssertionError(f"no message was whole: {item}")
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve_one, fragments_without_end)
+            async with open_ws_client(url, {}, max_frame_bytes=4000) as (_, source):
+                await source.serve(handle)
+    assert closed == [1009]
+    assert source.ended == "it sent a message of over 8000 bytes (twice the limit): " \
+        "closed with 1009"
