@@ -203,7 +203,9 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
     Raises:
         ConnectionError: the extra is not installed, the server cannot be reached, or it
             refused the upgrade (the message says which, with the HTTP status); also raised
-            on exit when the connection failed underneath (pings unanswered).
+            on exit when the connection failed underneath (pings unanswered). What the
+            block itself raises is not translated (httpx-ws's task group may wrap it in an
+            ExceptionGroup).
     """
     try:
         import httpx
@@ -211,6 +213,7 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
     except ImportError:
         raise ConnectionError(f"remote components need the remote extra: {REMOTE_EXTRA_HINT}"
                               ) from None
+    mine: list[BaseException] = []  # what the caller's block raised: not ours to translate
     try:
         async with AsyncExitStack() as stack:
             client = await stack.enter_async_context(httpx.AsyncClient(
@@ -228,8 +231,14 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
             except httpx.HTTPError as e:
                 raise ConnectionError(str(e) or type(e).__name__) from None
             source = WsClientSource(session, max_frame_bytes=max_frame_bytes)
-            yield WsClientSink(session, source, timeout=send_timeout), source
+            try:
+                yield WsClientSink(session, source, timeout=send_timeout), source
+            except BaseException as e:
+                mine.append(e)
+                raise
     except* (httpx_ws.HTTPXWSException, httpx.HTTPError, OSError) as group:
+        if mine and group.subgroup(lambda e: e is mine[0]) is not None:
+            raise  # the caller's (httpx-ws's task group wrapped it): its own cause stays
         first = group.exceptions[0]
         if isinstance(first, ConnectionError):
             raise first from None

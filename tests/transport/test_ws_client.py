@@ -4,6 +4,7 @@ a real one would not (stop reading, fragment without end)."""
 
 from __future__ import annotations
 
+import errno
 from typing import TYPE_CHECKING
 
 import anyio
@@ -96,3 +97,27 @@ async def test_a_message_fragmented_past_twice_the_limit_closes_the_socket_with_
     assert closed == [1009]
     assert source.ended == "it sent a message of over 8000 bytes (twice the limit): " \
         "closed with 1009"
+
+
+async def test_an_os_error_raised_inside_the_connection_block_keeps_its_own_cause() -> None:
+    async def until_closed(stream: SocketStream, conn: wsproto.WSConnection) -> None:
+        while True:
+            try:
+                await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return
+
+    mine = OSError(errno.ENOSPC, "No space left on device")
+    caught: list[BaseException] = []
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve_one, until_closed)
+            try:
+                async with open_ws_client(url, {}):
+                    raise mine
+            except BaseException as e:  # what comes out is the question
+                caught.append(e)
+    [error] = caught
+    assert not isinstance(error, ConnectionError), error
+    assert error is mine or (isinstance(error, BaseExceptionGroup)
+                             and error.subgroup(lambda e: e is mine) is not None), error
