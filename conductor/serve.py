@@ -285,8 +285,10 @@ async def serve_connection(
     client = Hop("client", client_sink, tracer=tracer)
     if tracer is not None and options.client_transport != "stdio":
         tracer.lifecycle("client", "connected", transport=options.client_transport)
+    # The runs still going (a run leaves both when it ends: a component restarted all day
+    # must not grow them).
     components: list[tuple[Component, Hop]] = []
-    stopped: list[anyio.Event] = []  # one per component, set once it is fully stopped
+    stopped: list[anyio.Event] = []  # one per run, set once it is fully stopped
     hosted: list[Hop] = []  # in-process plugin proxies, and remote components
 
     def failed(error: ComponentError) -> None:
@@ -377,13 +379,15 @@ async def serve_connection(
                 if delay is not None:
                     chain.restarting(hop, error)
 
+            run: tuple[Component, Hop] | None = None
+            done = anyio.Event()
             try:
                 async with open_component(launch, on_stderr) as comp, \
                         anyio.create_task_group() as inner:
                     hop = Hop(launch.name, PipeSink(comp.stdin), dialect=spec.dialect,
                               tracer=tracer)
-                    components.append((comp, hop))
-                    done = anyio.Event()
+                    run = (comp, hop)
+                    components.append(run)
                     stopped.append(done)
                     log.info("started %s (pid %s): %s", launch.name, comp.pid,
                              " ".join(launch.argv))
@@ -450,6 +454,10 @@ async def serve_connection(
                 if tracer is not None:  # a restart that could not even be spawned
                     tracer.lifecycle(launch.name, "error", message=str(e))
                 return e, decide(e)
+            finally:
+                if run is not None and done.is_set():  # (else shutdown still waits on it)
+                    components.remove(run)
+                    stopped.remove(done)
             if not outcome or stop.is_set():
                 return None, None
             return outcome[0], delays[0]
@@ -593,8 +601,10 @@ async def serve_connection(
                    else "the client closed its input")
             longest = max((c.spec.shutdown_grace for c, _ in components), default=0.0)
             with anyio.move_on_after(2 * longest + 5):  # each stop is bounded; this is a backstop
-                for done in stopped:
-                    await done.wait()
+                # Runs leave `stopped` as they end: wait on what is left, not a stale index.
+                while (waiting := next((d for d in stopped if not d.is_set()), None)) \
+                        is not None:
+                    await waiting.wait()
             # From the agent up: each component's open requests are answered (it was stopped
             # before answering), and in-process proxies get to relay those answers before
             # the next hop up is failed, so an error names where the request really was.

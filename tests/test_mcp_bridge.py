@@ -282,3 +282,91 @@ async def test_the_http_sessions_of_an_agent_that_is_gone_end_with_it() -> None:
             await bridge.agent_gone()
             await provider.disconnected.wait()  # its provider connection was ended
         assert not bridge.relays
+
+
+_INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {},
+    "clientInfo": {"name": "t", "version": "1"}}}
+
+
+class _SlowProvider(_Provider):
+    """A provider whose `mcp/connect` answers wait for `release`."""
+
+    def __init__(self, bridge: McpBridge, tg: TaskGroup) -> None:
+        super().__init__(bridge, tg)
+        self.connects = 0
+        self.asked, self.asked_again, self.release = anyio.Event(), anyio.Event(), \
+            anyio.Event()
+
+    async def send(self, item: object) -> None:
+        if isinstance(item, Request) and item.method == "mcp/connect":
+            self.connects += 1
+            (self.asked if self.connects == 1 else self.asked_again).set()
+
+            async def later() -> None:
+                await self.release.wait()
+                await super(_SlowProvider, self).send(item)
+            self.tg.start_soon(later)
+            return
+        await super().send(item)
+
+
+async def test_two_sessions_opened_at_once_cannot_both_take_the_last_place(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("conductor.bridge.http.MAX_SESSIONS", 1)
+    statuses: list[int] = []
+    async with open_mcp_bridge("http") as bridge:
+        provider = _SlowProvider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(1, "http"),
+                                                  frozenset()))
+        headers = {"Accept": "application/json, text/event-stream",
+                   "Authorization": entry["headers"][0]["value"]}  # type: ignore[index]
+        async def open_one(client: httpx2.AsyncClient) -> None:
+            answer = await client.post(str(entry["url"]), json=_INITIALIZE, headers=headers)
+            statuses.append(answer.status_code)
+
+        with anyio.fail_after(10):
+            async with httpx2.AsyncClient() as client, anyio.create_task_group() as tg:
+                tg.start_soon(open_one, client)
+                await provider.asked.wait()  # the first is connecting: not a session yet
+                async with anyio.create_task_group() as race:
+                    async def connects_too() -> None:
+                        await provider.asked_again.wait()
+                        race.cancel_scope.cancel()
+                    race.start_soon(connects_too)
+                    await open_one(client)  # refused, or stopped once it connects too
+                    race.cancel_scope.cancel()
+                provider.release.set()
+        assert provider.connects == 1
+    assert statuses == [503, 200]
+
+
+async def test_a_session_whose_opening_request_fails_midway_ends_at_once() -> None:
+    # The agent went away while its initialize was being answered (the server cannot
+    # send): the session it never learnt of must not hold a provider connection and a
+    # place for the idle timeout.
+    async with open_mcp_bridge("http") as bridge:
+        provider = _Provider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(1, "http"),
+                                                  frozenset()))
+        http = bridge._http
+        assert http is not None
+        url = httpx2.URL(str(entry["url"]))
+        scope = {"type": "http", "method": "POST", "path": url.path, "query_string": b"",
+                 "headers": [(b"host", f"127.0.0.1:{http.port}".encode()),
+                             (b"authorization",
+                              entry["headers"][0]["value"].encode()),  # type: ignore[index]
+                             (b"accept", b"application/json, text/event-stream"),
+                             (b"content-type", b"application/json")]}
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.disconnect"}
+
+        async def send(message: object) -> None:
+            raise OSError("the agent's connection is gone")
+
+        with anyio.fail_after(10):
+            with pytest.raises(OSError):
+                await http.app(scope, receive, send)
+            await provider.disconnected.wait()
+        assert not http.sessions and not bridge.relays

@@ -52,6 +52,7 @@ class HttpBridge:
         self.bridge = bridge
         self.port = 0
         self.sessions: dict[str, _Session] = {}
+        self._opening = 0  # sessions being opened: they count toward MAX_SESSIONS already
         self.stop = anyio.Event()   # a graceful stop: hypercorn closes its connections itself
         self.done = anyio.Event()
 
@@ -138,7 +139,7 @@ class HttpBridge:
                 return
             await session.transport.handle_request(scope, receive, send)
             return
-        if len(self.sessions) >= MAX_SESSIONS:
+        if len(self.sessions) + self._opening >= MAX_SESSIONS:
             await _error(send, 503, f"Too many MCP sessions ({MAX_SESSIONS} open)")
             return
         await self._open(server, scope, receive, send)
@@ -153,21 +154,31 @@ class HttpBridge:
                 allowed_hosts=[f"127.0.0.1:{self.port}", f"localhost:{self.port}"],
                 allowed_origins=origins),
             idle_timeout=IDLE_TIMEOUT)
+        # The place is taken before the first await (mcp/connect), so concurrent opens
+        # cannot all pass the check; once started, the session holds it in `sessions`.
+        self._opening += 1
         try:
             await self.bridge.tg.start(self._run, server, transport)
         except Exception as e:  # the router or the provider refused mcp/connect
             log.warning("MCP bridge: cannot connect to %s: %s", server.name, e)
             await _error(send, 502, f"cannot connect to the MCP server {server.name}: {e}")
             return
+        finally:
+            self._opening -= 1
         status: list[int] = []
 
         async def watch(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status.append(message["status"])
             await send(message)
-        await transport.handle_request(scope, receive, watch)
-        if not status or status[0] >= 400:  # nothing was established: end it again
-            await transport.terminate()
+        established = False
+        try:
+            await transport.handle_request(scope, receive, watch)
+            established = bool(status) and status[0] < 400
+        finally:
+            if not established:  # refused, or failed midway (the agent left): end it again
+                with anyio.CancelScope(shield=True):
+                    await transport.terminate()
 
     async def _run(self, server: BridgedServer, transport: StreamableHTTPServerTransport, *,
                    task_status: TaskStatus[None]) -> None:

@@ -90,6 +90,9 @@ class McpRoutes:
         self.declarations: OrderedDict[str, Declaration] = OrderedDict()
         self.connections: dict[str, Connection] = {}
         self._by_provider: dict[tuple[str, str], Connection] = {}
+        # mcp/connect requests on their way to a provider: each holds a place under the
+        # limit until its answer, or concurrent connects would all pass the check.
+        self._connecting: set[object] = set()
         self._closed_sessions: list[str] = []
         self._ids = itertools.count(1)
 
@@ -181,7 +184,7 @@ class McpRoutes:
         if not isinstance(msg, Request):
             log.warning("%s sent mcp/connect as a notification; dropped", source.name)
             return
-        if len(self.connections) >= self.max_connections:
+        if len(self.connections) + len(self._connecting) >= self.max_connections:
             await self._reply(origin, error_response(
                 msg.id, ErrorCode.LIMIT_REACHED,
                 f"too many MCP-over-ACP connections: {self.max_connections} are open",
@@ -195,12 +198,21 @@ class McpRoutes:
                                           raw(session))
             except ValueError:
                 out_params = params
-        await self._forward(origin, msg, acp.MCP_CONNECT, out_params, source, decl.provider,
-                            self._connected_hook(decl, source, session))
+        place = object()
+        if decl.provider.hop.failure is None:  # else it is answered at once, with no hook
+            self._connecting.add(place)
+        try:
+            await self._forward(origin, msg, acp.MCP_CONNECT, out_params, source,
+                                decl.provider, self._connected_hook(decl, source, session,
+                                                                    place))
+        except BaseException:
+            self._connecting.discard(place)
+            raise
 
-    def _connected_hook(self, decl: Declaration, connector: Node,
-                        session: str | None) -> ResponseHook:
+    def _connected_hook(self, decl: Declaration, connector: Node, session: str | None,
+                        place: object) -> ResponseHook:
         async def connected(answer: Response) -> Response:
+            self._connecting.discard(place)
             if answer.is_error:
                 return answer
             provider_ident = acp.get_str(answer.result, "connectionId")

@@ -47,6 +47,7 @@ from conductor.jsonrpc.message import (
     raw,
 )
 from conductor.transport.base import NotJson, Oversized, Unreadable, decode_whole
+from conductor.transport.websocket import allowed_send_time, stalled
 
 if TYPE_CHECKING:
     import socket
@@ -227,21 +228,32 @@ class WsClient(RemoteClient):
 
     transport = "ws"
 
-    def __init__(self, peer: str, owner: int, send: Send, *, max_frame_bytes: int) -> None:
+    def __init__(self, peer: str, owner: int, send: Send, *, max_frame_bytes: int,
+                 timeout: Callable[[int], float] = allowed_send_time) -> None:
         super().__init__(peer, owner, max_frame_bytes=max_frame_bytes)
         self._send = send
+        self._timeout = timeout
         self._closed = False
 
     async def send(self, item: Message | list[Message]) -> None:
         if self._closed:
             raise anyio.BrokenResourceError
         data = encode(item) if isinstance(item, Message) else encode_batch(item)
+        waited = self._timeout(len(data))
         try:
-            await self._send({"type": "websocket.send",
-                              "text": data[:-1].decode("utf-8", "replace")})
+            # A client that stops reading would hold this send (and its chain, and its
+            # place under --max-connections) for as long as it keeps the socket.
+            with anyio.move_on_after(waited) as late:
+                await self._send({"type": "websocket.send",
+                                  "text": data[:-1].decode("utf-8", "replace")})
         except Exception as e:  # whatever the server says about a gone socket
             self._closed = True
             raise anyio.BrokenResourceError from e
+        if late.cancelled_caught:
+            log.warning("ws client %s: %s; dropping it", self.id, stalled(waited))
+            self._closed = True  # no close frame: it would wait behind the stuck message
+            self.end()  # its chain stops as if it had left
+            raise anyio.BrokenResourceError
         self._sent(item)
 
     def disconnected(self) -> None:
@@ -424,10 +436,12 @@ class AcpEndpoint:
     new client connection; it must arrange for a chain to serve it and call `finish()`."""
 
     def __init__(self, gate: Gate, on_connect: Callable[[RemoteClient], None], *,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 send_timeout: Callable[[int], float] = allowed_send_time) -> None:
         self.gate = gate
         self.on_connect = on_connect
         self.max_frame_bytes = max_frame_bytes
+        self.send_timeout = send_timeout
         self.clients: dict[str, RemoteClient] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -480,7 +494,8 @@ class AcpEndpoint:
                 raise Refusal(404, f"no ACP endpoint at {scope.get('path')!r} (it is {PATH})")
             owner = self.gate.admit(scope)
             self._check_room()
-            client = WsClient(_peer(scope), owner, send, max_frame_bytes=self.max_frame_bytes)
+            client = WsClient(_peer(scope), owner, send, max_frame_bytes=self.max_frame_bytes,
+                              timeout=self.send_timeout)
             self._open(client)
         except Refusal as refusal:
             self._log_refusal(scope, refusal)

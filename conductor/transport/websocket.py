@@ -8,7 +8,7 @@ optional dependency (the `remote` extra), imported only when a chain names a url
 from __future__ import annotations
 
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
@@ -17,13 +17,28 @@ from conductor.jsonrpc.message import Message, encode, encode_batch
 from conductor.transport.base import decode_whole
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable, Iterator
 
     from conductor.transport.base import Handle, HandleNowait
 
 REMOTE_EXTRA_HINT = "pip install 'acp-conductor[remote]'"
 CONNECT_TIMEOUT = 30.0
 PING_INTERVAL = 20.0  # a peer that stops answering pings is a dropped connection
+MESSAGE_TOO_BIG: Final = 1009  # the WebSocket close code
+# A peer that stops reading makes our sends wait for its TCP window forever (and pings
+# queue behind them): a message must be taken within this grace plus a second per
+# SEND_RATE bytes of it, or the peer is dropped. Both ends use it (docs/remote.md).
+SEND_GRACE: Final = 30.0
+SEND_RATE: Final = 64 * 1024
+
+
+def allowed_send_time(size: int) -> float:
+    """How long the peer may take to accept a message of `size` bytes."""
+    return SEND_GRACE + size / SEND_RATE
+
+
+def stalled(waited: float) -> str:
+    return f"it stopped reading: a message was not taken within {waited:g} s"
 
 
 def text_of(item: Message | list[Message]) -> str:
@@ -33,10 +48,14 @@ def text_of(item: Message | list[Message]) -> str:
 
 
 class WsClientSink:
-    """A MessageSink that sends each message as one text frame."""
+    """A MessageSink that sends each message as one text frame. A send the peer does not
+    take in time (`timeout`) drops the connection: `source` then ends, saying why."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, source: WsClientSource, *,
+                 timeout: Callable[[int], float] = allowed_send_time) -> None:
         self._session = session
+        self._source = source
+        self._timeout = timeout
         self._closed = False
 
     async def send(self, item: Message | list[Message]) -> None:
@@ -44,11 +63,26 @@ class WsClientSink:
 
         if self._closed:
             raise anyio.BrokenResourceError
+        text = text_of(item)
+        waited = self._timeout(len(text))
         try:
-            await self._session.send_text(text_of(item))
+            with anyio.move_on_after(waited) as late:
+                await self._session.send_text(text)
         except (httpx_ws.HTTPXWSException, OSError, anyio.BrokenResourceError,
                 anyio.ClosedResourceError) as e:
             raise anyio.BrokenResourceError from e
+        if late.cancelled_caught:
+            await self._drop(stalled(waited))
+            raise anyio.BrokenResourceError
+
+    async def _drop(self, why: str) -> None:
+        """End a connection whose peer stopped reading. No close frame: it would wait
+        behind the message that is stuck (perhaps half written). Closing the socket ends
+        the reader (and makes httpx-ws's own close on exit fail fast, not wait forever)."""
+        self._closed = True
+        self._source.drop(why)
+        with anyio.move_on_after(1, shield=True):  # TLS says goodbye first: bounded
+            await self._session.stream.aclose()
 
     async def aclose(self) -> None:
         if self._closed:
@@ -68,14 +102,37 @@ class WsClientSource:
         self._session = session
         self._max = max_frame_bytes
         self.ended = "the connection is still open"
+        self._reading = anyio.CancelScope()
+        self._dropped: str | None = None
+
+    def drop(self, why: str) -> None:
+        """The connection is being dropped (`why`): stop reading (a message being handled
+        is handled to the end)."""
+        self._dropped = why
+        self._reading.cancel()
 
     async def serve(self, handle: Handle, nowait: HandleNowait | None = None) -> None:
         import httpx_ws
 
         while True:
+            text: str | None = None
             try:
-                text = await self._session.receive_text()
+                if self._dropped is None:
+                    self._reading = anyio.CancelScope()
+                    with self._reading:
+                        text = await self._session.receive_text()
+                if text is None:  # dropped (the sink saw the peer stop reading)
+                    self.ended = self._dropped or self.ended
+                    return
             except httpx_ws.WebSocketDisconnect as e:
+                if getattr(self._session.connection, "too_big", False):
+                    # As the server end does: up to twice the limit is answered as any
+                    # oversized message; past that the socket closes with 1009.
+                    self.ended = f"it sent a message of over {2 * self._max} bytes " \
+                                 f"(twice the limit): closed with {MESSAGE_TOO_BIG}"
+                    with anyio.move_on_after(2, shield=True):
+                        await self._session.close(MESSAGE_TOO_BIG, "message too big")
+                    return
                 self.ended = f"closed by the server: code {e.code}" + (
                     f", {e.reason}" if e.reason else "")
                 return
@@ -83,11 +140,51 @@ class WsClientSource:
                 continue  # binary frames carry nothing in ACP: ignored, as the RFD says
             except (httpx_ws.HTTPXWSException, OSError, anyio.EndOfStream,
                     anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
-                self.ended = f"network error: {type(e).__name__}"
+                self.ended = self._dropped or f"network error: {type(e).__name__}"
                 return
             item = decode_whole(text.encode(), self._max)
             if nowait is None or not nowait(item):
                 await handle(item)
+
+
+class _CappedConnection:
+    """A wsproto connection that stops a message at `cap` bytes (characters, for text)
+    while httpx-ws assembles its fragments, which it would otherwise do without a limit.
+    Past the cap it reports the connection closed instead of the fragment, so httpx-ws
+    stops reading and buffers no more; `too_big` says so."""
+
+    def __init__(self, inner: Any, cap: int) -> None:
+        self._inner = inner
+        self._cap = cap
+        self._assembled = 0
+        self.too_big = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def events(self) -> Iterator[Any]:
+        import wsproto.events
+
+        for event in self._inner.events():
+            if isinstance(event, wsproto.events.Message):
+                self._assembled += len(event.data)
+                if self._assembled > self._cap:
+                    self.too_big = True
+                    yield wsproto.events.CloseConnection(code=MESSAGE_TOO_BIG)
+                    return
+                if event.message_finished:
+                    self._assembled = 0
+            yield event
+
+
+def _capped_session(cap: int) -> type:
+    import httpx_ws
+
+    class CappedSession(httpx_ws.AsyncWebSocketSession):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.connection = _CappedConnection(self.connection, cap)  # type: ignore[assignment]
+    return CappedSession
 
 
 def http_url(url: str) -> str:
@@ -99,13 +196,16 @@ def http_url(url: str) -> str:
 @asynccontextmanager
 async def open_ws_client(url: str, headers: dict[str, str], *,
                          max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                         send_timeout: Callable[[int], float] = allowed_send_time,
                          ) -> AsyncIterator[tuple[WsClientSink, WsClientSource]]:
     """Connect to a WebSocket ACP endpoint; the socket is closed on exit.
 
     Raises:
         ConnectionError: the extra is not installed, the server cannot be reached, or it
             refused the upgrade (the message says which, with the HTTP status); also raised
-            on exit when the connection failed underneath (pings unanswered).
+            on exit when the connection failed underneath (pings unanswered). What the
+            block itself raises is not translated (httpx-ws's task group may wrap it in an
+            ExceptionGroup).
     """
     try:
         import httpx
@@ -113,6 +213,7 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
     except ImportError:
         raise ConnectionError(f"remote components need the remote extra: {REMOTE_EXTRA_HINT}"
                               ) from None
+    mine: list[BaseException] = []  # what the caller's block raised: not ours to translate
     try:
         async with AsyncExitStack() as stack:
             client = await stack.enter_async_context(httpx.AsyncClient(
@@ -120,7 +221,8 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
             try:
                 session: Any = await stack.enter_async_context(httpx_ws.aconnect_ws(
                     http_url(url), client, keepalive_ping_interval_seconds=PING_INTERVAL,
-                    keepalive_ping_timeout_seconds=PING_INTERVAL))
+                    keepalive_ping_timeout_seconds=PING_INTERVAL,
+                    session_class=_capped_session(2 * max_frame_bytes)))
             except httpx_ws.WebSocketUpgradeError as e:
                 status = e.response.status_code
                 raise ConnectionError(f"the server refused the connection: HTTP {status}"
@@ -128,8 +230,15 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
                                          else "")) from None
             except httpx.HTTPError as e:
                 raise ConnectionError(str(e) or type(e).__name__) from None
-            yield WsClientSink(session), WsClientSource(session, max_frame_bytes=max_frame_bytes)
+            source = WsClientSource(session, max_frame_bytes=max_frame_bytes)
+            try:
+                yield WsClientSink(session, source, timeout=send_timeout), source
+            except BaseException as e:
+                mine.append(e)
+                raise
     except* (httpx_ws.HTTPXWSException, httpx.HTTPError, OSError) as group:
+        if mine and group.subgroup(lambda e: e is mine[0]) is not None:
+            raise  # the caller's (httpx-ws's task group wrapped it): its own cause stays
         first = group.exceptions[0]
         if isinstance(first, ConnectionError):
             raise first from None

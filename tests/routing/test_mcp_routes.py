@@ -298,6 +298,21 @@ async def test_connections_over_the_limit_are_refused_with_the_limit() -> None:
     assert refused["error"]["data"] == {"serverId": "ed-1", "limit": 1}
 
 
+async def test_connects_in_flight_count_toward_the_limit_until_they_are_answered() -> None:
+    h = Harness(max_connections=1)
+    await h.start()
+    await h.new_session("s1", [acp_server("t", "ed-1")], [])
+    first = await h.agent_asks("mcp/connect", {"serverId": "ed-1"})
+    at_client = h.out["client"].take()
+    await h.agent_asks("mcp/connect", {"serverId": "ed-1"})  # before the first is answered
+    refused = h.out["agent"].take()
+    assert refused["error"]["code"] == -33007
+    assert h.out["client"].sent == []  # the provider never saw the second
+    await h.frame("client", {"id": at_client["id"], "error": {"code": -32000, "message": "no"}})
+    assert h.out["agent"].take()["id"] == first
+    await connect_through(h, "ed-1", "client", "c1")  # a refused connect gave its place back
+
+
 @pytest.mark.parametrize("version", [1, 2])
 async def test_a_bridge_makes_the_chain_say_the_agent_takes_acp(version: int) -> None:
     class Bridge:

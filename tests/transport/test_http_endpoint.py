@@ -321,3 +321,43 @@ async def test_a_websocket_client_sending_binary_pings_and_oversized_frames_is_s
                 answer = json.loads(await ws.receive_text())
     assert oversized["id"] == "big" and oversized["error"]["data"]["limit"] == 4096
     assert answer["id"] == "x" and answer["result"]["protocolVersion"] == 1
+
+
+async def test_a_websocket_client_that_stops_reading_is_dropped_and_its_place_freed() -> None:
+    # In memory: the ASGI app with a client whose socket takes nothing (hypercorn's send
+    # waits on the TCP window forever). Its chain must see it leave, not wait with it.
+    from conductor.jsonrpc.message import Notification, raw
+    from conductor.transport.http import AcpEndpoint, Gate, RemoteClient
+
+    connected: list[RemoteClient] = []
+    endpoint = AcpEndpoint(Gate(), connected.append, send_timeout=lambda size: 0.2)
+    scope = {"type": "websocket", "path": "/acp", "headers": [], "subprotocols": [],
+             "client": ("127.0.0.1", 50000)}
+    events = [{"type": "websocket.connect"}]
+    accepted = anyio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if events:
+            return events.pop()
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def send(event: Any) -> None:
+        if event["type"] == "websocket.accept":
+            accepted.set()
+        else:
+            await anyio.sleep_forever()  # the peer reads nothing: every send waits
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(endpoint, scope, receive, send)
+            await accepted.wait()
+            [client] = connected
+            with pytest.raises(anyio.BrokenResourceError):
+                await client.send(Notification(method="x", params=raw({})))
+
+            async def handle(item: object) -> None:
+                raise AssertionError(f"the client sent nothing: {item}")
+            await client.serve(handle)  # its input ended: the chain stops
+            client.finish()  # what the listener does once the chain has stopped
+    assert endpoint.clients == {}

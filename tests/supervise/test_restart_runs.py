@@ -1,0 +1,73 @@
+"""What the supervisor keeps per run of a component that keeps crashing."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+from typing import TYPE_CHECKING
+
+import anyio
+
+from conductor.config import parse_chain
+from conductor.jsonrpc.message import Request, raw
+from conductor.serve import RunOptions, serve_connection
+from conductor.supervise.component import Component
+from conductor.transport.memory import message_pipe
+
+if TYPE_CHECKING:
+    import pytest
+
+RUNS = 8
+
+
+def live_components() -> int:
+    gc.collect()
+    return sum(isinstance(o, Component) for o in gc.get_objects())
+
+
+async def test_a_component_restarted_again_and_again_keeps_no_more_per_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each run "lasts long enough" (STABLE 0) so the back-off never gives up: the crash
+    # loop of an agent that fails after a minute each time, sped up (no wait between runs).
+    monkeypatch.setattr("conductor.supervise.restart.STABLE", 0.0)
+    monkeypatch.setattr("conductor.supervise.restart.FIRST", 0.0)
+    # Log records (kept by pytest's capture) hold each run's error, whose traceback holds
+    # that run's frame: not what is being measured.
+    monkeypatch.setattr(logging.getLogger("acp_conductor"), "disabled", True)
+    config = parse_chain({"agent": {"command": [sys.executable, "-c", "raise SystemExit(3)"],
+                                    "restart": "on-failure"}}, file="<test>")
+    to_chain, chain_reads = message_pipe()
+    from_chain, editor_reads = message_pipe(1 << 16)
+    alive: list[int] = []
+    enough = anyio.Event()
+
+    class Tracer:  # counts what is kept alive at each new run's start
+        def message(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def lifecycle(self, component: str, event: str, **fields: object) -> None:
+            if event == "spawned":
+                alive.append(live_components())
+                if len(alive) == RUNS:
+                    enough.set()
+
+    async def editor() -> None:
+        await to_chain.send(Request(id=raw(1), method="initialize",
+                                    params=raw({"protocolVersion": 1})))
+        await enough.wait()
+        await to_chain.aclose()  # the editor leaves: the chain stops
+
+    async def ignore(item: object) -> None:
+        pass
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(editor)
+            tg.start_soon(editor_reads.serve, ignore)
+            await serve_connection(config, from_chain, chain_reads,
+                                   RunOptions(tracer=Tracer(), handle_signals=False))
+    # A few recent runs may still be referenced (the first start's result, the last
+    # error); what matters is that the count stops growing with the runs.
+    settled = alive[RUNS // 2]
+    assert alive[RUNS // 2:] == [settled] * (RUNS - RUNS // 2), alive

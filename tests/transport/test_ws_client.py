@@ -1,0 +1,123 @@
+"""The remote-component WebSocket client (`open_ws_client`) against a scripted server on
+an ephemeral 127.0.0.1 port: wsproto on a raw socket, so the server can misbehave in ways
+a real one would not (stop reading, fragment without end)."""
+
+from __future__ import annotations
+
+import errno
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+import wsproto
+import wsproto.events as ws
+
+from conductor.jsonrpc.message import Notification, raw
+from conductor.transport.websocket import open_ws_client
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from anyio.abc import SocketStream
+
+async def _accept(stream: SocketStream) -> wsproto.WSConnection:
+    conn = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
+    while True:
+        conn.receive_data(await stream.receive())
+        for event in conn.events():
+            if isinstance(event, ws.Request):
+                await stream.send(conn.send(ws.AcceptConnection()))
+                return conn
+
+
+async def serve_one(script: Callable[[SocketStream, wsproto.WSConnection], Awaitable[None]],
+                    *, task_status: anyio.abc.TaskStatus[str]) -> None:
+    """Accept one WebSocket connection and run `script` on it; the url first."""
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        task_status.started(f"ws://127.0.0.1:{port}/acp")
+        stream = await listener.listeners[0].accept()
+        async with stream:
+            await script(stream, await _accept(stream))
+
+
+def note(size: int) -> Notification:
+    return Notification(method="x", params=raw({"pad": "x" * size}))
+
+
+async def test_a_server_that_stops_reading_is_dropped_once_a_send_waits_too_long() -> None:
+    async def never_reads(stream: SocketStream, conn: wsproto.WSConnection) -> None:
+        await anyio.sleep_forever()
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve_one, never_reads)
+            async with open_ws_client(url, {}, send_timeout=lambda size: 0.2) as (sink,
+                                                                                source):
+                async def fill() -> None:  # until the socket buffers are full and one waits
+                    while True:
+                        await sink.send(note(1 << 20))
+                with pytest.raises(anyio.BrokenResourceError):
+                    await fill()
+
+                async def handle(item: object) -> None:
+                    raise AssertionError(f"nothing was sent: {item}")
+                await source.serve(handle)  # ends: the connection was dropped
+                with pytest.raises(anyio.BrokenResourceError):
+                    await sink.send(note(1))
+            tg.cancel_scope.cancel()
+    assert source.ended == "it stopped reading: a message was not taken within 0.2 s"
+
+
+async def test_a_message_fragmented_past_twice_the_limit_closes_the_socket_with_1009() -> None:
+    # Fragments are assembled before any size check could see the message: without a cap
+    # a server could grow our memory by sending continuation frames that never finish.
+    closed: list[int] = []
+
+    async def fragments_without_end(stream: SocketStream, conn: wsproto.WSConnection
+                                    ) -> None:
+        for _ in range(9):  # 9000 characters, and never the last fragment
+            await stream.send(conn.send(ws.TextMessage(data="x" * 1000,
+                                                       message_finished=False)))
+        while not closed:
+            try:
+                conn.receive_data(await stream.receive())
+            except anyio.EndOfStream:
+                return
+            closed.extend(e.code for e in conn.events() if isinstance(e, ws.CloseConnection))
+
+    async def handle(item: object) -> None:
+        raise AssertionError(f"no message was whole: {item}")
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve_one, fragments_without_end)
+            async with open_ws_client(url, {}, max_frame_bytes=4000) as (_, source):
+                await source.serve(handle)
+    assert closed == [1009]
+    assert source.ended == "it sent a message of over 8000 bytes (twice the limit): " \
+        "closed with 1009"
+
+
+async def test_an_os_error_raised_inside_the_connection_block_keeps_its_own_cause() -> None:
+    async def until_closed(stream: SocketStream, conn: wsproto.WSConnection) -> None:
+        while True:
+            try:
+                await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return
+
+    mine = OSError(errno.ENOSPC, "No space left on device")
+    caught: list[BaseException] = []
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve_one, until_closed)
+            try:
+                async with open_ws_client(url, {}):
+                    raise mine
+            except BaseException as e:  # what comes out is the question
+                caught.append(e)
+    [error] = caught
+    assert not isinstance(error, ConnectionError), error
+    assert error is mine or (isinstance(error, BaseExceptionGroup)
+                             and error.subgroup(lambda e: e is mine) is not None), error
