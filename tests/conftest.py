@@ -6,8 +6,14 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-from hypothesis import settings
+# Where PYTHONDONTWRITEBYTECODE is set (as on many CI images), pytest would not cache the
+# test modules and plugins it rewrites for assert messages (hypothesis, the conductor,
+# these tests: ~270 modules), and every xdist worker would rewrite them all again on every
+# run, ~2 s of CPU each. The sources are compiled up front anyway (pytest_sessionstart).
+sys.dont_write_bytecode = False
+
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 # Hypothesis' per-example deadline is a wall-clock assertion: on a loaded 2-core machine it
 # fails tests that are correct. Examples are bounded by max_examples instead.

@@ -96,6 +96,13 @@ def test_serve_proxy_rejects_bad_options_before_serving() -> None:
     assert "--options: options.patterns" in done.stderr and done.stdout == ""
 
 
+# Each starts a real conductor: the event loop of the test process adds nothing there, so
+# like tests/e2e these run on asyncio only (the kit's process client is covered on both
+# backends in tests/test_testing_kit.py).
+ONLY_ASYNCIO = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+
+@ONLY_ASYNCIO
 async def test_a_stray_print_in_a_stand_alone_plugin_cannot_corrupt_the_wire(
         tmp_path: Path) -> None:
     plugin = tmp_path / "noisy.py"
@@ -151,6 +158,7 @@ def _noisy_chain(tmp_path: Path, *, agent: bool) -> Path:
     return chain
 
 
+@ONLY_ASYNCIO
 async def test_an_in_process_plugin_s_prints_go_to_stderr_not_the_editor_s_wire(
         tmp_path: Path) -> None:
     from tests.wire_client import open_conductor
@@ -161,6 +169,7 @@ async def test_an_in_process_plugin_s_prints_go_to_stderr_not_the_editor_s_wire(
     assert "printed at import" in c.stderr_text
 
 
+@ONLY_ASYNCIO
 async def test_a_nested_conductor_s_plugin_prints_go_to_stderr_not_the_wire(
         tmp_path: Path) -> None:
     from tests.wire_client import open_conductor

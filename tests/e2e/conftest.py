@@ -45,7 +45,9 @@ def fresh_venv(root: Path) -> Path:
     .pth line, which (unlike a site directory) does not run the .pth files in it, so this
     checkout's editable install stays out of sight. The venv's `pip` is the test venv's pip
     aimed at the new venv, with no index and no build isolation (the build backend is
-    borrowed too); everything else about it is pip's own.
+    borrowed too); everything else about it is pip's own. It runs under the new venv's
+    Python directly, which is what `pip --python` does after starting once more to find that
+    Python (a pip start costs a few tenths of a second of CPU, and the docs run pip often).
     """
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True,
                    timeout=120)
@@ -55,9 +57,8 @@ def fresh_venv(root: Path) -> Path:
     Path(site.strip(), "zz_test_dependencies.pth").write_text(
         sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8")
     pip = root / "bin" / "pip"
-    pip.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m pip --python '
-                   f'{shlex.quote(str(python))} "$@" --no-deps --no-index '
-                   "--no-build-isolation\n", encoding="utf-8")
+    pip.write_text(f'#!/bin/sh\nexec {shlex.quote(str(python))} -m pip "$@" --no-deps '
+                   "--no-index --no-build-isolation\n", encoding="utf-8")
     pip.chmod(0o755)
     return root
 

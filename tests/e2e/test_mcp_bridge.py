@@ -32,20 +32,32 @@ def run(chain_file: str, prompt: str, *extra: str) -> subprocess.CompletedProces
                           cwd=REPO)
 
 
-@pytest.mark.parametrize("mode", ["http", "stdio"])
+@pytest.fixture(scope="module", params=["http", "stdio"])
+def turn(request: pytest.FixtureRequest,
+         tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str],
+                                                            Path]:
+    """One traced turn in which the agent uses its bridged server (in MODE): each such run
+    starts a conductor and an agent with the MCP and ACP SDKs (~2 s of CPU), and the tests
+    below check different things about the same run."""
+    mode = str(request.param)
+    folder = tmp_path_factory.mktemp(mode)
+    trace = folder / "t.jsonl"
+    return run(chain(folder, mode), "find anyio", "--trace", str(trace)), trace
+
+
 def test_an_sdk_client_in_the_agent_calls_a_plugin_tool_over_the_bridge(
-        tmp_path: Path, mode: str) -> None:
-    result = run(chain(tmp_path, mode), "find anyio")
+        turn: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    result, _ = turn
     assert result.returncode == 0, result.stderr
     assert "servers: ['docs']" in result.stdout
     assert "docs (docs) tools ['search']; search said: found 'find anyio' in session " \
         "mcp-client-" in result.stdout, result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("turn", ["http"], indirect=True)
 def test_the_agent_is_told_it_has_an_http_server_and_the_session_keeps_it(
-        tmp_path: Path) -> None:
-    trace = tmp_path / "t.jsonl"
-    result = run(chain(tmp_path, "http"), "find x", "--trace", str(trace))
+        turn: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    result, trace = turn
     assert result.returncode == 0, result.stderr
     text = trace.read_text(encoding="utf-8")
     assert '"mcp-bridged"' in text and '"transport":"http"' in text
