@@ -131,6 +131,8 @@ VARIANTS: list[Variant] = [
     Variant("acp+3i", "acp-conductor --chain FILE: 3 in-process passthrough plugins",
             lambda w: acp_chain_mode(w, 3), "acp", 3),
     # Not run by default (name them with --only):
+    Variant("acp+0f", "acp-conductor --chain FILE: the agent alone, from a chain file",
+            lambda w: acp_chain_mode(w, 0), "acp", 0, default=False),
     Variant("acp+1i", "acp-conductor --chain FILE: 1 in-process passthrough plugin",
             lambda w: acp_chain_mode(w, 1), "acp", 1, default=False),
     Variant("acp+1j", "acp-conductor agent with passthrough_stdio.py (json)",

@@ -1,0 +1,116 @@
+"""A chain file that is right is read without pydantic (msgspec converts the same
+dataclasses); pydantic decides every other file. The fast path must never accept what
+pydantic refuses, nor build anything else than pydantic would."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import TypeAdapter, ValidationError
+
+from conductor.config import (
+    BUILTIN_CHAINS,
+    ChainConfig,
+    ComponentSpec,
+    McpServerSpec,
+    SettingsSpec,
+    _well_formed,
+    parse_chain,
+)
+from conductor.errors import ConfigError
+
+# Values a field may be given: right and wrong types, and the words the literals take.
+WORDS = st.sampled_from(["", " ", "x", "python agent.py", "proxy", "spec", "legacy", "never",
+                         "on-failure", "stdio", "http", "sse", "acp", "auto", "off",
+                         "wss://box:8765/acp", "ws://h", "http://h", "p0", "bad name!",
+                         "${HOME}", "[", "redact"])
+SCALARS = st.one_of(WORDS, st.booleans(), st.integers(-2, 2_000_000),
+                    st.floats(-1, 400, allow_nan=False), st.none())
+VALUES = st.one_of(SCALARS, st.lists(WORDS, max_size=3),
+                   st.dictionaries(WORDS, WORDS, max_size=2),
+                   st.dictionaries(WORDS, SCALARS, max_size=2))
+
+
+WORD_LISTS = st.lists(WORDS, max_size=2)
+NUMBERS = st.one_of(st.integers(-2, 2_000_000), st.floats(-1, 400, allow_nan=False))
+# The type each key takes, so that most tables are nearly right and the rules between
+# fields (not only the types) are what decides.
+FITTING: dict[str, st.SearchStrategy[Any]] = {
+    "command": st.one_of(WORDS, WORD_LISTS), "headers": st.dictionaries(WORDS, WORDS),
+    "env": st.dictionaries(WORDS, WORDS), "options": st.dictionaries(WORDS, SCALARS),
+    "inherit_env": st.booleans(), "optional": st.booleans(), "required": st.booleans(),
+    "shutdown_grace": NUMBERS, "max_restarts": st.integers(-1, 2000),
+    "max_frame_bytes": st.integers(0, 2_000_000), "secret_env": WORD_LISTS,
+    "args": WORD_LISTS, "redact": WORD_LISTS, "session_idle_expiry": NUMBERS,
+    "request_timeout": NUMBERS, "prompt_timeout": NUMBERS,
+}
+
+
+@st.composite
+def table(draw: st.DrawFn, kind: type[Any], *required: str) -> dict[str, Any]:
+    """A table for `kind`: some of its keys (now and then an unknown one), values mostly of
+    the key's type, sometimes of any type."""
+    keys = [f.name for f in dataclasses.fields(kind) if f.init]
+    chosen = draw(st.sets(st.sampled_from(keys), max_size=4))
+    if draw(st.integers(0, 9)) == 0:
+        chosen.add("bogus")
+    fitting = {key: FITTING.get(key, WORDS) for key in [*required, *chosen]}
+    return {key: draw(VALUES if draw(st.integers(0, 5)) == 0 else fits)
+            for key, fits in fitting.items()}
+
+
+@st.composite
+def chains(draw: st.DrawFn) -> dict[str, Any]:
+    def now_and_then_wrong(fitting: st.SearchStrategy[Any]) -> Any:
+        return draw(VALUES if draw(st.integers(0, 7)) == 0 else fitting)
+
+    component = st.one_of(table(ComponentSpec, "command"), table(ComponentSpec, "use"),
+                          table(ComponentSpec, "url"))
+    data: dict[str, Any] = {}
+    if draw(st.booleans()):
+        data["conductor"] = now_and_then_wrong(table(SettingsSpec))
+    if draw(st.booleans()):
+        data["proxy"] = now_and_then_wrong(st.lists(component, max_size=3))
+    if draw(st.booleans()):
+        data["agent"] = now_and_then_wrong(component)
+    if draw(st.booleans()):
+        servers = st.one_of(table(McpServerSpec, "name", "command"),
+                            table(McpServerSpec, "name", "type"))
+        data["mcp_server"] = now_and_then_wrong(st.lists(servers, max_size=2))
+    if draw(st.integers(0, 9)) == 0:
+        data["bogus"] = draw(VALUES)
+    return data
+
+
+@settings(max_examples=500)  # about one in fifteen is right: ~30 compared per run
+@given(chains())
+def test_what_the_fast_path_accepts_pydantic_accepts_and_builds_the_same(
+        data: dict[str, Any]) -> None:
+    fast = _well_formed(data)
+    if fast is None:
+        return
+    try:
+        slow = TypeAdapter(ChainConfig).validate_python(data)
+    except ValidationError as e:  # pragma: no cover - the failure this test exists for
+        raise AssertionError(f"the fast path accepted what pydantic refuses: {e}") from None
+    assert fast == slow
+
+
+def test_every_built_in_chain_is_read_without_pydantic() -> None:
+    for path in sorted(BUILTIN_CHAINS.glob("*.toml")):
+        data = tomllib.loads(path.read_text())
+        fast = _well_formed(data)
+        assert fast is not None, path.name
+        assert fast == TypeAdapter(ChainConfig).validate_python(data)
+
+
+def test_a_key_msgspec_would_ignore_is_left_to_pydantic_which_names_it() -> None:
+    data = {"agent": {"command": "agent", "comand": "typo"}}
+    assert _well_formed(data) is None
+    with pytest.raises(ConfigError, match="comand"):
+        parse_chain(data)
