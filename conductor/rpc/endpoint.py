@@ -258,9 +258,14 @@ class Endpoint:
             raise ConnectionClosedError(f"{self.name}: connection closed before {method}") \
                 from e
         except BaseException:
-            # Cancelled before it was written (waiting for the writer's turn, a full pipe):
-            # nothing will ever wait for its answer, so nothing may keep it pending.
+            # Cancelled while being written (waiting for the writer's turn, a full pipe):
+            # nothing will wait for its answer, so nothing may keep it pending. A sink may
+            # still write it (a pipe keeps what it took, never cutting a frame), so the peer
+            # is told to stop, as a cancelled wait does; a cancel naming nothing is ignored.
             self.pending.pop(outgoing.ident, None)
+            if cancel_on_abort:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                    await self.cancel(outgoing)
             raise
         return await self.wait(outgoing, cancel_on_abort=cancel_on_abort)
 

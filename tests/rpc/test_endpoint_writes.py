@@ -76,7 +76,8 @@ class HeldSink:
 
 
 async def test_a_request_cancelled_before_it_was_written_is_not_left_pending() -> None:
-    endpoint = Endpoint("peer", HeldSink())
+    sink = HeldSink()
+    endpoint = Endpoint("peer", sink)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(endpoint.notify, "first")  # holds the writer's turn
@@ -85,6 +86,8 @@ async def test_a_request_cancelled_before_it_was_written_is_not_left_pending() -
                 async def cancel_when_queued() -> None:
                     await wait_all_tasks_blocked()  # the request waits for the turn
                     scope.cancel()
+                    await wait_all_tasks_blocked()
+                    sink.release.set()  # the pipe drains: its cancel goes out too
                 tg.start_soon(cancel_when_queued)
                 await endpoint.request("never/sent")
             assert scope.cancelled_caught
@@ -113,3 +116,48 @@ async def test_a_plugin_request_cancelled_before_it_was_written_is_not_left_pend
             assert scope.cancelled_caught
             tg.cancel_scope.cancel()
     assert host.endpoint.pending == {}
+
+
+async def test_a_request_cancelled_while_the_pipe_is_full_is_still_written_and_so_is_its_cancel(
+        ) -> None:
+    import os
+
+    import msgspec
+
+    from conductor.transport.pipes import PipeSink
+    from conductor.transport.stdio import FdReceiveStream, FdSendStream
+
+    r, w = os.pipe()
+    reader, sink = FdReceiveStream(r, owns_fd=True), PipeSink(FdSendStream(w))
+    while True:  # a peer that is not reading: the pipe is full
+        try:
+            os.write(w, b"\n" * 4096)
+        except BlockingIOError:
+            break
+    endpoint = Endpoint("peer", sink)
+    got = bytearray()
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            with anyio.CancelScope() as scope:
+                async def cancel_when_stuck() -> None:
+                    await wait_all_tasks_blocked()  # the request waits for room in the pipe
+                    scope.cancel()
+                    await wait_all_tasks_blocked()
+                    while True:  # the peer reads again
+                        try:
+                            got.extend(await reader.receive(1 << 20))
+                        except anyio.EndOfStream:
+                            return
+                tg.start_soon(cancel_when_stuck)
+                await endpoint.request("slow/work")
+            assert scope.cancelled_caught
+            await sink.aclose()
+    await reader.aclose()
+    frames = [msgspec.json.decode(line) for line in bytes(got).split(b"\n") if line]
+    methods = [frame["method"] for frame in frames]
+    # The pipe keeps what it was given (a frame is never cut): the request reaches the peer,
+    # so the peer must be told that nobody waits for it any more.
+    assert methods[0] == "slow/work"
+    assert methods[1:] == ["$/cancel_request"]
+    assert frames[1]["params"] == {"requestId": frames[0]["id"]}
+    assert endpoint.pending == {}
