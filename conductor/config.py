@@ -289,17 +289,17 @@ def parse_chain(data: dict[str, Any], *, file: str | None = None,
     then) to say what is wrong with one that is not.
 
     Raises:
-        ChainShapeError: keys or types are wrong; it names every such problem, and those
-            between the well-formed entries, and carries the chain they make (`partial`).
-        ConfigError: the shape is right, but entries do not fit together.
+        ChainShapeError: keys or types are wrong, or entries do not fit together; it names
+            every such problem and carries the chain the well-formed entries make
+            (`partial`), for what resolving them finds to be reported with them.
     """
     config = _well_formed(data)
     if config is None:
         config = _validated(data, file=file, base_dir=base_dir)
     config.source, config.base_dir = file, base_dir
     found = _chain_problems(config)
-    if found:
-        raise ConfigError.combine(found, file)
+    if found:  # every entry is well-formed: the whole chain is the partial one
+        raise _shape_error(found, file, config)
     return config
 
 

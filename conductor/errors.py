@@ -2,7 +2,7 @@
 
     ConductorError                  base; the CLI exits with `type(e).exit_code`
     ├── ConfigError          (2)    names the file, the field and a fix
-    │   └── ChainShapeError         a chain file's keys or types are wrong: `.partial`, the
+    │   └── ChainShapeError         a chain file's shape is wrong: `.partial`, the
     │                               chain its well-formed entries make, to resolve them too
     ├── PluginError          (2)    a plugin could not be found, loaded or validated
     │   ├── PluginNotFoundError     no entry point / module / attribute by that name
@@ -97,10 +97,11 @@ class ConfigError(ConductorError):
 
 
 class ChainShapeError(ConfigError):
-    """A chain file whose shape (keys, types) is wrong. `partial` is the chain its
-    well-formed entries make, each malformed one's place held (`ChainConfig.malformed`), so
-    that a caller able to resolve plugins (`conductor.serve.read_chain`) reports what the
-    well-formed entries would meet at start-up in the same error."""
+    """A chain file whose shape is wrong (keys, types, entries that do not fit together).
+    `partial` is the chain its well-formed entries make, each malformed one's place held
+    (`ChainConfig.malformed`), so that a caller able to resolve plugins
+    (`conductor.serve.read_chain`) reports what the well-formed entries would meet at
+    start-up in the same error."""
 
     partial: ChainConfig | None = None
 

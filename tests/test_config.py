@@ -219,3 +219,23 @@ def test_every_mcp_server_that_cannot_be_resolved_is_reported_at_once() -> None:
         mcp_servers(config)
     assert [p.field for p in caught.value.problems] == [
         "mcp_server[0].command", "mcp_server[1].command"]
+
+
+def test_a_well_typed_file_whose_entries_clash_also_reports_what_resolving_them_finds(
+        tmp_path: Path) -> None:
+    chain = write_chain(tmp_path, """
+        [[proxy]]
+        name = "p"
+        use = "permisions"
+        [[proxy]]
+        name = "p"
+        command = "x"
+        [agent]
+        command = "x"
+    """)
+    with pytest.raises(ConfigError) as caught:
+        read_chain(chain)
+    lines = str(caught.value).splitlines()
+    assert lines[0] == f"{chain}: 2 problems:"
+    assert lines[1].startswith("  proxy[1].name: duplicate component name 'p'")
+    assert lines[2].startswith("  proxy[0].use: no proxy named 'permisions' is installed")
