@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from math import inf, nan
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
+from conductor.acp import Dialect
 from conductor.config import (
     BUILTIN_CHAINS,
     ChainConfig,
@@ -29,11 +31,15 @@ WORDS = st.sampled_from(["", " ", "x", "python agent.py", "proxy", "spec", "lega
                          "on-failure", "stdio", "http", "sse", "acp", "auto", "off",
                          "wss://box:8765/acp", "ws://h", "http://h", "p0", "bad name!",
                          "${HOME}", "[", "redact"])
+# TOML also has inf and nan, dates and times, and tables within tables.
 SCALARS = st.one_of(WORDS, st.booleans(), st.integers(-2, 2_000_000),
-                    st.floats(-1, 400, allow_nan=False), st.none())
+                    st.floats(-1, 400, allow_nan=False), st.sampled_from([inf, -inf, nan]),
+                    st.datetimes(), st.dates(), st.times(), st.none())
 VALUES = st.one_of(SCALARS, st.lists(WORDS, max_size=3),
                    st.dictionaries(WORDS, WORDS, max_size=2),
-                   st.dictionaries(WORDS, SCALARS, max_size=2))
+                   st.dictionaries(WORDS, SCALARS, max_size=2),
+                   st.dictionaries(WORDS, st.dictionaries(WORDS, SCALARS, max_size=2),
+                                   max_size=2))
 
 
 WORD_LISTS = st.lists(WORDS, max_size=2)
@@ -98,7 +104,13 @@ def test_what_the_fast_path_accepts_pydantic_accepts_and_builds_the_same(
         slow = TypeAdapter(ChainConfig).validate_python(data)
     except ValidationError as e:  # pragma: no cover - the failure this test exists for
         raise AssertionError(f"the fast path accepted what pydantic refuses: {e}") from None
-    assert fast == slow
+    assert_same(fast, slow)
+
+
+def assert_same(fast: ChainConfig, slow: ChainConfig) -> None:
+    """Equal, and of the same types all the way down: `==` takes 3 for 3.0 and "proxy" for
+    Dialect.PROXY, and refuses nan for nan; the reprs of these types tell exactly that."""
+    assert repr(fast) == repr(slow)
 
 
 def test_every_built_in_chain_is_read_without_pydantic() -> None:
@@ -106,7 +118,17 @@ def test_every_built_in_chain_is_read_without_pydantic() -> None:
         data = tomllib.loads(path.read_text())
         fast = _well_formed(data)
         assert fast is not None, path.name
-        assert fast == TypeAdapter(ChainConfig).validate_python(data)
+        assert_same(fast, TypeAdapter(ChainConfig).validate_python(data))
+
+
+def test_the_comparison_tells_a_float_from_an_int_and_a_dialect_from_its_word() -> None:
+    right = ChainConfig(agent=ComponentSpec(command="x", dialect=Dialect.PROXY,
+                                            shutdown_grace=3.0))
+    for wrong in (ComponentSpec(command="x", dialect=Dialect.PROXY, shutdown_grace=3),
+                  ComponentSpec(command="x", dialect="proxy",  # type: ignore[arg-type]
+                                shutdown_grace=3.0)):
+        with pytest.raises(AssertionError):
+            assert_same(right, ChainConfig(agent=wrong))
 
 
 def test_a_key_msgspec_would_ignore_is_left_to_pydantic_which_names_it() -> None:
