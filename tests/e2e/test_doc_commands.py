@@ -6,7 +6,8 @@ install of this checkout's wheel (a venv per doc), and must exit 0. Real agents 
 in for by the demo agent: `chain.toml` in the scratch directory is the demo chain. Lines
 that cannot run here are listed in NOT_RUN with the reason. Synopses and editor
 configurations are not ```sh blocks (they are ```text, ```json, ```lua, ...), so they are
-not run.
+not run. Commands named inline in a sentence are checked against the CLI (the command and
+its options exist) by tests/test_doc_inline_commands.py.
 
 docs/ci.md is a GitHub Actions job: its ```sh block and then every `run:` step of its
 workflow run in order, in one workspace, with its `chains/ci.toml` (the agent swapped for
