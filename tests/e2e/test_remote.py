@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -63,7 +64,7 @@ async def open_server(chain: Path, *args: str, token: str | None = TOKEN,
         tg.start_soon(server._pump_stderr)
         try:
             await server.wait_stderr("(Streamable HTTP)")
-            found = re.search(r"at (ws://\S+) \(WebSocket\) and (http://\S+) ",
+            found = re.search(r"at (wss?://\S+) \(WebSocket\) and (https?://\S+) ",
                               server.stderr_text)
             assert found, server.stderr_text
             server.ws_url, server.http_url = found.group(1), found.group(2)
@@ -368,3 +369,53 @@ async def test_the_typescript_sdk_drives_a_served_chain(demo_chain: Path, mode: 
     assert done.returncode == 0, done.stderr.decode()
     assert "You said: hello from node" in out
     assert "stop: end_turn" in out
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (cryptography comes with the mcp SDK)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
+
+
+async def test_a_chain_served_with_tls_answers_over_wss_and_https(
+        demo_chain: Path, tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                  "params": {"protocolVersion": 1, "clientCapabilities": {}}}
+    async with open_server(demo_chain, "--tls-cert", str(cert), "--tls-key", str(key)) \
+            as server, httpx.AsyncClient(verify=ssl.create_default_context(cafile=cert)) as http:
+        assert server.ws_url.startswith("wss://") and server.http_url.startswith("https://")
+        with anyio.fail_after(20):
+            async with httpx_ws.aconnect_ws(server.http_url, http,
+                                            headers=dict(AUTH)) as ws:
+                await ws.send_text(json.dumps(initialize))
+                answer = json.loads(await ws.receive_text())
+            posted = await http.post(server.http_url, json=initialize,
+                                     headers={**AUTH, "Accept": "application/json, "
+                                              "text/event-stream"})
+    assert answer["result"]["agentInfo"]["name"] == "demo-agent"
+    assert posted.status_code == 200, posted.text
+    assert posted.json()["result"]["agentInfo"]["name"] == "demo-agent"
+    assert posted.headers["Acp-Connection-Id"]
