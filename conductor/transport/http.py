@@ -63,7 +63,9 @@ CONNECTION_ID = "acp-connection-id"
 SESSION_ID = "acp-session-id"
 SSE_KEEPALIVE = 15.0
 INITIALIZE_TIMEOUT = 120.0  # the components start meanwhile: `npx` may download first
-OUTBOX = 256  # frames held for a stream nobody reads yet; then the chain waits (backpressure)
+# Frames held for a stream nobody reads yet; then the chain waits (backpressure), but no
+# longer than `allowed_send_time` per frame: a client that stops reading is dropped.
+OUTBOX = 256
 INBOX = 16
 # Methods that act on a session the client already has: their POST names it (the RFD).
 SESSION_SCOPED = frozenset({acp.SESSION_PROMPT, acp.SESSION_CANCEL, acp.SESSION_CLOSE,
@@ -275,8 +277,10 @@ class HttpClient(RemoteClient):
 
     transport = "http"
 
-    def __init__(self, peer: str, owner: int, *, max_frame_bytes: int) -> None:
+    def __init__(self, peer: str, owner: int, *, max_frame_bytes: int,
+                 timeout: Callable[[int], float] = allowed_send_time) -> None:
         super().__init__(peer, owner, max_frame_bytes=max_frame_bytes)
+        self._timeout = timeout
         self._main_send, self._main = anyio.create_memory_object_stream[bytes](OUTBOX)
         self._main_reader: anyio.CancelScope | None = None
         self._session_streams: dict[str, MemoryObjectSendStream[bytes]] = {}
@@ -330,16 +334,39 @@ class HttpClient(RemoteClient):
             session = acp.get_str(item.params, "sessionId")
         data = encode(item) if isinstance(item, Message) else encode_batch(item)
         frame = b"data: " + data[:-1] + b"\n\n"
-        while True:
-            stream = self._session_streams.get(session) if session is not None else None
-            try:
-                await (stream or self._main_send).send(frame)
-                break
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                if stream is None:
-                    raise anyio.BrokenResourceError from None
-                # That session's stream closed meanwhile: the connection's stream takes it.
+        waited = self._timeout(len(frame))
+        # A client that stops reading its stream fills the outbox: without a bound this
+        # send (and its chain, and its place under --max-connections) would wait for as
+        # long as it keeps the socket.
+        with anyio.move_on_after(waited) as late:
+            while True:
+                stream = self._session_streams.get(session) if session is not None else None
+                try:
+                    await (stream or self._main_send).send(frame)
+                    break
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    if stream is None:
+                        raise anyio.BrokenResourceError from None
+                    # That session's stream closed meanwhile: the connection's stream takes it.
+        if late.cancelled_caught:
+            self._drop(stalled(waited))
+            raise anyio.BrokenResourceError
         self._sent(item)
+
+    def _drop(self, why: str) -> None:
+        """The client stopped reading (`why`): drop it as if it had left. Its streams end
+        (what they still hold is not handed anywhere: nobody reads it), the GETs stuck
+        writing to it are cancelled (the server then closes their sockets), its input
+        ends (its chain stops) and what it sends next is refused: the connection has ended."""
+        log.warning("http client %s: %s; dropping it", self.id, why)
+        self.closed = True
+        self._main_send.close()
+        for stream in self._session_streams.values():
+            stream.close()
+        for reader in [self._main_reader, *self._session_readers.values()]:
+            if reader is not None:
+                reader.cancel()
+        self.end()
 
     async def aclose(self) -> None:
         self.closed = True
@@ -629,7 +656,8 @@ class AcpEndpoint:
     async def _initialize(self, scope: Scope, send: Send, owner: int, request: Request,
                           cors: list[tuple[str, str]]) -> None:
         self._check_room()
-        client = HttpClient(_peer(scope), owner, max_frame_bytes=self.max_frame_bytes)
+        client = HttpClient(_peer(scope), owner, max_frame_bytes=self.max_frame_bytes,
+                            timeout=self.send_timeout)
         client.expect_initialize(request)
         self._open(client)
         try:

@@ -1,4 +1,4 @@
-"""A Streamable HTTP client's session stream (`GET` with `Acp-Session-Id`), in memory:
+"""A Streamable HTTP client's streams (`GET`, with or without `Acp-Session-Id`), in memory:
 the endpoint's `HttpClient` with hand-made ASGI `send` and `receive`."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import json
 from typing import Any
 
 import anyio
+import pytest
 
-from conductor.jsonrpc.message import Notification, raw
-from conductor.transport.http import HttpClient
+from conductor.jsonrpc.message import Notification, Request, Response, raw
+from conductor.transport.http import AcpEndpoint, Gate, HttpClient, RemoteClient
 
 
 class Stream:
@@ -83,3 +84,67 @@ async def test_a_newer_get_for_a_session_stream_takes_over_and_loses_no_queued_e
             await client.aclose()
             client.finish()
             tg.cancel_scope.cancel()
+
+
+async def test_a_client_that_stops_reading_its_stream_is_dropped_and_its_place_freed() -> None:
+    # Through the endpoint (so the bound it is given is the one its clients use): the
+    # client opens its stream, then reads nothing. Once the outbox is full the chain's
+    # next send must fail within the bound, the chain see the client leave, and the
+    # stuck GET end; not all wait for as long as the client keeps its socket.
+    stream = Stream()
+    chain_ended, get_ended = anyio.Event(), anyio.Event()
+    connected: list[RemoteClient] = []
+    answers: list[Any] = []
+
+    async def chain(client: RemoteClient) -> None:  # answers initialize, then listens
+        async def handle(item: object) -> None:
+            assert isinstance(item, Request), item
+            await client.send(Response(id=item.id, result=raw({"protocolVersion": 1})))
+        await client.serve(handle)
+        chain_ended.set()
+        client.finish()  # what the listener does once the chain has stopped
+
+    def scope(method: str, *headers: tuple[bytes, bytes]) -> dict[str, Any]:
+        return {"type": "http", "method": method, "path": "/acp", "headers": list(headers),
+                "client": ("127.0.0.1", 50000)}
+
+    async def post(message: Any, *headers: tuple[bytes, bytes]) -> None:
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": json.dumps(message).encode()}
+
+        async def send(event: Any) -> None:
+            answers.append(event)
+        await endpoint(scope("POST", (b"content-type", b"application/json"), *headers),
+                       receive, send)
+
+    async def get(ident: bytes) -> None:
+        await endpoint(scope("GET", (b"accept", b"text/event-stream"),
+                             (b"acp-connection-id", ident)), stream.receive, stream.send)
+        get_ended.set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            def on_connect(client: RemoteClient) -> None:
+                connected.append(client)
+                tg.start_soon(chain, client)
+            endpoint = AcpEndpoint(Gate(), on_connect, send_timeout=lambda size: 0.05)
+            await post({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                        "params": {"protocolVersion": 1}})
+            assert answers[0]["status"] == 200, answers
+            [client] = connected
+            tg.start_soon(get, client.id.encode())
+            await stream.opened.wait()
+            stream.stall()  # the client reads nothing more: the outbox fills
+
+            async def fill() -> None:  # until the outbox is full and a send waits
+                while True:
+                    await client.send(update(0))
+            with pytest.raises(anyio.BrokenResourceError):
+                await fill()
+            await chain_ended.wait()
+            await get_ended.wait()
+            answers.clear()
+            await post({"jsonrpc": "2.0", "method": "x"},
+                       (b"acp-connection-id", client.id.encode()))
+    assert endpoint.clients == {}
+    assert answers[0]["status"] == 404, answers  # the connection has ended
