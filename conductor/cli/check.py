@@ -5,13 +5,10 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import msgspec
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from conductor.cli import loop
 from conductor.cli.context import global_options, globals_of, handle_errors
@@ -19,6 +16,9 @@ from conductor.cli.run import claim_stdout, flush
 from conductor.editor.check import CheckReport, ComponentReport, check_chain
 from conductor.serve import read_chain
 from conductor.tracing.sink import run_flushed
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def _short_command(argv: list[str]) -> str:
@@ -59,6 +59,8 @@ def _cells(c: ComponentReport) -> dict[str, str]:
 
 
 def _table(report: CheckReport, path: str) -> Table:
+    from rich.table import Table  # rich only for a terminal: CI logs get plain lines
+
     table = Table(title=f"{path}: {'ok' if report.ok else 'FAILED'}")
     for column in ("name", "role", "command", "pid", "protocol", "capabilities",
                    "MCP transports", "auth methods"):
@@ -105,6 +107,8 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
     if as_json:
         click.echo(msgspec.json.encode({"chain": path, **report.to_json()}).decode(), file=out)
     elif out.isatty():
+        from rich.console import Console
+
         Console(file=out).print(_table(report, path))
     else:  # a CI log or a pipe: one plain line per component, nothing wrapped
         click.echo(f"{path}: {'ok' if report.ok else 'FAILED'}", file=out)
@@ -114,6 +118,9 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
         click.echo("(a chain of proxies: checked as a proxy, with a stand-in agent as its "
                    "successor)", file=out)
     if not report.ok:
+        from rich.console import Console
+        from rich.text import Text
+
         err = Console(stderr=True)
         err.print(Text(f"acp-conductor: check failed: {report.reason}", style="bold red"))
         if report.failed:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import click
-from rich.console import Console
 
 from conductor.cli import loop
 from conductor.cli.context import global_options, globals_of, handle_errors
@@ -146,7 +145,7 @@ def run_command(ctx: click.Context, prompt: str | None, more_prompts: tuple[str,
     echo "summarise README.md" | acp-conductor run --chain c.toml - --json --approve reads
     acp-conductor run --chain c.toml "review the diff" --prompt "suggest a test" --format quiet
     """
-    from conductor.editor.render import JsonEvents, PlainEvents, QuietEvents, RichEvents
+    from conductor.editor.render import JsonEvents, PlainEvents, QuietEvents
 
     out = claim_stdout()
     options = globals_of(ctx)
@@ -169,6 +168,10 @@ def run_command(ctx: click.Context, prompt: str | None, more_prompts: tuple[str,
     elif fmt == "quiet":
         events = QuietEvents(out)
     elif out.isatty():
+        from rich.console import Console
+
+        from conductor.editor.live import RichEvents
+
         events = RichEvents(Console(file=out))
     else:
         events = PlainEvents(out)

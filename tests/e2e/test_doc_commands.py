@@ -69,6 +69,8 @@ SUBSTITUTE = {"/path/to/acp-conductor": str(REPO)}
 
 # The reader runs these in their checkout of acp-conductor (`pip install .`, `-e '.[x]'`).
 IN_CHECKOUT = re.compile(r"^pip install (-e )?'?\.(\[[a-z,]+\])?'?( |$)")
+# Any other install changes the venv the doc's commands run in.
+INSTALLS = re.compile(r"\b(pip|uv pip) install\b")
 
 
 def sh_lines(text: str) -> list[str]:
@@ -150,14 +152,18 @@ def test_no_doc_installs_acp_conductor_from_a_package_index() -> None:
 @pytest.mark.parametrize("doc", [d for d in DOCS if d.name != "ci.md"
                                  and "```sh" in d.read_text(encoding="utf-8")],
                          ids=lambda d: d.name)
-def test_every_command_in_the_doc_runs_as_written(doc: Path, wheel: Path,
-                                                  tmp_path: Path) -> None:
+def test_every_command_in_the_doc_runs_as_written(doc: Path, wheel: Path, tmp_path: Path,
+                                                  request: pytest.FixtureRequest) -> None:
     lines = sh_lines(doc.read_text(encoding="utf-8"))
     assert lines
     (tmp_path / "work").mkdir()
     (tmp_path / "scratch").mkdir()
-    venv = fresh_venv(tmp_path / "venv")  # its own: a doc's `pip install -e` lands here
-    bash(f"pip install -q {wheel}", cwd=tmp_path, env=user_env(venv)).check_returncode()
+    if any(INSTALLS.search(line) and not IN_CHECKOUT.match(line)
+           for line in lines if line not in NOT_RUN):
+        venv = fresh_venv(tmp_path / "venv")  # its own: the doc's `pip install` lands here
+        bash(f"pip install -q {wheel}", cwd=tmp_path, env=user_env(venv)).check_returncode()
+    else:  # a doc that installs nothing into it shares the wheel's venv (one per worker)
+        venv = request.getfixturevalue("installed")
     run_lines(lines, cwd=workspace(tmp_path / "work"), venv=venv, scratch=tmp_path / "scratch")
 
 
