@@ -22,6 +22,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from conductor.bridge.relay import Relay
+from conductor.transport.http import lifespan
 
 if TYPE_CHECKING:
     from collections.abc import MutableMapping
@@ -106,13 +107,8 @@ class HttpBridge:
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         path: str = scope.get("path", "")

@@ -47,7 +47,7 @@ from conductor.jsonrpc.message import (
     raw,
 )
 from conductor.transport.base import NotJson, Oversized, Unreadable, decode_whole
-from conductor.transport.websocket import allowed_send_time, stalled
+from conductor.transport.websocket import allowed_send_time, stalled, text_of
 
 if TYPE_CHECKING:
     import socket
@@ -240,14 +240,13 @@ class WsClient(RemoteClient):
     async def send(self, item: Message | list[Message]) -> None:
         if self._closed:
             raise anyio.BrokenResourceError
-        data = encode(item) if isinstance(item, Message) else encode_batch(item)
-        waited = self._timeout(len(data))
+        text = text_of(item)
+        waited = self._timeout(len(text))
         try:
             # A client that stops reading would hold this send (and its chain, and its
             # place under --max-connections) for as long as it keeps the socket.
             with anyio.move_on_after(waited) as late:
-                await self._send({"type": "websocket.send",
-                                  "text": data[:-1].decode("utf-8", "replace")})
+                await self._send({"type": "websocket.send", "text": text})
         except Exception as e:  # whatever the server says about a gone socket
             self._closed = True
             raise anyio.BrokenResourceError from e
@@ -474,7 +473,7 @@ class AcpEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
         elif kind == "http":
@@ -734,7 +733,8 @@ async def _deny_websocket(scope: Scope, send: Send, refusal: Refusal) -> None:
         await send({"type": "websocket.close", "code": 1008})
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
+async def lifespan(receive: Receive, send: Send) -> None:
+    """Answer an ASGI server's lifespan events (nothing to start or stop)."""
     while True:
         event = await receive()
         if event["type"] == "lifespan.startup":
