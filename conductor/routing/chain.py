@@ -63,6 +63,9 @@ FRAME_LIMIT_HINT = "raise the limit with --max-frame-bytes or [conductor] max_fr
 CANCEL_WRITE_BOUND = 5.0  # a timed-out request's cancel waits at most this long for the pipe
 
 Starter = Callable[[], Awaitable[list[ComponentLink]]]
+# A plain notification's route: target, the in-process proxies' `passes` to ask, whether
+# it travels up, and the sender's name for traces.
+_PlainRoute = tuple[Hop, tuple[Passes, ...], bool, str]
 
 
 @dataclass(slots=True)
@@ -117,11 +120,12 @@ class Chain:
         # Hops whose plain notifications go, unchanged, straight to one other hop (see
         # _plan_plain_routes): target, the in-process proxies' `passes` to ask, whether it
         # travels up (from the successor side), and the sender's name for traces.
-        self._plain_route: dict[Hop, tuple[Hop, tuple[Passes, ...], bool, str]] = {}
+        self._plain_route: dict[Hop, _PlainRoute] = {}
         self.timeouts = timeouts or Timeouts()
         self._deadlines = Deadlines(self.timeouts) if self.timeouts.any_deadline else None
         self._timers: TaskGroup | None = None  # serve_timers' tasks
         self.recovery = Recovery(self)
+        self._muted = self.recovery.muted  # the same set: one lookup on the hot path
 
     @property
     def started(self) -> bool:
@@ -155,15 +159,27 @@ class Chain:
         nothing was done; `receive` handles it."""
         if type(item) is not Notification or self._tracer is not None:
             return False
-        route = self._plain_route.get(hop)
-        if route is None or item.method in _NOT_PLAIN:
+        plain = self._plain(hop, item)
+        if plain is None:
             return False
-        target, gates, up, _ = route
-        if gates and not all(gate(item.method, up) for gate in gates):
-            return False
+        target = plain[0]
         if target.failure is not None:
             return True  # as `receive` does: nowhere to go
         return target.send_nowait(item)
+
+    def _plain(self, hop: Hop, msg: Notification) -> _PlainRoute | None:
+        """Where a notification from `hop` goes when it needs no ids, hooks or wrapping (a
+        plain one, component -> client or client -> agent, that every in-process proxy on
+        the way lets pass): its planned route, (target, gates, up, the sender's name for
+        traces). None: the full route,
+        also while a restarted agent replays sessions (`recovery.muted`)."""
+        route = self._plain_route.get(hop)
+        if route is None or msg.method in _NOT_PLAIN or self._muted:
+            return None
+        gates = route[1]
+        if gates and not all(gate(msg.method, route[2]) for gate in gates):
+            return None
+        return route
 
     def reader(self, hop: Hop) -> tuple[Handle, HandleNowait]:
         """What `hop`'s reader hands each item to (`MessageSource.serve(*reader)`)."""
@@ -172,19 +188,16 @@ class Chain:
     async def receive(self, hop: Hop, item: Incoming) -> None:
         """Handle one item that arrived on `hop` (called by its reader, in its task)."""
         if isinstance(item, Notification) and self._tracer is None:
-            # The hot path (streamed updates): a plain notification whose next hop takes it
-            # plainly (component -> client, client -> agent) needs no ids, hooks or
-            # wrapping. Sent as it came, with as few calls as the route allows.
-            route = self._plain_route.get(hop)
-            if route is not None and item.method not in _NOT_PLAIN:
-                target, gates, up, source = route
-                if not gates or all(gate(item.method, up) for gate in gates):
-                    if target.failure is None:
-                        try:
-                            await target.send(item, source=source)
-                        except _GONE:
-                            self._gone(target)
-                    return
+            # The hot path (streamed updates): a plain notification is sent as it came.
+            plain = self._plain(hop, item)
+            if plain is not None:
+                target, _, _, source = plain
+                if target.failure is None:
+                    try:
+                        await target.send(item, source=source)
+                    except _GONE:
+                        self._gone(target)
+                return
         if isinstance(item, Request | Notification | Response):
             await self._receive_message(hop, item)
         elif isinstance(item, Batch):
@@ -242,15 +255,12 @@ class Chain:
         if isinstance(msg, Notification):
             if self.recovery.muted and self.recovery.is_muted(msg):
                 return  # replayed by a restarted agent's session/load: the editor has it
-            # Fast path: a plain notification whose next hop takes it plainly (component ->
-            # client, client -> agent) needs no ids, hooks or wrapping: send it as it came.
-            route = self._plain_route.get(hop)
-            if route is not None and msg.method not in _NOT_PLAIN:
-                target, gates, up, source = route
-                if not gates or all(gate(msg.method, up) for gate in gates):
-                    if target.failure is None:
-                        await self._send(target, msg, source=source)
-                    return
+            plain = self._plain(hop, msg)  # traced, or in a batch: otherwise `receive` did
+            if plain is not None:
+                target, _, _, source = plain
+                if target.failure is None:
+                    await self._send(target, msg, source=source)
+                return
         if not self.topology.started:
             await self._start(msg)
             return

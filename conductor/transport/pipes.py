@@ -66,11 +66,7 @@ _deferred: ContextVar[_Deferral | None] = ContextVar("deferred_sinks", default=N
 class PipeSink:
     """A MessageSink that encodes onto a byte stream (a child's stdin, our stdout)."""
 
-    __slots__ = ("_broken", "_buffer", "_closed", "_stream", "_writing")
-
-    # A stream may offer `write_nowait(data) -> int`: write what fits now, without waiting
-    # (FdSendStream). Then a flush that finds the pipe with room costs one write() and no
-    # lock; anything left over goes through the locked, waiting path.
+    __slots__ = ("_broken", "_buffer", "_closed", "_stream", "_wait", "_write", "_writing")
 
     def __init__(self, stream: ByteSendStream) -> None:
         self._stream = stream
@@ -78,6 +74,12 @@ class PipeSink:
         self._buffer = bytearray()
         self._broken: BaseException | None = None
         self._writing = anyio.Lock(fast_acquire=True)  # one write() in flight per pipe
+        # A stream may offer `write_nowait(data) -> int` (write what fits now) and
+        # `wait_writable()` (FdSendStream). Then a flush that finds the pipe with room costs
+        # one write() and no lock, and a cancelled write never cuts a frame.
+        self._write: Callable[[bytes | bytearray | memoryview], int] | None = \
+            getattr(stream, "write_nowait", None)
+        self._wait: Callable[[], Awaitable[None]] | None = getattr(stream, "wait_writable", None)
 
     async def send(self, item: Message | list[Message]) -> None:
         if self._broken is not None:
@@ -150,8 +152,7 @@ class PipeSink:
         the pipe has not taken goes back to the front of the buffer, to be written first:
         otherwise the next message would start inside a half-written frame, and both be
         lost to the reader. Streams without `write_nowait` write each chunk as a whole."""
-        write = getattr(self._stream, "write_nowait", None)
-        wait = getattr(self._stream, "wait_writable", None)
+        write, wait = self._write, self._wait
         if write is None or wait is None:
             for chunk in chunks:
                 # anyio's byte streams take any buffer (they hand it to the OS or copy it)
@@ -179,11 +180,10 @@ class PipeSink:
             return False  # a write is in flight: flushing means waiting until it is done
         if not self._buffer:
             return True
-        write = getattr(self._stream, "write_nowait", None)
-        if write is None:
+        if self._write is None:
             return False
         try:
-            written = write(self._buffer)
+            written = self._write(self._buffer)
         except _GONE as e:
             self._broken = e
             raise anyio.BrokenResourceError from e
