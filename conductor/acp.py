@@ -138,6 +138,23 @@ def protocol_version(params: Raw | UnsetType) -> int:
     return 1 if value == 1 else 2
 
 
+def starts_chain(method: str, params: Raw | UnsetType, *, is_request: bool,
+                 proxy_mode: bool) -> bool:
+    """Is this first message from the client the initialize that starts the chain
+    (protocol.md §3)? The request `initialize` with a valid `protocolVersion`; in proxy mode
+    `_proxy/initialize` (either spelling) or `initialize` too. The router decides with this
+    (`Handshake.accept_first`), and so does `early_start.py` before the router exists."""
+    if not is_request:
+        return False
+    if method != INITIALIZE and not (proxy_mode and method in PROXY_INITIALIZE_METHODS):
+        return False
+    try:
+        protocol_version(params)
+    except ProtocolVersionError:
+        return False
+    return True
+
+
 def result_protocol_version(payload: Raw | UnsetType) -> object:
     """The raw `protocolVersion` a payload (initialize params or result) names, or None."""
     if payload is UNSET:

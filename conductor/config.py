@@ -7,7 +7,7 @@ pydantic (`parse_chain`), imported only then: its types (`str | None`, `list[...
 literals) are checked field by field and every problem is reported at once;
 the rules between fields live in each class's `__post_init__`, which names its field by
 starting its message with `field: `. A file whose shape is wrong raises ChainShapeError,
-which carries the chain its well-formed entries make, for `conductor.serve.read_chain` to
+which carries the chain its well-formed entries make, for `conductor.plan.read_chain` to
 report what resolving them finds in the same error.
 """
 

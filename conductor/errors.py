@@ -100,7 +100,7 @@ class ChainShapeError(ConfigError):
     """A chain file whose shape is wrong (keys, types, entries that do not fit together).
     `partial` is the chain its well-formed entries make, each malformed one's place held
     (`ChainConfig.malformed`), so that a caller able to resolve plugins
-    (`conductor.serve.read_chain`) reports what the well-formed entries would meet at
+    (`conductor.plan.read_chain`) reports what the well-formed entries would meet at
     start-up in the same error."""
 
     partial: ChainConfig | None = None

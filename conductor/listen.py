@@ -22,7 +22,8 @@ from conductor.config import trace_redactor
 from conductor.errors import ConfigError, ExitCode
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Batch, Request, error_response
-from conductor.serve import RunOptions, plan_chain, serve_connection
+from conductor.plan import plan_chain
+from conductor.serve import RunOptions, serve_connection
 from conductor.tracing.sink import open_trace_sink
 from conductor.transport.http import PATH, AcpEndpoint, Gate, serve_asgi
 

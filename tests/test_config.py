@@ -9,7 +9,8 @@ import pytest
 
 from conductor.config import mcp_servers, parse_chain
 from conductor.errors import ChainShapeError, ConfigError, PluginNotFoundError
-from conductor.serve import _plan, read_chain
+from conductor.plan import plan_chain as _plan
+from conductor.plan import read_chain
 
 if TYPE_CHECKING:
     from pathlib import Path

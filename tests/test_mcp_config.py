@@ -8,7 +8,8 @@ import pytest
 
 from conductor.config import parse_chain
 from conductor.errors import ConfigError
-from conductor.serve import _ask_providers, _plan
+from conductor.plan import ask_providers as _ask_providers
+from conductor.plan import plan_chain as _plan
 
 AGENT = {"command": ["/bin/true"]}
 

@@ -13,8 +13,8 @@ import pytest
 
 from conductor.config import load_chain, parse_chain
 from conductor.errors import ConfigError, PluginNotFoundError, PluginValidationError
+from conductor.plan import plan_chain as _plan
 from conductor.plugins.registry import find_plugin, installed, load_proxy
-from conductor.serve import _plan
 from conductor.testing import open_process_client
 from tests.conftest import child_env, conductor_argv
 

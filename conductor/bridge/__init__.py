@@ -21,7 +21,6 @@ fork) gets the same URL or command.
 from __future__ import annotations
 
 import logging
-import secrets
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -77,7 +76,9 @@ class BridgedServer:
     token: str        # what the agent must present
 
     def check(self, token: str | None) -> bool:
-        return token is not None and secrets.compare_digest(token.encode(), self.token.encode())
+        import hmac  # here: the serving path's start-up does without hashlib/OpenSSL
+
+        return token is not None and hmac.compare_digest(token.encode(), self.token.encode())
 
 
 class McpBridge:
@@ -170,6 +171,8 @@ class McpBridge:
                 oldest = next(iter(self.servers.values()))
                 self.servers.pop(oldest.server_id)
                 self.by_key.pop(oldest.key, None)
+            import secrets  # only once an MCP server is bridged (start-up stays light)
+
             server = BridgedServer(server_id, name, secrets.token_hex(8),
                                    secrets.token_urlsafe(32))
             self.servers[server_id] = server

@@ -55,16 +55,27 @@ class LazyGroup(click.Group):
 
 def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
     """Serve the editor on our stdin/stdout with `config`'s chain, then exit."""
-    from conductor.cli import loop
-    from conductor.serve import RunOptions, serve_chain
-    from conductor.tracing.sink import run_flushed
-    from conductor.transport.stdio import stdio_streams
+    from conductor.early_start import start_early
+    from conductor.transport.claim import claim_stdout
 
     options = globals_of(ctx)
-    stdin, stdout = stdio_streams()  # claims stdout before any plugin is imported
+    wire = claim_stdout()  # before any plugin is imported: a print() never reaches the wire
     with options.trace_sink(config) as tracer:
-        run = RunOptions(mode=mode, max_frame_bytes=options.max_frame_bytes, tracer=tracer)
-        code = loop.run(run_flushed, tracer, serve_chain, config, stdin, stdout, run)
+        # Before the event loop and the router are imported: when the editor's initialize
+        # is already waiting, the components start now and boot while we do.
+        early = start_early(config, mode, max_frame_bytes=options.max_frame_bytes)
+        try:
+            from conductor.cli import loop
+            from conductor.serve import RunOptions, serve_chain
+            from conductor.tracing.sink import run_flushed
+            from conductor.transport.stdio import stdio_streams
+
+            stdin, stdout = stdio_streams(wire, early.unread)
+            run = RunOptions(mode=mode, max_frame_bytes=options.max_frame_bytes, tracer=tracer,
+                             early=early)
+            code = loop.run(run_flushed, tracer, serve_chain, config, stdin, stdout, run)
+        finally:
+            early.discard()  # started, but the chain stopped before serving them
     exit_now(code)
 
 
@@ -108,7 +119,7 @@ def main(ctx: click.Context) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from conductor.serve import read_chain
+    from conductor.plan import read_chain
 
     chain_file = globals_of(ctx).chain_file
     if chain_file is None:
@@ -148,7 +159,7 @@ def proxy(ctx: click.Context, commands: tuple[str, ...]) -> None:
     transparent proxy: everything passes straight through to its successor.
     """
     from conductor.config import chain_from_commands
-    from conductor.serve import read_chain
+    from conductor.plan import read_chain
 
     chain_file = globals_of(ctx).chain_file
     if chain_file and commands:

@@ -14,7 +14,7 @@ from conductor.cli.exits import epilog
 from conductor.cli.run import claim_stdout, flush
 from conductor.editor.call import CallExit, CallOptions, call_chain
 from conductor.errors import ConfigError
-from conductor.serve import read_chain
+from conductor.plan import read_chain
 from conductor.tracing.sink import run_flushed
 
 

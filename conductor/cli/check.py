@@ -14,7 +14,7 @@ from conductor.cli import loop
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.run import claim_stdout, flush
 from conductor.editor.check import CheckReport, ComponentReport, check_chain
-from conductor.serve import read_chain
+from conductor.plan import read_chain
 from conductor.tracing.sink import run_flushed
 
 if TYPE_CHECKING:

@@ -164,8 +164,8 @@ def _variable_findings(config: ChainConfig, environ: dict[str, str]) -> list[Fin
 
 def chain_findings(path: str, environ: dict[str, str]) -> list[Finding]:
     from conductor.config import component_argv
+    from conductor.plan import read_chain
     from conductor.plugins.registry import load_component_proxy
-    from conductor.serve import read_chain
 
     try:
         config = read_chain(path)

@@ -75,7 +75,8 @@ def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = N
     from conductor.cli import loop
     from conductor.cli.logs import ProxyFormatter
     from conductor.plugins.host import serve_proxy
-    from conductor.transport.stdio import FdReceiveStream, FdSendStream, claim_stdout
+    from conductor.transport.claim import claim_stdout
+    from conductor.transport.stdio import FdReceiveStream, FdSendStream
 
     wire_fd = claim_stdout()
     for handler in logging.getLogger("acp_conductor.proxy").handlers:

@@ -22,13 +22,13 @@ from conductor.cli.exits import epilog
 from conductor.editor.policy import APPROVE_CHOICES
 from conductor.editor.turn import RunExit, TurnOptions, run_turns
 from conductor.errors import ConfigError
-from conductor.serve import read_chain
+from conductor.plan import read_chain
 from conductor.tracing.sink import run_flushed
 
 
 def claim_stdout() -> TextIO:
     """Our own stdout, as text; from now on fd 1 and `sys.stdout` are stderr."""
-    from conductor.transport.stdio import claim_stdout
+    from conductor.transport.claim import claim_stdout
 
     fd = claim_stdout()
     return open(fd, "w", encoding="utf-8", buffering=1 if os.isatty(fd) else -1)

@@ -115,7 +115,7 @@ def serve_command(ctx: click.Context, listen: str, token_file: str | None, token
 
     from conductor.cli import loop
     from conductor.listen import ListenSettings, serve_listener
-    from conductor.serve import read_chain
+    from conductor.plan import read_chain
 
     options = globals_of(ctx)
     config = read_chain(options.chain())

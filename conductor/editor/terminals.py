@@ -19,7 +19,8 @@ import anyio
 from conductor.editor.sandbox import NOT_FOUND, Sandbox
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.supervise.component import TOKEN_PREFIX, sweep_strays
+from conductor.supervise.component import sweep_strays
+from conductor.supervise.spawn import TOKEN_PREFIX
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine

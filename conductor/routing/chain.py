@@ -37,8 +37,9 @@ from conductor.routing.handshake import Handshake, ResponseHook, chain_hooks
 from conductor.routing.mcp import McpRefusedError, McpSupport, for_agent
 from conductor.routing.mcp_routes import McpRoutes
 from conductor.routing.recovery import Recovery
+from conductor.routing.roles import Role
 from conductor.routing.sessions import CloseReason, Lifecycle, SessionTable, Step, lifecycle
-from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Role, Topology
+from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Topology
 from conductor.rpc.endpoint import Inbound, Outgoing
 from conductor.rpc.failure import failure_response
 from conductor.transport.base import NotJson, Oversized, Unreadable

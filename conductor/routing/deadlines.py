@@ -26,8 +26,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-import anyio
-
 if TYPE_CHECKING:
     from conductor.routing.topology import Hop
     from conductor.rpc.endpoint import Outgoing
@@ -100,6 +98,8 @@ class Deadlines:
 
     async def serve(self, on_expired: OnExpired) -> None:
         """Scan until cancelled, handing each expired request to `on_expired`."""
+        import anyio  # here: config imports this module, and chain files are read early
+
         shortest = min(t for t in (self.timeouts.request, self.timeouts.prompt)
                        if t is not None)
         while True:

@@ -27,11 +27,12 @@ from conductor.errors import ProtocolVersionError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Request, Response, error_response
 from conductor.routing.mcp import advertise_acp
-from conductor.routing.topology import Node, Role
+from conductor.routing.roles import Role
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Call
     from conductor.routing.mcp import Bridge, McpSupport
+    from conductor.routing.topology import Node
 
 log = logging.getLogger("acp_conductor.routing")
 
@@ -67,29 +68,32 @@ class Handshake:
         Anything else is answered (a request) or logged (a notification), and nothing starts.
         """
         method = msg.method
-        expected = acp.INITIALIZE
-        if self.proxy_mode:
-            expected = "_proxy/initialize"
-            ok = method in acp.PROXY_INITIALIZE_METHODS or method == acp.INITIALIZE
-            if method in acp.PROXY_INITIALIZE_METHODS:
-                self.upstream_dialect = acp.PROXY_INITIALIZE_METHODS[method]
-            elif method == acp.INITIALIZE and acp.is_legacy_proxy_initialize(msg.params):
-                self.upstream_dialect = Dialect.LEGACY
-        else:
-            ok = method == acp.INITIALIZE
-            if method in acp.PROXY_INITIALIZE_METHODS:
-                await self.reject_proxy_initialize(msg, method, reply)
-                return False
-        if not ok or not isinstance(msg, Request):
-            if isinstance(msg, Request):
-                await reply(error_response(
-                    msg.id, ErrorCode.INVALID_REQUEST, "Invalid Request",
-                    f"the first message must be the request `{expected}`, got `{method}`; "
-                    "nothing is started until then"))
-            else:
-                log.warning("notification %s before %s ignored", method, expected)
+        if acp.starts_chain(method, msg.params, is_request=isinstance(msg, Request),
+                            proxy_mode=self.proxy_mode):
+            if self.proxy_mode:
+                if method in acp.PROXY_INITIALIZE_METHODS:
+                    self.upstream_dialect = acp.PROXY_INITIALIZE_METHODS[method]
+                elif acp.is_legacy_proxy_initialize(msg.params):
+                    self.upstream_dialect = Dialect.LEGACY
+            self.version = acp.protocol_version(msg.params)
+            return True
+        # Not it: say why (a request), or log it (a notification); nothing starts.
+        expected = "_proxy/initialize" if self.proxy_mode else acp.INITIALIZE
+        if not self.proxy_mode and method in acp.PROXY_INITIALIZE_METHODS:
+            await self.reject_proxy_initialize(msg, method, reply)
             return False
-        return await self.check_version(msg, reply)
+        named = method == acp.INITIALIZE or (self.proxy_mode
+                                             and method in acp.PROXY_INITIALIZE_METHODS)
+        if named and isinstance(msg, Request):
+            return await self.check_version(msg, reply)  # refused: it answers why
+        if isinstance(msg, Request):
+            await reply(error_response(
+                msg.id, ErrorCode.INVALID_REQUEST, "Invalid Request",
+                f"the first message must be the request `{expected}`, got `{method}`; "
+                "nothing is started until then"))
+        else:
+            log.warning("notification %s before %s ignored", method, expected)
+        return False
 
     async def check_version(self, msg: Call, reply: Reply) -> bool:
         try:

@@ -27,8 +27,8 @@ from conductor import acp
 from conductor.errors import ComponentStartError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Notification, Request, Response, error_response, payload
+from conductor.routing.roles import Role
 from conductor.routing.sessions import CloseReason
-from conductor.routing.topology import Role
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Call

@@ -8,7 +8,6 @@ virtual `successor`, reached through the client's own connection.
 
 from __future__ import annotations
 
-import enum
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from conductor import acp
 from conductor.jsonrpc.message import Message, Response
+from conductor.routing.roles import Role
 from conductor.routing.sessions import CloseReason
 from conductor.rpc.endpoint import Endpoint
 
@@ -27,11 +27,6 @@ if TYPE_CHECKING:
     from conductor.transport.base import MessageSink
 
 
-class Role(enum.StrEnum):
-    CLIENT = "client"
-    PROXY = "proxy"
-    AGENT = "agent"
-    SUCCESSOR = "successor"  # proxy mode: our successor, reached through the client wire
 
 
 # (method, travelling up from the successor side) -> True when an in-process proxy would

@@ -9,33 +9,27 @@ killed with SIGKILL, two things: on Linux each component gets a parent-death sig
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
-import secrets
-import signal
-import subprocess
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
 
-from conductor.errors import ComponentStartError
 from conductor.supervise import _linux
 from conductor.supervise.escalation import stop_escalating, stop_strays
-from conductor.supervise.watchdog import WATCHDOG, tag
+from conductor.supervise.spawn import TOKEN_PREFIX, LaunchSpec, Started, start_process
+from conductor.supervise.watchdog import WATCHDOG
 from conductor.transport.stdio import FdReceiveStream, FdSendStream
 
 log = logging.getLogger("acp_conductor.supervise")
-# One variable per token, so tokens accumulate down a nested chain (a conductor run as a
-# component passes its own token on to what it starts) instead of replacing each other.
-TOKEN_PREFIX = "ACP_CONDUCTOR_COMPONENT_"
 SCAN_TIMEOUT = 5.0  # /proc reads can block on a process stuck in the kernel
 
 if TYPE_CHECKING:
+    import subprocess
+
     from anyio.abc import ByteReceiveStream, ByteSendStream
 
 STDERR_TAIL_LINES = 20
@@ -44,25 +38,6 @@ EXIT_POLL_INTERVAL = 0.05  # where no pidfd tells us (not Linux), how often to l
 EXIT_DRAIN = 0.5  # after the leader exits, how long its stdout may stay open (grandchildren)
 
 StderrCallback = Callable[[str, str], None]  # (component name, line)
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchSpec:
-    """Everything needed to start one process. Built from config by the composition root."""
-
-    name: str
-    argv: Sequence[str]
-    env: Mapping[str, str] | None = None
-    cwd: str | None = None
-    shutdown_grace: float = 3.0
-    # Put in the component's environment: its descendants inherit it even when they leave
-    # its process group, so shutdown can still find them. Its value is the conductor's
-    # `tag()`, by which the watchdog finds them if the conductor is killed.
-    token: str = field(default_factory=lambda: secrets.token_hex(8))
-
-    def environment(self) -> dict[str, str]:
-        return {**(os.environ if self.env is None else self.env),
-                f"{TOKEN_PREFIX}{self.token}": tag()}
 
 
 class Child:
@@ -233,8 +208,10 @@ async def _scan(token: str) -> list[int]:
 
 
 @asynccontextmanager
-async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIterator[Component]:
-    """Spawn `spec` in its own process group; on exit stop it, grandchildren included.
+async def open_component(spec: LaunchSpec, on_stderr: StderrCallback, *,
+                         started: Started | None = None) -> AsyncIterator[Component]:
+    """Spawn `spec` in its own process group (or serve `started`, the process `spec` was
+    already started as); on exit stop it, grandchildren included.
 
     Raises:
         ComponentStartError: the command could not be started.
@@ -242,30 +219,12 @@ async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIt
     # The pipes are our own fds, not the event loop's: a write is one os.write and a read
     # one os.read (FdSendStream/FdReceiveStream), with no transport, protocol and
     # StreamReader layers and no event-loop yield per message in between.
-    made: list[int] = []
-    try:
-        for _ in range(3):
-            made.extend(os.pipe())
-    except OSError as e:  # out of fds (EMFILE): a start error, and none of them kept
-        for fd in made:
-            os.close(fd)
-        raise ComponentStartError(spec.name, f"cannot start {spec.argv[0]}: "
-                                  f"{e.strerror or e}") from None
-    stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = made
-    try:
-        popen = _spawn(spec, stdin=stdin_r, stdout=stdout_w, stderr=stderr_w)
-    except BaseException:
-        for fd in (stdin_w, stdout_r, stderr_r):
-            os.close(fd)
-        raise
-    finally:
-        for fd in (stdin_r, stdout_w, stderr_w):  # the child has its own copies now
-            os.close(fd)
-    WATCHDOG.watch(popen.pid, spec.shutdown_grace)
-    process = Child(popen)
-    component = Component(spec, process, on_stderr, stdin=FdSendStream(stdin_w),
-                          stdout=FdReceiveStream(stdout_r, owns_fd=True),
-                          stderr=FdReceiveStream(stderr_r, owns_fd=True))
+    if started is None:
+        started = start_process(spec)
+    process = Child(started.popen)
+    component = Component(spec, process, on_stderr, stdin=FdSendStream(started.stdin),
+                          stdout=FdReceiveStream(started.stdout, owns_fd=True),
+                          stderr=FdReceiveStream(started.stderr, owns_fd=True))
     async with anyio.create_task_group() as tg:
         tg.start_soon(process.watch_exit)
         tg.start_soon(component.pump_stderr)
@@ -280,32 +239,3 @@ async def open_component(spec: LaunchSpec, on_stderr: StderrCallback) -> AsyncIt
                 await component.stderr.aclose()  # held open by a straggler: close our end
             process.stop_watching()
             tg.cancel_scope.cancel()
-
-
-def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
-    """Fork and exec in this thread, the event loop's: the parent-death signal is tied to
-    the forking thread (trio's `open_process` forks in a worker thread), and the exec
-    result is known at once (a few ms at most, as asyncio's own spawn blocks).
-
-    Raises:
-        ComponentStartError: the command could not be started.
-    """
-    try:
-        return subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=spec.environment(),
-                                start_new_session=True, stdin=stdin, stdout=stdout,
-                                stderr=stderr,
-                                preexec_fn=_linux.parent_death_signal(signal.SIGTERM))
-    except FileNotFoundError as e:
-        # One stat on an error path after a failed spawn: not worth a worker thread.
-        cwd_missing = spec.cwd and not os.path.isdir(spec.cwd)
-        missing = spec.cwd if cwd_missing else spec.argv[0]
-        what = "working directory" if missing == spec.cwd else "command"
-        raise ComponentStartError(
-            spec.name, f"{what} not found: {missing} ({e.strerror})") from None
-    except PermissionError as e:
-        raise ComponentStartError(
-            spec.name, f"cannot execute {spec.argv[0]}: {e.strerror}") from None
-    except (OSError, subprocess.SubprocessError) as e:
-        reason = (e.strerror or errno.errorcode.get(e.errno or 0, str(e))
-                  if isinstance(e, OSError) else str(e))
-        raise ComponentStartError(spec.name, f"cannot start {spec.argv[0]}: {reason}") from None

@@ -18,7 +18,6 @@ import functools
 import logging
 import math
 import os
-import secrets
 import signal
 from pathlib import Path
 
@@ -30,7 +29,7 @@ SCRIPT = Path(__file__).with_name("watchdog.sh")
 @functools.cache
 def tag() -> str:
     """This conductor's mark, the value of its components' token variables."""
-    return f"{os.getpid()}-{secrets.token_hex(4)}"  # the pid says whose; the salt, not a reuse
+    return f"{os.getpid()}-{os.urandom(4).hex()}"  # the pid says whose; the salt, not a reuse
 
 
 class Watchdog:

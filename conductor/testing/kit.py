@@ -32,7 +32,8 @@ from conductor.jsonrpc.message import (
 )
 from conductor.plugins.host import open_inprocess_hop
 from conductor.routing.chain import Chain
-from conductor.routing.topology import ComponentLink, Hop, Role
+from conductor.routing.roles import Role
+from conductor.routing.topology import ComponentLink, Hop
 from conductor.rpc.endpoint import Endpoint
 from conductor.rpc.failure import raise_for_error
 from conductor.transport.base import Unreadable

@@ -15,7 +15,6 @@ import asyncio
 import fcntl
 import os
 import stat
-import sys
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
@@ -139,8 +138,9 @@ class FdReceiveStream(ByteReceiveStream):
     # The portable wait on every backend (tests set it to compare the two).
     USE_LOOP_READINESS = True
 
-    def __init__(self, fd: int, *, owns_fd: bool = False) -> None:
+    def __init__(self, fd: int, *, owns_fd: bool = False, unread: bytes = b"") -> None:
         self._fd = _NonBlocking(fd)
+        self._unread = unread  # read from the fd before this stream existed: comes first
         self._streak = 0
         self._owns_fd = owns_fd
         self._closed = False
@@ -157,6 +157,9 @@ class FdReceiveStream(ByteReceiveStream):
         return self._reader
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._unread and not self._closed:
+            data, self._unread = self._unread[:max_bytes], self._unread[max_bytes:]
+            return data
         fd = self._fd.fd
         while True:
             if self._closed:
@@ -261,20 +264,7 @@ def _close(fd: int) -> None:
         pass
 
 
-def claim_stdout() -> int:
-    """Take this process's stdout for the caller alone: return a private duplicate of fd 1,
-    then point fd 1 and `sys.stdout` at stderr.
-
-    Call it before any plugin is imported: a `print()` in user code (or a C library writing
-    to fd 1) then lands on stderr instead of in the JSON-RPC wire or `run`'s output.
-    """
-    sys.stdout.flush()
-    private = os.dup(1)  # not inherited (PEP 446): a child never gets the wire either
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr  # unbuffered order with our logs; fd 1 covers everything else
-    return private
-
-
-def stdio_streams() -> tuple[ByteReceiveStream, ByteSendStream]:
-    """(stdin, stdout) of this process, by file descriptor; stdout is claimed (above)."""
-    return FdReceiveStream(0), FdSendStream(claim_stdout())
+def stdio_streams(wire: int, unread: bytes = b"") -> tuple[ByteReceiveStream, ByteSendStream]:
+    """(stdin, stdout) of this process, by file descriptor: `wire` is the claimed stdout
+    (`claim.claim_stdout`), `unread` what was already read from stdin (it comes first)."""
+    return FdReceiveStream(0, unread=unread), FdSendStream(wire)

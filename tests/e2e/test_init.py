@@ -12,7 +12,7 @@ import pytest
 
 from conductor.cli.init import AGENTS, chain_text
 from conductor.config import parse_chain
-from conductor.serve import _plan
+from conductor.plan import plan_chain as _plan
 from tests.conftest import child_env, conductor_argv
 from tests.e2e.conftest import fresh_venv, user_env
 

@@ -71,8 +71,11 @@ async def open_server(chain: Path, *args: str, token: str | None = TOKEN,
             yield server
             children: list[psutil.Process] = []
             if process.returncode is None:  # the test may have killed it
-                children = psutil.Process(process.pid).children(recursive=True)
-                server.signal(signal.SIGTERM)
+                try:
+                    children = psutil.Process(process.pid).children(recursive=True)
+                    server.signal(signal.SIGTERM)
+                except psutil.NoSuchProcess:  # killed, and reaped before returncode was set
+                    pass
             with anyio.fail_after(20):
                 assert await process.wait() == expect_exit, server.stderr_text
             _, alive = await anyio.to_thread.run_sync(psutil.wait_procs, children, 10)

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from acp_conductor_proxies.passthrough import Passthrough
 from conductor.jsonrpc.message import UNSET, Message, Raw, Response, decode, encode
 from conductor.routing.chain import Chain
-from conductor.routing.topology import ComponentLink, Hop, Role
+from conductor.routing.roles import Role
+from conductor.routing.topology import ComponentLink, Hop
 from conductor.testing import ScriptedAgent, open_test_chain
 from conductor.transport.pipes import PipeSource
 

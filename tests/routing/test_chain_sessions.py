@@ -8,8 +8,9 @@ import anyio
 
 from conductor.jsonrpc.message import Message, decode, encode
 from conductor.routing.chain import Chain
+from conductor.routing.roles import Role
 from conductor.routing.sessions import SessionState
-from conductor.routing.topology import ComponentLink, Hop, Role
+from conductor.routing.topology import ComponentLink, Hop
 
 
 class Outbox:

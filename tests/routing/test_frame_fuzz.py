@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from conductor.jsonrpc.message import Batch, Request
 from conductor.routing.chain import Chain
-from conductor.routing.topology import ComponentLink, Hop, Role
+from conductor.routing.roles import Role
+from conductor.routing.topology import ComponentLink, Hop
 from conductor.transport.memory import memory_pipe
 from conductor.transport.pipes import PipeSink, PipeSource
 

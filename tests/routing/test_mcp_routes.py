@@ -13,7 +13,8 @@ from conductor.errors import ComponentExitedError
 from conductor.jsonrpc.message import Message, decode, encode
 from conductor.routing.chain import Chain
 from conductor.routing.mcp import McpInjection, McpServer
-from conductor.routing.topology import ComponentLink, Hop, Role
+from conductor.routing.roles import Role
+from conductor.routing.topology import ComponentLink, Hop
 
 Frame = dict[str, Any]
 

@@ -10,7 +10,8 @@ import psutil
 import pytest
 
 from conductor.supervise import _linux
-from conductor.supervise.component import LaunchSpec, open_component
+from conductor.supervise.component import open_component
+from conductor.supervise.spawn import LaunchSpec
 
 # The leader says which sleep it started and exits 3; the sleep keeps stdout and stderr open.
 LEADER = [sys.executable, "-c", "import subprocess, sys; "

@@ -10,7 +10,8 @@ import anyio
 import pytest
 
 from conductor.errors import ComponentStartError
-from conductor.supervise.component import LaunchSpec, open_component
+from conductor.supervise.component import open_component
+from conductor.supervise.spawn import LaunchSpec
 
 ECHO = "import sys\nfor line in sys.stdin: sys.stdout.write(line.upper()); sys.stdout.flush()"
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import psutil
 import pytest
 
-from conductor.supervise.component import TOKEN_PREFIX
+from conductor.supervise.spawn import TOKEN_PREFIX
 from conductor.supervise.watchdog import Watchdog
 
 if TYPE_CHECKING:

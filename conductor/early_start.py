@@ -1,0 +1,115 @@
+"""Start a chain's commands during the conductor's own start-up, when the client's
+`initialize` is already waiting on stdin.
+
+Nothing starts before the client's first message, and that message must be the request
+`initialize` (protocol.md §3). An editor writes it as soon as it has started us, so by
+the time the chain file is read it is usually in the pipe: the components are then started
+at once, and their own start-up (an agent's interpreter and imports, often 40 ms or more)
+overlaps the conductor's (the event loop, routing), instead of following it. The router
+serves the processes started here as if it had started them when the `initialize`
+reached it (`serve.py`, `open_component(started=...)`).
+
+The check is the router's own (`acp.starts_chain`, on the frame its reader will see).
+Every byte read here is handed back to the stdin stream, so the router reads the same
+input whichever path was taken. Only chains made of commands start early; a chain with
+in-process plugins or remote components starts as the `initialize` is routed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from conductor import acp
+from conductor.errors import ComponentStartError
+from conductor.jsonrpc.framing import FrameDecoder
+from conductor.jsonrpc.message import ParseError, Request, decode
+from conductor.plan import plan_chain
+from conductor.supervise.spawn import LaunchSpec, Started, start_process
+
+if TYPE_CHECKING:
+    from conductor.config import ChainConfig
+    from conductor.plan import Plan
+
+log = logging.getLogger("acp_conductor")
+
+FIRST_READ = 65536  # one read: an initialize is a few hundred bytes
+
+
+@dataclass
+class EarlyStart:
+    """The chain's plan, what was read from stdin before serving it, and the processes
+    already started for it (each served once, by `take`)."""
+
+    plan: Plan
+    unread: bytes = b""
+    started: dict[int, tuple[LaunchSpec, Started]] = field(default_factory=dict)
+
+    def take(self, launch: LaunchSpec) -> Started | None:
+        """The process started for `launch` (one of the plan's), once; None if none was."""
+        entry = self.started.pop(id(launch), None)
+        return entry[1] if entry is not None and entry[0] is launch else None
+
+    def discard(self) -> None:
+        """Stop every process that the chain never came to serve (it stopped first)."""
+        while self.started:
+            _, (launch, process) = self.started.popitem()
+            log.info("stopping %s: started early, but the chain stopped before serving it",
+                     launch.name)
+            process.discard(launch.shutdown_grace)
+
+
+def start_early(config: ChainConfig, mode: str, *, fd: int = 0,
+                max_frame_bytes: int | None = None) -> EarlyStart:
+    """Plan `config` for `mode`, and start its commands if `fd` already holds the
+    `initialize` that starts the chain. Never waits for input.
+
+    Raises:
+        ConfigError, PluginError: the chain cannot be planned (as serving it would).
+    """
+    plan = plan_chain(config, mode)
+    early = EarlyStart(plan)
+    launches = [launch for _, _, launch in plan]
+    if not launches or not all(isinstance(launch, LaunchSpec) for launch in launches):
+        return early
+    try:
+        if os.isatty(fd) or not select.select([fd], [], [], 0)[0]:
+            return early  # nothing waiting (a terminal's end of input is not sticky either)
+        data = os.read(fd, FIRST_READ)
+    except (OSError, ValueError):
+        return early  # not readable here: the stream's reader will say what is wrong
+    early.unread = data
+    if not _starts_chain(data, mode, max_frame_bytes or config.conductor.max_frame_bytes):
+        return early
+    started: list[tuple[LaunchSpec, Started]] = []
+    try:
+        for launch in launches:
+            assert isinstance(launch, LaunchSpec)
+            started.append((launch, start_process(launch)))
+    except ComponentStartError:
+        # Started as the initialize is routed instead, which reports it (or bypasses an
+        # optional proxy) the one usual way.
+        for launch, process in started:
+            process.discard(launch.shutdown_grace)
+        return early
+    early.started = {id(launch): (launch, process) for launch, process in started}
+    log.debug("initialize was waiting: %d component(s) started during start-up",
+              len(started))
+    return early
+
+
+def _starts_chain(data: bytes, mode: str, max_frame_bytes: int) -> bool:
+    """Does `data` begin with a whole frame that the router will take as the initialize
+    that starts the chain? Any doubt is a no: the router then decides, as always."""
+    frames = FrameDecoder(max_frame_bytes=max_frame_bytes).feed(data)
+    if not frames or not isinstance(frames[0], bytes | bytearray):
+        return False
+    try:
+        msg = decode(frames[0])
+    except ParseError:  # not JSON, not UTF-8, nested too deeply: the router answers it
+        return False
+    return isinstance(msg, Request) and acp.starts_chain(
+        msg.method, msg.params, is_request=True, proxy_mode=mode == "proxy")

@@ -1,0 +1,138 @@
+"""Starting one component's process, with no event loop: pipes, fork/exec, the watchdog.
+
+Kept free of anyio and asyncio so that it can run while the conductor is still importing
+them (`conductor/early_start.py`); `component.py` serves what it starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from conductor.errors import ComponentStartError
+from conductor.supervise import _linux
+from conductor.supervise.watchdog import WATCHDOG, tag
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+# One variable per token, so tokens accumulate down a nested chain (a conductor run as a
+# component passes its own token on to what it starts) instead of replacing each other.
+TOKEN_PREFIX = "ACP_CONDUCTOR_COMPONENT_"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """Everything needed to start one process. Built from config by the composition root."""
+
+    name: str
+    argv: Sequence[str]
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    shutdown_grace: float = 3.0
+    # Put in the component's environment: its descendants inherit it even when they leave
+    # its process group, so shutdown can still find them. Its value is the conductor's
+    # `tag()`, by which the watchdog finds them if the conductor is killed. (os.urandom, not
+    # `secrets`: the same bytes, without ~5 ms of hashlib/OpenSSL imports at start-up.)
+    token: str = field(default_factory=lambda: os.urandom(8).hex())
+
+    def environment(self) -> dict[str, str]:
+        return {**(os.environ if self.env is None else self.env),
+                f"{TOKEN_PREFIX}{self.token}": tag()}
+
+
+@dataclass(slots=True)
+class Started:
+    """A process just started, and our ends of its three pipes (raw fds, ours to close)."""
+
+    popen: subprocess.Popen[bytes]
+    token: str
+    stdin: int
+    stdout: int
+    stderr: int
+
+    def discard(self, grace: float) -> None:
+        """Stop a process that was never served (its chain did not start): EOF and closed
+        pipes, SIGTERM to its group, SIGKILL after `grace`. Blocking, bounded by `grace`."""
+        for fd in (self.stdin, self.stdout, self.stderr):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        pgid = self.popen.pid  # a group leader: its pid names its group
+        deadline = time.monotonic() + grace
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+            while self.popen.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if self.popen.poll() is not None:
+                break
+            deadline = time.monotonic() + 2.0  # after SIGKILL: the kernel's turn
+        # Descendants that left the group still carry the token (Linux: /proc).
+        for pid in _linux.processes_with_env(f"{TOKEN_PREFIX}{self.token}=".encode()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        WATCHDOG.release(pgid)
+
+
+def start_process(spec: LaunchSpec) -> Started:
+    """Spawn `spec` in its own process group, on three new pipes, watched by the watchdog.
+
+    Raises:
+        ComponentStartError: the command could not be started (or no pipes: out of fds).
+    """
+    made: list[int] = []
+    try:
+        for _ in range(3):
+            made.extend(os.pipe())
+    except OSError as e:  # out of fds (EMFILE): a start error, and none of them kept
+        for fd in made:
+            os.close(fd)
+        raise ComponentStartError(spec.name, f"cannot start {spec.argv[0]}: "
+                                  f"{e.strerror or e}") from None
+    stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = made
+    try:
+        popen = _spawn(spec, stdin=stdin_r, stdout=stdout_w, stderr=stderr_w)
+    except BaseException:
+        for fd in (stdin_w, stdout_r, stderr_r):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (stdin_r, stdout_w, stderr_w):  # the child has its own copies now
+            os.close(fd)
+    WATCHDOG.watch(popen.pid, spec.shutdown_grace)
+    return Started(popen, spec.token, stdin_w, stdout_r, stderr_r)
+
+
+def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
+    """Fork and exec in this thread, the main one: the parent-death signal is tied to the
+    forking thread (trio's `open_process` forks in a worker thread), and the exec result is
+    known at once (a few ms at most, as asyncio's own spawn blocks).
+
+    Raises:
+        ComponentStartError: the command could not be started.
+    """
+    try:
+        return subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=spec.environment(),
+                                start_new_session=True, stdin=stdin, stdout=stdout,
+                                stderr=stderr,
+                                preexec_fn=_linux.parent_death_signal(signal.SIGTERM))
+    except FileNotFoundError as e:
+        # One stat on an error path after a failed spawn: not worth a worker thread.
+        cwd_missing = spec.cwd and not os.path.isdir(spec.cwd)
+        missing = spec.cwd if cwd_missing else spec.argv[0]
+        what = "working directory" if missing == spec.cwd else "command"
+        raise ComponentStartError(
+            spec.name, f"{what} not found: {missing} ({e.strerror})") from None
+    except PermissionError as e:
+        raise ComponentStartError(
+            spec.name, f"cannot execute {spec.argv[0]}: {e.strerror}") from None
+    except (OSError, subprocess.SubprocessError) as e:
+        reason = (e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+                  if isinstance(e, OSError) else str(e))
+        raise ComponentStartError(spec.name, f"cannot start {spec.argv[0]}: {reason}") from None

@@ -1,0 +1,175 @@
+"""Components start during the conductor's own start-up when the editor's initialize is
+already waiting (conductor/early_start.py), and never on anything else."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+
+from conductor import acp
+from conductor.config import chain_from_commands
+from conductor.early_start import start_early
+from conductor.jsonrpc.message import Notification, Request, decode
+from conductor.routing.handshake import Handshake
+from conductor.transport.stdio import FdReceiveStream
+from tests.conftest import child_env, conductor_argv
+from tests.wire_client import agent_cmd, chain_args
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from conductor.jsonrpc.message import Response
+
+STARTED_EARLY = "started during start-up"
+
+
+def frame(message: dict[str, object]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
+INIT = frame({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+              "params": {"protocolVersion": 1, "clientCapabilities": {}}})
+ECHO = frame({"jsonrpc": "2.0", "id": 1, "method": "_test/echo", "params": {"n": 1}})
+
+
+def waiting_pipe(data: bytes) -> int:
+    """The read end of a pipe that already holds `data`, then EOF."""
+    read, write = os.pipe()
+    os.write(write, data)
+    os.close(write)
+    return read
+
+
+def serve(stdin: int, *args: str) -> tuple[list[dict[str, object]], str, int]:
+    """Run the conductor on `stdin` (written before it started) to the end."""
+    try:
+        done = subprocess.run(conductor_argv("--log-level", "debug", *args), stdin=stdin,
+                              capture_output=True, env=child_env(), timeout=60, check=False)
+    finally:
+        os.close(stdin)
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    return lines, done.stderr.decode(), done.returncode
+
+
+@pytest.mark.parametrize("proxies", [0, 1])
+def test_a_chain_whose_initialize_is_waiting_starts_early_and_loses_none_of_the_input(
+        proxies: int) -> None:
+    answers, stderr, code = serve(waiting_pipe(INIT + ECHO), *chain_args(proxies))
+    assert code == 0, stderr
+    assert STARTED_EARLY in stderr
+    by_id = {a["id"]: a for a in answers}
+    assert by_id[0]["result"]["protocolVersion"] == 1  # type: ignore[index]
+    assert by_id[1]["result"] == {"n": 1}  # read with the initialize, served after it
+
+
+def test_input_from_a_file_is_read_whole_after_an_early_start(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(INIT + ECHO)
+    answers, stderr, code = serve(os.open(path, os.O_RDONLY), *chain_args(0))
+    assert code == 0, stderr
+    assert STARTED_EARLY in stderr
+    assert [a["id"] for a in answers] == [0, 1]
+
+
+def test_a_first_message_that_is_not_initialize_starts_nothing_early() -> None:
+    answers, stderr, code = serve(waiting_pipe(ECHO + INIT), *chain_args(0))
+    assert code == 0, stderr
+    assert STARTED_EARLY not in stderr
+    first, second = answers
+    assert first["id"] == 1 and first["error"]["code"] == -32600  # type: ignore[index]
+    assert second["id"] == 0 and "result" in second  # started the usual way
+
+
+def test_a_command_that_cannot_start_is_left_to_the_router_to_report() -> None:
+    answers, stderr, code = serve(waiting_pipe(INIT), "agent", "no-such-command-here")
+    assert STARTED_EARLY not in stderr
+    assert code != 0
+    [answer] = answers
+    assert "no-such-command-here" in answer["error"]["message"]  # type: ignore[index]
+
+
+def test_processes_started_early_that_the_chain_never_serves_are_stopped() -> None:
+    config = chain_from_commands([agent_cmd()], with_agent=True)
+    fd = waiting_pipe(INIT)
+    try:
+        early = start_early(config, "agent", fd=fd)
+    finally:
+        os.close(fd)
+    assert early.unread == INIT
+    [(launch, started)] = early.started.values()
+    assert started.popen.poll() is None
+    early.discard()
+    assert started.popen.poll() is not None
+    assert early.take(launch) is None  # discarded: nothing left to serve
+
+
+def test_nothing_starts_early_when_no_initialize_is_waiting() -> None:
+    config = chain_from_commands([agent_cmd()], with_agent=True)
+    read, write = os.pipe()
+    try:
+        early = start_early(config, "agent", fd=read)
+    finally:
+        os.close(read)
+        os.close(write)
+    assert early.unread == b"" and not early.started
+    [(_, _, launch)] = early.plan
+    assert launch.argv[-1].endswith("scripted_agent.py")
+
+
+FIRST_MESSAGES = [
+    INIT,
+    frame({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}}),
+    frame({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 0}}),
+    frame({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+           "params": {"protocolVersion": 65536}}),
+    frame({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 2}}),
+    frame({"jsonrpc": "2.0", "method": "initialize", "params": {"protocolVersion": 1}}),
+    frame({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
+           "params": {"protocolVersion": 1}}),
+    frame({"jsonrpc": "2.0", "id": 0, "method": "proxy/initialize",
+           "params": {"protocolVersion": 1}}),
+    frame({"jsonrpc": "2.0", "id": 0, "method": "session/new", "params": {}}),
+]
+
+
+def _cases() -> Iterator[tuple[bytes, bool]]:
+    for data in FIRST_MESSAGES:
+        for proxy_mode in (False, True):
+            yield data, proxy_mode
+
+
+@pytest.mark.parametrize(("data", "proxy_mode"), list(_cases()))
+async def test_the_early_check_and_the_router_agree_on_what_starts_a_chain(
+        data: bytes, proxy_mode: bool) -> None:
+    msg = decode(data.rstrip())
+    assert isinstance(msg, Request | Notification)
+    early = acp.starts_chain(msg.method, msg.params, is_request=isinstance(msg, Request),
+                             proxy_mode=proxy_mode)
+
+    async def reply(answer: Response) -> None:
+        pass
+
+    routed = await Handshake(proxy_mode=proxy_mode).accept_first(msg, reply)
+    assert early == routed
+
+
+async def test_bytes_read_before_the_stream_existed_come_first() -> None:
+    read, write = os.pipe()
+    os.write(write, b"later\n")
+    os.close(write)
+    stream = FdReceiveStream(read, owns_fd=True, unread=b"first\n")
+    got = b""
+    with anyio.fail_after(5):
+        try:
+            while True:
+                got += await stream.receive(4)
+        except anyio.EndOfStream:
+            pass
+    await stream.aclose()
+    assert got == b"first\nlater\n"
