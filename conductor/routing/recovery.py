@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("acp_conductor.routing")
 
 REATTACH_TIMEOUT: Final = 30.0  # each request of a re-attach, when request_timeout is off
+REOPEN_AT_ONCE: Final = 8  # sessions reopened at the same time after an agent restart
 MAX_LOST: Final = 4096          # lost session ids remembered, to answer SESSION_LOST
 
 
@@ -147,6 +148,7 @@ class Recovery:
         chain = self._chain
         method = reopen_method(answer, chain.handshake.version or 1)
         lost: dict[str, str] = {}
+        todo: list[tuple[str, Raw]] = []
         for record in chain.sessions.records():
             sid = record.session_id
             if method is None:
@@ -156,21 +158,39 @@ class Recovery:
                 lost[sid] = "how it was set up is not known"
                 continue
             try:
-                params = acp.set_key(record.setup, "sessionId", payload(sid))
+                todo.append((sid, acp.set_key(record.setup, "sessionId", payload(sid))))
             except ValueError:  # a setup the agent took, but we cannot edit (too deep)
                 lost[sid] = "its setup request cannot be repeated"
-                continue
-            if method == acp.SESSION_LOAD:
-                self.muted.add(sid)
-            try:
-                reopened = await self._ask(hop, method, params)
-            finally:
-                self.muted.discard(sid)
+        # Several at once: the chain waits for them all, and one slow session must not
+        # make the others wait their turn. A reopen that times out fails the restart (a
+        # wedged agent), as the initialize would; the task group then stops the others.
+        limiter = anyio.CapacityLimiter(REOPEN_AT_ONCE)
+        failed: list[Exception] = []  # the first one is raised as it is, not in a group
+
+        async def reopen(sid: str, params: Raw) -> None:
+            assert method is not None
+            async with limiter:
+                if method == acp.SESSION_LOAD:
+                    self.muted.add(sid)
+                try:
+                    reopened = await self._ask(hop, method, params)
+                except Exception as e:  # no answer in time, or it is gone: the restart failed
+                    failed.append(e)
+                    tg.cancel_scope.cancel()
+                    return
+                finally:
+                    self.muted.discard(sid)
             if reopened.is_error:
                 lost[sid] = f"{method} failed: {_message(reopened)}"
-                continue
+                return
             log.info("session %s reopened on the restarted %s (%s)", sid, hop.name, method)
             chain.trace_lifecycle(hop.name, "session-reopened", session=sid, how=method)
+
+        async with anyio.create_task_group() as tg:
+            for sid, params in todo:
+                tg.start_soon(reopen, sid, params)
+        if failed:
+            raise failed[0]
         if lost:
             for sid, why in lost.items():
                 log.warning("session %s lost: %s restarted and %s", sid, hop.name, why)

@@ -120,6 +120,33 @@ restart = "on-failure"
         assert (await text_of_next_update(c, sid)).startswith("answer from")  # not "replayed"
 
 
+async def test_an_agents_sessions_are_reopened_together_not_one_by_one(
+        tmp_path: Path) -> None:
+    # This agent answers a resume only once all three are waiting: reopened one at a time,
+    # the first would time out and the restart fail.
+    state = tmp_path / "sessions"
+    state.mkdir()
+    path = tmp_path / "chain.toml"
+    path.write_text(f"""[conductor]
+shutdown_grace = 1.0
+request_timeout = 5
+
+[agent]
+command = {faulty("--name", "agent", "--resume", "--state", str(state),
+                  "--reopen-together", "3")}
+restart = "on-failure"
+""", encoding="utf-8")
+    async with open_conductor("--chain", str(path), "--log-level", "info",
+                              check_exit=True) as c:
+        await c.initialize()
+        sessions = [await c.new_session() for _ in range(3)]
+        await crash(c, "agent")
+        await c.wait_stderr("agent is back after its restart")
+        for sid in sessions:
+            assert "result" in await prompt(c, sid)
+            assert f"session {sid} reopened" in c.stderr_text
+
+
 async def test_an_agent_that_keeps_failing_is_given_up_after_max_restarts(
         tmp_path: Path) -> None:
     flag = tmp_path / "started-once"

@@ -23,7 +23,8 @@ setsid, and writes its pid to FILE), --pidfile FILE (its own pid).
 A request `_fault/crash` {"who": NAME} crashes the component named NAME (`--name`), and
 is passed on by the others. As an agent it keeps sessions in --state DIR (one file each),
 so that after a restart `session/resume` (--resume) and `session/load` (--load; replays
-one update first) succeed for sessions it created before. Stdlib only, synchronous.
+one update first) succeed for sessions it created before; --reopen-together N holds their
+answers until N are waiting. Stdlib only, synchronous.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Faulty:
         # proxy: our id on one side -> (the side it came from, its id there)
         self.forwarded: dict[int, tuple[str, Any]] = {}
         self.sessions = 0
+        self.held: list[tuple[str, Any, str]] = []  # reopens not answered yet
 
     # -- wire ------------------------------------------------------------------------------
 
@@ -153,9 +155,14 @@ class Faulty:
             if not (known and allowed):
                 self.error(ident, -32002, f"faulty: no session {sid}")
                 return
-            if method == "session/load":
-                self.update(sid, "replayed")
-            self.reply(ident, {} if method == "session/resume" else None)
+            self.held.append((method, ident, sid))
+            if len(self.held) < self.args.reopen_together:
+                return  # answered with the others, once they are all asked
+            for held_method, held_ident, held_sid in self.held:
+                if held_method == "session/load":
+                    self.update(held_sid, "replayed")
+                self.reply(held_ident, {} if held_method == "session/resume" else None)
+            self.held.clear()
         elif method == "session/prompt":
             sid = params.get("sessionId", "")
             self.update(sid, f"answer from {os.getpid()}")
@@ -222,6 +229,9 @@ def main() -> None:
     parser.add_argument("--load", action="store_true", help="agent: supports session/load")
     parser.add_argument("--resume", action="store_true", help="agent: supports session/resume")
     parser.add_argument("--state", help="agent: keep sessions in this directory")
+    parser.add_argument("--reopen-together", type=int, default=1, metavar="N",
+                        help="agent: answer session/resume and session/load only once N "
+                             "of them are waiting (all at once)")
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--linger", action="store_true")
     parser.add_argument("--grandchild", metavar="FILE")
