@@ -14,7 +14,7 @@ import pytest
 from conductor import acp
 from conductor.config import chain_from_commands
 from conductor.early_start import start_early
-from conductor.jsonrpc.message import Notification, Request, decode
+from conductor.jsonrpc.message import Notification, ParseError, Request, decode
 from conductor.routing.handshake import Handshake
 from conductor.transport.stdio import FdReceiveStream
 from tests.conftest import child_env, conductor_argv
@@ -173,3 +173,44 @@ async def test_bytes_read_before_the_stream_existed_come_first() -> None:
             pass
     await stream.aclose()
     assert got == b"first\nlater\n"
+
+
+def nested_initialize(depth: int) -> bytes:
+    return (b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,'
+            b'"x":' + b"[" * depth + b"]" * depth + b"}}\n")
+
+
+def decodes(data: bytes, *, deeper_by: int) -> bool:
+    """Does `decode` take `data` with `deeper_by` more Python frames on the stack?"""
+    if deeper_by:
+        return decodes(data, deeper_by=deeper_by - 1)
+    try:
+        decode(data.rstrip())
+    except ParseError:
+        return False
+    return True
+
+
+def test_a_first_frame_nested_near_the_decoders_limit_starts_nothing_early() -> None:
+    # msgspec's nesting limit is what is left of Python's recursion limit, so whether a deep
+    # frame decodes depends on the stack it is decoded on; the router's reader runs on a
+    # deeper one than the early check (measured: frames 968-978 deep were started early, then
+    # refused by the router). The deepest frame the early check itself can decode:
+    low, high = 1, 5000
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if decodes(nested_initialize(mid), deeper_by=10) \
+            else (low, mid - 1)
+    data = nested_initialize(low)
+    assert not decodes(data, deeper_by=60)  # what a reader deeper down makes of it
+    config = chain_from_commands([agent_cmd()], with_agent=True)
+    fd = waiting_pipe(data)
+    try:
+        early = start_early(config, "agent", fd=fd)
+    finally:
+        os.close(fd)
+    try:
+        assert early.unread == data
+        assert not early.started
+    finally:
+        early.discard()
