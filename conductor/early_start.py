@@ -94,12 +94,14 @@ def start_early(config: ChainConfig, mode: str, *, fd: int = 0,
         for launch in launches:
             assert isinstance(launch, LaunchSpec)
             started.append((launch, start_process(launch)))
-    except ComponentStartError:
-        # Started as the initialize is routed instead, which reports it (or bypasses an
-        # optional proxy) the one usual way.
+    except BaseException as e:
         for launch, process in started:
             process.discard(launch.shutdown_grace)
-        return early
+        if isinstance(e, ComponentStartError):
+            # Started as the initialize is routed instead, which reports it (or bypasses an
+            # optional proxy) the one usual way.
+            return early
+        raise  # (nothing is left running: `serve`'s clean-up has not been set up yet)
     early.started = {id(launch): (launch, process) for launch, process in started}
     log.debug("initialize was waiting: %d component(s) started during start-up",
               len(started))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from typing import TYPE_CHECKING
 
@@ -18,13 +19,14 @@ from conductor.jsonrpc.message import Notification, ParseError, Request, decode
 from conductor.routing.handshake import Handshake
 from conductor.transport.stdio import FdReceiveStream
 from tests.conftest import child_env, conductor_argv
-from tests.wire_client import agent_cmd, chain_args
+from tests.wire_client import agent_cmd, chain_args, proxy_cmd
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
     from conductor.jsonrpc.message import Response
+    from conductor.supervise.spawn import LaunchSpec, Started
 
 STARTED_EARLY = "started during start-up"
 
@@ -214,3 +216,45 @@ def test_a_first_frame_nested_near_the_decoders_limit_starts_nothing_early() -> 
         assert not early.started
     finally:
         early.discard()
+
+
+def test_an_unexpected_error_while_starting_early_stops_what_had_started(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from conductor import early_start
+    from conductor.supervise.spawn import start_process
+
+    first: list[Started] = []
+
+    def start_one_then_fail(launch: LaunchSpec) -> Started:
+        if first:
+            raise RuntimeError("boom")
+        first.append(start_process(launch))
+        return first[0]
+
+    monkeypatch.setattr(early_start, "start_process", start_one_then_fail)
+    config = chain_from_commands([proxy_cmd(), agent_cmd()], with_agent=True)
+    fd = waiting_pipe(INIT)
+    try:
+        with pytest.raises(RuntimeError):
+            start_early(config, "agent", fd=fd)
+    finally:
+        os.close(fd)
+    [started] = first
+    alive = started.popen.poll() is None
+    if alive:
+        started.discard(1.0)  # (the test's own clean-up)
+    assert not alive
+
+
+def test_a_command_with_a_nul_in_its_environment_is_answered_as_a_start_error(
+        tmp_path: Path) -> None:
+    chain = tmp_path / "chain.toml"
+    agent = json.dumps(shlex.split(agent_cmd()))
+    chain.write_text(f'[agent]\ncommand = {agent}\nenv = {{ FOO = "a\\u0000b" }}\n')
+    answers, stderr, code = serve(waiting_pipe(INIT), "--chain", str(chain))
+    assert "internal error" not in stderr
+    assert code != 0
+    [answer] = answers
+    error = answer["error"]
+    assert error["data"]["component"] == "agent", error  # type: ignore[index]
+    assert "null" in error["message"]  # type: ignore[index]
