@@ -258,3 +258,17 @@ def test_a_command_with_a_nul_in_its_environment_is_answered_as_a_start_error(
     error = answer["error"]
     assert error["data"]["component"] == "agent", error  # type: ignore[index]
     assert "null" in error["message"]  # type: ignore[index]
+
+
+def test_a_conductor_started_with_stdin_closed_sees_the_end_of_its_input() -> None:
+    # stdout is claimed first now: its private duplicate must not take the free number 0
+    # and be read as the client's input.
+    argv = ["sh", "-c", 'exec "$@" <&-', "sh",
+            *conductor_argv("--log-level", "debug", *chain_args(0))]
+    done = subprocess.run(argv, capture_output=True, env=child_env(), timeout=60,
+                          check=False)
+    stderr = done.stderr.decode()
+    assert "internal error" not in stderr
+    assert done.returncode == 0, stderr
+    assert done.stdout == b""
+    assert "client closed its input" in stderr
