@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("acp_conductor")
 
 FIRST_READ = 65536  # one read: an initialize is a few hundred bytes
+# msgspec's nesting limit is what is left of Python's recursion limit, so whether a deep
+# frame decodes depends on the stack it is decoded on, and the router's reader runs on a
+# deeper one than this check: near the limit, this check would start what the router then
+# refuses. No initialize has this many brackets; one that does is left to the router.
+MAX_OPENINGS = 256
 
 
 @dataclass
@@ -89,12 +94,14 @@ def start_early(config: ChainConfig, mode: str, *, fd: int = 0,
         for launch in launches:
             assert isinstance(launch, LaunchSpec)
             started.append((launch, start_process(launch)))
-    except ComponentStartError:
-        # Started as the initialize is routed instead, which reports it (or bypasses an
-        # optional proxy) the one usual way.
+    except BaseException as e:
         for launch, process in started:
             process.discard(launch.shutdown_grace)
-        return early
+        if isinstance(e, ComponentStartError):
+            # Started as the initialize is routed instead, which reports it (or bypasses an
+            # optional proxy) the one usual way.
+            return early
+        raise  # (nothing is left running: `serve`'s clean-up has not been set up yet)
     early.started = {id(launch): (launch, process) for launch, process in started}
     log.debug("initialize was waiting: %d component(s) started during start-up",
               len(started))
@@ -106,6 +113,8 @@ def _starts_chain(data: bytes, mode: str, max_frame_bytes: int) -> bool:
     that starts the chain? Any doubt is a no: the router then decides, as always."""
     frames = FrameDecoder(max_frame_bytes=max_frame_bytes).feed(data)
     if not frames or not isinstance(frames[0], bytes | bytearray):
+        return False
+    if frames[0].count(b"{") + frames[0].count(b"[") > MAX_OPENINGS:  # bounds its depth
         return False
     try:
         msg = decode(frames[0])

@@ -132,7 +132,9 @@ def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int, stderr: int) -> subproc
     except PermissionError as e:
         raise ComponentStartError(
             spec.name, f"cannot execute {spec.argv[0]}: {e.strerror}") from None
-    except (OSError, subprocess.SubprocessError) as e:
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        # ValueError: a NUL in the argv, the environment or the working directory (a chain
+        # file's "\u0000"), which no exec can carry.
         reason = (e.strerror or errno.errorcode.get(e.errno or 0, str(e))
                   if isinstance(e, OSError) else str(e))
         raise ComponentStartError(spec.name, f"cannot start {spec.argv[0]}: {reason}") from None

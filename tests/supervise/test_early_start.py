@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from typing import TYPE_CHECKING
 
@@ -14,17 +15,18 @@ import pytest
 from conductor import acp
 from conductor.config import chain_from_commands
 from conductor.early_start import start_early
-from conductor.jsonrpc.message import Notification, Request, decode
+from conductor.jsonrpc.message import Notification, ParseError, Request, decode
 from conductor.routing.handshake import Handshake
 from conductor.transport.stdio import FdReceiveStream
 from tests.conftest import child_env, conductor_argv
-from tests.wire_client import agent_cmd, chain_args
+from tests.wire_client import agent_cmd, chain_args, proxy_cmd
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
     from conductor.jsonrpc.message import Response
+    from conductor.supervise.spawn import LaunchSpec, Started
 
 STARTED_EARLY = "started during start-up"
 
@@ -173,3 +175,100 @@ async def test_bytes_read_before_the_stream_existed_come_first() -> None:
             pass
     await stream.aclose()
     assert got == b"first\nlater\n"
+
+
+def nested_initialize(depth: int) -> bytes:
+    return (b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,'
+            b'"x":' + b"[" * depth + b"]" * depth + b"}}\n")
+
+
+def decodes(data: bytes, *, deeper_by: int) -> bool:
+    """Does `decode` take `data` with `deeper_by` more Python frames on the stack?"""
+    if deeper_by:
+        return decodes(data, deeper_by=deeper_by - 1)
+    try:
+        decode(data.rstrip())
+    except ParseError:
+        return False
+    return True
+
+
+def test_a_first_frame_nested_near_the_decoders_limit_starts_nothing_early() -> None:
+    # msgspec's nesting limit is what is left of Python's recursion limit, so whether a deep
+    # frame decodes depends on the stack it is decoded on; the router's reader runs on a
+    # deeper one than the early check (measured: frames 968-978 deep were started early, then
+    # refused by the router). The deepest frame the early check itself can decode:
+    low, high = 1, 5000
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if decodes(nested_initialize(mid), deeper_by=10) \
+            else (low, mid - 1)
+    data = nested_initialize(low)
+    assert not decodes(data, deeper_by=60)  # what a reader deeper down makes of it
+    config = chain_from_commands([agent_cmd()], with_agent=True)
+    fd = waiting_pipe(data)
+    try:
+        early = start_early(config, "agent", fd=fd)
+    finally:
+        os.close(fd)
+    try:
+        assert early.unread == data
+        assert not early.started
+    finally:
+        early.discard()
+
+
+def test_an_unexpected_error_while_starting_early_stops_what_had_started(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from conductor import early_start
+    from conductor.supervise.spawn import start_process
+
+    first: list[Started] = []
+
+    def start_one_then_fail(launch: LaunchSpec) -> Started:
+        if first:
+            raise RuntimeError("boom")
+        first.append(start_process(launch))
+        return first[0]
+
+    monkeypatch.setattr(early_start, "start_process", start_one_then_fail)
+    config = chain_from_commands([proxy_cmd(), agent_cmd()], with_agent=True)
+    fd = waiting_pipe(INIT)
+    try:
+        with pytest.raises(RuntimeError):
+            start_early(config, "agent", fd=fd)
+    finally:
+        os.close(fd)
+    [started] = first
+    alive = started.popen.poll() is None
+    if alive:
+        started.discard(1.0)  # (the test's own clean-up)
+    assert not alive
+
+
+def test_a_command_with_a_nul_in_its_environment_is_answered_as_a_start_error(
+        tmp_path: Path) -> None:
+    chain = tmp_path / "chain.toml"
+    agent = json.dumps(shlex.split(agent_cmd()))
+    chain.write_text(f'[agent]\ncommand = {agent}\nenv = {{ FOO = "a\\u0000b" }}\n')
+    answers, stderr, code = serve(waiting_pipe(INIT), "--chain", str(chain))
+    assert "internal error" not in stderr
+    assert code != 0
+    [answer] = answers
+    error = answer["error"]
+    assert error["data"]["component"] == "agent", error  # type: ignore[index]
+    assert "null" in error["message"]  # type: ignore[index]
+
+
+def test_a_conductor_started_with_stdin_closed_sees_the_end_of_its_input() -> None:
+    # stdout is claimed first now: its private duplicate must not take the free number 0
+    # and be read as the client's input.
+    argv = ["sh", "-c", 'exec "$@" <&-', "sh",
+            *conductor_argv("--log-level", "debug", *chain_args(0))]
+    done = subprocess.run(argv, capture_output=True, env=child_env(), timeout=60,
+                          check=False)
+    stderr = done.stderr.decode()
+    assert "internal error" not in stderr
+    assert done.returncode == 0, stderr
+    assert done.stdout == b""
+    assert "client closed its input" in stderr
