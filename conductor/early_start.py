@@ -28,7 +28,7 @@ from conductor.errors import ComponentStartError
 from conductor.jsonrpc.framing import FrameDecoder
 from conductor.jsonrpc.message import ParseError, Request, decode
 from conductor.plan import plan_chain
-from conductor.supervise.spawn import LaunchSpec, Started, start_process
+from conductor.supervise.spawn import LaunchSpec, Started, start_process, stop_together
 
 if TYPE_CHECKING:
     from conductor.config import ChainConfig
@@ -46,10 +46,11 @@ MAX_OPENINGS = 256
 
 @dataclass
 class EarlyStart:
-    """The chain's plan, what was read from stdin before serving it, and the processes
+    """The chain's plan (None: it has plugins or remote components, and is planned once
+    the event loop runs), what was read from stdin before serving it, and the processes
     already started for it (each served once, by `take`)."""
 
-    plan: Plan
+    plan: Plan | None = None
     unread: bytes = b""
     started: dict[int, tuple[LaunchSpec, Started]] = field(default_factory=dict)
 
@@ -60,25 +61,31 @@ class EarlyStart:
 
     def discard(self) -> None:
         """Stop every process that the chain never came to serve (it stopped first)."""
-        while self.started:
-            _, (launch, process) = self.started.popitem()
+        entries = list(self.started.values())
+        self.started.clear()
+        for launch, _ in entries:
             log.info("stopping %s: started early, but the chain stopped before serving it",
                      launch.name)
-            process.discard(launch.shutdown_grace)
+        stop_together(entries)
 
 
 def start_early(config: ChainConfig, mode: str, *, fd: int = 0,
                 max_frame_bytes: int | None = None) -> EarlyStart:
-    """Plan `config` for `mode`, and start its commands if `fd` already holds the
-    `initialize` that starts the chain. Never waits for input.
+    """Plan a chain of commands for `mode`, and start them if `fd` already holds the
+    `initialize` that starts the chain. Never waits for input. A chain with in-process
+    plugins or remote components is left alone: its plugins are loaded once the event
+    loop runs, as a plugin's constructor may expect.
 
     Raises:
-        ConfigError, PluginError: the chain cannot be planned (as serving it would).
+        ConfigError: the chain cannot be planned (as serving it would).
     """
+    specs = [*config.proxy, *([config.agent] if config.agent is not None else [])]
+    if any(spec.in_process or spec.remote for spec in specs):
+        return EarlyStart()
     plan = plan_chain(config, mode)
     early = EarlyStart(plan)
-    launches = [launch for _, _, launch in plan]
-    if not launches or not all(isinstance(launch, LaunchSpec) for launch in launches):
+    launches = [launch for _, _, launch in plan if isinstance(launch, LaunchSpec)]
+    if not launches or len(launches) != len(plan):
         return early
     try:
         if os.isatty(fd) or not select.select([fd], [], [], 0)[0]:
@@ -92,11 +99,9 @@ def start_early(config: ChainConfig, mode: str, *, fd: int = 0,
     started: list[tuple[LaunchSpec, Started]] = []
     try:
         for launch in launches:
-            assert isinstance(launch, LaunchSpec)
             started.append((launch, start_process(launch)))
     except BaseException as e:
-        for launch, process in started:
-            process.discard(launch.shutdown_grace)
+        stop_together(started)
         if isinstance(e, ComponentStartError):
             # Started as the initialize is routed instead, which reports it (or bypasses an
             # optional proxy) the one usual way.

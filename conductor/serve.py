@@ -102,7 +102,8 @@ async def serve_connection(
     """
     options = options or RunOptions()
     early = options.early
-    plan = early.plan if early is not None else plan_chain(config, options.mode)
+    plan = early.plan if early is not None and early.plan is not None \
+        else plan_chain(config, options.mode)
     ask_providers(config, plan)
     injection = McpInjection(mcp_servers(config))
     max_frame = options.max_frame_bytes or config.conductor.max_frame_bytes

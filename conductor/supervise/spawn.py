@@ -52,32 +52,37 @@ class Started:
     """A process just started, and our ends of its three pipes (raw fds, ours to close)."""
 
     popen: subprocess.Popen[bytes]
-    token: str
     stdin: int
     stdout: int
     stderr: int
 
-    def discard(self, grace: float) -> None:
-        """Stop a process that was never served (its chain did not start): EOF and closed
-        pipes, SIGTERM to its group, SIGKILL after `grace`. Blocking, bounded by `grace`."""
-        for fd in (self.stdin, self.stdout, self.stderr):
+
+def stop_together(started: Sequence[tuple[LaunchSpec, Started]]) -> None:
+    """Stop processes that were never served (their chain did not start), all at once:
+    EOF and closed pipes, SIGTERM to each group, SIGKILL to what is left after the longest
+    grace, then their descendants that left the group. Blocking; bounded by that grace."""
+    for _, process in started:
+        for fd in (process.stdin, process.stdout, process.stderr):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        pgid = self.popen.pid  # a group leader: its pid names its group
-        deadline = time.monotonic() + grace
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+    waiting = [process.popen for _, process in started]
+    grace = max((launch.shutdown_grace for launch, _ in started), default=0.0)
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):  # then the kernel's turn
+        for popen in waiting:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig)
-            while self.popen.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if self.popen.poll() is not None:
-                break
-            deadline = time.monotonic() + 2.0  # after SIGKILL: the kernel's turn
+                os.killpg(popen.pid, sig)  # a group leader: its pid names its group
+        deadline = time.monotonic() + wait
+        while any(p.poll() is None for p in waiting) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        waiting = [p for p in waiting if p.poll() is None]
+        if not waiting:
+            break
+    for launch, process in started:
         # Descendants that left the group still carry the token (Linux: /proc).
-        for pid in _linux.processes_with_env(f"{TOKEN_PREFIX}{self.token}=".encode()):
+        for pid in _linux.processes_with_env(f"{TOKEN_PREFIX}{launch.token}=".encode()):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        WATCHDOG.release(pgid)
+        WATCHDOG.release(process.popen.pid)
 
 
 def start_process(spec: LaunchSpec) -> Started:
@@ -106,7 +111,7 @@ def start_process(spec: LaunchSpec) -> Started:
         for fd in (stdin_r, stdout_w, stderr_w):  # the child has its own copies now
             os.close(fd)
     WATCHDOG.watch(popen.pid, spec.shutdown_grace)
-    return Started(popen, spec.token, stdin_w, stdout_r, stderr_r)
+    return Started(popen, stdin_w, stdout_r, stderr_r)
 
 
 def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:

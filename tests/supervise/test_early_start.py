@@ -120,6 +120,7 @@ def test_nothing_starts_early_when_no_initialize_is_waiting() -> None:
         os.close(read)
         os.close(write)
     assert early.unread == b"" and not early.started
+    assert early.plan is not None
     [(_, _, launch)] = early.plan
     assert launch.argv[-1].endswith("scripted_agent.py")
 
@@ -272,3 +273,28 @@ def test_a_conductor_started_with_stdin_closed_sees_the_end_of_its_input() -> No
     assert done.returncode == 0, stderr
     assert done.stdout == b""
     assert "client closed its input" in stderr
+
+
+LOOP_PLUGIN = """
+import asyncio
+
+from conductor.plugins import Proxy
+
+
+class NeedsLoop(Proxy):
+    def __init__(self, options):
+        super().__init__(options)
+        asyncio.get_running_loop()  # raises outside a running event loop
+"""
+
+
+def test_a_plugin_chain_is_loaded_in_the_event_loop_even_when_the_initialize_is_waiting(
+        tmp_path: Path) -> None:
+    (tmp_path / "needs_loop.py").write_text(LOOP_PLUGIN, encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[[proxy]]\nplugin = "needs_loop.py:NeedsLoop"\n\n'
+                     f'[agent]\ncommand = {json.dumps(agent_cmd())}\n', encoding="utf-8")
+    answers, stderr, code = serve(waiting_pipe(INIT + ECHO), "--chain", str(chain))
+    assert code == 0, stderr
+    assert STARTED_EARLY not in stderr  # a chain with a plugin starts as it is routed
+    assert [a["id"] for a in answers] == [0, 1]
