@@ -4,6 +4,8 @@ MCP-over-ACP through the real router (the agent here is an MCP client speaking r
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -16,7 +18,7 @@ from pydantic import BaseModel
 from conductor.errors import RpcError
 from conductor.plugins import McpOffer, Proxy, SessionSetup, tool_context
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
-from tests.conftest import REPO
+from tests.conftest import REPO, child_env
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -288,6 +290,69 @@ async def test_an_opt_in_server_is_declared_when_the_chain_asks_for_it() -> None
         with anyio.fail_after(5):
             sid = await client.new_session("/w")
     assert [s["name"] for s in agent.servers[sid]] == ["shared", "opt-in", "scratch-/w"]
+
+
+class LazyOptIn(Proxy):
+    """An opt-in server made only when a chain asks for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.built = 0
+
+    def mcp_servers(self) -> list[Any]:
+        return [McpOffer(name="lazy", declare=False, build=self._build)]
+
+    def _build(self) -> MCPServer:
+        self.built += 1
+        server = MCPServer("lazy")
+
+        @server.tool()
+        def ping() -> str:
+            return "pong"
+
+        return server
+
+
+async def test_an_opt_in_server_offered_with_build_is_made_only_when_a_chain_asks() -> None:
+    idle = LazyOptIn()
+    agent = McpAgent()
+    async with open_test_chain([idle], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+    assert agent.servers[sid] == [] and idle.built == 0
+
+    asked = LazyOptIn()
+    asked.mcp_requested = frozenset({"lazy"})
+    agent = McpAgent()
+    async with open_test_chain([asked], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            conn = await agent.open_mcp(sid)
+            result = await agent.mcp(conn, "tools/call", {"name": "ping", "arguments": {}})
+            await client.new_session()
+    assert [s["name"] for s in agent.servers[sid]] == ["lazy"]
+    assert result["content"][0]["text"] == "pong"
+    assert asked.built == 1  # made once, kept for every session
+
+
+def test_an_offer_needs_a_server_or_a_builder_and_a_name() -> None:
+    with pytest.raises(TypeError, match="build= and name="):
+        McpOffer(build=lambda: None)
+
+
+def test_the_permissions_proxy_does_without_the_mcp_sdk_until_a_chain_asks_for_its_server(
+        ) -> None:
+    # The SDK costs ~0.4 s of CPU to import: every chain with permissions paid it at start.
+    script = ("import sys\n"
+              "from conductor.plugins.registry import load_proxy\n"
+              "proxy = load_proxy('permissions', {})\n"
+              "[offer] = proxy.offered_mcp_servers()\n"
+              "print(offer.declared_name, offer.declare, 'mcp' in sys.modules)\n"
+              "offer.instance()\n"
+              "print('mcp' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=child_env(), timeout=60, check=True)
+    assert done.stdout.split() == ["permissions", "False", "False", "True"]
 
 
 async def test_nothing_is_declared_to_an_agent_that_takes_no_acp_servers() -> None:

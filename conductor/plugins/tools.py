@@ -108,7 +108,8 @@ class ToolServers:
         proxy = host.proxy
         self._offers = [as_offer(o) for o in offers]
         for offer in self._offers:
-            lowlevel(offer.server)  # a wrong object fails at start, naming it
+            if offer.server is not None:  # (one offered with `build` is checked when made)
+                lowlevel(offer.server)  # a wrong object fails at start, naming it
         self._per_session = type(proxy).session_mcp_servers is not Proxy.session_mcp_servers
         self.support = McpSupport()
         self.acp_downstream: bool | None = None
@@ -155,13 +156,13 @@ class ToolServers:
         ids: list[str] = []
         seen: dict[str, int] = {}
         for offer in offers:
-            lowlevel(offer.server)
+            lowlevel(offer.instance())
             name = offer.declared_name
             seen[name] = seen.get(name, 0) + 1
             key = name if seen[name] == 1 else f"{name}#{seen[name]}"
             server_id = reuse.get(key)
             decl = self._declared.get(server_id) if server_id is not None else None
-            if decl is None or decl.offer.server is not offer.server:
+            if decl is None or decl.offer.instance() is not offer.instance():
                 server_id = f"{name}-{uuid.uuid4().hex}"
                 self._evict()
                 self._declared[server_id] = _Declared(server_id, offer, key)
@@ -331,7 +332,7 @@ class _Connection:
         return self.servers._host
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
-        server = lowlevel(self.decl.offer.server)
+        server = lowlevel(self.decl.offer.instance())
         self.servers.connections[self.ident] = self
         _tool_context.set(self.context)  # this task's context: handlers inherit it
         log.info("%s: MCP server %s connected (%s)", self._host.name, self.decl.offer

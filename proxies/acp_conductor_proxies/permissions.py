@@ -634,10 +634,16 @@ class Permissions(Proxy[PermissionsOptions]):
 
     def mcp_servers(self) -> list[Any]:
         """An opt-in `permissions` MCP server: the agent can ask before it tries.
-        Declared when the chain file names it ([[mcp_server]] type acp, docs/mcp.md)."""
+        Declared when the chain file names it ([[mcp_server]] type acp, docs/mcp.md); made
+        only then (the `mcp` SDK is a heavy import for a chain that does not use it)."""
+        from conductor.plugins import McpOffer
+
+        return [McpOffer(name="permissions", declare=False, build=self._policy_server)]
+
+    def _policy_server(self) -> Any:
         from mcp.server.mcpserver import MCPServer
 
-        from conductor.plugins import McpOffer, tool_context
+        from conductor.plugins import tool_context
 
         server = MCPServer("permissions", instructions=(
             "The editor's policy for this session: ask whether an action would be allowed, "
@@ -674,7 +680,7 @@ class Permissions(Proxy[PermissionsOptions]):
                      for i, r in enumerate(self.options.rules)]
             return "\n".join([*lines, f"otherwise: {self.options.default}"])
 
-        return [McpOffer(server, declare=False)]
+        return server
 
     def _judge(self, ctx: ProxyContext, method: str, params: dict[str, Any]) -> tuple[Action,
                                                                                      str]:
