@@ -551,6 +551,12 @@ def chain_from_commands(commands: list[str], *, with_agent: bool) -> ChainConfig
     return config
 
 
+# The `[[mcp_server]]` names (a JSON list) that the chain file asks a proxy run as a command
+# to declare: how a stand-alone plugin (`serve-proxy`) learns its `mcp_requested`. Set, or
+# removed, for every command, so that a nested conductor's own value goes no further.
+MCP_REQUESTED_ENV = "ACP_CONDUCTOR_MCP_REQUESTED"
+
+
 def component_environment(spec: ComponentSpec, *, file: str | None, where: str) -> dict[str, str]:
     """The environment a component starts with.
 

@@ -7,12 +7,14 @@ purpose: it runs while the serving path is still importing (`early_start.py`).
 
 from __future__ import annotations
 
+import json
 import sys
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 
 from conductor.config import (
+    MCP_REQUESTED_ENV,
     ChainConfig,
     ComponentSpec,
     component_argv,
@@ -35,10 +37,17 @@ if TYPE_CHECKING:
 
 def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig,
                  grace: float) -> LaunchSpec:
+    env = component_environment(spec, file=config.source, where=where)
+    # A provider run as a command is told which of its opt-in servers the chain asks for
+    # (in-process ones are told by `ask_providers`).
+    requested = [s.name for s in config.mcp_server if s.type == "acp" and s.provider == name]
+    env.pop(MCP_REQUESTED_ENV, None)
+    if requested:
+        env[MCP_REQUESTED_ENV] = json.dumps(requested)
     return LaunchSpec(
         name=name,
         argv=component_argv(spec, file=config.source, where=where, base_dir=config.base_dir),
-        env=component_environment(spec, file=config.source, where=where),
+        env=env,
         cwd=component_cwd(spec, config, where=where),
         shutdown_grace=spec.shutdown_grace if spec.shutdown_grace is not None else grace,
     )

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from conductor.config import parse_chain
+from conductor.config import MCP_REQUESTED_ENV, parse_chain
 from conductor.errors import ConfigError
 from conductor.plan import ask_providers as _ask_providers
 from conductor.plan import plan_chain as _plan
@@ -49,6 +49,17 @@ def test_a_plugin_provider_must_offer_the_named_server_and_is_asked_for_it() -> 
     plan = _plan(config, "agent")
     _ask_providers(config, plan)
     assert plan[0][2].mcp_requested == {"session-tools"}  # type: ignore[union-attr]
+
+
+def test_a_command_provider_is_told_what_the_chain_asks_of_it_and_no_other_component_is(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MCP_REQUESTED_ENV, '["inherited"]')  # a nested conductor's own
+    config = parse_chain(chain(proxy=[{"name": "guard", "command": ["/bin/cat"]},
+                                      {"name": "other", "command": ["/bin/cat"]}],
+                               mcp_server=[{"name": "permissions", "type": "acp",
+                                            "provider": "guard"}]))
+    envs = [launch.env or {} for _, _, launch in _plan(config, "agent")]  # type: ignore[union-attr]
+    assert [env.get(MCP_REQUESTED_ENV) for env in envs] == ['["permissions"]', None, None]
 
 
 def test_mcp_bridge_takes_four_values() -> None:

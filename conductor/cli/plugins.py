@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
 
     from conductor.plugins.api import Proxy
 
+log = logging.getLogger("acp_conductor.proxy")
 
 def _options(text: str | None) -> dict[str, Any] | None:
     if text is None:
@@ -82,8 +84,35 @@ def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = N
     for handler in logging.getLogger("acp_conductor.proxy").handlers:
         handler.setFormatter(ProxyFormatter(prefixed=False))  # the conductor adds our name
     proxy = load()
+    _take_requested(proxy)
 
     async def serve() -> None:
         await serve_proxy(proxy, FdReceiveStream(0), FdSendStream(wire_fd),
                           max_frame_bytes=max_frame_bytes)
     loop.run(serve)
+
+
+def _take_requested(proxy: Proxy[Any]) -> None:
+    """The opt-in MCP servers the conductor's chain file asks this stand-alone proxy for
+    (`MCP_REQUESTED_ENV`): its `mcp_requested`, as `ask_providers` sets it in-process. Taken
+    out of the environment, so that nothing this proxy starts inherits it."""
+    from conductor.config import MCP_REQUESTED_ENV
+
+    text = os.environ.pop(MCP_REQUESTED_ENV, None)
+    if not text:
+        return
+    try:
+        names = json.loads(text)
+    except json.JSONDecodeError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        log.warning("%s: %s is not a JSON list of names (ignored): %r", proxy.name,
+                    MCP_REQUESTED_ENV, text)
+        return
+    offered = {o.declared_name for o in proxy.offered_mcp_servers()}
+    for name in names:
+        if name not in offered:  # the session is then refused if the server is required
+            log.warning("%s: the chain asks for an MCP server %r, but this proxy offers "
+                        "no server by that name (it offers: %s)", proxy.name, name,
+                        ", ".join(sorted(offered)) or "none")
+    proxy.mcp_requested = proxy.mcp_requested | {n for n in names if n in offered}

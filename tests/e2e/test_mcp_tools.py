@@ -40,3 +40,21 @@ def test_the_same_plugin_serves_its_tools_stand_alone(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "Tool search_transcript of session-tools says:\nuser: tool:search_transcript " \
         "tool" in result.stdout
+
+
+def test_an_opt_in_server_named_in_the_chain_file_is_declared_by_a_stand_alone_provider(
+        tmp_path: Path) -> None:
+    # permissions offers its server opt-in: only the chain file's [[mcp_server]] asks for
+    # it, and a provider running as a process has no other way to learn that it was asked.
+    chain = tmp_path / "chain.toml"
+    chain.write_text(
+        '[[proxy]]\nname = "guard"\n'
+        'command = ["${PYTHON}", "-m", "conductor", "serve-proxy", "permissions"]\n'
+        '[agent]\ncommand = ["${PYTHON}", "-m", "conductor.demo_agent"]\n'
+        '[[mcp_server]]\nname = "permissions"\ntype = "acp"\nprovider = "guard"\n'
+        'required = true\n', encoding="utf-8")
+    result = subprocess.run(conductor_argv("run", "--chain", str(chain), "tool:rules tool"),
+                            capture_output=True, text=True, env=child_env(), timeout=60,
+                            cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert "Tool rules of permissions says:\notherwise: ask" in result.stdout
