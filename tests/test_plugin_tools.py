@@ -21,6 +21,7 @@ from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 from tests.conftest import REPO, child_env
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from conductor.jsonrpc.message import JsonValue, Request
@@ -333,6 +334,41 @@ async def test_an_opt_in_server_offered_with_build_is_made_only_when_a_chain_ask
     assert [s["name"] for s in agent.servers[sid]] == ["lazy"]
     assert result["content"][0]["text"] == "pong"
     assert asked.built == 1  # made once, kept for every session
+
+
+class BrokenOptIn(Proxy):
+    """A shared server, and an opt-in one whose `build` fails or makes no server."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        super().__init__()
+        self._build = build
+
+    def mcp_servers(self) -> list[Any]:
+        return [MCPServer("shared"), McpOffer(name="lazy", declare=False, build=self._build)]
+
+
+def _fails() -> Any:
+    raise RuntimeError("no database")
+
+
+@pytest.mark.parametrize(("build", "why"), [
+    (_fails, "RuntimeError: no database"),
+    (lambda: 42, "TypeError: 42 is not an MCP server")])
+async def test_an_opt_in_server_that_cannot_be_made_fails_the_session_naming_proxy_and_server(
+        build: Callable[[], Any], why: str) -> None:
+    proxy = BrokenOptIn(build)
+    proxy.mcp_requested = frozenset({"lazy"})
+    agent = McpAgent()
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(5):
+            with pytest.raises(RpcError) as failed:
+                await client.new_session()
+            assert agent.servers == {}  # it never reached the agent
+            assert failed.value.code == -33002
+            assert "brokenoptin failed handling session/new: PluginError: its MCP server 'lazy' " \
+                f"could not be made: {why}" in str(failed.value)
+            agent.replies["_test/echo"] = {"n": 1}
+            assert await client.call("_test/echo", {}) == {"n": 1}  # the chain goes on
 
 
 def test_an_offer_needs_a_server_or_a_builder_and_a_name() -> None:

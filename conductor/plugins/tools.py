@@ -35,7 +35,7 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
-from conductor.errors import RpcError
+from conductor.errors import PluginError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Notification, Request, payload
 from conductor.plugins.api import (
@@ -82,6 +82,20 @@ def lowlevel(server: Any) -> Server[Any]:
         return inner
     raise TypeError(f"{server!r} is not an MCP server from the `mcp` SDK "
                     "(mcp.server.mcpserver.MCPServer or mcp.server.lowlevel.Server)")
+
+
+def made(offer: McpOffer) -> Server[Any]:
+    """The low-level server of `offer`, made now if it is offered with `build`.
+
+    Raises:
+        PluginError: `build` failed, or made something that is not an MCP server (the
+            proxy's failure then names the server, not only the exception).
+    """
+    try:
+        return lowlevel(offer.instance())
+    except Exception as e:
+        raise PluginError(f"its MCP server {offer.declared_name!r} could not be made: "
+                          f"{type(e).__name__}: {e}") from e
 
 
 @dataclass(slots=True, eq=False)
@@ -152,11 +166,12 @@ class ToolServers:
         reuse = self._by_session.get(session_id, {}) \
             if session_id is not None and method in (acp.SESSION_LOAD, acp.SESSION_RESUME) \
             else {}
+        for offer in offers:  # all made first: one that fails registers none of them
+            made(offer)
         entries: list[Raw] = []
         ids: list[str] = []
         seen: dict[str, int] = {}
         for offer in offers:
-            lowlevel(offer.instance())
             name = offer.declared_name
             seen[name] = seen.get(name, 0) + 1
             key = name if seen[name] == 1 else f"{name}#{seen[name]}"
@@ -332,7 +347,7 @@ class _Connection:
         return self.servers._host
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
-        server = lowlevel(self.decl.offer.instance())
+        server = made(self.decl.offer)
         self.servers.connections[self.ident] = self
         _tool_context.set(self.context)  # this task's context: handlers inherit it
         log.info("%s: MCP server %s connected (%s)", self._host.name, self.decl.offer
