@@ -130,19 +130,26 @@ class Recovery:
         log.warning("%s is back after its restart", name)
         chain.trace_lifecycle(name, "reattached", sessions=len(chain.sessions))
 
-    async def _ask(self, hop: Hop, method: str, params: Raw | UnsetType) -> Response:
+    @property
+    def _timeout(self) -> float:
+        return self._chain.timeouts.request or REATTACH_TIMEOUT
+
+    async def _ask(self, hop: Hop, method: str, params: Raw | UnsetType, *,
+                   bounded: bool = True) -> Response:
+        """Send a request of the re-attach and wait for its answer, within the request
+        timeout (`bounded`), or for as long as the caller bounds it."""
         outgoing, request = hop.open_request(method, params)
         try:
             await hop.send(request)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # it is gone already: its reader fails the hop, and so this request
-        timeout = self._chain.timeouts.request or REATTACH_TIMEOUT
+        if not bounded:
+            return await hop.wait(outgoing, cancel_on_abort=False)
         try:
-            with anyio.fail_after(timeout):
+            with anyio.fail_after(self._timeout):
                 return await hop.wait(outgoing, cancel_on_abort=False)
         except TimeoutError:
-            raise ComponentStartError(hop.name, f"did not answer {method} within {timeout:g}s "
-                                      "after its restart") from None
+            raise _no_answer(hop, method, self._timeout) from None
 
     async def _reopen_sessions(self, hop: Hop, answer: Response) -> None:
         chain = self._chain
@@ -162,10 +169,21 @@ class Recovery:
             except ValueError:  # a setup the agent took, but we cannot edit (too deep)
                 lost[sid] = "its setup request cannot be repeated"
         # Several at once: the chain waits for them all, and one slow session must not
-        # make the others wait their turn. A reopen that times out fails the restart (a
-        # wedged agent), as the initialize would; the task group then stops the others.
+        # make the others wait their turn. The timeout bounds the wait for progress, not
+        # each reopen (an agent may answer them one after the other): when none is
+        # answered for that long, the agent is wedged and the restart fails, as it does
+        # for an unanswered initialize; the task group then stops the others.
         limiter = anyio.CapacityLimiter(REOPEN_AT_ONCE)
         failed: list[Exception] = []  # the first one is raised as it is, not in a group
+        progress = [anyio.current_time()]  # when the last reopen was answered (or began)
+
+        async def watch() -> None:
+            while True:
+                await anyio.sleep(max(0.0, progress[0] + self._timeout - anyio.current_time()))
+                if anyio.current_time() >= progress[0] + self._timeout:
+                    failed.append(_no_answer(hop, method or "", self._timeout))
+                    tg.cancel_scope.cancel()
+                    return
 
         async def reopen(sid: str, params: Raw) -> None:
             assert method is not None
@@ -173,13 +191,14 @@ class Recovery:
                 if method == acp.SESSION_LOAD:
                     self.muted.add(sid)
                 try:
-                    reopened = await self._ask(hop, method, params)
-                except Exception as e:  # no answer in time, or it is gone: the restart failed
+                    reopened = await self._ask(hop, method, params, bounded=False)
+                except Exception as e:  # it is gone: the restart failed
                     failed.append(e)
                     tg.cancel_scope.cancel()
                     return
                 finally:
                     self.muted.discard(sid)
+            progress[0] = anyio.current_time()
             if reopened.is_error:
                 lost[sid] = f"{method} failed: {_message(reopened)}"
                 return
@@ -187,8 +206,12 @@ class Recovery:
             chain.trace_lifecycle(hop.name, "session-reopened", session=sid, how=method)
 
         async with anyio.create_task_group() as tg:
-            for sid, params in todo:
-                tg.start_soon(reopen, sid, params)
+            if todo:
+                tg.start_soon(watch)
+            async with anyio.create_task_group() as reopening:
+                for sid, params in todo:
+                    reopening.start_soon(reopen, sid, params)
+            tg.cancel_scope.cancel()  # all answered: the watch is over
         if failed:
             raise failed[0]
         if lost:
@@ -242,6 +265,11 @@ def _message(answer: Response) -> str:
         return "an error that cannot be read"
     message = error.get("message") if isinstance(error, dict) else None
     return str(message) if message else str(error)
+
+
+def _no_answer(hop: Hop, method: str, timeout: float) -> ComponentStartError:
+    return ComponentStartError(hop.name, f"did not answer {method} within {timeout:g}s "
+                               "after its restart")
 
 
 async def _no_resend(method: str, params: Raw) -> None:

@@ -147,6 +147,56 @@ restart = "on-failure"
             assert f"session {sid} reopened" in c.stderr_text
 
 
+async def test_an_agent_that_reopens_sessions_one_after_another_is_given_the_time_it_needs(
+        tmp_path: Path) -> None:
+    # Each resume takes 0.6 s, one at a time: the third is answered 1.8 s after all three
+    # were sent, past the 1.5 s timeout, though the agent never stalled that long.
+    state = tmp_path / "sessions"
+    state.mkdir()
+    path = tmp_path / "chain.toml"
+    path.write_text(f"""[conductor]
+shutdown_grace = 1.0
+request_timeout = 1.5
+
+[agent]
+command = {faulty("--name", "agent", "--resume", "--state", str(state),
+                  "--reopen-delay", "0.6")}
+restart = "on-failure"
+""", encoding="utf-8")
+    async with open_conductor("--chain", str(path), "--log-level", "info",
+                              check_exit=True) as c:
+        await c.initialize()
+        sessions = [await c.new_session() for _ in range(3)]
+        await crash(c, "agent")
+        await c.wait_stderr("agent is back after its restart")
+        for sid in sessions:
+            assert "result" in await prompt(c, sid)
+    assert "restarting it" in c.stderr_text and "restart 2" not in c.stderr_text
+
+
+async def test_a_restarted_agent_that_answers_no_reopen_in_time_fails_its_restart(
+        tmp_path: Path) -> None:
+    state = tmp_path / "sessions"
+    state.mkdir()
+    path = tmp_path / "chain.toml"
+    path.write_text(f"""[conductor]
+shutdown_grace = 1.0
+request_timeout = 1
+
+[agent]
+command = {faulty("--name", "agent", "--resume", "--state", str(state),
+                  "--reopen-together", "99")}
+restart = "on-failure"
+max_restarts = 1
+""", encoding="utf-8")
+    async with open_conductor("--chain", str(path)) as c:
+        await c.initialize()
+        await c.new_session()
+        await crash(c, "agent")
+        await c.wait_stderr("did not answer session/resume within 1s after its restart")
+        assert await c.wait() == 3
+
+
 async def test_an_agent_that_keeps_failing_is_given_up_after_max_restarts(
         tmp_path: Path) -> None:
     flag = tmp_path / "started-once"

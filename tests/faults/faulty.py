@@ -24,7 +24,8 @@ A request `_fault/crash` {"who": NAME} crashes the component named NAME (`--name
 is passed on by the others. As an agent it keeps sessions in --state DIR (one file each),
 so that after a restart `session/resume` (--resume) and `session/load` (--load; replays
 one update first) succeed for sessions it created before; --reopen-together N holds their
-answers until N are waiting. Stdlib only, synchronous.
+answers until N are waiting, and --reopen-delay S takes S seconds over each. Stdlib
+only, synchronous.
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ class Faulty:
             if not (known and allowed):
                 self.error(ident, -32002, f"faulty: no session {sid}")
                 return
+            time.sleep(self.args.reopen_delay)  # one at a time: this agent is synchronous
             self.held.append((method, ident, sid))
             if len(self.held) < self.args.reopen_together:
                 return  # answered with the others, once they are all asked
@@ -232,6 +234,8 @@ def main() -> None:
     parser.add_argument("--reopen-together", type=int, default=1, metavar="N",
                         help="agent: answer session/resume and session/load only once N "
                              "of them are waiting (all at once)")
+    parser.add_argument("--reopen-delay", type=float, default=0.0, metavar="S",
+                        help="agent: take S seconds over each session/resume and session/load")
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--linger", action="store_true")
     parser.add_argument("--grandchild", metavar="FILE")
