@@ -120,24 +120,27 @@ restart = "on-failure"
         assert (await text_of_next_update(c, sid)).startswith("answer from")  # not "replayed"
 
 
-async def test_an_agents_sessions_are_reopened_together_not_one_by_one(
-        tmp_path: Path) -> None:
-    # This agent answers a resume only once all three are waiting: reopened one at a time,
-    # the first would time out and the restart fail.
+def resuming_agent(tmp_path: Path, request_timeout: float, *flags: str,
+                   max_restarts: int = 5) -> str:
+    """A chain whose agent restarts on failure and resumes its sessions (`flags`: how)."""
     state = tmp_path / "sessions"
     state.mkdir()
     path = tmp_path / "chain.toml"
     path.write_text(f"""[conductor]
 shutdown_grace = 1.0
-request_timeout = 5
+request_timeout = {request_timeout}
 
 [agent]
-command = {faulty("--name", "agent", "--resume", "--state", str(state),
-                  "--reopen-together", "3")}
+command = {faulty("--name", "agent", "--resume", "--state", str(state), *flags)}
 restart = "on-failure"
+max_restarts = {max_restarts}
 """, encoding="utf-8")
-    async with open_conductor("--chain", str(path), "--log-level", "info",
-                              check_exit=True) as c:
+    return str(path)
+
+
+async def reopened_after_a_crash(path: str) -> ConductorProcess:
+    """Three sessions, a crash, and the restarted agent's answer to a prompt in each."""
+    async with open_conductor("--chain", path, "--log-level", "info", check_exit=True) as c:
         await c.initialize()
         sessions = [await c.new_session() for _ in range(3)]
         await crash(c, "agent")
@@ -145,51 +148,28 @@ restart = "on-failure"
         for sid in sessions:
             assert "result" in await prompt(c, sid)
             assert f"session {sid} reopened" in c.stderr_text
+    return c
+
+
+async def test_an_agents_sessions_are_reopened_together_not_one_by_one(
+        tmp_path: Path) -> None:
+    # This agent answers a resume only once all three are waiting: reopened one at a time,
+    # the first would time out and the restart fail.
+    await reopened_after_a_crash(resuming_agent(tmp_path, 5, "--reopen-together", "3"))
 
 
 async def test_an_agent_that_reopens_sessions_one_after_another_is_given_the_time_it_needs(
         tmp_path: Path) -> None:
     # Each resume takes 0.6 s, one at a time: the third is answered 1.8 s after all three
     # were sent, past the 1.5 s timeout, though the agent never stalled that long.
-    state = tmp_path / "sessions"
-    state.mkdir()
-    path = tmp_path / "chain.toml"
-    path.write_text(f"""[conductor]
-shutdown_grace = 1.0
-request_timeout = 1.5
-
-[agent]
-command = {faulty("--name", "agent", "--resume", "--state", str(state),
-                  "--reopen-delay", "0.6")}
-restart = "on-failure"
-""", encoding="utf-8")
-    async with open_conductor("--chain", str(path), "--log-level", "info",
-                              check_exit=True) as c:
-        await c.initialize()
-        sessions = [await c.new_session() for _ in range(3)]
-        await crash(c, "agent")
-        await c.wait_stderr("agent is back after its restart")
-        for sid in sessions:
-            assert "result" in await prompt(c, sid)
+    c = await reopened_after_a_crash(resuming_agent(tmp_path, 1.5, "--reopen-delay", "0.6"))
     assert "restarting it" in c.stderr_text and "restart 2" not in c.stderr_text
 
 
 async def test_a_restarted_agent_that_answers_no_reopen_in_time_fails_its_restart(
         tmp_path: Path) -> None:
-    state = tmp_path / "sessions"
-    state.mkdir()
-    path = tmp_path / "chain.toml"
-    path.write_text(f"""[conductor]
-shutdown_grace = 1.0
-request_timeout = 1
-
-[agent]
-command = {faulty("--name", "agent", "--resume", "--state", str(state),
-                  "--reopen-together", "99")}
-restart = "on-failure"
-max_restarts = 1
-""", encoding="utf-8")
-    async with open_conductor("--chain", str(path)) as c:
+    path = resuming_agent(tmp_path, 1, "--reopen-together", "99", max_restarts=1)
+    async with open_conductor("--chain", path) as c:
         await c.initialize()
         await c.new_session()
         await crash(c, "agent")

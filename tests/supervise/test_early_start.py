@@ -14,7 +14,7 @@ import pytest
 
 from conductor import acp
 from conductor.config import chain_from_commands
-from conductor.early_start import start_early
+from conductor.early_start import EarlyStart, start_early
 from conductor.jsonrpc.message import Notification, ParseError, Request, decode
 from conductor.routing.handshake import Handshake
 from conductor.transport.stdio import FdReceiveStream
@@ -46,6 +46,16 @@ def waiting_pipe(data: bytes) -> int:
     os.write(write, data)
     os.close(write)
     return read
+
+
+def start_early_on(data: bytes) -> EarlyStart:
+    """`start_early` for a chain of the scripted agent, with `data` waiting on its stdin."""
+    config = chain_from_commands([agent_cmd()], with_agent=True)
+    fd = waiting_pipe(data)
+    try:
+        return start_early(config, "agent", fd=fd)
+    finally:
+        os.close(fd)
 
 
 def serve(stdin: int, *args: str) -> tuple[list[dict[str, object]], str, int]:
@@ -97,12 +107,7 @@ def test_a_command_that_cannot_start_is_left_to_the_router_to_report() -> None:
 
 
 def test_processes_started_early_that_the_chain_never_serves_are_stopped() -> None:
-    config = chain_from_commands([agent_cmd()], with_agent=True)
-    fd = waiting_pipe(INIT)
-    try:
-        early = start_early(config, "agent", fd=fd)
-    finally:
-        os.close(fd)
+    early = start_early_on(INIT)
     assert early.unread == INIT
     [(launch, started)] = early.started.values()
     assert started.popen.poll() is None
@@ -206,12 +211,7 @@ def test_a_first_frame_nested_near_the_decoders_limit_starts_nothing_early() -> 
             else (low, mid - 1)
     data = nested_initialize(low)
     assert not decodes(data, deeper_by=60)  # what a reader deeper down makes of it
-    config = chain_from_commands([agent_cmd()], with_agent=True)
-    fd = waiting_pipe(data)
-    try:
-        early = start_early(config, "agent", fd=fd)
-    finally:
-        os.close(fd)
+    early = start_early_on(data)
     try:
         assert early.unread == data
         assert not early.started
