@@ -46,7 +46,8 @@ class Relay:
         self.close_agent = close_agent
         self.closed = False
         self._outgoing: dict[Any, Outgoing] = {}      # agent request id -> our ACP request
-        self._asked: dict[str, Request] = {}          # our id toward the agent -> provider's
+        # our id toward the agent -> the provider's request, and how it is tracked
+        self._asked: dict[str, tuple[Request, Inbound]] = {}
         self._ids = itertools.count(1)
         self.progress: dict[Any, Any] = {}            # progressToken -> agent request id
 
@@ -103,17 +104,18 @@ class Relay:
                 self.progress.pop(_key(token), None)
 
     async def _answer_provider(self, message: dict[str, Any]) -> None:
-        request = self._asked.pop(str(message.get("id")), None)
-        if request is None:
+        asked = self._asked.pop(str(message.get("id")), None)
+        if asked is None:
             log.debug("%s: answer for unknown id %r from the agent", self.name,
                       message.get("id"))
             return
+        request, inbound = asked
         if "error" in message:
             answer = Response(id=request.id, error=payload(message["error"]))
         else:
             answer = Response(id=request.id, result=payload(message.get("result")))
+        self.endpoint.untrack_inbound(request.id, inbound)  # before: the id may come again
         await self.endpoint.send(answer)
-        self.endpoint.untrack_inbound(request.id)
 
     def _envelope(self, method: str, params: Any) -> Any:
         body: dict[str, Any] = {"connectionId": self.connection_id, "method": method}
@@ -136,12 +138,13 @@ class Relay:
         if isinstance(msg, Request):
             ident = f"acp-{next(self._ids)}"
             inner["id"] = ident
-            self._asked[ident] = msg
 
             async def cancel() -> None:
                 await self.to_agent({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                      "params": {"requestId": ident}})
-            self.endpoint.track_inbound(msg.id, Inbound(on_cancel=cancel))
+            inbound = Inbound(on_cancel=cancel)
+            self._asked[ident] = (msg, inbound)
+            self.endpoint.track_inbound(msg.id, inbound)
         if not self.closed:
             await self.to_agent(inner)
 
@@ -153,8 +156,8 @@ class Relay:
         # Taken at once: a provider request arriving during the sends below is answered by
         # `from_provider`, and must not change the dict being walked.
         asked, self._asked = list(self._asked.values()), {}
-        for request in asked:  # the provider asked; nobody will answer now
-            self.endpoint.untrack_inbound(request.id)
+        for request, inbound in asked:  # the provider asked; nobody will answer now
+            self.endpoint.untrack_inbound(request.id, inbound)
             with anyio.CancelScope(shield=True):
                 await self.endpoint.send(error_response(
                     request.id, -32603, f"the agent's MCP session for {self.name} closed"))

@@ -114,6 +114,7 @@ class _Sent:
     params: Raw | UnsetType = UNSET  # the request's (a session's setup, for its scope)
     declared: list[str] | None = None  # serverIds of this proxy's MCP servers it declares
     fresh: bool = False          # a load/resume installed a scope that was not there before
+    inbound: Inbound | None = None  # a pass-through forward: how the conductor's id is tracked
 
 
 class _CallbackSink:
@@ -240,7 +241,7 @@ class ProxyHost:
                                           method=outgoing.method)
                 outgoing.answer = answer
         if sent.origin_id is not None:
-            self.endpoint.untrack_inbound(sent.origin_id)
+            self.endpoint.untrack_inbound(sent.origin_id, sent.inbound)
             try:
                 await self.endpoint.send(answer.answering(sent.origin_id))
             except _GONE:
@@ -336,8 +337,8 @@ class ProxyHost:
         if isinstance(msg, Notification):
             await self.notify(msg.method, msg.params, source.other)
             return
-        sent = _Sent(None, owned=False, origin_id=msg.id)
         inbound = Inbound(target=self.endpoint)
+        sent = _Sent(None, owned=False, origin_id=msg.id, inbound=inbound)
         self.endpoint.track_inbound(msg.id, inbound)
         outgoing = await self._send_request(msg.method, msg.params, source.other, sent)
         inbound.target_id = outgoing.ident

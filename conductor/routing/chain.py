@@ -78,6 +78,7 @@ class Forward:
     target: Hop        # where it was forwarded
     hook: ResponseHook | None = None
     timed_out: bool = False  # the conductor answered it (request_timeout)
+    inbound: Inbound | None = None  # how the origin tracks it (for its cancel)
 
 
 class Chain:
@@ -443,7 +444,8 @@ class Chain:
         else:
             outgoing, request = hop.open_request(out_method, out_params,
                                                  deliver=self._answered, context=forward)
-        origin.track_inbound(msg.id, Inbound(target=hop, target_id=outgoing.ident))
+        forward.inbound = Inbound(target=hop, target_id=outgoing.ident)
+        origin.track_inbound(msg.id, forward.inbound)
         if self._deadlines is not None and downward:
             prompt = method == acp.SESSION_PROMPT
             self._deadlines.add(hop, outgoing, prompt=prompt,
@@ -527,7 +529,8 @@ class Chain:
             forward = Forward(origin, msg.id, target.hop)
             outgoing, request = target.hop.open_request(method, params, deliver=self._answered,
                                                         context=forward)
-            origin.track_inbound(msg.id, Inbound(target=target.hop, target_id=outgoing.ident))
+            forward.inbound = Inbound(target=target.hop, target_id=outgoing.ident)
+            origin.track_inbound(msg.id, forward.inbound)
             await self._send(target.hop, request, source=source.name,
                              origin=(origin.name, msg.id))
         return resend
@@ -541,7 +544,7 @@ class Chain:
                 return
             answer = hooked
         origin = forward.origin
-        origin.untrack_inbound(forward.origin_id)
+        origin.untrack_inbound(forward.origin_id, forward.inbound)
         if origin.failure is not None:
             log.info("answer for %s dropped: %s is gone", outgoing.method, origin.name)
             return

@@ -389,11 +389,16 @@ class Endpoint:
             self._quiet = anyio.Event()
         return key
 
-    def untrack_inbound(self, ident: Raw) -> None:
+    def untrack_inbound(self, ident: Raw, inbound: Inbound | None = None) -> None:
+        """Forget the open request `ident`; with `inbound`, only if it is still that one: a
+        client may reuse an id once answered (or, wrongly, while in flight), and the newer
+        request must stay tracked (its cancel, and `wait_quiet` waiting for its answer)."""
         try:
-            self.inbound.pop(id_key(ident), None)
+            key = id_key(ident)
         except ValueError:
             return
+        if inbound is None or self.inbound.get(key) is inbound:
+            self.inbound.pop(key, None)
         if not self.inbound:
             self._quiet.set()
 
@@ -450,13 +455,15 @@ class Endpoint:
                                              method=request.method)
             if inbound.scope.cancelled_caught or reply is None:
                 reply = cancelled_response(request.id, component=self.name)
+            # Forgotten before the answer goes: once the peer has it, it may use the id again.
+            self.untrack_inbound(request.id, inbound)
             if self.failure is None:
                 try:
                     await self.send(reply)
                 except _GONE:
                     pass  # the peer left: its reader ends the connection
         finally:
-            self.untrack_inbound(request.id)
+            self.untrack_inbound(request.id, inbound)
 
     async def refuse_unread(self, head: Head, code: int, reason: str,
                             data: JsonValue = None) -> None:

@@ -278,3 +278,48 @@ async def test_replies_to_a_batch_leave_as_one_array_even_with_duplicate_and_flo
     assert sent == []  # held until the batch is complete
     await endpoint.end_batch(batch)
     assert len(sent) == 1 and isinstance(sent[0], list) and len(sent[0]) == 3
+
+
+async def test_a_request_reusing_an_id_stays_cancellable_and_awaited_after_the_first_is_answered(
+        ) -> None:
+    # A client may use an id again once it is answered (or, wrongly, while it is in
+    # flight): answering the first must not forget the second.
+    sent: list[Response] = []
+
+    class Sink:
+        async def send(self, item: Response) -> None:
+            sent.append(item)
+
+        async def aclose(self) -> None:
+            pass
+
+    endpoint = Endpoint("agent", Sink())  # type: ignore[arg-type]
+    release_first = anyio.Event()
+
+    async def handler(request: Request) -> object:
+        if request.method == "first":
+            await release_first.wait()
+            return "first done"
+        await anyio.sleep_forever()
+
+    same = Raw(b"7")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(endpoint.answer, Request(id=same, method="first"), handler)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(endpoint.answer, Request(id=same, method="second"), handler)
+        await anyio.wait_all_tasks_blocked()
+        release_first.set()
+        await anyio.wait_all_tasks_blocked()
+        assert [r.result for r in sent] == [Raw(b'"first done"')]
+        quiet = anyio.Event()
+
+        async def until_quiet() -> None:
+            await endpoint.wait_quiet()
+            quiet.set()
+        tg.start_soon(until_quiet)
+        await anyio.wait_all_tasks_blocked()
+        assert not quiet.is_set()  # the second is still awaited ...
+        assert await endpoint.cancel_inbound(Raw(b'{"requestId":7}'))  # ... and cancellable
+        with anyio.fail_after(5):
+            await quiet.wait()
+    assert sent[1].id == same and sent[1].error_code() == ErrorCode.REQUEST_CANCELLED
