@@ -17,6 +17,7 @@ from conductor.testing import ScriptedAgent, open_test_chain
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Message
+    from conductor.plugins.host import ProxyHost
 
 ODD = (b'{ "sessionId":"session-1",  "prompt":[{"type":"text","text":"caf\\u00e9"}],'
        b'"_meta":{"x":null},"unknown":[1.50, 1e3]}')
@@ -128,6 +129,28 @@ async def test_a_failing_session_hook_still_answers_session_new_naming_the_plugi
     assert error["data"]["component"] == "broken"
     assert "RuntimeError: hook broke" in error["message"]
     assert later.error_value()["code"] == -32601  # the chain lives on (the agent's answer)
+
+
+async def test_a_session_load_a_failing_hook_refuses_leaves_no_open_request_in_the_proxy(
+        ) -> None:
+    # The hook runs before the load is passed on: it is answered as failed, and must not stay
+    # tracked as open in the proxy's host (its table of open requests would only grow).
+    hosts: list[ProxyHost] = []
+
+    class BrokenOnLoad(Proxy):
+        async def session_opened(self, session: SessionScope) -> None:
+            assert session.host is not None
+            hosts.append(session.host)  # type: ignore[arg-type]
+            raise RuntimeError("hook broke")
+
+    broken = BrokenOnLoad()
+    broken.rename("broken")
+    async with open_test_chain([broken]) as client:
+        with anyio.fail_after(5):
+            answer = await client.request("session/load", {"sessionId": "s-1", "cwd": "/",
+                                                           "mcpServers": []})
+    assert answer.error_value()["data"]["component"] == "broken"
+    assert hosts and hosts[0].endpoint.inbound == {}
 
 
 class Slow(Proxy):

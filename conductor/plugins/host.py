@@ -340,7 +340,12 @@ class ProxyHost:
         inbound = Inbound(target=self.endpoint)
         sent = _Sent(None, owned=False, origin_id=msg.id, inbound=inbound)
         self.endpoint.track_inbound(msg.id, inbound)
-        outgoing = await self._send_request(msg.method, msg.params, source.other, sent)
+        try:
+            outgoing = await self._send_request(msg.method, msg.params, source.other, sent)
+        except BaseException:
+            # Not sent (a plugin hook raised, or cancelled): `dispatch` answers it, or nobody.
+            self.endpoint.untrack_inbound(msg.id, inbound)
+            raise
         inbound.target_id = outgoing.ident
 
     async def _handle(self, handler: Handler, ctx: ProxyContext, *,
