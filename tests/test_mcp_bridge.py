@@ -186,6 +186,43 @@ async def test_a_provider_request_arriving_while_its_session_closes_is_answered(
     assert answered == [1, 2]
 
 
+async def test_a_provider_request_cancelled_is_answered_though_the_agent_may_not_answer_it(
+        ) -> None:
+    # MCP: a request cancelled with notifications/cancelled gets no answer from its receiver;
+    # ACP: a request cancelled with $/cancel_request is still answered. The relay owes it.
+    sent: list[object] = []
+    to_agent_sent: list[dict[str, Any]] = []
+
+    class Sink:
+        async def send(self, item: object) -> None:
+            sent.append(item)
+
+        async def aclose(self) -> None:
+            return None
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        to_agent_sent.append(body)
+
+    async def close_agent() -> None:
+        return None
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            endpoint = Endpoint("mcp-bridge", Sink())
+            relay = Relay(endpoint, tg, "c1", "srv", to_agent, close_agent)
+            await relay.from_provider(_provider_request(1))
+            asked = to_agent_sent[0]["id"]
+            assert await endpoint.cancel_inbound(raw({"requestId": 1}))
+            assert to_agent_sent[1] == {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                        "params": {"requestId": asked}}
+            answers = [m for m in sent if isinstance(m, Response)]
+            assert len(answers) == 1 and json.loads(bytes(answers[0].id)) == 1
+            assert answers[0].error_value()["code"] == -32800
+            assert endpoint.inbound == {}
+            await relay.from_agent({"jsonrpc": "2.0", "id": asked, "result": {}})  # late
+    assert sent == answers  # an agent that answers anyway is not heard twice
+
+
 class _Provider:
     """The router and an MCP provider behind the bridge's endpoint: it opens connection
     `c1` and answers every `mcp/message` request with the method it carried."""

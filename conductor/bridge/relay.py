@@ -5,7 +5,8 @@ stdio shim; the provider sees `mcp/message` on the connection the bridge opened 
 session. Requests keep their ids on each side: an agent request becomes an ACP request of
 the bridge's endpoint (its cancel, `notifications/cancelled`, becomes `$/cancel_request`);
 a provider request (elicitation, sampling) goes to the agent under an id of the relay's
-own, and the agent's answer goes back as the ACP answer.
+own, and the agent's answer goes back as the ACP answer; cancelled, it is answered -32800
+by the relay (an MCP agent does not answer a request it is told is cancelled).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import anyio
 from conductor import acp
 from conductor.jsonrpc.message import Request, Response, error_response, payload
 from conductor.rpc.endpoint import Inbound
+from conductor.rpc.failure import cancelled_response
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -140,8 +142,17 @@ class Relay:
             inner["id"] = ident
 
             async def cancel() -> None:
-                await self.to_agent({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                                     "params": {"requestId": ident}})
+                # MCP: the agent does not answer a request it is told is cancelled; ACP:
+                # a cancelled request is still answered. So the relay answers it here.
+                if self._asked.pop(ident, None) is None:
+                    return  # answered meanwhile
+                self.endpoint.untrack_inbound(msg.id, inbound)
+                try:
+                    await self.to_agent({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                         "params": {"requestId": ident}})
+                finally:
+                    await self.endpoint.send(cancelled_response(msg.id,
+                                                                component=self.endpoint.name))
             inbound = Inbound(on_cancel=cancel)
             self._asked[ident] = (msg, inbound)
             self.endpoint.track_inbound(msg.id, inbound)
