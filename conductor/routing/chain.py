@@ -390,6 +390,8 @@ class Chain:
         is_request = isinstance(msg, Request)
         out_method, out_params = method, params
         hooks: list[ResponseHook] = []
+        after_resend: list[ResponseHook] | None = None  # a legacy resend's answer: these
+        handshake_hooks = 0
         if method == acp.INITIALIZE and downward:
             if source.role is Role.PROXY and self.recovery.reinitializing:
                 replay = self.recovery.replay_for(source.name)
@@ -398,9 +400,12 @@ class Chain:
                     await self._send(origin, replay.answering(msg.id))
                     return
             self.recovery.initialize_seen(target, params)
-            init = self.handshake.downward(params, target, is_request=is_request,
-                                           resend=self._resender(origin, msg, source, target))
+            after_resend = []
+            init = self.handshake.downward(
+                params, target, is_request=is_request,
+                resend=self._resender(origin, msg, source, target, after_resend))
             out_method, out_params, hooks = init.method, init.params, init.hooks
+            handshake_hooks = len(hooks)  # (the legacy fallback, for a proxy: run once)
             if source.role is Role.PROXY:
                 hooks.append(self._initialize_answer_hook(source.name))
         if method in acp.SESSION_SETUP and downward:
@@ -417,6 +422,8 @@ class Chain:
             hooks.append(session_hook)
         if hook is not None:
             hooks.append(hook)
+        if after_resend is not None:
+            after_resend.extend(hooks[handshake_hooks:])
 
         hop = target.hop
         if hop.failure is not None:
@@ -521,12 +528,14 @@ class Chain:
             return target.hop.dialect or Dialect.PROXY
         return self.handshake.upstream_dialect
 
-    def _resender(self, origin: Hop, msg: Call, source: Node,
-                  target: Node) -> Callable[[str, Raw], Awaitable[None]]:
-        """Ask `target` again (the legacy-dialect fallback), answering the same origin."""
+    def _resender(self, origin: Hop, msg: Call, source: Node, target: Node,
+                  then: list[ResponseHook]) -> Callable[[str, Raw], Awaitable[None]]:
+        """Ask `target` again (the legacy-dialect fallback), answering the same origin. Its
+        answer goes through `then`: the hooks after the fallback's own (filled in by the
+        time an answer comes), e.g. the record a restarted proxy's re-initialize replays."""
         async def resend(method: str, params: Raw) -> None:
             assert isinstance(msg, Request)
-            forward = Forward(origin, msg.id, target.hop)
+            forward = Forward(origin, msg.id, target.hop, chain_hooks(then))
             outgoing, request = target.hop.open_request(method, params, deliver=self._answered,
                                                         context=forward)
             forward.inbound = Inbound(target=target.hop, target_id=outgoing.ident)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.conftest import conductor_argv
+from tests.conftest import REPO, conductor_argv
 from tests.wire_client import ConductorProcess, agent_cmd, open_conductor, proxy_cmd
 
 if TYPE_CHECKING:
@@ -199,3 +200,36 @@ async def test_a_malformed_successor_envelope_is_answered_with_invalid_params() 
         answer = await c.response("bad")
         assert answer["error"]["code"] == -32602
         assert "envelope" in answer["error"]["data"]
+
+
+async def test_a_legacy_proxy_behind_a_restarted_proxy_is_not_initialized_twice(
+        tmp_path: Path) -> None:
+    # p1 speaks only the legacy dialect, so the conductor asks it again; the answer to that
+    # second ask is what p0's re-initialize after its restart is answered with.
+    record = tmp_path / "legacy.jsonl"
+    faulty = [sys.executable, str(REPO / "tests" / "faults" / "faulty.py"),
+              "--role", "proxy", "--name", "p0"]
+    chain = write_chain(tmp_path, f"""
+[conductor]
+shutdown_grace = 1.0
+
+[[proxy]]
+name = "p0"
+command = {json.dumps(faulty)}
+restart = "on-failure"
+
+[[proxy]]
+name = "p1"
+command = {json.dumps(proxy_cmd("--dialect", "legacy", "--record", str(record)))}
+
+[agent]
+command = {json.dumps(agent_cmd())}
+""")
+    async with open_conductor("--chain", chain, "--log-level", "info", check_exit=True) as c:
+        await c.initialize()
+        crashed = await c.request("_fault/crash", {"who": "p0"})
+        assert crashed["error"]["data"]["component"] == "p0"
+        await c.wait_stderr("p0 is back after its restart")
+        sid = await c.new_session()
+        assert sid
+    assert methods(record).count("initialize") == 1
