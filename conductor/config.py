@@ -18,7 +18,6 @@ import os
 import re
 import shlex
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -522,6 +521,8 @@ def load_chain(path: str | os.PathLike[str]) -> ChainConfig:
                  "(`acp-conductor chains` lists them)") from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", file=file) from None
+    import tomllib  # here: agent mode (`agent CMD...`) reads no file, and starts sooner
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -7,11 +7,12 @@ purpose: it runs while the serving path is still importing (`early_start.py`).
 
 from __future__ import annotations
 
-import json
 import sys
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
+
+import msgspec
 
 from conductor.config import (
     MCP_REQUESTED_ENV,
@@ -43,7 +44,7 @@ def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig
     requested = [s.name for s in config.mcp_server if s.type == "acp" and s.provider == name]
     env.pop(MCP_REQUESTED_ENV, None)
     if requested:
-        env[MCP_REQUESTED_ENV] = json.dumps(requested)
+        env[MCP_REQUESTED_ENV] = msgspec.json.encode(requested).decode()
     return LaunchSpec(
         name=name,
         argv=component_argv(spec, file=config.source, where=where, base_dir=config.base_dir),
