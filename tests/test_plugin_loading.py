@@ -220,3 +220,36 @@ def test_python_dash_m_proxies_passthrough_still_runs_as_a_stdio_proxy() -> None
                           timeout=30)
     assert done.stdout.startswith('{"jsonrpc":"2.0","id":1,"method":"_proxy/successor",'
                                   '"params":{"method":"initialize","params":{"protocolVersion":1}}}')
+
+
+@pytest.mark.parametrize(("code", "line", "says"), [
+    ("from conductor.plugins import Proxy, on\nclass S(Proxy):\n"
+     "    @on('session/prompt')\n    def prompt(self, ctx, message): ...\n",
+     3, "TypeError: handler S.prompt for session/prompt must be `async def`"),
+    ("import no_such_module_anywhere\n", 1,
+     "ModuleNotFoundError: No module named 'no_such_module_anywhere'"),
+    ("def broken(:\n", 1, "SyntaxError"),
+    ("raise RuntimeError('no config')\n", 1, "RuntimeError: no config"),
+])
+def test_a_plugin_file_whose_code_raises_is_a_chain_error_naming_the_file_and_line(
+        tmp_path: Path, code: str, line: int, says: str) -> None:
+    (tmp_path / "mine.py").write_text(code, encoding="utf-8")
+    chain = tmp_path / "x.toml"
+    chain.write_text('[[proxy]]\nplugin = "mine.py:S"\n[agent]\ncommand = "true"\n',
+                     encoding="utf-8")
+    with pytest.raises(PluginNotFoundError) as caught:
+        _plan(load_chain(chain), "agent")
+    text = str(caught.value)
+    assert text.startswith(f"{tmp_path / 'x.toml'}: proxy[0].plugin: plugin 'mine.py:S'")
+    assert f"{tmp_path / 'mine.py'}, line {line}" in text and says in text
+    assert caught.value.exit_code == 2
+
+
+def test_a_plugin_module_whose_code_raises_names_the_module(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    (tmp_path / "raising_plugin_mod.py").write_text("raise KeyError('HOME')\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginNotFoundError, match=r"plugin 'raising_plugin_mod:P' failed to "
+                       r"import \(.*raising_plugin_mod.py, line 1\): KeyError: 'HOME'"):
+        find_plugin("raising_plugin_mod:P")

@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import traceback
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
@@ -89,16 +90,21 @@ def find_plugin(ref: str, *, base_dir: str | None = None) -> type[Proxy[Any]]:
                 "`package.module:Class`, or `path/to/file.py:Class`")
         try:
             obj = ep.load()
-        except (ImportError, AttributeError) as e:
-            raise PluginNotFoundError(f"proxy {ref!r} ({ep.value}) cannot be loaded: {e}") from e
+        except Exception as e:  # the plugin's own code: whatever it raises names it
+            raise PluginNotFoundError(f"proxy {ref!r} ({ep.value}) cannot be loaded"
+                                      f"{_where(e)}: {type(e).__name__}: {e}") from e
     return validate_plugin(ref, obj)
 
 
 def _from_module(ref: str, module_name: str, attr: str) -> object:
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module_name + ".").startswith(e.name + "."):
+            raise _import_failed(ref, e) from e  # found, but what it imports is not
         raise PluginNotFoundError(f"cannot import {module_name!r} for plugin {ref!r}: {e}") from e
+    except Exception as e:
+        raise _import_failed(ref, e) from e
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -114,7 +120,11 @@ def _from_file(ref: str, path: Path, attr: str | None) -> object:
         raise PluginNotFoundError(f"cannot load {str(path)!r} as Python")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pydantic look their module up by name
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(name, None)
+        raise _import_failed(ref, e) from e
     if attr:
         return _from_loaded(module, attr, ref)
     candidates = [v for v in vars(module).values()
@@ -124,6 +134,25 @@ def _from_file(ref: str, path: Path, attr: str | None) -> object:
         raise PluginValidationError(ref, f"{len(candidates)} Proxy subclasses in {path}; "
                                          "name one as FILE.py:Class")
     return candidates[0]
+
+
+def _import_failed(ref: str, error: Exception) -> PluginNotFoundError:
+    """The plugin's own code raised while it was imported (a syntax error, a missing
+    dependency, a misused `@on`): one line naming the plugin, where, and what."""
+    return PluginNotFoundError(
+        f"plugin {ref!r} failed to import{_where(error)}: {type(error).__name__}: {error}")
+
+
+def _where(error: BaseException) -> str:
+    """` (file, line N)`: where in the plugin's code `error` came from (the deepest frame
+    outside the conductor: a misused `@on` raises in conductor code, the fault is the
+    caller's), or "" when nothing tells."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f" ({error.filename}, line {error.lineno})"
+    ours = str(Path(__file__).resolve().parents[1])
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not f.filename.startswith(("<frozen", ours))]
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
 
 
 def _from_loaded(module: object, attr: str, ref: str) -> object:
