@@ -124,6 +124,30 @@ async def test_a_turn_answered_with_an_error_is_reported_and_ends_the_run_with_e
     assert events.records[-1]["error"]["code"] == failed["error"]["code"]
 
 
+@pytest.mark.parametrize(("answer", "shown"), [("[1, 2]", "[1,2]"), ("None", "null"),
+                                             ("'done'", '"done"')])
+async def test_a_prompt_answered_with_something_not_an_object_fails_the_turn_saying_so(
+        tmp_path: Path, answer: str, shown: str) -> None:
+    # A proxy that returns a set (encoded as a list), or forgets its `return`: `run` used
+    # to die with an internal error, or stop "failed" without a word why.
+    (tmp_path / "odd.py").write_text(textwrap.dedent(f"""
+        from conductor.plugins import Proxy, on
+
+        class Odd(Proxy):
+            @on("session/prompt")
+            async def prompt(self, ctx, message):
+                return {answer}
+        """), encoding="utf-8")
+    config = demo_chain(tmp_path, f'[[proxy]]\nplugin = "{tmp_path / "odd.py"}:Odd"')
+    code, events = await run(config, tmp_path, "one", "two")
+    assert code == RunExit.FAILED
+    (failed,) = events.of("turn")
+    assert failed["exitReason"] == "failed"
+    assert failed["error"]["message"] == (f"session/prompt was answered with {shown}, "
+                                          "not an object with a stopReason")
+    assert events.records[-1]["error"] == failed["error"]
+
+
 async def test_run_closes_its_session_at_the_end_and_proxies_see_it_closed(
         tmp_path: Path) -> None:
     log = tmp_path / "hooks.log"

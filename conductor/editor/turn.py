@@ -18,6 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 
 from conductor.editor.client import ClientConnection, open_client_connection
 from conductor.editor.inprocess import InProcessChain
@@ -356,9 +357,16 @@ async def _prompt(conn: ClientConnection, editor: RunEditor, options: TurnOption
     try:
         # Cancelled with session/cancel (ACP's turn cancel), never $/cancel_request: agents
         # need not understand it, and some print a traceback for it.
-        turn.result = await conn.request("session/prompt", {
+        answer = await conn.request("session/prompt", {
             "sessionId": sid, "prompt": [{"type": "text", "text": prompt}]},
             cancel_on_abort=False)
+        if not isinstance(answer, dict):
+            # A proxy that forgot its `return` (null), or returned a list or a string:
+            # say so, rather than stop "failed" without a word, or crash on it.
+            raise RpcError(ErrorCode.INTERNAL_ERROR, "session/prompt was answered with "
+                           f"{msgspec.json.encode(answer).decode()[:200]}, "
+                           "not an object with a stopReason")
+        turn.result = answer
     except RpcError as e:
         report["error"] = e.to_json()
         code = RunExit.COMPONENT if e.code == ErrorCode.COMPONENT_FAILED else RunExit.FAILED
