@@ -110,6 +110,35 @@ async def test_a_crashing_handler_answers_with_an_error_naming_the_plugin_and_th
     assert "sessionId" in still
 
 
+class ForgetsReturn(Proxy):
+    """Forwards the prompt and drops the answer: the `return` is missing."""
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        await ctx.forward()
+        return None
+
+    @on("_ext/nothing")
+    async def nothing(self, ctx: ProxyContext, message: Message) -> object:
+        return None  # answered without forwarding: null is its answer
+
+
+async def test_a_request_handler_that_forwards_and_returns_none_is_answered_an_error_saying_so(
+) -> None:
+    agent = ScriptedAgent(replies={"session/prompt": {"stopReason": "end_turn"}})
+    async with open_test_chain([ForgetsReturn()], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            answer = await client.request("session/prompt", {"sessionId": sid, "prompt": []})
+            nothing = await client.call("_ext/nothing", {})
+    error = answer.error_value()
+    assert error["code"] == ErrorCode.HANDLER_FAILED
+    assert error["data"] == {"component": "forgetsreturn", "method": "session/prompt"}
+    assert ("ForgetsReturn.prompt forwarded session/prompt and returned None: return the "
+            "answer (`return await ctx.forward()`)") in error["message"]
+    assert nothing is None
+
+
 class BrokenHook(Proxy):
     """Its session_opened hook raises."""
 

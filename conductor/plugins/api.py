@@ -327,7 +327,8 @@ class SessionScope:
 class ProxyContext:
     """What a handler can do: forward, answer (by returning), send its own, cancel."""
 
-    __slots__ = ("_host", "_outstanding", "_session", "message", "released", "source")
+    __slots__ = ("_host", "_outstanding", "_session", "forwarded", "message", "released",
+                 "source")
 
     def __init__(self, host: ProxyHost, source: Side, message: Call) -> None:
         self._host = host
@@ -337,6 +338,7 @@ class ProxyContext:
         self._outstanding: list[PendingRequest] = []
         # Set by the host while this handler holds dispatch (see `release`).
         self.released: Callable[[], None] | None = None
+        self.forwarded = False  # a request was forwarded: its handler owes the answer back
 
     @property
     def proxy(self) -> Proxy[Any]:
@@ -371,6 +373,7 @@ class ProxyContext:
         if not isinstance(self.message, Request):
             await self._host.notify(message.method, message.params, to)
             return None
+        self.forwarded = True
         pending = await self._host.start_request(message.method, message.params, to,
                                                  on_behalf_of=self, forwarding=True)
         return await pending.wait()

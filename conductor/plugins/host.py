@@ -379,7 +379,14 @@ class ProxyHost:
              ) -> Callable[[Request], Awaitable[object]]:
         async def run(request: Request) -> object:
             try:
-                return await handler(ctx, request)
+                reply = await handler(ctx, request)
+                if reply is None and ctx.forwarded:
+                    # The far end's answer was dropped (a missing `return`): answering
+                    # null instead would leave the editor puzzling over an empty result.
+                    name = getattr(handler, "__qualname__", repr(handler))
+                    raise TypeError(f"{name} forwarded {request.method} and returned None: "
+                                    "return the answer (`return await ctx.forward()`)")
+                return reply
             except RpcError:
                 raise
             except Exception as e:
