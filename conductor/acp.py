@@ -38,6 +38,22 @@ MCP_METHODS: Final = frozenset({MCP_CONNECT, MCP_MESSAGE, MCP_DISCONNECT})
 # (the schema's ConnectMcpRequest has no field for it; docs/mcp.md).
 MCP_SESSION_META_KEY: Final = "acpSessionId"
 
+# Every ACP method by the side that sends it (v1 and v2, stable and unstable), to tell a
+# plugin author that `@on(...)` names a method that never comes from that side.
+AGENT_METHODS: Final = frozenset({  # the editor sends them: they come from a predecessor
+    INITIALIZE, "authenticate", "logout", "auth/login", "auth/logout", SESSION_NEW,
+    SESSION_LOAD, SESSION_RESUME, SESSION_FORK, SESSION_PROMPT, SESSION_CANCEL, SESSION_CLOSE,
+    SESSION_DELETE, "session/list", "session/set_mode", "session/set_model",
+    "session/set_config_option", "providers/list", "providers/set", "providers/disable",
+    MCP_MESSAGE, "nes/start", "nes/suggest", "nes/accept", "nes/reject", "nes/close",
+    "document/didOpen", "document/didChange", "document/didClose", "document/didSave",
+    "document/didFocus"})
+CLIENT_METHODS: Final = frozenset({  # the agent sends them: they come from a successor
+    SESSION_UPDATE, SESSION_REQUEST_PERMISSION, FS_READ_TEXT_FILE, FS_WRITE_TEXT_FILE,
+    "terminal/create", "terminal/output", "terminal/release", "terminal/wait_for_exit",
+    "terminal/kill", MCP_CONNECT, MCP_MESSAGE, MCP_DISCONNECT, "elicitation/create",
+    "elicitation/complete"})
+
 SESSION_SETUP: Final = frozenset({SESSION_NEW, SESSION_LOAD, SESSION_RESUME, SESSION_FORK})
 
 

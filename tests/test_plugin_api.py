@@ -405,6 +405,54 @@ def test_handlers_must_be_async() -> None:
                 pass
 
 
+@pytest.mark.parametrize(("method", "source", "says"), [
+    ("session/promt", "predecessor",
+     "@on('session/promt') on Typo.handler: not an ACP method (did you mean 'session/prompt'?"),
+    ("session/update", "predecessor",
+     "@on('session/update') on Typo.handler: session/update comes from the successor "
+     "(the agent side): write @on('session/update', source='successor')"),
+    ("session/prompt", "successor",
+     "@on('session/prompt', source='successor') on Typo.handler: session/prompt comes from "
+     "the predecessor (the editor side): write @on('session/prompt')"),
+])
+def test_a_handler_for_a_method_that_never_arrives_from_its_side_is_warned_about_where_written(
+        method: str, source: str, says: str) -> None:
+    with pytest.warns(UserWarning, match="never be called") as caught:
+        class Typo(Proxy):
+            @on(method, source=source)
+            async def handler(self, ctx: ProxyContext, message: Message) -> object:
+                return None
+    (warning,) = caught
+    assert says in str(warning.message) and "never be called" in str(warning.message)
+    assert warning.filename == __file__
+
+
+def test_handlers_for_acp_extension_and_wildcard_methods_are_not_warned_about() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+
+        class Fine(Proxy):
+            @on("session/prompt")
+            @on("_ext/mine")
+            @on("*", source="successor")
+            @on("session/request_permission", source="successor")
+            @on("mcp/message", source="successor")
+            @on("mcp/message")
+            async def handler(self, ctx: ProxyContext, message: Message) -> object:
+                return None
+
+
+def test_the_methods_the_warning_knows_include_every_one_the_acp_sdk_names() -> None:
+    from acp.meta import AGENT_METHODS, CLIENT_METHODS
+
+    from conductor import acp as ours
+
+    assert set(AGENT_METHODS.values()) <= ours.AGENT_METHODS
+    assert set(CLIENT_METHODS.values()) <= ours.CLIENT_METHODS
+
+
 class HopRecorder:
     """A TraceSink that keeps (hop, direction, method) for every message."""
 

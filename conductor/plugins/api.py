@@ -22,6 +22,7 @@ import contextvars
 import enum
 import inspect
 import logging
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
@@ -39,6 +40,7 @@ from conductor.jsonrpc.message import (
 )
 from conductor.routing.sessions import CloseReason
 from conductor.rpc.failure import raise_for_error
+from conductor.validation import did_you_mean
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Call
@@ -83,9 +85,32 @@ def on(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[Any],
     def mark(func: Any) -> Any:
         if not inspect.iscoroutinefunction(func):
             raise TypeError(f"handler {func.__qualname__} for {method} must be `async def`")
+        problem = _never_arrives(method, side)
+        if problem is not None:
+            # A typo or the wrong side is otherwise silent: the handler is just never called.
+            source_arg = "" if side is Side.PREDECESSOR else f", source={side.value!r}"
+            name = func.__qualname__.rpartition(".<locals>.")[2]
+            warnings.warn(f"@on({method!r}{source_arg}) on {name}: {problem}; as written it "
+                          "would never be called", UserWarning, stacklevel=2)
         setattr(func, _HANDLES, [*getattr(func, _HANDLES, []), (side, method)])
         return func
     return mark
+
+
+def _never_arrives(method: str, side: Side) -> str | None:
+    """Why `method` never reaches a handler on `side`, or None if it may."""
+    if method == "*" or method.startswith(("_", "$/")):  # extensions: the proxy's own
+        return None
+    if method not in acp.AGENT_METHODS | acp.CLIENT_METHODS:
+        guess = did_you_mean(method, acp.AGENT_METHODS | acp.CLIENT_METHODS)
+        return (f"not an ACP method ({guess + ' ' if guess else ''}extension methods "
+                "start with '_')")
+    if method in (acp.AGENT_METHODS if side is Side.PREDECESSOR else acp.CLIENT_METHODS):
+        return None
+    if side is Side.PREDECESSOR:
+        return (f"{method} comes from the successor (the agent side): write "
+                f"@on({method!r}, source='successor')")
+    return f"{method} comes from the predecessor (the editor side): write @on({method!r})"
 
 
 class Proxy(Generic[OptionsT]):
