@@ -253,3 +253,18 @@ def test_a_plugin_module_whose_code_raises_names_the_module(tmp_path: Path,
     with pytest.raises(PluginNotFoundError, match=r"plugin 'raising_plugin_mod:P' failed to "
                        r"import \(.*raising_plugin_mod.py, line 1\): KeyError: 'HOME'"):
         find_plugin("raising_plugin_mod:P")
+
+
+def test_an_entry_point_whose_module_is_gone_says_so_without_pointing_into_importlib(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    from conductor.plugins import registry
+
+    gone = EntryPoint("gone", "no_such_plugin_module_anywhere:P", registry.GROUP)
+    monkeypatch.setattr(registry, "_entry_point", lambda name: gone)
+    with pytest.raises(PluginNotFoundError) as caught:
+        find_plugin("gone")
+    assert str(caught.value) == (
+        "proxy 'gone' (no_such_plugin_module_anywhere:P) cannot be loaded: "
+        "ModuleNotFoundError: No module named 'no_such_plugin_module_anywhere'")

@@ -149,9 +149,10 @@ def _where(error: BaseException) -> str:
     caller's), or "" when nothing tells."""
     if isinstance(error, SyntaxError) and error.filename:
         return f" ({error.filename}, line {error.lineno})"
-    ours = str(Path(__file__).resolve().parents[1])
+    skip = ("<frozen", str(Path(__file__).resolve().parents[1]),
+            str(Path(importlib.__file__).parent))
     frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not f.filename.startswith(("<frozen", ours))]
+              if not f.filename.startswith(skip)]
     return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
 
 
