@@ -280,22 +280,27 @@ async def _talk(conn: ClientConnection, editor: RunEditor, options: TurnOptions,
                                "terminal": options.allow_terminal},
         "clientInfo": {"name": "acp-conductor-run", "title": "acp-conductor run",
                        "version": _package_version()}})
-    caps = (init or {}).get("agentCapabilities") or {}
+    if not isinstance(init, dict):
+        raise RpcError(ErrorCode.INVALID_PARAMS,
+                       f"the agent answered initialize with {init!r:.200}, not an object")
+    caps = init.get("agentCapabilities")
+    if not isinstance(caps, dict):
+        caps = {}
     cwd = str(editor.root)
 
     def announce(sid: str, how: str) -> None:
         record["sessionId"] = sid
         events.session({"type": "session", "sessionId": sid, "how": how,
-                        "protocolVersion": (init or {}).get("protocolVersion"),
-                        "agentInfo": (init or {}).get("agentInfo"), "cwd": cwd})
+                        "protocolVersion": init.get("protocolVersion"),
+                        "agentInfo": init.get("agentInfo"), "cwd": cwd})
     if options.session_id is None:
         turn.step = "session/new"
         opened = await conn.request("session/new", {"cwd": cwd, "mcpServers": []},
                                   cancel_on_abort=False)
-        sid, how = (opened or {}).get("sessionId"), "new"
+        sid, how = opened.get("sessionId") if isinstance(opened, dict) else None, "new"
         if not isinstance(sid, str):
             raise RpcError(ErrorCode.INVALID_PARAMS,
-                           f"the agent answered session/new without a sessionId: {opened!r}")
+                           f"the agent answered session/new without a sessionId: {opened!r:.200}")
     else:
         sid = options.session_id
         if caps.get("loadSession"):
@@ -356,9 +361,15 @@ async def _prompt(conn: ClientConnection, editor: RunEditor, options: TurnOption
     try:
         # Cancelled with session/cancel (ACP's turn cancel), never $/cancel_request: agents
         # need not understand it, and some print a traceback for it.
-        turn.result = await conn.request("session/prompt", {
+        answer = await conn.request("session/prompt", {
             "sessionId": sid, "prompt": [{"type": "text", "text": prompt}]},
             cancel_on_abort=False)
+        if not isinstance(answer, dict):
+            # ACP's PromptResponse is an object with a stopReason: anything else is a broken
+            # answer, reported as this turn's error rather than crashing the report.
+            raise RpcError(ErrorCode.INVALID_PARAMS,
+                           f"the agent answered session/prompt with {answer!r:.200}, not an object")
+        turn.result = answer
     except RpcError as e:
         report["error"] = e.to_json()
         code = RunExit.COMPONENT if e.code == ErrorCode.COMPONENT_FAILED else RunExit.FAILED
