@@ -189,3 +189,29 @@ async def test_a_setup_request_answered_with_no_object_ends_the_run_with_exit_1_
     assert result["type"] == "result" and result["exitCode"] == 1
     assert method in result["error"]["message"]
     assert result["turns"] == []
+
+
+async def test_a_turn_given_up_on_after_its_cancel_went_unanswered_is_still_reported(
+        tmp_path: Path) -> None:
+    # The plugin swallows session/cancel: the agent never learns of it and never answers.
+    (tmp_path / "deaf.py").write_text(textwrap.dedent("""
+        from conductor.plugins import Proxy, on
+
+        class Deaf(Proxy):
+            @on("session/cancel")
+            async def cancel(self, ctx, message):
+                return None
+        """), encoding="utf-8")
+    config = demo_chain(tmp_path, "[conductor]\nshutdown_grace = 0.5\n"
+                                  f'[[proxy]]\nplugin = "{tmp_path / "deaf.py"}:Deaf"')
+    events = Recorded()
+    code = await run_turns(config, TurnOptions(prompts=["hang", "two"], cwd=tmp_path,
+                                               timeout=0.5, cancel_grace=0.1,
+                                               handle_signals=False), events)
+    assert code == RunExit.TIMEOUT
+    assert any("did not answer the cancel" in n["message"] for n in events.of("notice"))
+    [turn] = events.of("turn")
+    assert (turn["turn"], turn["of"], turn["exitReason"], turn["stopReason"]) == (
+        1, 2, "timeout", None)
+    result = events.records[-1]
+    assert result["turns"] == [{k: v for k, v in turn.items() if k != "type"}]

@@ -358,6 +358,7 @@ async def _prompt(conn: ClientConnection, editor: RunEditor, options: TurnOption
     turn.prompted = True
     turn.result = None
     report: dict[str, Any] = {"type": "turn", "turn": number, "of": len(options.prompts)}
+    given_up = False
     try:
         # Cancelled with session/cancel (ACP's turn cancel), never $/cancel_request: agents
         # need not understand it, and some print a traceback for it.
@@ -374,10 +375,16 @@ async def _prompt(conn: ClientConnection, editor: RunEditor, options: TurnOption
         report["error"] = e.to_json()
         code = RunExit.COMPONENT if e.code == ErrorCode.COMPONENT_FAILED else RunExit.FAILED
         raise
+    except anyio.get_cancelled_exc_class():
+        # Given up on (the cancel went unanswered, or a second Ctrl-C): the turn still
+        # ended, and is reported with what ended it.
+        given_up = True
+        code = _turn_code(turn, len(editor.violations) > violations)
+        raise
     else:
         code = _turn_code(turn, len(editor.violations) > violations)
     finally:
-        if turn.result is not None or "error" in report:
+        if turn.result is not None or "error" in report or given_up:
             result = turn.result or {}
             report.update(stopReason=result.get("stopReason"), usage=result.get("usage"),
                           exitCode=int(code), exitReason=code.name.lower(),
