@@ -31,6 +31,10 @@ def claim_stdout() -> TextIO:
     from conductor.transport.claim import claim_stdout
 
     fd = claim_stdout()
+    if sys.stdin is None:
+        # Started with fd 0 closed (`<&-`): claim_stdout put /dev/null there; read it as an
+        # empty stdin rather than failing on the missing `sys.stdin`.
+        sys.stdin = open(os.devnull, encoding="utf-8")
     return open(fd, "w", encoding="utf-8", buffering=1 if os.isatty(fd) else -1)
 
 
