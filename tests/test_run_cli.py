@@ -523,3 +523,20 @@ def test_with_stdin_closed_a_prompt_argument_runs_and_a_dash_prompt_is_empty() -
     assert from_stdin.returncode == 2, from_stdin.stderr
     assert "the prompt is empty (nothing on stdin)" in from_stdin.stderr
     assert "internal error" not in given.stderr + from_stdin.stderr
+
+
+@pytest.mark.parametrize(("args", "stdin"), [
+    (["-"], b"caf\xe9\n"),
+    (["--prompt-file", "-"], b"one\n---\ncaf\xe9\n"),
+    ([b"caf\xe9"], b""),
+    (["ok", "--prompt", b"caf\xe9"], b"")])
+def test_a_prompt_that_is_not_utf8_is_a_usage_error_before_anything_is_sent(
+        args: list[str | bytes], stdin: bytes) -> None:
+    argv = [*conductor_argv("run", "--chain", DEMO, "--json"), *args]
+    result = subprocess.run(argv, input=stdin, capture_output=True, env=child_env(),
+                            timeout=30, cwd=REPO)
+    err = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 2, err
+    assert "not UTF-8" in err
+    assert "internal error" not in err
+    assert result.stdout == b""  # exit 2: no session, no result line

@@ -48,10 +48,10 @@ class RunExit(ExplainedCode):
     END_TURN = 0, "every turn ended with `end_turn`"
     FAILED = 1, ("the agent (or a plugin proxy) answered a prompt with an error, or an "
                  "unknown stop reason")
-    CONFIG = 2, ("bad chain file, proxy (unknown `use`, bad `options`) or usage (no or empty "
-                 "prompt, an unreadable prompt file, `--approve ask` off a terminal, `--json` "
-                 "with another `--format`); `--session-id` but the agent cannot reopen "
-                 "sessions. No `result` line")
+    CONFIG = 2, ("bad chain file, proxy (unknown `use`, bad `options`) or usage (no, empty or "
+                 "non-UTF-8 prompt, an unreadable prompt file, `--approve ask` off a "
+                 "terminal, `--json` with another `--format`); `--session-id` but the agent "
+                 "cannot reopen sessions. No `result` line")
     COMPONENT = 3, ("a component failed to start or exited (the message names it, with its "
                     "stderr tail)")
     REFUSAL = 5, "the agent refused (`stopReason: refusal`)"
