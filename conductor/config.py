@@ -521,6 +521,10 @@ def load_chain(path: str | os.PathLike[str]) -> ChainConfig:
                  "(`acp-conductor chains` lists them)") from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", file=file) from None
+    except UnicodeDecodeError as e:  # TOML is UTF-8; say where, not a traceback
+        line = e.object[:e.start].count(b"\n") + 1
+        raise ConfigError(f"not UTF-8: byte 0x{e.object[e.start]:02x} on line {line}",
+                          file=file, hint="TOML files are UTF-8; save it as UTF-8") from None
     import tomllib  # here: agent mode (`agent CMD...`) reads no file, and starts sooner
 
     try:

@@ -240,3 +240,11 @@ def test_a_well_typed_file_whose_entries_clash_also_reports_what_resolving_them_
     assert lines[0] == f"{chain}: 2 problems:"
     assert lines[1].startswith("  proxy[1].name: duplicate component name 'p'")
     assert lines[2].startswith("  proxy[0].use: no proxy named 'permisions' is installed")
+
+
+def test_a_chain_file_that_is_not_utf8_is_a_config_error_naming_the_byte(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'[agent]\ncommand = ["caf\xe9"]\n')
+    with pytest.raises(ConfigError, match="not UTF-8") as raised:
+        read_chain(str(path))
+    assert "line 2" in str(raised.value)

@@ -507,3 +507,36 @@ def test_json_is_format_json_and_cannot_contradict_it() -> None:
     assert result.returncode == 2
     assert "--json is --format json" in result.stderr
     assert result.stdout == ""
+
+
+def _with_stdin_closed(*args: str) -> subprocess.CompletedProcess[str]:
+    # A job started with fd 0 closed (`<&-`), as some runners and daemons do.
+    return subprocess.run(["sh", "-c", 'exec "$@" <&-', "sh", *conductor_argv(*args)],
+                          capture_output=True, text=True, env=child_env(), timeout=30, cwd=REPO)
+
+
+def test_with_stdin_closed_a_prompt_argument_runs_and_a_dash_prompt_is_empty() -> None:
+    given = _with_stdin_closed("run", "--chain", DEMO, "hello", "--json")
+    assert given.returncode == 0, given.stderr
+    assert events(given.stdout)[-1]["exitCode"] == 0
+    from_stdin = _with_stdin_closed("run", "--chain", DEMO, "-")
+    assert from_stdin.returncode == 2, from_stdin.stderr
+    assert "the prompt is empty (nothing on stdin)" in from_stdin.stderr
+    assert "internal error" not in given.stderr + from_stdin.stderr
+
+
+@pytest.mark.parametrize(("args", "stdin"), [
+    (["-"], b"caf\xe9\n"),
+    (["--prompt-file", "-"], b"one\n---\ncaf\xe9\n"),
+    ([b"caf\xe9"], b""),
+    (["ok", "--prompt", b"caf\xe9"], b"")])
+def test_a_prompt_that_is_not_utf8_is_a_usage_error_before_anything_is_sent(
+        args: list[str | bytes], stdin: bytes) -> None:
+    argv = [*conductor_argv("run", "--chain", DEMO, "--json"), *args]
+    result = subprocess.run(argv, input=stdin, capture_output=True, env=child_env(),
+                            timeout=30, cwd=REPO)
+    err = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 2, err
+    assert "not UTF-8" in err
+    assert "internal error" not in err
+    assert result.stdout == b""  # exit 2: no session, no result line

@@ -174,3 +174,68 @@ def test_a_jsonl_prompt_file_holds_strings_or_objects_and_refuses_anything_else(
         read_prompt_file('"one"\n{"text": "x"}\n', "p.jsonl")
     with pytest.raises(ConfigError, match="line 1 is not JSON"):
         read_prompt_file("one\n", "p.jsonl")
+
+
+def answering_with(tmp_path: Path, answer: str, method: str = "session/prompt"
+                   ) -> ChainConfig:
+    """The demo chain behind a plugin that answers every `method` request with `answer`."""
+    (tmp_path / "answers.py").write_text(textwrap.dedent(f"""
+        from conductor.plugins import Proxy, on
+
+        class Answers(Proxy):
+            @on("{method}")
+            async def prompt(self, ctx, message):
+                await ctx.forward()
+                return {answer}
+        """), encoding="utf-8")
+    return demo_chain(tmp_path, f'[[proxy]]\nplugin = "{tmp_path / "answers.py"}:Answers"')
+
+
+@pytest.mark.parametrize("answer", ['"done"', "[1, 2]", "None", "7"])
+async def test_a_prompt_answered_with_no_object_fails_the_turn_with_exit_1_and_reports_it(
+        tmp_path: Path, answer: str) -> None:
+    code, events = await run(answering_with(tmp_path, answer), tmp_path, "one", "two")
+    assert code == RunExit.FAILED
+    [turn] = events.of("turn")
+    assert (turn["turn"], turn["exitReason"], turn["stopReason"]) == (1, "failed", None)
+    assert "session/prompt" in turn["error"]["message"]
+    result = events.records[-1]
+    assert result["type"] == "result" and result["exitCode"] == 1
+    assert result["turns"] == [{k: v for k, v in turn.items() if k != "type"}]
+
+
+@pytest.mark.parametrize("method", ["initialize", "session/new"])
+async def test_a_setup_request_answered_with_no_object_ends_the_run_with_exit_1_and_a_result(
+        tmp_path: Path, method: str) -> None:
+    code, events = await run(answering_with(tmp_path, '"x"', method), tmp_path, "one")
+    assert code == RunExit.FAILED
+    result = events.records[-1]
+    assert result["type"] == "result" and result["exitCode"] == 1
+    assert method in result["error"]["message"]
+    assert result["turns"] == []
+
+
+async def test_a_turn_given_up_on_after_its_cancel_went_unanswered_is_still_reported(
+        tmp_path: Path) -> None:
+    # The plugin swallows session/cancel: the agent never learns of it and never answers.
+    (tmp_path / "deaf.py").write_text(textwrap.dedent("""
+        from conductor.plugins import Proxy, on
+
+        class Deaf(Proxy):
+            @on("session/cancel")
+            async def cancel(self, ctx, message):
+                return None
+        """), encoding="utf-8")
+    config = demo_chain(tmp_path, "[conductor]\nshutdown_grace = 0.5\n"
+                                  f'[[proxy]]\nplugin = "{tmp_path / "deaf.py"}:Deaf"')
+    events = Recorded()
+    code = await run_turns(config, TurnOptions(prompts=["hang", "two"], cwd=tmp_path,
+                                               timeout=0.5, cancel_grace=0.1,
+                                               handle_signals=False), events)
+    assert code == RunExit.TIMEOUT
+    assert any("did not answer the cancel" in n["message"] for n in events.of("notice"))
+    [turn] = events.of("turn")
+    assert (turn["turn"], turn["of"], turn["exitReason"], turn["stopReason"]) == (
+        1, 2, "timeout", None)
+    result = events.records[-1]
+    assert result["turns"] == [{k: v for k, v in turn.items() if k != "type"}]

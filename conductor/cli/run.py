@@ -31,6 +31,10 @@ def claim_stdout() -> TextIO:
     from conductor.transport.claim import claim_stdout
 
     fd = claim_stdout()
+    if sys.stdin is None:
+        # Started with fd 0 closed (`<&-`): claim_stdout put /dev/null there; read it as an
+        # empty stdin rather than failing on the missing `sys.stdin`.
+        sys.stdin = open(os.devnull, encoding="utf-8")
     return open(fd, "w", encoding="utf-8", buffering=1 if os.isatty(fd) else -1)
 
 
@@ -70,6 +74,21 @@ def read_prompt_file(text: str, name: str) -> list[str]:
     return prompts
 
 
+def _stdin() -> str:
+    """All of stdin, as UTF-8 text.
+
+    Raises:
+        ConfigError: it is not UTF-8.
+    """
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"stdin is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                          f"{e.start})", field="PROMPT") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
+
+
 def _prompts(prompt: str | None, more: tuple[str, ...], prompt_file: str | None) -> list[str]:
     """PROMPT, then each --prompt, then the file's, in order; stdin read where `-` says.
 
@@ -79,11 +98,11 @@ def _prompts(prompt: str | None, more: tuple[str, ...], prompt_file: str | None)
     if prompt == "-" and prompt_file == "-":
         raise ConfigError("stdin can be read once: give PROMPT - or --prompt-file -, not both",
                           field="PROMPT")
-    prompts = [sys.stdin.read() if prompt == "-" else prompt] if prompt is not None else []
+    prompts = [_stdin() if prompt == "-" else prompt] if prompt is not None else []
     prompts += more
     if prompt_file is not None:
         if prompt_file == "-":
-            prompts += read_prompt_file(sys.stdin.read(), "-")
+            prompts += read_prompt_file(_stdin(), "-")
         else:
             try:
                 text = Path(prompt_file).read_text(encoding="utf-8")
@@ -95,6 +114,13 @@ def _prompts(prompt: str | None, more: tuple[str, ...], prompt_file: str | None)
         raise ConfigError("give a PROMPT (- reads stdin), --prompt, or --prompt-file",
                           field="PROMPT")
     for number, text in enumerate(prompts, 1):
+        try:
+            # An argument in another encoding arrives with surrogate escapes, which could
+            # never be sent as JSON: refuse it here rather than fail mid-run.
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            which = "the prompt" if len(prompts) == 1 else f"prompt {number}"
+            raise ConfigError(f"{which} is not UTF-8 text", field="PROMPT") from None
         if not text.strip():
             which = "the prompt" if len(prompts) == 1 else f"prompt {number}"
             raise ConfigError(f"{which} is empty" + (" (nothing on stdin)" if prompt == "-"

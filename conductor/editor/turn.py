@@ -49,10 +49,10 @@ class RunExit(ExplainedCode):
     END_TURN = 0, "every turn ended with `end_turn`"
     FAILED = 1, ("the agent (or a plugin proxy) answered a prompt with an error, or an "
                  "unknown stop reason")
-    CONFIG = 2, ("bad chain file, proxy (unknown `use`, bad `options`) or usage (no or empty "
-                 "prompt, an unreadable prompt file, `--approve ask` off a terminal, `--json` "
-                 "with another `--format`); `--session-id` but the agent cannot reopen "
-                 "sessions. No `result` line")
+    CONFIG = 2, ("bad chain file, proxy (unknown `use`, bad `options`) or usage (no, empty or "
+                 "non-UTF-8 prompt, an unreadable prompt file, `--approve ask` off a "
+                 "terminal, `--json` with another `--format`); `--session-id` but the agent "
+                 "cannot reopen sessions. No `result` line")
     COMPONENT = 3, ("a component failed to start or exited (the message names it, with its "
                     "stderr tail)")
     REFUSAL = 5, "the agent refused (`stopReason: refusal`)"
@@ -281,22 +281,27 @@ async def _talk(conn: ClientConnection, editor: RunEditor, options: TurnOptions,
                                "terminal": options.allow_terminal},
         "clientInfo": {"name": "acp-conductor-run", "title": "acp-conductor run",
                        "version": _package_version()}})
-    caps = (init or {}).get("agentCapabilities") or {}
+    if not isinstance(init, dict):
+        raise RpcError(ErrorCode.INVALID_PARAMS,
+                       f"the agent answered initialize with {init!r:.200}, not an object")
+    caps = init.get("agentCapabilities")
+    if not isinstance(caps, dict):
+        caps = {}
     cwd = str(editor.root)
 
     def announce(sid: str, how: str) -> None:
         record["sessionId"] = sid
         events.session({"type": "session", "sessionId": sid, "how": how,
-                        "protocolVersion": (init or {}).get("protocolVersion"),
-                        "agentInfo": (init or {}).get("agentInfo"), "cwd": cwd})
+                        "protocolVersion": init.get("protocolVersion"),
+                        "agentInfo": init.get("agentInfo"), "cwd": cwd})
     if options.session_id is None:
         turn.step = "session/new"
         opened = await conn.request("session/new", {"cwd": cwd, "mcpServers": []},
                                   cancel_on_abort=False)
-        sid, how = (opened or {}).get("sessionId"), "new"
+        sid, how = opened.get("sessionId") if isinstance(opened, dict) else None, "new"
         if not isinstance(sid, str):
             raise RpcError(ErrorCode.INVALID_PARAMS,
-                           f"the agent answered session/new without a sessionId: {opened!r}")
+                           f"the agent answered session/new without a sessionId: {opened!r:.200}")
     else:
         sid = options.session_id
         if caps.get("loadSession"):
@@ -354,6 +359,7 @@ async def _prompt(conn: ClientConnection, editor: RunEditor, options: TurnOption
     turn.prompted = True
     turn.result = None
     report: dict[str, Any] = {"type": "turn", "turn": number, "of": len(options.prompts)}
+    given_up = False
     try:
         # Cancelled with session/cancel (ACP's turn cancel), never $/cancel_request: agents
         # need not understand it, and some print a traceback for it.
@@ -371,10 +377,16 @@ async def _prompt(conn: ClientConnection, editor: RunEditor, options: TurnOption
         report["error"] = e.to_json()
         code = RunExit.COMPONENT if e.code == ErrorCode.COMPONENT_FAILED else RunExit.FAILED
         raise
+    except anyio.get_cancelled_exc_class():
+        # Given up on (the cancel went unanswered, or a second Ctrl-C): the turn still
+        # ended, and is reported with what ended it.
+        given_up = True
+        code = _turn_code(turn, len(editor.violations) > violations)
+        raise
     else:
         code = _turn_code(turn, len(editor.violations) > violations)
     finally:
-        if turn.result is not None or "error" in report:
+        if turn.result is not None or "error" in report or given_up:
             result = turn.result or {}
             report.update(stopReason=result.get("stopReason"), usage=result.get("usage"),
                           exitCode=int(code), exitReason=code.name.lower(),
