@@ -242,6 +242,16 @@ class Chain:
             await self._send(hop, error_response(None, ErrorCode.PARSE_ERROR, "Parse error",
                                                  item.reason))
             return
+        top = item.top
+        if top is not None and top.id is not None and not top.is_batch:
+            # A broken message with an id (an answer whose JSON does not decode, e.g. a lone
+            # surrogate escape): the request it answers fails, naming the sender; a request
+            # is answered with the parse error.
+            reason = f"{hop.name} sent a message that is not valid JSON ({item.reason})"
+            log.error("%s; dropped", reason)
+            self._trace_lifecycle(hop.name, "unreadable", reason=item.reason)
+            await hop.refuse_unread(top, ErrorCode.PARSE_ERROR, reason, {"component": hop.name})
+            return
         # Banners and ANSI noise on a component's stdout: never forwarded, never answered.
         text = item.head.decode("utf-8", "replace")
         log.warning("%s wrote a non-JSON line on stdout (dropped): %s", hop.name, text)

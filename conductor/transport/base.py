@@ -32,10 +32,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class NotJson:
-    """A line that is not JSON (or not UTF-8): `reason` says why, `head` its first bytes."""
+    """A line that is not JSON (or not UTF-8): `reason` says why, `head` its first bytes,
+    `top` what a scan of its top level found (its id, whether it has a method): a broken
+    answer still fails the request it answers, so nobody waits for it."""
 
     reason: str
     head: bytes
+    top: Head | None = None
+
+    @classmethod
+    def of(cls, reason: str, data: bytes | bytearray) -> NotJson:
+        shaped = data.lstrip(b" \t\r")[:1] == b"{"  # (noise and banners are not scanned)
+        return cls(reason, bytes(data[:500]), read_head(data) if shaped else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,4 +115,4 @@ def decode_whole(data: bytes, limit: int) -> Incoming:
     except UnreadableFrame as e:
         return Unreadable(e.code, e.reason, e.head)
     except ParseError as e:
-        return NotJson(str(e), data[:500])
+        return NotJson.of(str(e), data)

@@ -307,7 +307,7 @@ def incoming(data: bytes | bytearray | OversizedFrame) -> Incoming:
     except UnreadableFrame as e:
         return Unreadable(e.code, e.reason, e.head)
     except ParseError as e:
-        return NotJson(str(e), bytes(data[:500]))
+        return NotJson.of(str(e), data)
 
 
 class PipeSource:

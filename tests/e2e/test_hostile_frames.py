@@ -5,6 +5,7 @@ conductor's stdout stays valid UTF-8 JSON-RPC (open_conductor checks it on exit)
 from __future__ import annotations
 
 import json
+import sys
 from typing import TYPE_CHECKING
 
 from tests.wire_client import agent_cmd, chain_args, open_conductor
@@ -150,3 +151,33 @@ async def test_a_100_mib_request_with_its_id_last_is_refused_with_that_id() -> N
         assert refused["error"]["code"] == -33003  # FRAME_TOO_LARGE
         assert "over the 67108864-byte limit" in refused["error"]["message"]
         assert (await c.request("_test/echo", {"ok": 1}))["result"] == {"ok": 1}
+
+
+# -- not JSON, but an answer -------------------------------------------------------------------
+
+BROKEN_ANSWER_AGENT = r'''
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    ident = json.dumps(msg.get("id"))
+    if msg.get("method") == "initialize":
+        out = '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":1}}' % ident
+    elif msg.get("method") == "session/new":  # a lone surrogate escape: not JSON to a decoder
+        out = '{"jsonrpc":"2.0","id":%s,"result":{"sessionId":"\\ud800"}}' % ident
+    else:
+        continue
+    sys.stdout.write(out + "\n")
+    sys.stdout.flush()
+'''
+
+
+async def test_an_answer_that_is_not_valid_json_fails_its_request_instead_of_leaving_it_waiting(
+        tmp_path: Path) -> None:
+    agent = tmp_path / "agent.py"
+    agent.write_text(BROKEN_ANSWER_AGENT, encoding="utf-8")
+    async with open_conductor("agent", f"{sys.executable} {agent}", check_exit=True) as c:
+        await c.initialize()
+        answer = await c.request("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+    assert answer["error"]["code"] == -32700
+    assert answer["error"]["data"] == {"component": "agent"}
+    assert "agent sent a message that is not valid JSON" in answer["error"]["message"]
