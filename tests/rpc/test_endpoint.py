@@ -3,7 +3,7 @@ the single place an exception becomes a wire error. Two endpoints joined in memo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -259,18 +259,24 @@ async def test_a_recipient_that_cannot_take_its_failure_answer_does_not_cost_the
     assert waiting.failure is not None
 
 
+class RecordingSink:
+    """A MessageSink that keeps what is sent to it."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    async def send(self, item: object) -> None:
+        self.sent.append(item)
+
+    async def aclose(self) -> None:
+        pass
+
+
 async def test_replies_to_a_batch_leave_as_one_array_even_with_duplicate_and_float_ids(
         ) -> None:
-    sent: list[object] = []
-
-    class Sink:
-        async def send(self, item: object) -> None:
-            sent.append(item)
-
-        async def aclose(self) -> None:
-            pass
-
-    endpoint = Endpoint("client", Sink())  # type: ignore[arg-type]
+    sink = RecordingSink()
+    sent = sink.sent
+    endpoint = Endpoint("client", sink)
     ids = [Raw(b"1"), Raw(b"1"), Raw(b"1.5")]
     batch = endpoint.open_batch(ids)
     for ident in reversed(ids):
@@ -284,16 +290,9 @@ async def test_a_request_reusing_an_id_stays_cancellable_and_awaited_after_the_f
         ) -> None:
     # A client may use an id again once it is answered (or, wrongly, while it is in
     # flight): answering the first must not forget the second.
-    sent: list[Response] = []
-
-    class Sink:
-        async def send(self, item: Response) -> None:
-            sent.append(item)
-
-        async def aclose(self) -> None:
-            pass
-
-    endpoint = Endpoint("agent", Sink())  # type: ignore[arg-type]
+    sink = RecordingSink()
+    sent = sink.sent
+    endpoint = Endpoint("agent", sink)
     release_first = anyio.Event()
 
     async def handler(request: Request) -> object:
