@@ -509,10 +509,22 @@ def test_json_is_format_json_and_cannot_contradict_it() -> None:
     assert result.stdout == ""
 
 
-def _with_stdin_closed(*args: str) -> subprocess.CompletedProcess[str]:
+def _with_stdin_closed(*args: str, closing: str = "<&-") -> subprocess.CompletedProcess[str]:
     # A job started with fd 0 closed (`<&-`), as some runners and daemons do.
-    return subprocess.run(["sh", "-c", 'exec "$@" <&-', "sh", *conductor_argv(*args)],
+    return subprocess.run(["sh", "-c", f'exec "$@" {closing}', "sh", *conductor_argv(*args)],
                           capture_output=True, text=True, env=child_env(), timeout=30, cwd=REPO)
+
+
+def test_with_stderr_closed_a_run_still_answers_on_stdout() -> None:
+    done = _with_stdin_closed("run", "--chain", DEMO, "hello", "--json", closing="2>&-")
+    assert done.returncode == 0
+    assert events(done.stdout)[-1]["exitCode"] == 0
+
+
+def test_with_stdout_closed_a_run_says_so_and_exits_2() -> None:
+    done = _with_stdin_closed("run", "--chain", DEMO, "hello", closing=">&-")
+    assert done.returncode == 2
+    assert "stdout: is closed" in done.stderr and "internal error" not in done.stderr
 
 
 def test_with_stdin_closed_a_prompt_argument_runs_and_a_dash_prompt_is_empty() -> None:
