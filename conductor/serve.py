@@ -61,6 +61,7 @@ class RunOptions:
     handle_signals: bool = True
     client_transport: str = "stdio"       # how the client reached us: stdio, ws, http (traces)
     early: EarlyStart | None = None       # the plan, and what was started before serving
+    on_dropped: Callable[[str], None] | None = None  # a component's message refused unread
 
 
 @dataclass
@@ -399,7 +400,8 @@ async def serve_connection(
                       on_fatal=fatal, on_broken=broken, mcp=injection, bridge=bridge,
                       timeouts=config.conductor.timeouts(),
                       keep_session_setup=config.agent is not None
-                      and config.agent.restart == "on-failure")
+                      and config.agent.restart == "on-failure",
+                      on_dropped=options.on_dropped)
         if bridge is not None:
             bridge.attach(chain)
 

@@ -552,3 +552,16 @@ def test_a_prompt_that_is_not_utf8_is_a_usage_error_before_anything_is_sent(
     assert "not UTF-8" in err
     assert "internal error" not in err
     assert result.stdout == b""  # exit 2: no session, no result line
+
+
+def test_an_update_over_the_size_limit_is_reported_as_dropped_not_silently_missing() -> None:
+    # The demo agent's echo of an 880-character prompt is over 1024 bytes; the prompt is not.
+    done = run("run", "--chain", DEMO, "--max-frame-bytes", "1024", "--json", "x" * 880)
+    assert done.returncode == 0, done.stderr
+    lines = events(done.stdout)
+    [notice] = [e for e in lines if e["type"] == "notice"]
+    assert notice["message"].startswith("dropped: demo-agent sent a message of ")
+    assert "over the 1024-byte limit" in notice["message"]
+    assert lines[-1]["dropped"] == 1
+    text = run("run", "--chain", DEMO, "--max-frame-bytes", "1024", "x" * 880)
+    assert "[notice] dropped: demo-agent sent a message" in text.stderr

@@ -137,9 +137,17 @@ async def run_turns(config: ChainConfig, options: TurnOptions, events: RunEvents
         ConfigError: the chain cannot be planned, or the agent cannot load --session-id.
     """
     started = time.monotonic()
+    dropped: list[str] = []
+
+    def on_dropped(reason: str) -> None:
+        # The answer may be incomplete: say so where the run's reader looks, not only in
+        # the log (an update over the size limit is otherwise simply missing).
+        dropped.append(reason)
+        events.notice(f"dropped: {reason}")
+
     chain = InProcessChain(config, RunOptions(mode="agent",
                                               max_frame_bytes=options.max_frame_bytes,
-                                              tracer=options.tracer))
+                                              tracer=options.tracer, on_dropped=on_dropped))
     turn = _Turn()
     record: dict[str, Any] = {"type": "result"}
 
@@ -185,7 +193,7 @@ async def run_turns(config: ChainConfig, options: TurnOptions, events: RunEvents
     record.update(stopReason=(turn.result or {}).get("stopReason"),
                   usage=(turn.result or {}).get("usage") or _usage_of(editor.last_usage),
                   exitCode=int(code), exitReason=code.name.lower(), cancelledBy=turn.trigger,
-                  violations=editor.violations,
+                  violations=editor.violations, dropped=len(dropped),
                   durationMs=round((time.monotonic() - started) * 1000, 1),
                   prompts=len(options.prompts), turns=turn.turns)
     events.result(record)

@@ -97,8 +97,12 @@ class Chain:
         bridge: Bridge | None = None,
         timeouts: Timeouts | None = None,
         keep_session_setup: bool = False,
+        on_dropped: Callable[[str], None] | None = None,
     ) -> None:
         self.client = client
+        # Told (with why) of each message a component sent that was refused unread: its
+        # sender and any request it answered get errors, but a notification is simply gone.
+        self._on_dropped = on_dropped
         # Remember each session's setup params (to reopen it on a restarted agent): only
         # when the agent may restart, since they cost memory for every open session.
         self._keep_setup = keep_session_setup
@@ -249,6 +253,7 @@ class Chain:
             # is answered with the parse error.
             reason = f"{hop.name} sent a message that is not valid JSON ({item.reason})"
             log.error("%s; dropped", reason)
+            self._dropped(hop, reason)
             self._trace_lifecycle(hop.name, "unreadable", reason=item.reason)
             await hop.refuse_unread(top, ErrorCode.PARSE_ERROR, reason, {"component": hop.name})
             return
@@ -723,15 +728,21 @@ class Chain:
         reason = (f"{hop.name} sent a message of {item.size} bytes, over the {item.limit}-byte "
                   "limit on messages")
         log.error("%s; dropped", reason)
+        self._dropped(hop, reason)
         self._trace_lifecycle(hop.name, "oversized", size=item.size, limit=item.limit)
         await hop.refuse_unread(item.head, ErrorCode.FRAME_TOO_LARGE, reason,
                                 {"component": hop.name, "size": item.size,
                                  "limit": item.limit, "hint": FRAME_LIMIT_HINT})
 
+    def _dropped(self, hop: Hop, reason: str) -> None:
+        if self._on_dropped is not None and hop is not self.client:
+            self._on_dropped(reason)
+
     async def refuse_unreadable(self, hop: Hop, item: Unreadable) -> None:
         """A frame arrived on `hop` that is not UTF-8 or is nested too deeply to decode."""
         reason = f"{hop.name} sent a message that is {item.reason}"
         log.error("%s; dropped", reason)
+        self._dropped(hop, reason)
         self._trace_lifecycle(hop.name, "unreadable", reason=item.reason)
         await hop.refuse_unread(item.head, item.code, reason, {"component": hop.name})
 
