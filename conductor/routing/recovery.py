@@ -138,6 +138,8 @@ class Recovery:
                    bounded: bool = True) -> Response:
         """Send a request of the re-attach and wait for its answer, within the request
         timeout (`bounded`), or for as long as the caller bounds it."""
+        if hop.failure is not None:  # it died already: nothing would ever answer (or fail) it
+            raise hop.failure
         outgoing, request = hop.open_request(method, params)
         try:
             await hop.send(request)
