@@ -61,3 +61,20 @@ def test_chains_lists_every_built_in_chain_with_what_it_does(tmp_path: Path) -> 
         assert description(path) and description(path) in result.stdout
     shown = conductor("chains", "permissions", cwd=tmp_path)
     assert shown.stdout == (BUILTIN_CHAINS / "permissions.toml").read_text(encoding="utf-8")
+
+
+def test_chains_name_prints_the_built_in_even_beside_a_folder_of_that_name(
+        tmp_path: Path) -> None:
+    (tmp_path / "demo").mkdir()
+    shown = conductor("chains", "demo", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == (BUILTIN_CHAINS / "demo.toml").read_text(encoding="utf-8")
+
+
+def test_chains_with_a_name_that_is_not_built_in_is_a_usage_error_listing_them(
+        tmp_path: Path) -> None:
+    for name in ("nosuch", "../pyproject", "my.toml"):
+        shown = conductor("chains", name, cwd=tmp_path)
+        assert (shown.returncode, shown.stdout) == (2, ""), shown.stderr
+        assert f"no built-in chain {name!r} (built in: " in shown.stderr
+        assert "internal error" not in shown.stderr

@@ -97,6 +97,19 @@ def test_params_that_are_not_json_are_a_usage_error_with_nothing_on_stdout(chain
     assert "PARAMS is not JSON" in done.stderr
 
 
+@pytest.mark.parametrize(("params", "said"), [
+    ("[" * 20_000 + "]" * 20_000, "PARAMS is nested too deeply to send"),
+    ('{"x": NaN}', "PARAMS is not JSON: NaN is not a JSON value"),
+    ("[Infinity]", "PARAMS is not JSON: Infinity is not a JSON value")])
+def test_params_nested_too_deeply_or_with_a_non_json_number_are_a_usage_error(
+        chain: Path, params: str, said: str) -> None:
+    done = subprocess.run(conductor_argv("call", "--chain", str(chain), "_ext/echo", params),
+                          capture_output=True, text=True, env=child_env(), timeout=60)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert said in done.stderr
+    assert "internal error" not in done.stderr
+
+
 def test_the_call_example_in_writing_a_proxy_prints_what_it_says(tmp_path: Path) -> None:
     files = doc_files("writing-a-proxy.md")
     for name in ("upper.py", "upper.toml"):

@@ -74,6 +74,18 @@ def test_check_of_a_missing_command_names_it(tmp_path: Path) -> None:
     assert "no-such-agent-binary" in result.stderr
 
 
+def test_the_failure_line_is_one_line_in_an_80_column_log(tmp_path: Path) -> None:
+    chain = tmp_path / "missing.toml"
+    chain.write_text('[agent]\ncommand = "no-such-agent-binary-with-a-long-name --flag"\n',
+                     encoding="utf-8")
+    result = subprocess.run(conductor_argv("check", "--chain", str(chain)),
+                            capture_output=True, text=True, env=child_env(COLUMNS="80"),
+                            timeout=60, cwd=REPO)
+    assert result.returncode == 3
+    assert "acp-conductor: check failed: agent: command not found: " \
+           "no-such-agent-binary-with-a-long-name (No such file or directory)\n" in result.stderr
+
+
 def test_check_passes_without_an_optional_proxy_that_cannot_start_and_says_so(
         tmp_path: Path) -> None:
     chain = tmp_path / "optional.toml"

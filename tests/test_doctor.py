@@ -116,3 +116,18 @@ def test_a_remote_agent_is_named_with_its_address_and_its_header_variables_check
     assert found["agent"] == Finding("ok", "agent", "remote, at wss://build-box:8765/acp")
     assert found["${AGENT_TOKEN}"].status == "fail"
     assert "agent.headers.Authorization needs it" in found["${AGENT_TOKEN}"].detail
+
+
+def test_a_program_path_that_is_not_executable_or_a_folder_says_which_and_the_fix(
+        tmp_path: Path) -> None:
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\n", encoding="utf-8")
+    script.chmod(0o644)
+    found = findings(tmp_path, '[agent]\nname = "a"\ncommand = ["./agent.sh"]\n', {})
+    assert found["a"].status == "fail"
+    assert "is not executable" in found["a"].detail
+    assert f"chmod +x {script}" in found["a"].detail
+    (tmp_path / "folder").mkdir()
+    found = findings(tmp_path, '[agent]\nname = "a"\ncommand = ["./folder"]\n', {})
+    assert found["a"].status == "fail"
+    assert "is a directory" in found["a"].detail

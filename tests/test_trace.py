@@ -313,8 +313,10 @@ def test_a_trace_event_nested_too_deeply_to_show_is_skipped_not_fatal(tmp_path: 
     path = tmp_path / "t.jsonl"
     deep = "[" * 5000 + "]" * 5000
     path.write_text('{"type":"trace","version":1}\n'
-                    f'{{"type":"message","seq":1,"hop":"client","payload":{deep}}}\n'
-                    '{"type":"lifecycle","seq":2,"component":"agent","event":"spawned"}\n',
+                    f'{{"type":"message","seq":1,"time":1.0,"hop":"client","dir":"in",'
+                    f'"payload":{deep}}}\n'
+                    '{"type":"lifecycle","seq":2,"time":1.0,"component":"agent",'
+                    '"event":"spawned"}\n',
                     encoding="utf-8")
     trace = load_trace(path)
     assert [e["seq"] for e in trace.events] == [2]

@@ -18,6 +18,10 @@ from conductor.plan import read_chain
 from conductor.tracing.sink import run_flushed
 
 
+def _not_json(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON value")
+
+
 @click.command("call", epilog=epilog("Exit codes of call", CallExit))
 @click.argument("method")
 @click.argument("params", required=False)
@@ -48,10 +52,12 @@ def call_command(ctx: click.Context, method: str, params: str | None, open_sessi
     config = read_chain(options.chain())
     text = sys.stdin.read() if params == "-" else params
     try:
-        value = None if text is None else json.loads(text)
-    except json.JSONDecodeError as e:
+        value = None if text is None else json.loads(text, parse_constant=_not_json)
+    except ValueError as e:  # JSONDecodeError, or NaN/Infinity (would go out as null)
         raise ConfigError(f"PARAMS is not JSON: {e}", field="PARAMS",
                           hint="quote it for the shell: '{\"x\": 1}'") from None
+    except RecursionError:
+        raise ConfigError("PARAMS is nested too deeply to send", field="PARAMS") from None
     if open_session and not (value is None or isinstance(value, dict)):
         raise ConfigError("with --session, PARAMS must be a JSON object (sessionId is added "
                           "to it)", field="PARAMS")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from conductor.cli.context import handle_errors
+from conductor.errors import ConfigError
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,12 +33,16 @@ def chains_command(name: str | None) -> None:
     acp-conductor run --chain demo "hello"       # a built-in chain, by name
     acp-conductor chains permissions > my.toml   # a copy to edit
     """
-    from conductor.config import BUILTIN_CHAINS, builtin_chains, chain_path
+    from conductor.config import BUILTIN_CHAINS, builtin_chains
 
-    if name is not None:
-        click.echo(chain_path(name).read_text(encoding="utf-8"), nl=False)
-        return
     found = builtin_chains()
+    if name is not None:
+        # Only a built-in name: a file or folder of that name here is not what NAME means.
+        if name not in found:
+            raise ConfigError(f"no built-in chain {name!r} (built in: {', '.join(found)})",
+                              field="NAME", hint="`acp-conductor chains` lists them")
+        click.echo(found[name].read_text(encoding="utf-8"), nl=False)
+        return
     width = max(map(len, found), default=0)
     for chain, path in found.items():
         click.echo(f"{chain:<{width}}  {description(path)}")

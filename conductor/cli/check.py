@@ -121,7 +121,9 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
         from rich.console import Console
         from rich.text import Text
 
-        err = Console(stderr=True)
+        # soft_wrap: off a terminal rich would cut lines at 80 columns, splitting the one
+        # line a CI log is grepped for.
+        err = Console(stderr=True, soft_wrap=True)
         err.print(Text(f"acp-conductor: check failed: {report.reason}", style="bold red"))
         if report.failed:
             err.print(f"failing component: {report.failed}")

@@ -83,7 +83,13 @@ def _program_findings(name: str, argv0: str, spec: ComponentSpec, config: ChainC
         if os.access(path, os.X_OK) and os.path.isfile(path):
             return [Finding("ok", name, f"runs {path}")]
         where = "" if os.path.isabs(argv0) else f" ({relative_to_chain(config.base_dir)})"
-        return [Finding("fail", name, f"{argv0}{where} is not an executable file")]
+        if os.path.isfile(path):  # there, but the conductor could not start it
+            return [Finding("fail", name, f"{argv0}{where} is not executable; make it so "
+                                          f"(chmod +x {path}), or start it through its "
+                                          "interpreter (command = [\"python3\", ...])")]
+        what = "is a directory" if os.path.isdir(path) else "does not exist"
+        return [Finding("fail", name, f"{argv0}{where} {what}; give the path of the "
+                                      "program in the chain file")]
     found = _which(argv0, environ)
     if found is None:
         return [Finding("fail", name, f"`{argv0}` is not on PATH "

@@ -98,6 +98,23 @@ def _refuse_existing(path: Path) -> None:
                           hint="give --output another path, or move it away first")
 
 
+def _write_new(path: Path, text: str) -> None:
+    """Create `path` with `text`; never replace a file (not even one made meanwhile).
+
+    Raises:
+        ConfigError: it exists, or its folder is missing or not writable.
+    """
+    try:
+        with path.open("x", encoding="utf-8") as f:
+            f.write(text)
+    except FileExistsError:
+        _refuse_existing(path)
+        raise
+    except OSError as e:
+        raise ConfigError(f"cannot write {path}: {e.strerror}", field="--output",
+                          hint="give --output a path in an existing, writable folder") from None
+
+
 # -- a proxy package -----------------------------------------------------------------------
 
 PYPROJECT = """\
@@ -259,8 +276,13 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
         _refuse_existing(root)
         for relative, text in proxy_files(proxy_name).items():
             path = root / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"cannot create {path.parent}: {e.strerror}",
+                                  field="--output", hint="give --output a new directory in an "
+                                                         "existing, writable folder") from None
+            _write_new(path, text)
         click.echo(f"wrote {root}/: pip install -e '{root}[test]', then use = "
                    f'"{proxy_name}" in a chain (see {root}/README.md)')
         return
@@ -272,5 +294,5 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
         "give the agent what it needs in your environment")
     file = output or Path("chain.toml")
     _refuse_existing(file)
-    file.write_text(chain_text(agent or "agent", chosen, file), encoding="utf-8")
+    _write_new(file, chain_text(agent or "agent", chosen, file))
     click.echo(f"wrote {file}: try `acp-conductor check --chain {file}`")

@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 
 from conductor.cli.context import handle_errors
 
+if TYPE_CHECKING:
+    from conductor.tracing.view import Trace
+
 
 @click.group("trace")
 def trace_group() -> None:
     """Read a trace written with --trace FILE."""
+
+
+def _say_if_cut_off(file: str, trace: Trace) -> None:
+    if trace.cut_off is not None:
+        click.echo(f"acp-conductor: warning: {file}: line {trace.cut_off} is incomplete (the "
+                   "conductor was stopped while writing it, or still is); showing the "
+                   f"{len(trace.events)} events before it", err=True)
 
 
 @trace_group.command("show")
@@ -33,6 +44,7 @@ def trace_show(file: str, session: str | None, method: str | None,
     from conductor.tracing import view
 
     trace = view.load_trace(file)
+    _say_if_cut_off(file, trace)
     chosen = view.select(trace, session=session, method=method, component=component)
     if pending:
         shown = {e["seq"] for e in chosen}
@@ -58,6 +70,7 @@ def trace_html(file: str, output: str, shareable: bool) -> None:
     from conductor.tracing.view import load_trace
 
     trace = load_trace(file)
+    _say_if_cut_off(file, trace)
     page = render_html(trace, f"acp-conductor trace: {os.path.basename(file)}")
     fd = open_output(output, option="--output", mode=0o644 if shareable else PRIVATE)
     with open(fd, "w", encoding="utf-8") as f:

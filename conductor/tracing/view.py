@@ -25,26 +25,55 @@ class Trace:
     header: dict[str, Any]
     events: list[dict[str, Any]]
     lanes: list[str]
+    cut_off: int | None = None  # the number of an incomplete last line, left out
+
+
+# What the readers below rely on, by event type: a file from another version or tool that
+# lacks one is refused naming the line and field, not shown as an internal KeyError.
+_REQUIRED: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
+    "message": (("hop", (str,)), ("dir", (str,))),
+}
+
+
+def _check_event(event: dict[str, Any], number: int, path: str) -> None:
+    fields = (("seq", (int,)), ("time", (int, float)), *_REQUIRED.get(str(event.get("type")), ()))
+    for name, types in fields:
+        value = event.get(name)
+        if not isinstance(value, types) or isinstance(value, bool) or \
+                (name == "dir" and value not in ("in", "out")):
+            raise ConfigError(f"line {number}: a {event.get('type')!r} event without a valid "
+                              f"{name!r} (not a trace this acp-conductor wrote)", file=path,
+                              hint="pass a file written by --trace") from None
 
 
 def load_trace(path: str | Path) -> Trace:
     """Parse a trace file, pair requests with responses, and order the lanes.
 
+    An incomplete last line (the conductor was killed mid-write, or is still writing it)
+    is left out and its number kept in `cut_off`: the events before it still show.
+
     Raises:
-        ConfigError: the file is missing or is not a trace.
+        ConfigError: the file is missing, is not a trace, or is another format version's.
     """
+    from conductor.tracing.sink import TRACE_FORMAT_VERSION
+
     try:
-        lines = Path(path).read_bytes().splitlines()
+        data = Path(path).read_bytes()
     except OSError as e:
         raise ConfigError(f"cannot read trace: {e.strerror}", file=str(path)) from None
+    lines = data.splitlines()
     header: dict[str, Any] = {}
     events: list[dict[str, Any]] = []
+    cut_off: int | None = None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             event = msgspec.json.decode(line)
         except msgspec.DecodeError:
+            if number == len(lines) and not data.endswith(b"\n"):
+                cut_off = number  # written only in part: show what came before it
+                break
             raise ConfigError(f"line {number} is not JSON", file=str(path),
                               hint="pass a file written by --trace") from None
         except RecursionError:  # a message nested too deeply to show: the rest still shows
@@ -53,12 +82,23 @@ def load_trace(path: str | Path) -> Trace:
             continue
         if event.get("type") == "trace":
             header = event
+            if header.get("version") != TRACE_FORMAT_VERSION:
+                raise ConfigError(
+                    f"trace format version {header.get('version')!r}; this acp-conductor "
+                    f"reads version {TRACE_FORMAT_VERSION}", file=str(path),
+                    hint="read it with the acp-conductor version that wrote it")
         else:
+            if not header and not events and "seq" not in event:
+                raise ConfigError("not an acp-conductor trace", file=str(path),
+                                  hint="pass a file written by --trace")
+            _check_event(event, number, str(path))
             events.append(event)
-    if not header and events and "seq" not in events[0]:
-        raise ConfigError("not an acp-conductor trace", file=str(path))
+    if not header and not events:
+        raise ConfigError("no trace events in it", file=str(path),
+                          hint="pass a file written by --trace (the conductor writes its "
+                               "first events within 50 ms of starting)")
     pair(events)
-    return Trace(header, events, lanes_of(events))
+    return Trace(header, events, lanes_of(events), cut_off)
 
 
 def pair(events: list[dict[str, Any]]) -> None:
@@ -230,7 +270,9 @@ def render(trace: Trace, events: list[dict[str, Any]], console: Console) -> None
                 label.append(f" [{event['session']}]", style="dim")
             label.append(f"  {event.get('from')}→{event.get('to')}", style="dim")
             if kind == "error":
-                err = (event.get("payload") or {}).get("error") or {}
+                payload = event.get("payload")  # a string where redaction left it out
+                err = payload.get("error") if isinstance(payload, dict) else None
+                err = err if isinstance(err, dict) else {}
                 label.append(f"  {err.get('code')}: {err.get('message')}", style="bold red")
             console.print(row + label, overflow="ellipsis", no_wrap=True, crop=False)
         else:

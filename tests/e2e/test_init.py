@@ -87,3 +87,17 @@ def test_a_proxy_package_from_init_is_usable_by_name_once_installed(
     tests = sh("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                cwd=tmp_path / "shout")
     assert re.search(r"^[1-9][0-9]* passed in ", tests.stdout, re.M), tests.stdout
+
+
+@pytest.mark.parametrize("args", [["--agent", "demo", "-o", "missing/chain.toml"],
+                                  ["--agent", "demo", "-o", "a-file/chain.toml"],
+                                  ["--proxy", "shout", "-o", "a-file/shout"]])
+def test_init_into_a_folder_that_is_missing_or_a_file_is_a_usage_error_naming_the_path(
+        tmp_path: Path, args: list[str]) -> None:
+    (tmp_path / "a-file").write_text("mine\n", encoding="utf-8")
+    result = conductor("init", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "acp-conductor: error: --output: cannot " in result.stderr
+    assert args[-1].split("/")[0] in result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    assert (tmp_path / "a-file").read_text(encoding="utf-8") == "mine\n"

@@ -1,0 +1,90 @@
+"""`trace show` / `trace html` on files a user really has: cut off mid-write, empty, from
+another version, with a redacted error payload. Each gets events or a message naming the
+file and what is wrong, never an internal error."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+from click.testing import CliRunner
+
+from conductor.cli.trace import trace_group
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+HEADER = '{"seq":1,"time":100.0,"type":"trace","version":1,"redacted":true,"pid":1}\n'
+REQUEST = ('{"seq":2,"time":100.1,"type":"message","hop":"client","dir":"in","from":"client",'
+           '"to":"conductor","kind":"request","method":"initialize","id":1,"flow":1,'
+           '"payload":{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}}\n')
+
+
+def trace_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("command", [["show"], ["show", "--pending"], ["html", "-o", "x.html"]])
+def test_a_trace_cut_off_mid_line_shows_the_events_before_it_and_says_so(
+        tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = trace_file(tmp_path, HEADER + REQUEST + REQUEST[:40])
+    done = CliRunner().invoke(trace_group, [command[0], str(path), *command[1:]])
+    assert done.exit_code == 0, done.output
+    assert "line 3 is incomplete" in done.stderr and str(path) in done.stderr
+    assert "line 3" not in done.stdout
+    if command == ["show", "--pending"]:
+        assert "1 of 1 requests never got an answer" in done.stdout
+
+
+def test_a_line_that_is_not_json_in_the_middle_is_still_refused(tmp_path: Path) -> None:
+    path = trace_file(tmp_path, HEADER + REQUEST[:40] + "\n" + REQUEST)
+    done = CliRunner().invoke(trace_group, ["show", str(path)])
+    assert done.exit_code == 2
+    assert "line 2 is not JSON" in done.stderr
+
+
+@pytest.mark.parametrize("command", [["show"], ["show", "--pending"], ["html", "-o", "x.html"]])
+def test_a_trace_of_another_format_version_is_refused_naming_both_versions(
+        tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = trace_file(tmp_path, HEADER.replace('"version":1', '"version":2') +
+                      '{"seq":2,"t":1.5,"type":"message","connection":"client"}\n')
+    done = CliRunner().invoke(trace_group, [command[0], str(path), *command[1:]])
+    assert done.exit_code == 2, done.output
+    assert "trace format version 2; this acp-conductor reads version 1" in done.stderr
+    assert "internal error" not in done.stderr
+    assert not (tmp_path / "x.html").exists()
+
+
+@pytest.mark.parametrize("command", [["show"], ["show", "--pending"], ["html", "-o", "x.html"]])
+def test_an_event_without_the_fields_a_trace_has_is_refused_naming_line_and_field(
+        tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = trace_file(tmp_path, HEADER + REQUEST.replace('"hop":"client",', ""))
+    done = CliRunner().invoke(trace_group, [command[0], str(path), *command[1:]])
+    assert done.exit_code == 2, done.output
+    assert "line 2: a 'message' event without a valid 'hop'" in done.stderr
+    assert "internal error" not in done.stderr
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "[1, 2, 3]\n"])
+def test_a_file_with_no_trace_events_is_refused_not_shown_as_all_answered(
+        tmp_path: Path, text: str) -> None:
+    path = trace_file(tmp_path, text)
+    done = CliRunner().invoke(trace_group, ["show", str(path), "--pending"])
+    assert done.exit_code == 2
+    assert "no trace events in it" in done.stderr
+    assert "every request was answered" not in done.stdout
+
+
+def test_an_error_whose_payload_redaction_left_out_is_shown(tmp_path: Path) -> None:
+    error = ('{"seq":3,"time":100.2,"type":"message","hop":"client","dir":"out",'
+             '"from":"conductor","to":"client","kind":"error","method":"initialize","id":1,'
+             '"flow":1,"payload":"[redacted] (nested too deeply to check)"}\n')
+    path = trace_file(tmp_path, HEADER + REQUEST + error)
+    done = CliRunner().invoke(trace_group, ["show", str(path)], env={"COLUMNS": "200"})
+    assert done.exit_code == 0, done.stderr
+    assert "initialize #1 error" in done.stdout
