@@ -105,6 +105,48 @@ def check_exposure(settings: ListenSettings) -> None:
                           hint="drop --no-token (a token is generated), or listen on 127.0.0.1")
 
 
+def check_tls(settings: ListenSettings) -> None:
+    """Load the certificate and key as the server will, before anything binds: a wrong
+    file is the user's mistake, named by its option, not a failure after "serving" was
+    announced. A key behind a passphrase is refused: OpenSSL would ask for it on the
+    terminal, which a service does not have.
+
+    Raises:
+        ConfigError: a file that cannot be read, no certificate in --tls-cert, or a
+            --tls-key that is not that certificate's unencrypted private key.
+    """
+    if settings.certfile is None or settings.keyfile is None:
+        return
+    import ssl
+
+    def passphrase() -> str:
+        raise ConfigError("the key is protected by a passphrase", file=settings.keyfile,
+                          field="--tls-key", hint="give an unencrypted copy, readable by "
+                          "this user only: `openssl pkey -in KEY -out KEY.plain`")
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_verify_locations(cafile=settings.certfile)
+    except (OSError, ssl.SSLError) as e:  # SSLError is an OSError, with a reason
+        reason = "no certificate (PEM) in it" if isinstance(e, ssl.SSLError) else e.strerror
+        raise ConfigError(f"cannot use: {reason}", file=settings.certfile,
+                          field="--tls-cert",
+                          hint="the certificate chain, -----BEGIN CERTIFICATE----- ...") from None
+    try:
+        context.load_cert_chain(settings.certfile, settings.keyfile, password=passphrase)
+    except ssl.SSLError as e:
+        # OpenSSL says "mismatch" for a key of the same type, "no certificate assigned"
+        # for one of another type (RSA against EC); anything else: not a key at all.
+        mismatch = e.reason in ("KEY_VALUES_MISMATCH", "NO_CERTIFICATE_ASSIGNED")
+        raise ConfigError(
+            f"the key does not belong to the certificate in {settings.certfile}" if mismatch
+            else "not a private key (PEM)", file=settings.keyfile, field="--tls-key",
+            hint="give the private key the certificate was made for") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", file=settings.keyfile,
+                          field="--tls-key") from None
+
+
 def bind(settings: ListenSettings) -> socket.socket:
     """The listening socket (port 0: any free port).
 
@@ -143,6 +185,7 @@ async def serve_listener(config: ChainConfig, settings: ListenSettings, *,
         ConfigError: the chain cannot be planned, or the address is refused or unusable.
     """
     check_exposure(settings)
+    check_tls(settings)
     plan_chain(config, settings.mode)  # a broken chain fails now, not at the first connection
     max_frame = settings.max_frame_bytes or config.conductor.max_frame_bytes
     sock = bind(settings)
