@@ -76,6 +76,16 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve to anything, so it counts as exposed
 
 
+def check_token(token: str, *, field: str, file: str | None = None) -> None:
+    """Raises ConfigError: `token` is too short to resist guessing (`field` and `file`
+    say where it was set)."""
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"a token of {len(token)} characters is too easy to guess",
+                          file=file, field=field, hint=f"use at least {MIN_TOKEN_CHARS} "
+                          "random characters, e.g. `python -c 'import secrets; "
+                          "print(secrets.token_urlsafe(32))'`")
+
+
 def check_exposure(settings: ListenSettings) -> None:
     """The secure-by-default rules, before anything binds.
 
@@ -87,11 +97,7 @@ def check_exposure(settings: ListenSettings) -> None:
         raise ConfigError("TLS needs both a certificate and its key", field="--tls-cert",
                           hint="give --tls-cert and --tls-key together")
     for token in settings.tokens:
-        if len(token) < MIN_TOKEN_CHARS:
-            raise ConfigError(f"a token of {len(token)} characters is too easy to guess",
-                              field="token", hint=f"use at least {MIN_TOKEN_CHARS} random "
-                              "characters, e.g. `python -c 'import secrets; "
-                              "print(secrets.token_urlsafe(32))'`")
+        check_token(token, field="token")
     if is_loopback(settings.host):
         return
     if not settings.tls:

@@ -129,3 +129,22 @@ async def test_a_tls_certificate_or_key_that_cannot_be_used_is_refused_before_se
     assert not announced
     assert refused.value.field == option, str(refused.value)
     assert message in str(refused.value)
+
+
+def test_a_short_token_is_refused_naming_where_it_came_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conductor.cli.serve import read_tokens
+
+    monkeypatch.setenv("ACP_CONDUCTOR_TOKEN", "short")
+    with pytest.raises(ConfigError) as from_env:
+        read_tokens(None, "ACP_CONDUCTOR_TOKEN", no_token=False)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# one per person\n{TOKEN}\nshort\n")
+    tokens.chmod(0o600)
+    with pytest.raises(ConfigError) as from_file:
+        read_tokens(str(tokens), "ACP_CONDUCTOR_TOKEN", no_token=False)
+    # Before, both said only "token: a token of 5 characters is too easy to guess": which
+    # token, set where (a variable exported long ago, a file's line) was the user's to find.
+    assert from_env.value.field == "$ACP_CONDUCTOR_TOKEN", str(from_env.value)
+    assert (from_file.value.file, from_file.value.field) == (str(tokens), "line 3")
+    assert "too easy to guess" in str(from_env.value) and "secrets" in str(from_file.value)
