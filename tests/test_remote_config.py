@@ -148,3 +148,12 @@ def test_a_short_token_is_refused_naming_where_it_came_from(
     assert from_env.value.field == "$ACP_CONDUCTOR_TOKEN", str(from_env.value)
     assert (from_file.value.file, from_file.value.field) == (str(tokens), "line 3")
     assert "too easy to guess" in str(from_env.value) and "secrets" in str(from_file.value)
+
+
+async def test_serving_a_chain_with_an_agent_as_a_proxy_names_the_option_to_drop() -> None:
+    chain = parse_chain({"agent": {"command": [sys.executable, "-c", "pass"]}}, file="c.toml")
+    settings = ListenSettings(port=0, tokens=(TOKEN,), mode="proxy", handle_signals=False)
+    with pytest.raises(ConfigError) as refused:
+        await serve_listener(chain, settings)
+    # Before, the hint said "run without `proxy`": serve has no `proxy`, it has --as-proxy.
+    assert refused.value.field == "agent" and "--as-proxy" in str(refused.value)
