@@ -76,6 +76,16 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve to anything, so it counts as exposed
 
 
+def check_token(token: str, *, field: str, file: str | None = None) -> None:
+    """Raises ConfigError: `token` is too short to resist guessing (`field` and `file`
+    say where it was set)."""
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"a token of {len(token)} characters is too easy to guess",
+                          file=file, field=field, hint=f"use at least {MIN_TOKEN_CHARS} "
+                          "random characters, e.g. `python -c 'import secrets; "
+                          "print(secrets.token_urlsafe(32))'`")
+
+
 def check_exposure(settings: ListenSettings) -> None:
     """The secure-by-default rules, before anything binds.
 
@@ -87,11 +97,7 @@ def check_exposure(settings: ListenSettings) -> None:
         raise ConfigError("TLS needs both a certificate and its key", field="--tls-cert",
                           hint="give --tls-cert and --tls-key together")
     for token in settings.tokens:
-        if len(token) < MIN_TOKEN_CHARS:
-            raise ConfigError(f"a token of {len(token)} characters is too easy to guess",
-                              field="token", hint=f"use at least {MIN_TOKEN_CHARS} random "
-                              "characters, e.g. `python -c 'import secrets; "
-                              "print(secrets.token_urlsafe(32))'`")
+        check_token(token, field="token")
     if is_loopback(settings.host):
         return
     if not settings.tls:
@@ -103,6 +109,48 @@ def check_exposure(settings: ListenSettings) -> None:
         raise ConfigError(f"{settings.host} is reachable from other machines: a token is "
                           "required there", field="--no-token",
                           hint="drop --no-token (a token is generated), or listen on 127.0.0.1")
+
+
+def check_tls(settings: ListenSettings) -> None:
+    """Load the certificate and key as the server will, before anything binds: a wrong
+    file is the user's mistake, named by its option, not a failure after "serving" was
+    announced. A key behind a passphrase is refused: OpenSSL would ask for it on the
+    terminal, which a service does not have.
+
+    Raises:
+        ConfigError: a file that cannot be read, no certificate in --tls-cert, or a
+            --tls-key that is not that certificate's unencrypted private key.
+    """
+    if settings.certfile is None or settings.keyfile is None:
+        return
+    import ssl
+
+    def passphrase() -> str:
+        raise ConfigError("the key is protected by a passphrase", file=settings.keyfile,
+                          field="--tls-key", hint="give an unencrypted copy, readable by "
+                          "this user only: `openssl pkey -in KEY -out KEY.plain`")
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_verify_locations(cafile=settings.certfile)
+    except (OSError, ssl.SSLError) as e:  # SSLError is an OSError, with a reason
+        reason = "no certificate (PEM) in it" if isinstance(e, ssl.SSLError) else e.strerror
+        raise ConfigError(f"cannot use: {reason}", file=settings.certfile,
+                          field="--tls-cert",
+                          hint="the certificate chain, -----BEGIN CERTIFICATE----- ...") from None
+    try:
+        context.load_cert_chain(settings.certfile, settings.keyfile, password=passphrase)
+    except ssl.SSLError as e:
+        # OpenSSL says "mismatch" for a key of the same type, "no certificate assigned"
+        # for one of another type (RSA against EC); anything else: not a key at all.
+        mismatch = e.reason in ("KEY_VALUES_MISMATCH", "NO_CERTIFICATE_ASSIGNED")
+        raise ConfigError(
+            f"the key does not belong to the certificate in {settings.certfile}" if mismatch
+            else "not a private key (PEM)", file=settings.keyfile, field="--tls-key",
+            hint="give the private key the certificate was made for") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", file=settings.keyfile,
+                          field="--tls-key") from None
 
 
 def bind(settings: ListenSettings) -> socket.socket:
@@ -143,6 +191,7 @@ async def serve_listener(config: ChainConfig, settings: ListenSettings, *,
         ConfigError: the chain cannot be planned, or the address is refused or unusable.
     """
     check_exposure(settings)
+    check_tls(settings)
     plan_chain(config, settings.mode)  # a broken chain fails now, not at the first connection
     max_frame = settings.max_frame_bytes or config.conductor.max_frame_bytes
     sock = bind(settings)

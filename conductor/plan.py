@@ -121,7 +121,8 @@ def _resolve(config: ChainConfig, mode: str | None,
     elif mode == "proxy" and config.agent is not None:
         found.append(ConfigError("a chain run as a proxy ends at its successor, not an agent",
                                  file=config.source, field="agent",
-                                 hint="remove the [agent] table, or run without `proxy`"))
+                                 hint="remove the [agent] table, or run it as an agent "
+                                      "chain (without `proxy` or `serve --as-proxy`)"))
     elif config.agent is not None and not config.agent.in_process:
         with collected():
             plan.append((Role.AGENT, config.agent,

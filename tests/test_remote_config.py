@@ -3,11 +3,17 @@ before anything starts, naming the field and a fix."""
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING
+
 import pytest
 
 from conductor.config import component_headers, parse_chain
 from conductor.errors import ConfigError
-from conductor.listen import ListenSettings, check_exposure, is_loopback
+from conductor.listen import ListenSettings, check_exposure, is_loopback, serve_listener
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 TOKEN = "t" * 32
 
@@ -64,3 +70,90 @@ def test_loopback_without_a_token_and_an_exposed_address_with_tls_and_token_are_
     check_exposure(ListenSettings(host="127.0.0.1", tokens=()))
     check_exposure(ListenSettings(host="::", tokens=(TOKEN,), certfile="c", keyfile="k"))
     assert is_loopback("localhost") and is_loopback("::1") and not is_loopback("example.org")
+
+
+def _certificate(tmp_path: Path, name: str, *, passphrase: bytes | None = None
+                 ) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, as NAME.crt and NAME.key."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(1).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
+    encryption: serialization.KeySerializationEncryption = \
+        serialization.BestAvailableEncryption(passphrase) if passphrase \
+        else serialization.NoEncryption()
+    cert_file, key_file = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8, encryption))
+    return cert_file, key_file
+
+
+@pytest.mark.parametrize(("mistake", "option", "message"), [
+    ("the key of another certificate", "--tls-key", "does not belong to"),
+    ("the certificate and the key swapped", "--tls-cert", "no certificate"),
+    ("the chain file as the key", "--tls-key", "not a private key"),
+    ("a key protected by a passphrase", "--tls-key", "passphrase"),
+])
+async def test_a_tls_certificate_or_key_that_cannot_be_used_is_refused_before_serving(
+        tmp_path: Path, mistake: str, option: str, message: str) -> None:
+    cert, key = _certificate(tmp_path, "mine")
+    _, other_key = _certificate(tmp_path, "other")
+    locked_cert, locked_key = _certificate(tmp_path, "locked", passphrase=b"secret")
+    chain_file = tmp_path / "chain.toml"
+    chain_file.write_text("[agent]\ncommand = ['x']\n")
+    certfile, keyfile = {
+        "the key of another certificate": (cert, other_key),
+        "the certificate and the key swapped": (key, cert),
+        "the chain file as the key": (cert, chain_file),
+        "a key protected by a passphrase": (locked_cert, locked_key),
+    }[mistake]
+    announced: list[tuple[str, str]] = []
+    chain = parse_chain({"agent": {"command": [sys.executable, "-c", "pass"]}}, file="c.toml")
+    settings = ListenSettings(port=0, tokens=(TOKEN,), certfile=str(certfile),
+                              keyfile=str(keyfile), handle_signals=False)
+    # Before the fix the server said it was serving, then failed inside hypercorn with an
+    # internal error (an ExceptionGroup around an ssl.SSLError), or prompted for the
+    # passphrase on the terminal.
+    with pytest.raises(ConfigError) as refused:
+        await serve_listener(chain, settings, ready=announced.append)
+    assert not announced
+    assert refused.value.field == option, str(refused.value)
+    assert message in str(refused.value)
+
+
+def test_a_short_token_is_refused_naming_where_it_came_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conductor.cli.serve import read_tokens
+
+    monkeypatch.setenv("ACP_CONDUCTOR_TOKEN", "short")
+    with pytest.raises(ConfigError) as from_env:
+        read_tokens(None, "ACP_CONDUCTOR_TOKEN", no_token=False)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# one per person\n{TOKEN}\nshort\n")
+    tokens.chmod(0o600)
+    with pytest.raises(ConfigError) as from_file:
+        read_tokens(str(tokens), "ACP_CONDUCTOR_TOKEN", no_token=False)
+    # Before, both said only "token: a token of 5 characters is too easy to guess": which
+    # token, set where (a variable exported long ago, a file's line) was the user's to find.
+    assert from_env.value.field == "$ACP_CONDUCTOR_TOKEN", str(from_env.value)
+    assert (from_file.value.file, from_file.value.field) == (str(tokens), "line 3")
+    assert "too easy to guess" in str(from_env.value) and "secrets" in str(from_file.value)
+
+
+async def test_serving_a_chain_with_an_agent_as_a_proxy_names_the_option_to_drop() -> None:
+    chain = parse_chain({"agent": {"command": [sys.executable, "-c", "pass"]}}, file="c.toml")
+    settings = ListenSettings(port=0, tokens=(TOKEN,), mode="proxy", handle_signals=False)
+    with pytest.raises(ConfigError) as refused:
+        await serve_listener(chain, settings)
+    # Before, the hint said "run without `proxy`": serve has no `proxy`, it has --as-proxy.
+    assert refused.value.field == "agent" and "--as-proxy" in str(refused.value)

@@ -44,6 +44,8 @@ def read_tokens(token_file: str | None, token_env: str, no_token: bool) -> tuple
     Raises:
         ConfigError: the file is readable by others, unreadable, or empty.
     """
+    from conductor.listen import check_token
+
     if no_token:
         if token_file:
             raise ConfigError("--no-token and --token-file contradict each other",
@@ -59,12 +61,16 @@ def read_tokens(token_file: str | None, token_env: str, no_token: bool) -> tuple
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise ConfigError("a token file must be readable by its owner only",
                               file=token_file, hint=f"chmod 600 {token_file}")
-        tokens = tuple(line.strip() for line in text.splitlines()
-                       if line.strip() and not line.lstrip().startswith("#"))
-        if not tokens:
+        lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), 1)
+                 if line.strip() and not line.lstrip().startswith("#")]
+        if not lines:
             raise ConfigError("no token in the file (one per line)", file=token_file)
-        return tokens
+        for number, token in lines:  # checked here, where the line is known
+            check_token(token, field=f"line {number}", file=token_file)
+        return tuple(token for _, token in lines)
     value = os.environ.get(token_env, "").strip()
+    if value:
+        check_token(value, field=f"${token_env}")
     return (value,) if value else ()
 
 

@@ -80,7 +80,11 @@ class Handshake:
         # Not it: say why (a request), or log it (a notification); nothing starts.
         expected = "_proxy/initialize" if self.proxy_mode else acp.INITIALIZE
         if not self.proxy_mode and method in acp.PROXY_INITIALIZE_METHODS:
-            await self.reject_proxy_initialize(msg, method, reply)
+            # Our client is a conductor that took this one for a proxy: the fix is here.
+            await self.reject_proxy_initialize(
+                msg, method, reply, "; this conductor runs its chain as an agent: to be a "
+                "conductor's proxy, run it as one (`acp-conductor proxy --chain FILE`, or "
+                "`acp-conductor serve --as-proxy` for `[[proxy]] url = ...`)")
             return False
         named = method == acp.INITIALIZE or (self.proxy_mode
                                              and method in acp.PROXY_INITIALIZE_METHODS)
@@ -105,11 +109,12 @@ class Handshake:
         return True
 
     @staticmethod
-    async def reject_proxy_initialize(msg: Call, method: str, reply: Reply) -> None:
+    async def reject_proxy_initialize(msg: Call, method: str, reply: Reply,
+                                      fix: str = "") -> None:
         """`_proxy/initialize` is only ever sent by the conductor (protocol.md §3)."""
         if isinstance(msg, Request):
             await reply(error_response(msg.id, ErrorCode.INVALID_REQUEST, "Invalid Request",
-                                       f"`{method}` is only sent by the conductor"))
+                                       f"`{method}` is only sent by the conductor{fix}"))
 
     def downward(self, params: Raw | UnsetType, target: Node, *, is_request: bool,
                  resend: Resend) -> Initialize:

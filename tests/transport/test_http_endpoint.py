@@ -261,6 +261,22 @@ async def test_websocket_carries_the_chain_and_takes_the_token_as_a_subprotocol(
     assert refused.value.response.status_code == 401
 
 
+async def test_a_conductor_reaching_an_agent_chain_as_its_proxy_is_told_to_serve_it_as_one(
+        ) -> None:
+    # What the hop of a `[[proxy]] url = ...` sends first, to a server started without
+    # --as-proxy. Before, the answer said only "`_proxy/initialize` is only sent by the
+    # conductor", and the user's client got that, with nothing about the fix.
+    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)) as ws:
+                await ws.send_text(json.dumps({**INIT, "method": "_proxy/initialize"}))
+                answer = json.loads(await ws.receive_text())
+    assert answer["error"]["code"] == -32600
+    assert "only sent by the conductor" in answer["error"]["data"]
+    assert "serve --as-proxy" in answer["error"]["data"]
+    assert "acp-conductor proxy" in answer["error"]["data"]
+
+
 async def test_payload_bytes_cross_a_websocket_hop_unchanged(tmp_path: Any) -> None:
     log = tmp_path / "agent.jsonl"
     agent = [sys.executable, str(BIN / "tee_stdio.py"), str(log), sys.executable, "-m",
