@@ -422,3 +422,19 @@ async def test_a_chain_served_with_tls_answers_over_wss_and_https(
     assert posted.status_code == 200, posted.text
     assert posted.json()["result"]["agentInfo"]["name"] == "demo-agent"
     assert posted.headers["Acp-Connection-Id"]
+
+
+async def test_a_wss_agent_with_a_self_signed_certificate_is_trusted_through_ssl_cert_file(
+        demo_chain: Path, tmp_path: Path) -> None:
+    # What docs/remote.md tells a user to do for a self-signed `wss://` server.
+    cert, key = _self_signed(tmp_path)
+    async with open_server(demo_chain, "--tls-cert", str(cert), "--tls-key", str(key)) \
+            as server:
+        outer = tmp_path / "outer.toml"
+        outer.write_text(f'[agent]\nurl = "{server.ws_url}"\n'
+                         f'headers = {{ Authorization = "Bearer {TOKEN}" }}\n',
+                         encoding="utf-8")
+        async with open_conductor("--chain", str(outer), check_exit=True,
+                                  env={"SSL_CERT_FILE": str(cert)}) as conductor:
+            answer = await conductor.initialize()
+    assert answer["agentInfo"]["name"] == "demo-agent"
