@@ -270,3 +270,15 @@ async def test_redact_scrubs_permission_requests_coming_up(
     [asked] = client.received_params("session/request_permission")
     assert asked["toolCall"]["title"] == "curl -H [redacted]"
     assert asked["toolCall"]["rawInput"]["command"] == ["curl", "[redacted]"]
+
+
+def test_redact_scrubs_every_secret_whole_when_a_pattern_matches_inside_an_env_value(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each rule used to run on what the one before left: a pattern inside an env secret
+    # broke the value up, and the rest of the secret went through.
+    monkeypatch.setenv("REDACT_DSN", "postgres://admin:sk-abcdef123456@db.internal/prod")
+    proxy = Redact(RedactOptions(patterns=[r"sk-[a-z0-9]{8,}"], env=["REDACT_DSN"]))
+    hits: dict[str, int] = {}
+    text = "url=postgres://admin:sk-abcdef123456@db.internal/prod; again sk-zzzzzzzz9"
+    assert proxy.scrub(text, hits) == "url=[redacted]; again [redacted]"
+    assert hits == {"pattern 1": 2, "env REDACT_DSN": 1}

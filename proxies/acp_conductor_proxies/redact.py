@@ -53,14 +53,27 @@ class Redact(Proxy[RedactOptions]):
     def scrub(self, value: Any, hits: dict[str, int]) -> Any:
         """A copy of a JSON value with every string scrubbed (keys are left alone)."""
         if isinstance(value, str):
-            replacement = self.options.replacement
+            # Every rule searches the original text and the spans they find are merged:
+            # run one after another, a pattern matching inside an env secret would break it
+            # up and let the rest of it through. The replacement is literal text, never a
+            # template (`\g<0>` must not restore the secret).
+            spans: list[tuple[int, int]] = []
             for label, rule in self._rules:
-                # a function, not a template: `\g<0>` or a backslash in the replacement
-                # must neither restore the secret nor raise
-                value, n = rule.subn(lambda _m: replacement, value)
-                if n:
-                    hits[label] = hits.get(label, 0) + n
-            return value
+                found = [m.span() for m in rule.finditer(value) if m.end() > m.start()]
+                if found:
+                    hits[label] = hits.get(label, 0) + len(found)
+                    spans.extend(found)
+            if not spans:
+                return value
+            out: list[str] = []
+            done = 0
+            for start, end in sorted(spans):
+                if start >= done:
+                    out.append(value[done:start])
+                    out.append(self.options.replacement)
+                done = max(done, end)
+            out.append(value[done:])
+            return "".join(out)
         if isinstance(value, list):
             return [self.scrub(v, hits) for v in value]
         if isinstance(value, dict):
