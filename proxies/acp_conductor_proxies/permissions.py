@@ -33,7 +33,7 @@ from conductor.validation import Regex
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from conductor.jsonrpc.message import JsonValue, Request
+    from conductor.jsonrpc.message import JsonValue, Notification, Request
 
 Action = Literal["allow", "deny", "ask"]
 PERMISSION_DENIED = ErrorCode.POLICY_DENIED  # docs/errors.md
@@ -47,6 +47,10 @@ MAX_DEPTH = 8              # shells within shells
 MAX_DIRS = 32              # `cd`s in one command line
 MAX_WRAPPED_WORDS = 256    # how far into `sudo -u x ... CMD` the wrapped command is looked for
 MAX_WRAPPED_PLAIN = 16     # words after a wrapper that may start the wrapped command
+MAX_TOOL_CALLS = 1024      # tool calls remembered per session (the oldest are forgotten)
+# What an editor shows of a tool call, and rules judge: `session/update` announces them,
+# and a permission request may name only the id (its toolCall is a ToolCallUpdate).
+TOOL_CALL_FIELDS = ("kind", "title", "locations", "rawInput")
 # Paths that name a different file in each process (/proc/self/cwd, /dev/fd/3): what the
 # editor would open there cannot be known here.
 PER_PROCESS_ROOTS = ("/proc", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
@@ -696,9 +700,34 @@ class Permissions(Proxy[PermissionsOptions]):
         self.log.info("%s %s (%s)", action, subject.describe(), why)
         return action, why
 
+    @on("session/update", source="successor")
+    async def update(self, ctx: ProxyContext, message: Notification) -> None:
+        # Cheap test first: most updates are message chunks, not tool calls.
+        if ctx.session is not None and b'"toolCallId"' in bytes(message.params or b""):
+            params = message.params_value()
+            update = params.get("update") if isinstance(params, dict) else None
+            if isinstance(update, dict) and isinstance(update.get("toolCallId"), str):
+                calls = ctx.session.state.setdefault("permissions.tool_calls", {})
+                known = calls.pop(update["toolCallId"], {})
+                known.update({k: update[k] for k in TOOL_CALL_FIELDS
+                              if update.get(k) is not None})
+                calls[update["toolCallId"]] = known
+                if len(calls) > MAX_TOOL_CALLS:
+                    del calls[next(iter(calls))]
+        await ctx.forward()
+
     @on("session/request_permission", source="successor")
     async def request_permission(self, ctx: ProxyContext, message: Request) -> JsonValue:
         params = _params(message)
+        tool = params.get("toolCall")
+        if isinstance(tool, dict) and ctx.session is not None:
+            # Judge the tool call as the editor will show it: what it announced, with what
+            # this request says on top (the fields it leaves out keep their earlier values).
+            calls = ctx.session.state.get("permissions.tool_calls", {})
+            known = calls.get(tool.get("toolCallId"), {}) \
+                if isinstance(tool.get("toolCallId"), str) else {}
+            params = {**params, "toolCall": {
+                **known, **{k: v for k, v in tool.items() if v is not None}}}
         action, _ = self._judge(ctx, message.method, params)
         if action == "ask":
             return await ctx.forward()

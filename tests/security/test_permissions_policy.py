@@ -425,3 +425,36 @@ async def test_each_decision_is_logged_with_the_rule_or_the_reason(
     assert "deny fs/read_text_file path='innocent.txt'" in caplog.text
     assert "(cannot place it: path must be absolute (ACP), got 'innocent.txt')" in caplog.text
     assert "deny terminal/create kind=execute command='rm -Rf x' (by no-rm-rf)" in caplog.text
+
+
+# -- a permission request that names only its tool call's id ------------------------------
+
+DENY_ENV_ELSE_ALLOW = PermissionsOptions(default="allow", rules=[
+    {"name": "protect-env", "path": ".env*", "action": "deny"},
+    {"name": "no-rm-rf", "command": r"(?i)^rm\s(.*\s)?(-[a-z]*r|--r)", "action": "deny"}])
+
+
+@pytest.mark.parametrize("announced", [
+    {"kind": "read", "title": "Read", "locations": [{"path": "{ws}/.env"}]},
+    {"kind": "execute", "title": "Run", "rawInput": {"command": "rm -rf x"}},
+])
+async def test_a_permission_request_is_judged_with_what_its_tool_call_announced_earlier(
+        ws: Path, announced: dict[str, Any]) -> None:
+    # ACP's request_permission carries a ToolCallUpdate: every field but the id may be left
+    # out, and the editor shows the tool call as the earlier session/update announced it.
+    async with policy(ws, DENY_ENV_ELSE_ALLOW) as probe:
+        await probe.agent.notify("session/update", {"sessionId": probe.sid, "update": {
+            "sessionUpdate": "tool_call", "toolCallId": "c1", **fill(announced, ws)}})
+        assert await probe.permission({}) == "no"
+        await probe.agent.notify("session/update", {"sessionId": probe.sid, "update": {
+            "sessionUpdate": "tool_call", "toolCallId": "c2", "title": "Think"}})
+        await probe.agent.notify("session/update", {"sessionId": probe.sid, "update": {
+            "sessionUpdate": "tool_call_update", "toolCallId": "c2", **fill(announced, ws)}})
+        answer = answer_or_raise(await probe.agent.request("session/request_permission", {
+            "sessionId": probe.sid, "toolCall": {"toolCallId": "c2", "title": "Still thinking"},
+            "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}))
+        assert answer.result_value()["outcome"] == {"outcome": "selected", "optionId": "no"}
+        # a tool call never announced is judged by what the request says
+        assert await probe.permission({"toolCallId": "c3", "kind": "read", "title": "Read",
+                                       "locations": [{"path": f"{ws}/ok.txt"}]}) == "yes"
