@@ -458,3 +458,13 @@ async def test_a_permission_request_is_judged_with_what_its_tool_call_announced_
         # a tool call never announced is judged by what the request says
         assert await probe.permission({"toolCallId": "c3", "kind": "read", "title": "Read",
                                        "locations": [{"path": f"{ws}/ok.txt"}]}) == "yes"
+
+
+@pytest.mark.parametrize("kind", ["read", "think", None])
+async def test_the_shipped_rm_rule_holds_whatever_kind_the_agent_gives_its_tool_call(
+        ws: Path, kind: str | None) -> None:
+    # The kind is the agent's label: a command under `read` must not meet the `reads`
+    # allow rule before the rm rule.
+    async with policy(ws) as probe:
+        assert await probe.permission({"kind": kind, "title": "Read x",
+                                       "rawInput": {"command": "rm -rf x"}}) == "no"
