@@ -282,3 +282,24 @@ def test_redact_scrubs_every_secret_whole_when_a_pattern_matches_inside_an_env_v
     text = "url=postgres://admin:sk-abcdef123456@db.internal/prod; again sk-zzzzzzzz9"
     assert proxy.scrub(text, hits) == "url=[redacted]; again [redacted]"
     assert hits == {"pattern 1": 2, "env REDACT_DSN": 1}
+
+
+@pytest.mark.parametrize("tool_call", ["a string", 5, ["x"]])
+async def test_transcript_passes_the_editors_answer_back_whatever_the_shape_of_the_request(
+        tmp_path: Path, tool_call: object) -> None:
+    # The transcript is a recorder: a request or an update it cannot read is forwarded and
+    # answered as if it were not there, never turned into the proxy's own error.
+    agent = ScriptedAgent()
+    answer = {"outcome": {"outcome": "selected", "optionId": "ok"}}
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent, client=TestClient({
+                                   "session/request_permission": answer})) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            await agent.notify("session/update", {"sessionId": sid, "update": tool_call})
+            await agent.notify("session/update", {"sessionId": sid, "update": {
+                "sessionUpdate": "agent_message_chunk", "content": tool_call}})
+            assert await agent.call("session/request_permission", {
+                "sessionId": sid, "toolCall": tool_call, "options": []}) == answer
+            assert await client.prompt(sid, tool_call) is not None  # type: ignore[arg-type]
+    assert len(client.received_params("session/update")) == 2

@@ -35,7 +35,7 @@ def _text(blocks: Any) -> str:
     if isinstance(blocks, dict):
         blocks = [blocks]
     parts = []
-    for block in blocks or []:
+    for block in blocks if isinstance(blocks, list) else []:
         if isinstance(block, dict):
             if block.get("type") == "text":
                 parts.append(str(block.get("text", "")))
@@ -44,6 +44,12 @@ def _text(blocks: Any) -> str:
             else:
                 parts.append(f"[{block.get('type')}]")
     return "".join(parts)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """`value` if it is an object, else empty: a recorder must not fail (and so replace
+    the answer it records) on a message of the wrong shape."""
+    return value if isinstance(value, dict) else {}
 
 
 def _append_text(path: Path, text: str) -> None:
@@ -105,8 +111,7 @@ class Transcript(Proxy[TranscriptOptions]):
 
     @on("session/prompt")
     async def prompt(self, ctx: ProxyContext, message: Request) -> object:
-        params = message.params_value() or {}
-        text = _text(params.get("prompt"))
+        text = _text(_dict(message.params_value()).get("prompt"))
         self._write(ctx.session, {"type": "prompt", "text": text}, f"## User\n\n{text}\n\n")
         answer = await ctx.forward()
         assert answer is not None
@@ -128,7 +133,7 @@ class Transcript(Proxy[TranscriptOptions]):
         session = ctx.session
         if session is None:
             return
-        update = (message.params_value() or {}).get("update") or {}
+        update = _dict(_dict(message.params_value()).get("update"))
         kind = update.get("sessionUpdate")
         if kind == "agent_message_chunk":
             chunk = _text(update.get("content"))
@@ -150,9 +155,8 @@ class Transcript(Proxy[TranscriptOptions]):
     async def permission(self, ctx: ProxyContext, message: Request) -> object:
         answer = await ctx.forward()
         assert answer is not None
-        params = message.params_value() or {}
-        title = (params.get("toolCall") or {}).get("title")
-        outcome = (answer.result_value() or {}).get("outcome") if answer.error is UNSET \
+        title = _dict(_dict(message.params_value()).get("toolCall")).get("title")
+        outcome = _dict(answer.result_value()).get("outcome") if answer.error is UNSET \
             else {"outcome": "error"}
         decision = (outcome.get("optionId") or outcome.get("outcome")) if isinstance(
             outcome, dict) else str(outcome)
