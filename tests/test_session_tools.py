@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from acp_conductor_proxies.session_tools import SessionTools, SessionToolsOptions
-from conductor.testing import TestClient, open_test_chain
+from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 from tests.test_plugin_tools import McpAgent
 
 if TYPE_CHECKING:
@@ -99,3 +99,17 @@ async def test_the_permissions_proxy_answers_check_when_the_chain_asks_for_its_t
     assert denied == "deny (by protect-env)"
     assert allowed == "allow (by rule 2)"
     assert listed.splitlines()[-1] == "otherwise: ask"
+
+
+async def test_session_tools_pass_on_messages_whatever_their_shape() -> None:
+    # A recorder: an update or a prompt it cannot read still reaches the other side.
+    agent = ScriptedAgent()
+    async with open_test_chain([SessionTools()], agent) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            for odd in ("a string", 5, ["x"]):
+                await agent.notify("session/update", {"sessionId": sid, "update": odd})
+            assert await client.prompt(sid, "hello") is not None
+            answer = await client.call("session/prompt", ["not", "an", "object"])
+    assert len(client.received_params("session/update")) >= 3
+    assert answer is not None

@@ -30,6 +30,12 @@ class SessionToolsOptions(BaseModel):
     sessions: int = Field(default=64, ge=1, description="sessions remembered at most")
 
 
+def _object(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one: a recorder reads what it can and
+    never fails (and so never drops) a message for its shape."""
+    return value if isinstance(value, dict) else {}
+
+
 def _text(blocks: Any) -> str:
     blocks = blocks if isinstance(blocks, list) else [blocks]
     return "".join(str(b.get("text", "")) for b in blocks
@@ -64,17 +70,17 @@ class SessionTools(Proxy[SessionToolsOptions]):
 
     @on("initialize")
     async def remember_initialize(self, ctx: ProxyContext, request: Request) -> Any:
-        self._initialize["client"] = (request.params_value() or {}).get("clientInfo")
+        self._initialize["client"] = _object(request.params_value()).get("clientInfo")
         answer = await ctx.forward()
         if answer is not None and not answer.is_error:
-            result = answer.result_value() or {}
+            result = _object(answer.result_value())
             self._initialize["agent"] = result.get("agentInfo")
             self._initialize["protocolVersion"] = result.get("protocolVersion")
         return answer
 
     @on("session/prompt")
     async def record_prompt(self, ctx: ProxyContext, request: Request) -> Any:
-        params = request.params_value() or {}
+        params = _object(request.params_value())
         sid = str(params.get("sessionId", ""))
         self._flush_agent(sid)
         self._log(sid, f"user: {_text(params.get('prompt'))}")
@@ -84,9 +90,9 @@ class SessionTools(Proxy[SessionToolsOptions]):
 
     @on("session/update", source="successor")
     async def record_update(self, ctx: ProxyContext, note: Notification) -> None:
-        params = note.params_value() or {}
+        params = _object(note.params_value())
         sid = str(params.get("sessionId", ""))
-        update = params.get("update") or {}
+        update = _object(params.get("update"))
         kind = update.get("sessionUpdate")
         if kind == "agent_message_chunk":
             self._agent_line[sid] = self._agent_line.get(sid, "") + _text(update.get("content"))
