@@ -97,6 +97,16 @@ class ComponentSpec:
         if (isinstance(self.command, str) and not self.command.strip()) or (
                 isinstance(self.command, list) and not self.command):
             raise ValueError("command: command is empty")
+        if isinstance(self.command, str):
+            try:  # split now: an unclosed quote is the file's mistake, not a crash at start
+                argv = shlex.split(self.command)
+            except ValueError as e:
+                raise ValueError(f"command: cannot split it as a shell would: {e} (hint: close "
+                                 "the quote, or give an argv list)") from None
+            if not argv:
+                raise ValueError("command: command is empty")
+        elif isinstance(self.command, list) and not self.command[0].strip():
+            raise ValueError("command: the program (its first item) is empty")
         if self.shutdown_grace is not None and not 0 <= self.shutdown_grace <= 300:
             raise ValueError("shutdown_grace: give a number of seconds from 0 to 300")
         given = [k for k in ("command", "use", "plugin", "url") if getattr(self, k) is not None]

@@ -1,0 +1,42 @@
+"""The mistakes a new user makes in a chain file: each one a configuration error that names
+the file, the field and a fix, before anything starts (never a traceback, never a runtime
+failure that does not say which key caused it)."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import TYPE_CHECKING
+
+import pytest
+
+from conductor.errors import ConfigError
+from conductor.plan import plan_chain, read_chain
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def problem(tmp_path: Path, text: str) -> str:
+    """The configuration error reading and planning `text` as c.toml gives."""
+    path = tmp_path / "c.toml"
+    path.write_text(textwrap.dedent(text))
+    with pytest.raises(ConfigError) as e:
+        plan_chain(read_chain(path), "agent")
+    return str(e.value)
+
+
+def test_a_command_with_an_unclosed_quote_is_a_config_error_naming_its_field(
+        tmp_path: Path) -> None:
+    message = problem(tmp_path, """
+        [agent]
+        command = 'python "agent.py'
+    """)
+    assert "c.toml: agent.command:" in message
+    assert "quotation" in message
+
+
+def test_an_empty_program_in_an_argv_list_is_a_config_error(tmp_path: Path) -> None:
+    assert "c.toml: agent.command:" in problem(tmp_path, """
+        [agent]
+        command = ["", "agent.py"]
+    """)
