@@ -587,12 +587,24 @@ def component_environment(spec: ComponentSpec, *, file: str | None, where: str) 
 def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str) -> str | None:
     """The directory a component runs in: `cwd` (relative to the chain file's folder), else
     that folder itself, so relative arguments (`python agent.py`) mean the same wherever the
-    editor started the conductor. None (inherit) only for a chain that has no folder."""
+    editor started the conductor. None (inherit) only for a chain that has no folder.
+
+    Raises:
+        ConfigError: a variable is unset, or `cwd` is not a directory.
+    """
     if spec.cwd is None:
         return config.base_dir
     cwd = expand(spec.cwd, dict(os.environ), where=f"{where}.cwd", file=config.source)
+    given = cwd
     if config.base_dir and not os.path.isabs(cwd):
         cwd = os.path.join(config.base_dir, cwd)
+    # Checked here, not at spawn: there it is a start failure naming neither file nor key.
+    if not os.path.isdir(cwd):
+        where_from = relative_to_chain(config.base_dir) if not os.path.isabs(given) else ""
+        problem = "not found" if not os.path.exists(cwd) else "is not a directory"
+        raise ConfigError(f"{given} {problem}" + (f" ({where_from})" if where_from else ""),
+                          file=config.source, field=f"{where}.cwd",
+                          hint="give a folder relative to the chain file, or an absolute one")
     return cwd
 
 

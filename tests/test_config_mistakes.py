@@ -40,3 +40,23 @@ def test_an_empty_program_in_an_argv_list_is_a_config_error(tmp_path: Path) -> N
         [agent]
         command = ["", "agent.py"]
     """)
+
+
+def test_a_cwd_that_does_not_exist_is_a_config_error_naming_the_chain_files_folder(
+        tmp_path: Path) -> None:
+    message = problem(tmp_path, """
+        [agent]
+        command = "agent"
+        cwd = "work"
+    """)
+    assert "c.toml: agent.cwd: work not found" in message
+    assert f"relative to {tmp_path}" in message
+
+
+def test_a_cwd_that_is_a_file_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("")
+    assert "c.toml: agent.cwd: notes.txt is not a directory" in problem(tmp_path, """
+        [agent]
+        command = "agent"
+        cwd = "notes.txt"
+    """)
