@@ -170,6 +170,9 @@ class McpServerSpec:
     required: bool = False       # refuse the session when the agent cannot take it
 
     def __post_init__(self) -> None:
+        if not self.name.strip():
+            raise ValueError("name: give the server a name (the agent tells servers apart "
+                             "by it)")
         if self.type == "acp":
             if not self.provider:
                 raise ValueError("provider: an acp MCP server needs `provider`, the name of "
@@ -181,6 +184,9 @@ class McpServerSpec:
         if self.provider:
             raise ValueError("provider: only acp MCP servers have a provider")
         if self.type == "stdio":
+            if not self.command and self.url:  # `type` left out: it defaults to stdio
+                raise ValueError('type: a server reached at `url` needs type = "http" (or '
+                                 '"sse"); without `type` it is a stdio one')
             if not self.command:
                 raise ValueError("a stdio MCP server needs `command`")
             if self.url or self.headers:
@@ -404,6 +410,15 @@ def _chain_problems(config: ChainConfig) -> list[ConductorError]:
                 field=f"mcp_server[{i}].provider",
                 hint="name a [[proxy]] (by its `name`, or proxy:N) that offers the MCP server "
                      f"{server.name!r}"))
+    servers: set[str] = set()
+    for i, server in enumerate(config.mcp_server):
+        if f"mcp_server[{i}]" in config.malformed:
+            continue
+        if server.name in servers:  # the agent would get two servers it cannot tell apart
+            found.append(ConfigError(f"duplicate MCP server name {server.name!r}", file=file,
+                                     field=f"mcp_server[{i}].name",
+                                     hint="give every [[mcp_server]] its own name"))
+        servers.add(server.name)
     names = [*config.proxy_names(), config.agent_name()]
     seen: set[str] = set()
     for i, name in enumerate(names):
@@ -457,7 +472,8 @@ def _partial(data: dict[str, Any], error: ValidationError, *, file: str | None,
             server = entry(McpServerSpec, raw, f"mcp_server[{i}]")
             name = raw.get("name") if isinstance(raw, dict) else None
             servers.append(server or McpServerSpec(
-                name=name if isinstance(name, str) else "?", command="(malformed)"))
+                name=name if isinstance(name, str) and name.strip() else "?",
+                command="(malformed)"))
     config = ChainConfig(conductor=settings or SettingsSpec(), proxy=proxies, agent=agent,
                          mcp_server=servers)
     config.source, config.base_dir = file, base_dir
@@ -697,7 +713,13 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
                          env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items()),
                          required=spec.required)
     assert spec.url is not None
-    return McpServer(spec.name, spec.type, url=x(spec.url, "url"),
+    url = x(spec.url, "url")  # checked once expanded: `url = "${SEARCH_URL}"` is fine
+    if not re.match(r"(?i)https?://[^/?#\s]+", url):
+        raise ConfigError(f"{url!r} is not an http:// or https:// address", file=config.source,
+                          field=f"{where}.url",
+                          hint=f"an {spec.type} MCP server's url looks like "
+                               "http://127.0.0.1:8000/mcp")
+    return McpServer(spec.name, spec.type, url=url,
                      headers=tuple((k, x(v, f"headers.{k}")) for k, v in spec.headers.items()),
                      required=spec.required)
 

@@ -60,3 +60,50 @@ def test_a_cwd_that_is_a_file_is_a_config_error(tmp_path: Path) -> None:
         command = "agent"
         cwd = "notes.txt"
     """)
+
+
+AGENT = '[agent]\ncommand = "agent"\n'
+
+
+@pytest.mark.parametrize("url", ["not a url", "ws://127.0.0.1:8000/mcp", "127.0.0.1:8000/mcp"])
+def test_an_http_mcp_server_whose_url_is_not_http_is_a_config_error(
+        tmp_path: Path, url: str) -> None:
+    message = problem(tmp_path, AGENT + f"""
+[[mcp_server]]
+name = "search"
+type = "http"
+url = "{url}"
+""")
+    assert "c.toml: mcp_server[0].url:" in message
+    assert "http://" in message
+
+
+def test_an_mcp_server_with_an_empty_name_is_a_config_error(tmp_path: Path) -> None:
+    assert "c.toml: mcp_server[0].name:" in problem(tmp_path, AGENT + """
+[[mcp_server]]
+name = ""
+command = "cat"
+""")
+
+
+def test_two_mcp_servers_with_the_same_name_are_a_config_error(tmp_path: Path) -> None:
+    message = problem(tmp_path, AGENT + """
+[[mcp_server]]
+name = "files"
+command = "cat"
+
+[[mcp_server]]
+name = "files"
+command = "cat"
+""")
+    assert "c.toml: mcp_server[1].name: duplicate MCP server name 'files'" in message
+
+
+def test_an_mcp_server_with_a_url_but_no_type_is_told_to_set_the_type(tmp_path: Path) -> None:
+    message = problem(tmp_path, AGENT + """
+[[mcp_server]]
+name = "search"
+url = "http://127.0.0.1:8000/mcp"
+""")
+    assert "c.toml: mcp_server[0].type:" in message
+    assert 'type = "http"' in message
