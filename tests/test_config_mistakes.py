@@ -107,3 +107,18 @@ url = "http://127.0.0.1:8000/mcp"
 """)
     assert "c.toml: mcp_server[0].type:" in message
     assert 'type = "http"' in message
+
+
+def test_a_remote_components_url_expands_variables_as_its_headers_do(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conductor.plan import RemoteSpec
+
+    monkeypatch.setenv("AGENT_HOST", "build-box:8765")
+    path = tmp_path / "c.toml"
+    path.write_text('[agent]\nurl = "wss://${AGENT_HOST}/acp"\n')
+    [(_, _, remote)] = plan_chain(read_chain(path), "agent")
+    assert isinstance(remote, RemoteSpec)
+    assert remote.url == "wss://build-box:8765/acp"
+    monkeypatch.delenv("AGENT_HOST")
+    assert "c.toml: agent.url: environment variable AGENT_HOST is not set" in problem(
+        tmp_path, '[agent]\nurl = "wss://${AGENT_HOST}/acp"\n')
