@@ -97,6 +97,16 @@ class ComponentSpec:
         if (isinstance(self.command, str) and not self.command.strip()) or (
                 isinstance(self.command, list) and not self.command):
             raise ValueError("command: command is empty")
+        if isinstance(self.command, str):
+            try:  # split now: an unclosed quote is the file's mistake, not a crash at start
+                argv = shlex.split(self.command)
+            except ValueError as e:
+                raise ValueError(f"command: cannot split it as a shell would: {e} (hint: close "
+                                 "the quote, or give an argv list)") from None
+            if not argv:
+                raise ValueError("command: command is empty")
+        elif isinstance(self.command, list) and not self.command[0].strip():
+            raise ValueError("command: the program (its first item) is empty")
         if self.shutdown_grace is not None and not 0 <= self.shutdown_grace <= 300:
             raise ValueError("shutdown_grace: give a number of seconds from 0 to 300")
         given = [k for k in ("command", "use", "plugin", "url") if getattr(self, k) is not None]
@@ -160,6 +170,9 @@ class McpServerSpec:
     required: bool = False       # refuse the session when the agent cannot take it
 
     def __post_init__(self) -> None:
+        if not self.name.strip():
+            raise ValueError("name: give the server a name (the agent tells servers apart "
+                             "by it)")
         if self.type == "acp":
             if not self.provider:
                 raise ValueError("provider: an acp MCP server needs `provider`, the name of "
@@ -171,6 +184,9 @@ class McpServerSpec:
         if self.provider:
             raise ValueError("provider: only acp MCP servers have a provider")
         if self.type == "stdio":
+            if not self.command and self.url:  # `type` left out: it defaults to stdio
+                raise ValueError('type: a server reached at `url` needs type = "http" (or '
+                                 '"sse"); without `type` it is a stdio one')
             if not self.command:
                 raise ValueError("a stdio MCP server needs `command`")
             if self.url or self.headers:
@@ -394,6 +410,15 @@ def _chain_problems(config: ChainConfig) -> list[ConductorError]:
                 field=f"mcp_server[{i}].provider",
                 hint="name a [[proxy]] (by its `name`, or proxy:N) that offers the MCP server "
                      f"{server.name!r}"))
+    servers: set[str] = set()
+    for i, server in enumerate(config.mcp_server):
+        if f"mcp_server[{i}]" in config.malformed:
+            continue
+        if server.name in servers:  # the agent would get two servers it cannot tell apart
+            found.append(ConfigError(f"duplicate MCP server name {server.name!r}", file=file,
+                                     field=f"mcp_server[{i}].name",
+                                     hint="give every [[mcp_server]] its own name"))
+        servers.add(server.name)
     names = [*config.proxy_names(), config.agent_name()]
     seen: set[str] = set()
     for i, name in enumerate(names):
@@ -447,7 +472,8 @@ def _partial(data: dict[str, Any], error: ValidationError, *, file: str | None,
             server = entry(McpServerSpec, raw, f"mcp_server[{i}]")
             name = raw.get("name") if isinstance(raw, dict) else None
             servers.append(server or McpServerSpec(
-                name=name if isinstance(name, str) else "?", command="(malformed)"))
+                name=name if isinstance(name, str) and name.strip() else "?",
+                command="(malformed)"))
     config = ChainConfig(conductor=settings or SettingsSpec(), proxy=proxies, agent=agent,
                          mcp_server=servers)
     config.source, config.base_dir = file, base_dir
@@ -577,12 +603,24 @@ def component_environment(spec: ComponentSpec, *, file: str | None, where: str) 
 def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str) -> str | None:
     """The directory a component runs in: `cwd` (relative to the chain file's folder), else
     that folder itself, so relative arguments (`python agent.py`) mean the same wherever the
-    editor started the conductor. None (inherit) only for a chain that has no folder."""
+    editor started the conductor. None (inherit) only for a chain that has no folder.
+
+    Raises:
+        ConfigError: a variable is unset, or `cwd` is not a directory.
+    """
     if spec.cwd is None:
         return config.base_dir
     cwd = expand(spec.cwd, dict(os.environ), where=f"{where}.cwd", file=config.source)
+    given = cwd
     if config.base_dir and not os.path.isabs(cwd):
         cwd = os.path.join(config.base_dir, cwd)
+    # Checked here, not at spawn: there it is a start failure naming neither file nor key.
+    if not os.path.isdir(cwd):
+        where_from = relative_to_chain(config.base_dir) if not os.path.isabs(given) else ""
+        problem = "not found" if not os.path.exists(cwd) else "is not a directory"
+        raise ConfigError(f"{given} {problem}" + (f" ({where_from})" if where_from else ""),
+                          file=config.source, field=f"{where}.cwd",
+                          hint="give a folder relative to the chain file, or an absolute one")
     return cwd
 
 
@@ -675,7 +713,13 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
                          env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items()),
                          required=spec.required)
     assert spec.url is not None
-    return McpServer(spec.name, spec.type, url=x(spec.url, "url"),
+    url = x(spec.url, "url")  # checked once expanded: `url = "${SEARCH_URL}"` is fine
+    if not re.match(r"(?i)https?://[^/?#\s]+", url):
+        raise ConfigError(f"{url!r} is not an http:// or https:// address", file=config.source,
+                          field=f"{where}.url",
+                          hint=f"an {spec.type} MCP server's url looks like "
+                               "http://127.0.0.1:8000/mcp")
+    return McpServer(spec.name, spec.type, url=url,
                      headers=tuple((k, x(v, f"headers.{k}")) for k, v in spec.headers.items()),
                      required=spec.required)
 

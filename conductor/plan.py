@@ -7,6 +7,7 @@ purpose: it runs while the serving path is still importing (`early_start.py`).
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from conductor.config import (
     component_cwd,
     component_environment,
     component_headers,
+    expand,
     load_chain,
     mcp_servers,
 )
@@ -30,7 +32,6 @@ from conductor.routing.roles import Role
 from conductor.supervise.spawn import LaunchSpec
 
 if TYPE_CHECKING:
-    import os
     from collections.abc import Iterator
 
     from conductor.plugins.api import Proxy
@@ -73,7 +74,9 @@ class RemoteSpec:
 
 def _remote_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig) -> RemoteSpec:
     assert spec.url is not None
-    return RemoteSpec(name, spec.url, component_headers(spec, file=config.source, where=where))
+    # `${VAR}` in the url too: a host or port from the environment, like its headers' token.
+    url = expand(spec.url, dict(os.environ), where=f"{where}.url", file=config.source)
+    return RemoteSpec(name, url, component_headers(spec, file=config.source, where=where))
 
 
 if TYPE_CHECKING:

@@ -88,7 +88,8 @@ def test_a_component_runs_in_the_chain_files_folder_unless_cwd_says_otherwise(
     ('[[proxy]]\nplugin = "plugins/missing.py:Guard"\n', "proxy[0].plugin"),
     ('[[proxy]]\ncommand = "./bin/missing.sh"\n', "proxy[0].command"),
     ('[[mcp_server]]\nname = "m"\ncommand = "./bin/missing-mcp"\n', "mcp_server[0].command"),
-], ids=["plugin", "command", "mcp_server"])
+    ('[[proxy]]\ncommand = "cat"\ncwd = "missing-dir"\n', "proxy[0].cwd"),
+], ids=["plugin", "command", "mcp_server", "cwd"])
 def test_a_relative_path_that_is_missing_is_reported_with_the_folder_it_was_taken_from(
         tmp_path: Path, entry: str, key: str) -> None:
     chain = project(tmp_path, entry + '[agent]\ncommand = ["${PYTHON}", "agent.py"]\n')

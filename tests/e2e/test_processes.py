@@ -148,16 +148,16 @@ async def test_a_component_that_cannot_start_fails_initialize_naming_it(
     assert "Traceback" not in c.stderr_text
 
 
-async def test_a_missing_working_directory_is_reported_as_such(tmp_path: Path) -> None:
+async def test_a_missing_working_directory_is_a_config_error_before_anything_starts(
+        tmp_path: Path) -> None:
     chain = write_chain(tmp_path, f"""
 [agent]
 command = {json.dumps(agent_cmd())}
 cwd = "does-not-exist"
 """)
     async with open_conductor("--chain", chain) as c:
-        answer = await c.request("initialize", {"protocolVersion": 1}, ident=0)
-        assert await c.wait() == 3
-    assert "working directory" in answer["error"]["message"]
+        assert await c.wait() == 2
+    assert "agent.cwd: does-not-exist not found" in c.stderr_text
 
 
 # -- shutdown without orphans ---------------------------------------------------------------

@@ -1,0 +1,124 @@
+"""The mistakes a new user makes in a chain file: each one a configuration error that names
+the file, the field and a fix, before anything starts (never a traceback, never a runtime
+failure that does not say which key caused it)."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import TYPE_CHECKING
+
+import pytest
+
+from conductor.errors import ConfigError
+from conductor.plan import plan_chain, read_chain
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def problem(tmp_path: Path, text: str) -> str:
+    """The configuration error reading and planning `text` as c.toml gives."""
+    path = tmp_path / "c.toml"
+    path.write_text(textwrap.dedent(text))
+    with pytest.raises(ConfigError) as e:
+        plan_chain(read_chain(path), "agent")
+    return str(e.value)
+
+
+def test_a_command_with_an_unclosed_quote_is_a_config_error_naming_its_field(
+        tmp_path: Path) -> None:
+    message = problem(tmp_path, """
+        [agent]
+        command = 'python "agent.py'
+    """)
+    assert "c.toml: agent.command:" in message
+    assert "quotation" in message
+
+
+def test_an_empty_program_in_an_argv_list_is_a_config_error(tmp_path: Path) -> None:
+    assert "c.toml: agent.command:" in problem(tmp_path, """
+        [agent]
+        command = ["", "agent.py"]
+    """)
+
+
+def test_a_cwd_that_does_not_exist_is_a_config_error_naming_the_chain_files_folder(
+        tmp_path: Path) -> None:
+    message = problem(tmp_path, """
+        [agent]
+        command = "agent"
+        cwd = "work"
+    """)
+    assert "c.toml: agent.cwd: work not found" in message
+    assert f"relative to {tmp_path}" in message
+
+
+def test_a_cwd_that_is_a_file_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("")
+    assert "c.toml: agent.cwd: notes.txt is not a directory" in problem(tmp_path, """
+        [agent]
+        command = "agent"
+        cwd = "notes.txt"
+    """)
+
+
+AGENT = '[agent]\ncommand = "agent"\n'
+
+
+@pytest.mark.parametrize("url", ["not a url", "ws://127.0.0.1:8000/mcp", "127.0.0.1:8000/mcp"])
+def test_an_http_mcp_server_whose_url_is_not_http_is_a_config_error(
+        tmp_path: Path, url: str) -> None:
+    message = problem(tmp_path, AGENT + f"""
+[[mcp_server]]
+name = "search"
+type = "http"
+url = "{url}"
+""")
+    assert "c.toml: mcp_server[0].url:" in message
+    assert "http://" in message
+
+
+def test_an_mcp_server_with_an_empty_name_is_a_config_error(tmp_path: Path) -> None:
+    assert "c.toml: mcp_server[0].name:" in problem(tmp_path, AGENT + """
+[[mcp_server]]
+name = ""
+command = "cat"
+""")
+
+
+def test_two_mcp_servers_with_the_same_name_are_a_config_error(tmp_path: Path) -> None:
+    message = problem(tmp_path, AGENT + """
+[[mcp_server]]
+name = "files"
+command = "cat"
+
+[[mcp_server]]
+name = "files"
+command = "cat"
+""")
+    assert "c.toml: mcp_server[1].name: duplicate MCP server name 'files'" in message
+
+
+def test_an_mcp_server_with_a_url_but_no_type_is_told_to_set_the_type(tmp_path: Path) -> None:
+    message = problem(tmp_path, AGENT + """
+[[mcp_server]]
+name = "search"
+url = "http://127.0.0.1:8000/mcp"
+""")
+    assert "c.toml: mcp_server[0].type:" in message
+    assert 'type = "http"' in message
+
+
+def test_a_remote_components_url_expands_variables_as_its_headers_do(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conductor.plan import RemoteSpec
+
+    monkeypatch.setenv("AGENT_HOST", "build-box:8765")
+    path = tmp_path / "c.toml"
+    path.write_text('[agent]\nurl = "wss://${AGENT_HOST}/acp"\n')
+    [(_, _, remote)] = plan_chain(read_chain(path), "agent")
+    assert isinstance(remote, RemoteSpec)
+    assert remote.url == "wss://build-box:8765/acp"
+    monkeypatch.delenv("AGENT_HOST")
+    assert "c.toml: agent.url: environment variable AGENT_HOST is not set" in problem(
+        tmp_path, '[agent]\nurl = "wss://${AGENT_HOST}/acp"\n')
