@@ -102,6 +102,7 @@ class Envelope(msgspec.Struct):
 
 
 _envelope_decoder: Final = msgspec.json.Decoder(Envelope)
+_STRUCTURED: Final = (b"{", b"[", b"n")
 _encoder: Final = msgspec.json.Encoder()
 
 
@@ -110,11 +111,16 @@ def decode_envelope(params: Raw | UnsetType) -> Envelope:
     if params is UNSET:
         raise ValueError("the successor envelope has no params")
     try:
-        return _envelope_decoder.decode(params)
+        envelope = _envelope_decoder.decode(params)
     except msgspec.MsgspecError as e:
         raise ValueError(f"malformed successor envelope: {e}") from None
     except RecursionError:
         raise ValueError("the successor envelope is nested too deeply to decode") from None
+    # The inner message goes on the next hop as a frame of its own: JSON-RPC 2.0's rule
+    # for params (an object or an array; null taken as none, as on a plain hop) holds.
+    if envelope.params is not UNSET and bytes(envelope.params).lstrip()[:1] not in _STRUCTURED:
+        raise ValueError("malformed successor envelope: params must be an object or an array")
+    return envelope
 
 
 def encode_envelope(method: str, params: Raw | UnsetType, meta: Raw | UnsetType,

@@ -298,3 +298,28 @@ def test_a_frame_of_any_nesting_depth_gets_one_answer_or_crosses_untouched(
         assert [m for m in h.agent.raw if getattr(m, "method", None) == "_x/after"]
 
     anyio.run(scenario)
+
+
+@pytest.mark.parametrize("inner", [b"5", b'"text"', b"true"])
+async def test_an_envelope_whose_inner_params_are_not_structured_is_refused_not_forwarded(
+        inner: bytes) -> None:
+    # JSON-RPC 2.0 §4.2: params is an object or an array. The router refuses such a frame
+    # on a plain hop; unwrapped from an envelope it must not reach the next hop either.
+    client, proxy, agent = Outbox(), Outbox(), Outbox()
+    client_wire, proxy_wire = Hop("client", client), Hop("p0", proxy)
+
+    async def starter() -> list[ComponentLink]:
+        return [ComponentLink("p0", Role.PROXY, proxy_wire),
+                ComponentLink("agent", Role.AGENT, Hop("agent", agent))]
+
+    chain = Chain(client_wire, starter)
+    with anyio.fail_after(5):
+        await chain.receive(client_wire, decode(
+            b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}'))
+        await chain.receive(proxy_wire, decode(
+            b'{"jsonrpc":"2.0","id":"e","method":"_proxy/successor",'
+            b'"params":{"method":"_x/a","params":' + inner + b"}}"))
+    assert agent.sent == []
+    [answer] = [m for m in proxy.sent if m.get("id") == "e"]
+    assert answer["error"]["code"] == -32602
+    assert "params must be an object or an array" in answer["error"]["data"]
