@@ -377,6 +377,11 @@ class Chain:
             return
         inner = env.method
         if inner == acp.CANCEL_REQUEST:
+            if isinstance(msg, Request):  # as a plain one: nobody would answer the envelope
+                await self._send(hop, error_response(
+                    msg.id, ErrorCode.INVALID_REQUEST, "Invalid Request",
+                    f"`{inner}` is a notification: send its envelope without an id"))
+                return
             await hop.cancel_inbound(env.params)
             return
         if inner in acp.PROXY_INITIALIZE_METHODS:

@@ -323,3 +323,28 @@ async def test_an_envelope_whose_inner_params_are_not_structured_is_refused_not_
     [answer] = [m for m in proxy.sent if m.get("id") == "e"]
     assert answer["error"]["code"] == -32602
     assert "params must be an object or an array" in answer["error"]["data"]
+
+
+@pytest.mark.parametrize("wrapper", ["_proxy/successor", "proxy/successor",
+                                     "_proxy/successor/request"])
+async def test_a_wrapped_cancel_sent_as_a_request_is_answered_not_left_pending(
+        wrapper: str) -> None:
+    # As a plain `$/cancel_request` with an id is refused: a cancel has no answer of its
+    # own, so an envelope request carrying one would wait for ever.
+    client, proxy, agent = Outbox(), Outbox(), Outbox()
+    client_wire, proxy_wire = Hop("client", client), Hop("p0", proxy)
+
+    async def starter() -> list[ComponentLink]:
+        return [ComponentLink("p0", Role.PROXY, proxy_wire),
+                ComponentLink("agent", Role.AGENT, Hop("agent", agent))]
+
+    chain = Chain(client_wire, starter)
+    with anyio.fail_after(5):
+        await chain.receive(client_wire, decode(
+            b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}'))
+        await chain.receive(proxy_wire, decode(
+            b'{"jsonrpc":"2.0","id":"z","method":"' + wrapper.encode() + b'",'
+            b'"params":{"method":"$/cancel_request","params":{"requestId":"e1"}}}'))
+    [answer] = [m for m in proxy.sent if m.get("id") == "z"]
+    assert answer["error"]["code"] == -32600
+    assert "notification" in answer["error"]["data"]
