@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from conductor.plugins import Proxy, ProxyContext, on
+from conductor.plugins import Proxy, ProxyContext, SessionScope, on
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 
 if TYPE_CHECKING:
@@ -109,3 +109,31 @@ async def test_a_holding_handler_whose_forward_a_task_of_the_plugin_makes_is_ans
             with anyio.fail_after(5):
                 sid = await client.new_session()
                 assert await client.prompt(sid, "go") == {"stopReason": "end_turn"}
+
+
+class FailsFirstOpen(Proxy):
+    """session_opened raises for the first session only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    async def session_opened(self, session: SessionScope) -> None:
+        if not self.events:
+            self.events.append(f"failed {session.session_id}")
+            raise RuntimeError("no room")
+        self.events.append(f"opened {session.session_id}")
+
+    async def session_closed(self, session: SessionScope) -> None:
+        self.events.append(f"closed {session.session_id}: {session.closed_reason}")
+
+
+async def test_a_session_whose_opened_hook_failed_leaves_no_scope_behind() -> None:
+    proxy = FailsFirstOpen()
+    async with open_test_chain([proxy], ScriptedAgent()) as client:
+        with anyio.fail_after(5):
+            refused = await client.request("session/new", {"cwd": "/", "mcpServers": []})
+            assert refused.is_error
+            sid = await client.new_session()
+    # The editor never got the first session: no scope kept for it, no close for it.
+    assert proxy.events == ["failed session-1", f"opened {sid}", f"closed {sid}: stopped"]

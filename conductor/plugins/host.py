@@ -505,7 +505,17 @@ class ProxyHost:
         self._sessions[sid] = scope
         if owned:
             self._routed = True
-        await self._proxy.session_opened(scope)
+        try:
+            await self._proxy.session_opened(scope)
+        except BaseException:
+            # The setup is answered with the failure: nobody will ever close this session,
+            # so its scope must not stay (nor get a session_closed when the chain stops).
+            if self._sessions.get(sid) is scope:
+                if previous is not None:
+                    self._sessions[sid] = previous
+                else:
+                    del self._sessions[sid]
+            raise
         return scope
 
     async def _remove(self, sid: str, reason: CloseReason) -> None:
