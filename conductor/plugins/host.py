@@ -16,6 +16,7 @@ been forwarded yet.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections import deque
 from contextlib import asynccontextmanager
@@ -72,6 +73,17 @@ _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 STOP_HOOKS_GRACE: Final = 5.0
 # Scopes kept for sessions a proxy never saw set up (see ProxyHost.session_of).
 MAX_STRAY_SCOPES: Final = 1024
+# The `release` of the handler a task runs for (its child tasks inherit it): a wait in the
+# handler holding dispatch releases it; a wait in another handler, or in a task dispatch
+# started (`_not_a_handler`: MCP tool calls), does not, or messages would overtake the held one.
+# A task of the plugin's own (no value) still releases it, as it always did: it may be doing
+# the holding handler's work.
+_handler_release: contextvars.ContextVar[Callable[[], None]] = contextvars.ContextVar(
+    "acp_handler_release")
+
+
+def _not_a_handler() -> None:
+    """The `_handler_release` of dispatch and of the tasks it starts: releases nothing."""
 
 
 class _Everything:
@@ -360,6 +372,7 @@ class ProxyHost:
 
         ctx.released = release
         self._holding = release
+        _handler_release.set(release)
         msg = ctx.message
         try:
             if isinstance(msg, Request):
@@ -412,8 +425,9 @@ class ProxyHost:
 
     def release_dispatch(self) -> None:
         """The handler holding dispatch waits for something: let dispatch go on."""
-        holding, self._holding = self._holding, None
-        if holding is not None:
+        holding = self._holding
+        if holding is not None and _handler_release.get(None) in (None, holding):
+            self._holding = None
             holding()
 
     def _log_failure(self, error: BaseException, what: object) -> None:
@@ -491,7 +505,17 @@ class ProxyHost:
         self._sessions[sid] = scope
         if owned:
             self._routed = True
-        await self._proxy.session_opened(scope)
+        try:
+            await self._proxy.session_opened(scope)
+        except BaseException:
+            # The setup is answered with the failure: nobody will ever close this session,
+            # so its scope must not stay (nor get a session_closed when the chain stops).
+            if self._sessions.get(sid) is scope:
+                if previous is not None:
+                    self._sessions[sid] = previous
+                else:
+                    del self._sessions[sid]
+            raise
         return scope
 
     async def _remove(self, sid: str, reason: CloseReason) -> None:
@@ -622,6 +646,7 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
         host.task_group = tg
 
         async def serve() -> None:
+            _handler_release.set(_not_a_handler)
             # Drain whatever is waiting in one turn of the event loop, with writes coalesced
             # like a pipe reader's: a burst costs one wake-up and one write per pipe, not
             # one per message.
@@ -711,7 +736,11 @@ async def serve_proxy(proxy: Proxy[Any], stdin: ByteReceiveStream, stdout: ByteS
         try:
             async with anyio.create_task_group() as tg:
                 host.task_group = tg
-                await source.serve(handle)
+                token = _handler_release.set(_not_a_handler)
+                try:
+                    await source.serve(handle)
+                finally:
+                    _handler_release.reset(token)
                 tg.cancel_scope.cancel()  # the conductor closed our stdin: we are done
         finally:
             await host.stop_chain()

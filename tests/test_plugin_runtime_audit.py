@@ -1,0 +1,139 @@
+"""A plugin's runtime beyond the first hour: concurrent handlers, holds, cancellation."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import anyio
+
+from conductor.plugins import Proxy, ProxyContext, SessionScope, on
+from conductor.testing import ScriptedAgent, TestClient, open_test_chain
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Message
+
+
+def update(sid: str, text: str) -> dict[str, object]:
+    return {"sessionId": sid, "update": {"sessionUpdate": "agent_message_chunk",
+                                         "content": {"type": "text", "text": text}}}
+
+
+class HoldsWhileAnotherAsks(Proxy):
+    """Holds permission requests (no release) while another handler, already released,
+    sends a request of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.holding = anyio.Event(), anyio.Event()
+
+    @on("_ext/tick")
+    async def tick(self, ctx: ProxyContext, message: Message) -> object:
+        ctx.release()
+        await self.holding.wait()
+        await ctx.request("_ext/ping", {}, to="predecessor")
+        return {}
+
+    @on("session/request_permission", source="successor")
+    async def permission(self, ctx: ProxyContext, message: Message) -> object:
+        self.holding.set()
+        await self.gate.wait()
+        return await ctx.forward()
+
+
+async def test_another_handler_waiting_for_an_answer_does_not_release_a_held_message(
+) -> None:
+    proxy, pinged = HoldsWhileAnotherAsks(), anyio.Event()
+
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        assert agent.tg is not None
+        agent.tg.start_soon(agent.request, "session/request_permission",
+                            {"sessionId": "session-1", "toolCall": {"toolCallId": "t"},
+                             "options": []})
+        await pinged.wait()  # the permission request is held, the other handler asked
+        await agent.notify("session/update", update("session-1", "after"))
+        return {"stopReason": "end_turn"}
+
+    client = TestClient({"session/request_permission": {"outcome": {"outcome": "cancelled"}},
+                         "_ext/ping": {}})
+    async with open_test_chain([proxy], ScriptedAgent({"session/prompt": prompt}),
+                               client=client) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.call, "_ext/tick", {})
+                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(client.prompt, sid, "go")
+                await client.wait_for("_ext/ping")
+                pinged.set()
+                await anyio.wait_all_tasks_blocked()
+                # The permission request is still held: nothing after it may overtake it.
+                assert client.received_params("session/update") == []
+                proxy.gate.set()
+            await client.wait_for("session/update")
+    order = [m.method for m in client.received
+             if m.method in ("session/request_permission", "session/update")]
+    assert order == ["session/request_permission", "session/update"]
+
+
+class ForwardsThroughAWorker(Proxy):
+    """Hands each prompt to a task of its own and polls for the answer, without
+    `ctx.release()`: the worker's wait must still let the answer in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jobs, self.inbox = anyio.create_memory_object_stream[
+            tuple[ProxyContext, list[object], anyio.Event]](8)
+
+    async def work(self) -> None:
+        async with self.inbox:
+            async for ctx, box, done in self.inbox:
+                box.append(await ctx.forward())
+                done.set()
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        box: list[object] = []
+        done = anyio.Event()
+        await self.jobs.send((ctx, box, done))
+        await done.wait()  # not an answer's wait: it does not release dispatch
+        return box[0]
+
+
+async def test_a_holding_handler_whose_forward_a_task_of_the_plugin_makes_is_answered(
+) -> None:
+    proxy = ForwardsThroughAWorker()
+    agent = ScriptedAgent({"session/prompt": {"stopReason": "end_turn"}})
+    async with anyio.create_task_group() as tg, proxy.jobs:
+        tg.start_soon(proxy.work)
+        async with open_test_chain([proxy], agent) as client:
+            with anyio.fail_after(5):
+                sid = await client.new_session()
+                assert await client.prompt(sid, "go") == {"stopReason": "end_turn"}
+
+
+class FailsFirstOpen(Proxy):
+    """session_opened raises for the first session only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    async def session_opened(self, session: SessionScope) -> None:
+        if not self.events:
+            self.events.append(f"failed {session.session_id}")
+            raise RuntimeError("no room")
+        self.events.append(f"opened {session.session_id}")
+
+    async def session_closed(self, session: SessionScope) -> None:
+        self.events.append(f"closed {session.session_id}: {session.closed_reason}")
+
+
+async def test_a_session_whose_opened_hook_failed_leaves_no_scope_behind() -> None:
+    proxy = FailsFirstOpen()
+    async with open_test_chain([proxy], ScriptedAgent()) as client:
+        with anyio.fail_after(5):
+            refused = await client.request("session/new", {"cwd": "/", "mcpServers": []})
+            assert refused.is_error
+            sid = await client.new_session()
+    # The editor never got the first session: no scope kept for it, no close for it.
+    assert proxy.events == ["failed session-1", f"opened {sid}", f"closed {sid}: stopped"]
