@@ -1,4 +1,5 @@
-"""A plugin's runtime beyond the first hour: concurrent handlers, holds, cancellation."""
+"""A held message stays held until its own handler forwards it, and a session whose
+opened hook failed leaves no scope behind."""
 
 from __future__ import annotations
 
