@@ -300,11 +300,9 @@ def test_a_frame_of_any_nesting_depth_gets_one_answer_or_crosses_untouched(
     anyio.run(scenario)
 
 
-@pytest.mark.parametrize("inner", [b"5", b'"text"', b"true"])
-async def test_an_envelope_whose_inner_params_are_not_structured_is_refused_not_forwarded(
-        inner: bytes) -> None:
-    # JSON-RPC 2.0 §4.2: params is an object or an array. The router refuses such a frame
-    # on a plain hop; unwrapped from an envelope it must not reach the next hop either.
+async def from_proxy_after_initialize(frame: bytes) -> tuple[Outbox, Outbox]:
+    """A chain of one proxy and an agent, initialized; `frame` arrives from the proxy.
+    Returns what the proxy and the agent were sent."""
     client, proxy, agent = Outbox(), Outbox(), Outbox()
     client_wire, proxy_wire = Hop("client", client), Hop("p0", proxy)
 
@@ -316,9 +314,18 @@ async def test_an_envelope_whose_inner_params_are_not_structured_is_refused_not_
     with anyio.fail_after(5):
         await chain.receive(client_wire, decode(
             b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}'))
-        await chain.receive(proxy_wire, decode(
-            b'{"jsonrpc":"2.0","id":"e","method":"_proxy/successor",'
-            b'"params":{"method":"_x/a","params":' + inner + b"}}"))
+        await chain.receive(proxy_wire, decode(frame))
+    return proxy, agent
+
+
+@pytest.mark.parametrize("inner", [b"5", b'"text"', b"true"])
+async def test_an_envelope_whose_inner_params_are_not_structured_is_refused_not_forwarded(
+        inner: bytes) -> None:
+    # JSON-RPC 2.0 §4.2: params is an object or an array. The router refuses such a frame
+    # on a plain hop; unwrapped from an envelope it must not reach the next hop either.
+    proxy, agent = await from_proxy_after_initialize(
+        b'{"jsonrpc":"2.0","id":"e","method":"_proxy/successor",'
+        b'"params":{"method":"_x/a","params":' + inner + b"}}")
     assert agent.sent == []
     [answer] = [m for m in proxy.sent if m.get("id") == "e"]
     assert answer["error"]["code"] == -32602
@@ -331,20 +338,9 @@ async def test_a_wrapped_cancel_sent_as_a_request_is_answered_not_left_pending(
         wrapper: str) -> None:
     # As a plain `$/cancel_request` with an id is refused: a cancel has no answer of its
     # own, so an envelope request carrying one would wait for ever.
-    client, proxy, agent = Outbox(), Outbox(), Outbox()
-    client_wire, proxy_wire = Hop("client", client), Hop("p0", proxy)
-
-    async def starter() -> list[ComponentLink]:
-        return [ComponentLink("p0", Role.PROXY, proxy_wire),
-                ComponentLink("agent", Role.AGENT, Hop("agent", agent))]
-
-    chain = Chain(client_wire, starter)
-    with anyio.fail_after(5):
-        await chain.receive(client_wire, decode(
-            b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}'))
-        await chain.receive(proxy_wire, decode(
-            b'{"jsonrpc":"2.0","id":"z","method":"' + wrapper.encode() + b'",'
-            b'"params":{"method":"$/cancel_request","params":{"requestId":"e1"}}}'))
+    proxy, _ = await from_proxy_after_initialize(
+        b'{"jsonrpc":"2.0","id":"z","method":"' + wrapper.encode() + b'",'
+        b'"params":{"method":"$/cancel_request","params":{"requestId":"e1"}}}')
     [answer] = [m for m in proxy.sent if m.get("id") == "z"]
     assert answer["error"]["code"] == -32600
     assert "notification" in answer["error"]["data"]
