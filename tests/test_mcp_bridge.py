@@ -297,33 +297,36 @@ async def test_two_setups_rewritten_at_once_share_one_listener(mode: str) -> Non
     assert len(found) == 2 and found[0] == found[1], found
 
 
+_INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {},
+    "clientInfo": {"name": "t", "version": "1"}}}
+
+
+async def http_server_entry(bridge: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The http server the bridge declares for a session, and the headers an MCP client
+    sends it (the token included)."""
+    [entry] = servers_of(await bridge.rewrite(setup("a"), support(1, "http"), frozenset()))
+    return entry, {"Accept": "application/json, text/event-stream",
+                   "Authorization": entry["headers"][0]["value"]}
+
+
 async def test_the_http_sessions_of_an_agent_that_is_gone_end_with_it() -> None:
     # A restarted agent's MCP client died with it: its Streamable HTTP sessions (no TCP
     # connection marks their end) must not hold their provider connections for the idle
     # timeout, nor count toward the session limit.
     async with open_mcp_bridge("http") as bridge:
         provider = _Provider(bridge, bridge.tg)
-        [entry] = servers_of(await bridge.rewrite(setup("a"), support(1, "http"),
-                                                  frozenset()))
-        headers = {"Accept": "application/json, text/event-stream",
-                   "Authorization": entry["headers"][0]["value"]}  # type: ignore[index]
-        body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"}}}
+        entry, headers = await http_server_entry(bridge)
         with anyio.fail_after(10):
             async with httpx2.AsyncClient() as client:
-                opened = await client.post(str(entry["url"]), json=body, headers=headers)
+                opened = await client.post(str(entry["url"]), json=_INITIALIZE,
+                                           headers=headers)
             assert opened.status_code == 200, opened.text
             assert opened.headers.get("mcp-session-id")
             assert bridge.relays
             await bridge.agent_gone()
             await provider.disconnected.wait()  # its provider connection was ended
         assert not bridge.relays
-
-
-_INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-    "protocolVersion": "2025-06-18", "capabilities": {},
-    "clientInfo": {"name": "t", "version": "1"}}}
 
 
 class _SlowProvider(_Provider):
@@ -354,10 +357,7 @@ async def test_two_sessions_opened_at_once_cannot_both_take_the_last_place(
     statuses: list[int] = []
     async with open_mcp_bridge("http") as bridge:
         provider = _SlowProvider(bridge, bridge.tg)
-        [entry] = servers_of(await bridge.rewrite(setup("a"), support(1, "http"),
-                                                  frozenset()))
-        headers = {"Accept": "application/json, text/event-stream",
-                   "Authorization": entry["headers"][0]["value"]}  # type: ignore[index]
+        entry, headers = await http_server_entry(bridge)
         async def open_one(client: httpx2.AsyncClient) -> None:
             answer = await client.post(str(entry["url"]), json=_INITIALIZE, headers=headers)
             statuses.append(answer.status_code)
