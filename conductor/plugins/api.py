@@ -207,6 +207,12 @@ class Proxy(Generic[OptionsT]):
             self.__dict__["_mcp_offers"] = offers
         return offers
 
+    def declared_mcp_servers(self) -> list[McpOffer]:
+        """The offers declared to every session: each one not opt-in, and each opt-in one
+        the chain file asks for (`mcp_requested`)."""
+        return [o for o in self.offered_mcp_servers()
+                if o.declare or o.declared_name in self.mcp_requested]
+
 
 @dataclass(frozen=True)
 class McpOffer:

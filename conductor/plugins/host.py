@@ -171,11 +171,10 @@ class ProxyHost:
         self._visit_down = self._must_visit(Side.PREDECESSOR)
         # MCP servers the proxy offers (docs/mcp.md); the SDK is imported only then.
         self.tools: ToolServers | None = None
-        offers = proxy.offered_mcp_servers()
-        live = [o for o in offers if o.declare or o.declared_name in proxy.mcp_requested]
-        if live or type(proxy).session_mcp_servers is not Proxy.session_mcp_servers:
+        if proxy.declared_mcp_servers() \
+                or type(proxy).session_mcp_servers is not Proxy.session_mcp_servers:
             from conductor.plugins.tools import ToolServers
-            self.tools = ToolServers(self, offers)
+            self.tools = ToolServers(self, proxy.offered_mcp_servers())
 
     @property
     def proxy(self) -> Proxy[Any]:

@@ -140,10 +140,6 @@ class ToolServers:
                            answer_result)
         self.acp_downstream = bool(self.support.takes("acp"))
 
-    def _chain_offers(self) -> list[McpOffer]:
-        wanted = self._host.proxy.mcp_requested
-        return [o for o in self._offers if o.declare or o.declared_name in wanted]
-
     async def declare(self, method: str, params: Raw | UnsetType
                       ) -> tuple[Raw | UnsetType, list[str]]:
         """A session setup request goes downstream: append this proxy's servers."""
@@ -155,7 +151,7 @@ class ToolServers:
                             self._host.name)
             return params, []
         session_id = acp.get_str(params, "sessionId")
-        offers = self._chain_offers()
+        offers = self._host.proxy.declared_mcp_servers()
         if self._per_session:
             decoded = None if params is UNSET else msgspec.json.decode(params)
             setup = SessionSetup(method, decoded, session_id)
