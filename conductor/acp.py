@@ -15,6 +15,7 @@ from msgspec import UNSET, Raw, UnsetType
 
 from conductor.errors import ProtocolVersionError
 from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.message import structured
 
 INITIALIZE: Final = "initialize"
 SESSION_NEW: Final = "session/new"
@@ -102,7 +103,6 @@ class Envelope(msgspec.Struct):
 
 
 _envelope_decoder: Final = msgspec.json.Decoder(Envelope)
-_STRUCTURED: Final = (b"{", b"[", b"n")
 _encoder: Final = msgspec.json.Encoder()
 
 
@@ -118,7 +118,7 @@ def decode_envelope(params: Raw | UnsetType) -> Envelope:
         raise ValueError("the successor envelope is nested too deeply to decode") from None
     # The inner message goes on the next hop as a frame of its own: JSON-RPC 2.0's rule
     # for params (an object or an array; null taken as none, as on a plain hop) holds.
-    if envelope.params is not UNSET and bytes(envelope.params).lstrip()[:1] not in _STRUCTURED:
+    if envelope.params is not UNSET and not structured(envelope.params):
         raise ValueError("malformed successor envelope: params must be an object or an array")
     return envelope
 

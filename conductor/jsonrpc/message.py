@@ -339,9 +339,15 @@ def _invalid_call(frame: bytes | bytearray, env: _Envelope) -> InvalidMessage | 
         return invalid("a request cannot carry result or error")
     if env.jsonrpc is _VERSION and _version_probe.decode(frame).jsonrpc is UNSET:
         return invalid('the "jsonrpc" member is missing (it must be "2.0")')
-    if env.params is not UNSET and _first_byte(env.params)[0] not in _STRUCTURED:
+    if env.params is not UNSET and not structured(env.params):
         return invalid("params must be an object or an array")
     return None
+
+
+def structured(params: Raw) -> bool:
+    """JSON-RPC 2.0's rule for params: an object or an array (null taken as none, as some
+    send). Reads one byte: a decoded Raw begins at the value itself."""
+    return _first_byte(params)[0] in _STRUCTURED
 
 
 def _valid_id(ident: Raw) -> bool:
