@@ -455,15 +455,14 @@ class Endpoint:
                                              method=request.method)
             if inbound.scope.cancelled_caught or reply is None:
                 reply = cancelled_response(request.id, component=self.name)
+        finally:
             # Forgotten before the answer goes: once the peer has it, it may use the id again.
             self.untrack_inbound(request.id, inbound)
-            if self.failure is None:
-                try:
-                    await self.send(reply)
-                except _GONE:
-                    pass  # the peer left: its reader ends the connection
-        finally:
-            self.untrack_inbound(request.id, inbound)
+        if self.failure is None:
+            try:
+                await self.send(reply)
+            except _GONE:
+                pass  # the peer left: its reader ends the connection
 
     async def refuse_unread(self, head: Head, code: int, reason: str,
                             data: JsonValue = None) -> None:
