@@ -205,7 +205,8 @@ class Chain:
                     except _GONE:
                         self._gone(target)
                 return
-        if isinstance(item, Request | Notification | Response):
+            await self._receive_message(hop, item, plain_tried=True)
+        elif isinstance(item, Request | Notification | Response):
             await self._receive_message(hop, item)
         elif isinstance(item, Batch):
             await self._receive_batch(hop, item)
@@ -262,7 +263,8 @@ class Chain:
         log.warning("%s wrote a non-JSON line on stdout (dropped): %s", hop.name, text)
         self._trace_lifecycle(hop.name, "noise", line=text)
 
-    async def _receive_message(self, hop: Hop, msg: Message) -> None:
+    async def _receive_message(self, hop: Hop, msg: Message, *,
+                               plain_tried: bool = False) -> None:
         if self._tracer is not None:
             self._tracer.message(hop.name, "in", msg, peer=self.topology.addressee(hop, msg))
         if isinstance(msg, Response):
@@ -273,7 +275,7 @@ class Chain:
         if isinstance(msg, Notification):
             if self.recovery.muted and self.recovery.is_muted(msg):
                 return  # replayed by a restarted agent's session/load: the editor has it
-            plain = self._plain(hop, msg)  # traced, or in a batch: otherwise `receive` did
+            plain = None if plain_tried else self._plain(hop, msg)
             if plain is not None:
                 target, _, _, source = plain
                 if target.failure is None:
