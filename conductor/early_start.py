@@ -56,8 +56,8 @@ class EarlyStart:
 
     def take(self, launch: LaunchSpec) -> Started | None:
         """The process started for `launch` (one of the plan's), once; None if none was."""
-        entry = self.started.pop(id(launch), None)
-        return entry[1] if entry is not None and entry[0] is launch else None
+        entry = self.started.pop(id(launch), None)  # (the entry holds `launch`: its id is its own)
+        return entry[1] if entry is not None else None
 
     def discard(self) -> None:
         """Stop every process that the chain never came to serve (it stopped first)."""
@@ -84,8 +84,9 @@ def start_early(config: ChainConfig, mode: str, *, fd: int = 0,
         return EarlyStart()
     plan = plan_chain(config, mode)
     early = EarlyStart(plan)
+    # Commands only (checked above): the isinstance is for the type checker.
     launches = [launch for _, _, launch in plan if isinstance(launch, LaunchSpec)]
-    if not launches or len(launches) != len(plan):
+    if not launches:
         return early
     try:
         if os.isatty(fd) or not select.select([fd], [], [], 0)[0]:
