@@ -23,6 +23,8 @@ _EXPORTS = {
     "Side": "conductor.plugins",
     "NoOptions": "conductor.plugins",
     "on": "conductor.plugins",
+    "watch": "conductor.plugins",
+    "WatchContext": "conductor.plugins",
     "McpOffer": "conductor.plugins",
     "SessionSetup": "conductor.plugins",
     "ToolContext": "conductor.plugins",

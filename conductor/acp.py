@@ -55,6 +55,12 @@ CLIENT_METHODS: Final = frozenset({  # the agent sends them: they come from a su
     "terminal/kill", MCP_CONNECT, MCP_MESSAGE, MCP_DISCONNECT, "elicitation/create",
     "elicitation/complete"})
 
+# The ACP methods that are (or, mcp/message, may be) notifications: what `@watch` sees.
+NOTIFICATION_METHODS: Final = frozenset({
+    SESSION_CANCEL, SESSION_UPDATE, "elicitation/complete", "nes/accept", "nes/reject",
+    "document/didOpen", "document/didChange", "document/didClose", "document/didSave",
+    "document/didFocus", MCP_MESSAGE})
+
 SESSION_SETUP: Final = frozenset({SESSION_NEW, SESSION_LOAD, SESSION_RESUME, SESSION_FORK})
 
 

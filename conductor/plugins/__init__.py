@@ -11,9 +11,12 @@ from conductor.plugins.api import (
     SessionSetup,
     Side,
     ToolContext,
+    WatchContext,
     on,
     tool_context,
+    watch,
 )
 
 __all__ = ["CloseReason", "McpOffer", "NoOptions", "Proxy", "ProxyContext", "RpcError",
-           "SessionScope", "SessionSetup", "Side", "ToolContext", "on", "tool_context"]
+           "SessionScope", "SessionSetup", "Side", "ToolContext", "WatchContext", "on",
+           "tool_context", "watch"]

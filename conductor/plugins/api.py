@@ -70,8 +70,11 @@ OptionsT = TypeVar("OptionsT", bound=BaseModel)
 # with an error. Notification handlers return None.
 Reply = Any
 Handler = Callable[["ProxyContext", Any], Awaitable[Reply]]
+# A watcher sees a notification inline and returns nothing (see `watch`).
+Watcher = Callable[["WatchContext", Notification], None]
 
 _HANDLES = "__acp_handles__"
+_WATCHES = "__acp_watches__"
 
 
 def on(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[Any], Any]:
@@ -93,6 +96,37 @@ def on(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[Any],
             warnings.warn(f"@on({method!r}{source_arg}) on {name}: {problem}; as written it "
                           "would never be called", UserWarning, stacklevel=2)
         setattr(func, _HANDLES, [*getattr(func, _HANDLES, []), (side, method)])
+        return func
+    return mark
+
+
+def watch(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[Any], Any]:
+    """Mark a Proxy method as a watcher of the notification `method` from `source`.
+
+    A watcher sees each such notification in order, before it travels on, and cannot
+    change, hold or drop it (that is what `@on` is for). In exchange the notification keeps
+    the conductor's fast path past an in-process proxy: no task, no envelope, no forward
+    (docs/performance.md). So a watcher is a plain `def watcher(self, ctx, message) -> None`
+    that runs inline: it must not block or wait. If it raises, the failure is logged and
+    the notification goes on. A method may have both a watcher and an `@on` handler: the
+    watcher sees the notification first. `method` may be "*".
+    """
+    side = Side(source)
+
+    def mark(func: Any) -> Any:
+        if inspect.iscoroutinefunction(func):
+            raise TypeError(f"watcher {func.__qualname__} for {method} must be a plain `def`: "
+                            "it runs inline and cannot wait (use @on for an async handler)")
+        problem = _never_arrives(method, side)
+        if problem is None and method in acp.AGENT_METHODS | acp.CLIENT_METHODS \
+                and method not in acp.NOTIFICATION_METHODS:
+            problem = f"{method} is a request, and watchers see notifications only (use @on)"
+        if problem is not None:
+            source_arg = "" if side is Side.PREDECESSOR else f", source={side.value!r}"
+            name = func.__qualname__.rpartition(".<locals>.")[2]
+            warnings.warn(f"@watch({method!r}{source_arg}) on {name}: {problem}; as written it "
+                          "would never be called", UserWarning, stacklevel=2)
+        setattr(func, _WATCHES, [*getattr(func, _WATCHES, []), (side, method)])
         return func
     return mark
 
@@ -123,6 +157,7 @@ class Proxy(Generic[OptionsT]):
 
     options_model: ClassVar[type[BaseModel]] = NoOptions
     _handler_table: ClassVar[dict[tuple[Side, str], str]] = {}
+    _watcher_table: ClassVar[dict[tuple[Side, str], str]] = {}
 
     def __init__(self, options: OptionsT | None = None) -> None:
         given: BaseModel = options if options is not None else self.options_model()
@@ -133,11 +168,15 @@ class Proxy(Generic[OptionsT]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         table: dict[tuple[Side, str], str] = {}
+        watchers: dict[tuple[Side, str], str] = {}
         for klass in reversed(cls.__mro__):
             for attr, value in vars(klass).items():
                 for key in getattr(value, _HANDLES, ()):
                     table[key] = attr
+                for key in getattr(value, _WATCHES, ()):
+                    watchers[key] = attr
         cls._handler_table = table
+        cls._watcher_table = watchers
 
     def rename(self, name: str) -> None:
         """Called by the conductor: errors and logs name the proxy as the chain does."""
@@ -152,6 +191,10 @@ class Proxy(Generic[OptionsT]):
     def handlers(self) -> dict[tuple[Side, str], Handler]:
         """(source, method) -> bound handler."""
         return {key: getattr(self, attr) for key, attr in self._handler_table.items()}
+
+    def watchers(self) -> dict[tuple[Side, str], Watcher]:
+        """(source, notification method) -> bound watcher."""
+        return {key: getattr(self, attr) for key, attr in self._watcher_table.items()}
 
     async def chain_started(self) -> None:
         """Hook: the chain this proxy is in starts, before any message reaches the proxy
@@ -454,6 +497,33 @@ class ProxyContext:
         if self.released is not None:
             release, self.released = self.released, None
             release()
+
+
+class WatchContext:
+    """What a watcher (`@watch`) gets: the notification's session and side, nothing that
+    sends or waits."""
+
+    __slots__ = ("_host", "_session", "message", "source")
+
+    def __init__(self, host: ProxyHost, source: Side, message: Notification) -> None:
+        self._host = host
+        self.source = source
+        self.message = message
+        self._session: SessionScope | bool | None = False  # False: not looked up yet
+
+    @property
+    def proxy(self) -> Proxy[Any]:
+        return self._host.proxy
+
+    @property
+    def session(self) -> SessionScope | None:
+        """The session the notification names (params.sessionId), with its state."""
+        if self._session is False:
+            self._session = self._host.session_of(self.message.params, create=True)
+        return self._session if isinstance(self._session, SessionScope) else None
+
+    def session_for(self, session_id: str) -> SessionScope | None:
+        return self._host.sessions.get(session_id)
 
 
 class ToolContext:

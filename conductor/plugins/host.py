@@ -39,7 +39,15 @@ from conductor.jsonrpc.message import (
     Response,
     error_response,
 )
-from conductor.plugins.api import CloseReason, Handler, Proxy, ProxyContext, SessionScope, Side
+from conductor.plugins.api import (
+    CloseReason,
+    Handler,
+    Proxy,
+    ProxyContext,
+    SessionScope,
+    Side,
+    WatchContext,
+)
 from conductor.routing.sessions import Lifecycle, Step, lifecycle
 from conductor.routing.topology import Hop
 from conductor.rpc.endpoint import Endpoint, Inbound, Outgoing
@@ -159,6 +167,17 @@ class ProxyHost:
         # Sessions the router ended (idle expiry, lost), waiting for dispatch to release them.
         self.releases: deque[tuple[str, CloseReason]] = deque()
         self._handlers = proxy.handlers()
+        # Watchers by method, per side ("*" under None): looked up per notification, so
+        # keyed by plain strings (an enum's hash is Python code).
+        watchers = proxy.watchers()
+        self._watch_up = {m: w for (s, m), w in watchers.items() if s is Side.SUCCESSOR}
+        self._watch_down = {m: w for (s, m), w in watchers.items() if s is Side.PREDECESSOR}
+        self._watch_up_any = self._watch_up.pop("*", None)
+        self._watch_down_any = self._watch_down.pop("*", None)
+        # What the router calls for a notification it routes past this proxy on its
+        # shortcut (None: nothing to watch).
+        self.watch: Callable[[Notification, bool], None] | None = \
+            self.watch_inline if watchers else None
         self._routed = False   # some session has its own handlers or is ours: read sessionId
         self._dialect = Dialect.PROXY
         self._holding: Callable[[], None] | None = None
@@ -322,7 +341,23 @@ class ProxyHost:
             self._dialect = Dialect.LEGACY
         await self._route(source, msg)
 
+    def watch_inline(self, msg: Notification, from_successor: bool) -> None:
+        """`msg` is on its way past this proxy, or through it: its watcher sees it now."""
+        if from_successor:
+            watcher = self._watch_up.get(msg.method, self._watch_up_any)
+            source = Side.SUCCESSOR
+        else:
+            watcher = self._watch_down.get(msg.method, self._watch_down_any)
+            source = Side.PREDECESSOR
+        if watcher is not None:
+            try:
+                watcher(WatchContext(self, source, msg), msg)
+            except Exception as e:  # it only watches: the notification goes on regardless
+                self._log_failure(e, msg.method)
+
     async def _route(self, source: Side, msg: Call) -> None:
+        if self.watch is not None and isinstance(msg, Notification):
+            self.watch_inline(msg, source is Side.SUCCESSOR)
         if self.tools is not None and msg.method in acp.MCP_METHODS and self.tools.claims(msg):
             await self.tools.handle(msg, source)
             return
@@ -589,6 +624,7 @@ class _InboxSink:
         self._send = send
         self._host = host
         self.passes = host.passes  # the router asks the host directly: no extra call
+        self.watch = host.watch
 
     def release(self, session_id: str, reason: CloseReason) -> None:
         """Never waits: the router may end thousands of sessions at once (idle expiry), and
@@ -696,7 +732,7 @@ async def open_inprocess_hop(proxy: Proxy[Any],
         await receive(hop, message)
 
     async with open_inprocess_proxy(proxy, deliver) as sink:
-        hop = Hop(proxy.name, sink, dialect=Dialect.PROXY, passes=sink.passes,
+        hop = Hop(proxy.name, sink, dialect=Dialect.PROXY, passes=sink.passes, watch=sink.watch,
                   release=sink.release, tracer=tracer)
         yield hop
 

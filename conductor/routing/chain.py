@@ -39,7 +39,7 @@ from conductor.routing.mcp_routes import McpRoutes
 from conductor.routing.recovery import Recovery
 from conductor.routing.roles import Role
 from conductor.routing.sessions import CloseReason, Lifecycle, SessionTable, Step, lifecycle
-from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Topology
+from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Topology, Watch
 from conductor.rpc.endpoint import Inbound, Outgoing
 from conductor.rpc.failure import failure_response
 from conductor.transport.base import NotJson, Oversized, Unreadable
@@ -66,7 +66,7 @@ CANCEL_WRITE_BOUND = 5.0  # a timed-out request's cancel waits at most this long
 Starter = Callable[[], Awaitable[list[ComponentLink]]]
 # A plain notification's route: target, the in-process proxies' `passes` to ask, whether
 # it travels up, and the sender's name for traces.
-_PlainRoute = tuple[Hop, tuple[Passes, ...], bool, str]
+_PlainRoute = tuple[Hop, tuple[Passes, ...], bool, str, tuple[Watch, ...]]
 
 
 @dataclass(slots=True)
@@ -171,7 +171,11 @@ class Chain:
         target = plain[0]
         if target.failure is not None:
             return True  # as `receive` does: nowhere to go
-        return target.send_nowait(item)
+        if not target.send_nowait(item):
+            return False
+        for watch in plain[4]:  # after the send: `receive` takes it (and watches) if not sent
+            watch(item, plain[2])
+        return True
 
     def _plain(self, hop: Hop, msg: Notification) -> _PlainRoute | None:
         """Where a notification from `hop` goes when it needs no ids, hooks or wrapping (a
@@ -198,8 +202,10 @@ class Chain:
             # The hot path (streamed updates): a plain notification is sent as it came.
             plain = self._plain(hop, item)
             if plain is not None:
-                target, _, _, source = plain
+                target, _, up, source, watchers = plain
                 if target.failure is None:
+                    for watch in watchers:
+                        watch(item, up)
                     try:
                         await target.send(item, source=source)
                     except _GONE:
@@ -277,8 +283,10 @@ class Chain:
                 return  # replayed by a restarted agent's session/load: the editor has it
             plain = None if plain_tried else self._plain(hop, msg)
             if plain is not None:
-                target, _, _, source = plain
+                target, _, up, source, watchers = plain
                 if target.failure is None:
+                    for watch in watchers:
+                        watch(msg, up)
                     await self._send(target, msg, source=source)
                 return
         if not self.topology.started:
@@ -342,23 +350,32 @@ class Chain:
         # with only in-process proxies before it, and down from the client to the agent or
         # the first subprocess proxy across in-process ones, provided each of those proxies
         # would be routed past (`passes`, asked per message: the gates).
+        # Their watchers see it on the way, in the order the proxies would have.
         nodes = self.topology.nodes
         gates_up: list[Passes] = []
+        watch_up: list[Watch] = []
         for node in nodes[1:]:
             if node.role is Role.SUCCESSOR:
                 break
-            self._plain_route[node.hop] = (self.client, tuple(gates_up), True, node.name)
+            self._plain_route[node.hop] = (self.client, tuple(gates_up), True, node.name,
+                                           tuple(watch_up))
             if node.hop.passes is None:
                 break
             gates_up.insert(0, node.hop.passes)
+            if node.hop.watch is not None:
+                watch_up.insert(0, node.hop.watch)
         gates_down: list[Passes] = []
+        watch_down: list[Watch] = []
         for node in nodes[1:]:
             if node.role is Role.SUCCESSOR:
                 break
             if node.hop.passes is None:
-                self._plain_route[self.client] = (node.hop, tuple(gates_down), False, "client")
+                self._plain_route[self.client] = (node.hop, tuple(gates_down), False, "client",
+                                                  tuple(watch_down))
                 break
             gates_down.append(node.hop.passes)
+            if node.hop.watch is not None:
+                watch_down.append(node.hop.watch)
 
     # -- forwarding --------------------------------------------------------------------------
 

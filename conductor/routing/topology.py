@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from conductor import acp
-from conductor.jsonrpc.message import Message, Response
+from conductor.jsonrpc.message import Message, Notification, Response
 from conductor.routing.roles import Role
 from conductor.routing.sessions import CloseReason
 from conductor.rpc.endpoint import Endpoint
@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 # (method, travelling up from the successor side) -> True when an in-process proxy would
 # forward it untouched with nothing earlier still in its dispatch (see Chain._forward).
 Passes = Callable[[str, bool], bool]
+# (notification, travelling up): an in-process proxy's watchers see a notification the
+# router takes past it on its shortcut. Never waits; never raises.
+Watch = Callable[[Notification, bool], None]
 # (session id, why): an in-process proxy drops its state for a session the router ended
 # without a message crossing it (idle expiry, a lost session). Never waits.
 Release = Callable[[str, CloseReason], None]
@@ -41,12 +44,14 @@ class Hop(Endpoint):
     """The conductor's end of one component's connection. Everything sent on it is traced."""
 
     def __init__(self, name: str, sink: MessageSink, *, dialect: Dialect | None = None,
-                 passes: Passes | None = None, release: Release | None = None,
+                 passes: Passes | None = None, watch: Watch | None = None,
+                 release: Release | None = None,
                  tracer: TraceSink | None = None) -> None:
         super().__init__(name, sink)
         self.dialect = dialect                 # for proxies: how they spell the envelope
         self.dialect_forced = dialect is not None
         self.passes = passes                   # in-process proxies only
+        self.watch = watch                     # in-process proxies with watchers only
         self.release = release                 # in-process proxies only
         if tracer is not None:
             self.observe = functools.partial(_trace_out, tracer, name)
