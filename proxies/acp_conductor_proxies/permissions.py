@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.plugins import Proxy, ProxyContext, on
+from conductor.plugins import Proxy, ProxyContext, WatchContext, on, watch
 from conductor.validation import Regex
 
 if TYPE_CHECKING:
@@ -700,10 +700,11 @@ class Permissions(Proxy[PermissionsOptions]):
         self.log.info("%s %s (%s)", action, subject.describe(), why)
         return action, why
 
-    @on("session/update", source="successor")
-    async def update(self, ctx: ProxyContext, message: Notification) -> None:
+    @watch("session/update", source="successor")
+    def update(self, ctx: WatchContext, message: Notification) -> None:
+        # A watcher, not a handler: streamed updates keep the router's shortcut past us.
         # Cheap test first: most updates are message chunks, not tool calls.
-        if ctx.session is not None and b'"toolCallId"' in bytes(message.params or b""):
+        if b'"toolCallId"' in bytes(message.params or b"") and ctx.session is not None:
             params = message.params_value()
             update = params.get("update") if isinstance(params, dict) else None
             if isinstance(update, dict) and isinstance(update.get("toolCallId"), str):
@@ -714,7 +715,6 @@ class Permissions(Proxy[PermissionsOptions]):
                 calls[update["toolCallId"]] = known
                 if len(calls) > MAX_TOOL_CALLS:
                     del calls[next(iter(calls))]
-        await ctx.forward()
 
     @on("session/request_permission", source="successor")
     async def request_permission(self, ctx: ProxyContext, message: Request) -> JsonValue:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from conductor.plugins import Proxy, ProxyContext, on, tool_context
+from conductor.plugins import Proxy, ProxyContext, WatchContext, on, tool_context, watch
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Notification, Request
@@ -50,7 +50,9 @@ class SessionTools(Proxy[SessionToolsOptions]):
     def __init__(self, options: SessionToolsOptions | None = None) -> None:
         super().__init__(options)
         self._lines: OrderedDict[str, deque[str]] = OrderedDict()
-        self._agent_line: dict[str, str] = {}   # the agent's message being streamed
+        # The agent's message being streamed, in chunks (joined once: a long message would
+        # otherwise be copied whole for every chunk).
+        self._agent_line: dict[str, list[str]] = {}
         self._initialize: dict[str, Any] = {}
 
     # -- what it records -------------------------------------------------------------------
@@ -64,7 +66,7 @@ class SessionTools(Proxy[SessionToolsOptions]):
         lines.append(line)
 
     def _flush_agent(self, session_id: str) -> None:
-        text = self._agent_line.pop(session_id, "")
+        text = "".join(self._agent_line.pop(session_id, ()))
         if text.strip():
             self._log(session_id, f"agent: {text.strip()}")
 
@@ -88,18 +90,18 @@ class SessionTools(Proxy[SessionToolsOptions]):
         self._flush_agent(sid)
         return answer
 
-    @on("session/update", source="successor")
-    async def record_update(self, ctx: ProxyContext, note: Notification) -> None:
+    @watch("session/update", source="successor")
+    def record_update(self, ctx: WatchContext, note: Notification) -> None:
+        # A watcher: streamed updates keep the router's shortcut past this proxy.
         params = _object(note.params_value())
         sid = str(params.get("sessionId", ""))
         update = _object(params.get("update"))
         kind = update.get("sessionUpdate")
         if kind == "agent_message_chunk":
-            self._agent_line[sid] = self._agent_line.get(sid, "") + _text(update.get("content"))
+            self._agent_line.setdefault(sid, []).append(_text(update.get("content")))
         elif kind == "tool_call":
             self._flush_agent(sid)
             self._log(sid, f"tool call: {update.get('title', '')} ({update.get('kind', '')})")
-        await ctx.forward()
 
     # -- the tools ---------------------------------------------------------------------------
 

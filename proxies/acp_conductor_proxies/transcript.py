@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from conductor.errors import ConfigError
 from conductor.output import make_private_dir, open_output
-from conductor.plugins import Proxy, ProxyContext, SessionScope, on
+from conductor.plugins import Proxy, ProxyContext, SessionScope, WatchContext, on, watch
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Notification, Request
@@ -127,9 +127,9 @@ class Transcript(Proxy[TranscriptOptions]):
                         f"_Turn failed: {shown}_\n\n")
         return answer
 
-    @on("session/update", source="successor")
-    async def update(self, ctx: ProxyContext, message: Notification) -> None:
-        await ctx.forward()
+    @watch("session/update", source="successor")
+    def update(self, ctx: WatchContext, message: Notification) -> None:
+        # A watcher: streamed updates keep the router's shortcut past this proxy.
         session = ctx.session
         if session is None:
             return

@@ -62,6 +62,8 @@ NOT_RUN = {
                     " --only relay,acp+0 --phases startup,latency --json out.json",
                     " --rounds 5", " --compare /tmp/old", " --profile /tmp/prof",
                     " --markdown")},
+    "python bench/stream_proxies.py": "a benchmark: tens of seconds of CPU; "
+                                      "tests/e2e/test_bench_scripts.py runs it small",
 }
 
 # Placeholders for paths on the reader's machine.
