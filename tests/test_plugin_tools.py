@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -21,10 +22,10 @@ from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 from tests.conftest import REPO, child_env
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable
     from pathlib import Path
 
-    from conductor.jsonrpc.message import JsonValue, Request
+    from conductor.jsonrpc.message import JsonValue, Request, Response
 
 INIT = {"protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "test-agent", "version": "0"}}
@@ -431,3 +432,48 @@ async def test_the_example_in_docs_mcp_works_as_written(tmp_path: Path) -> None:
                                                           "arguments": {"ticket": "T-1"}})
     assert looked["content"][0]["text"] == "T-1: login fails on Safari (open)"
     assert closed["content"][0]["text"] == "T-1 closed"  # the test client allows
+
+
+async def test_a_server_run_that_fails_ends_its_connection_and_the_proxy_keeps_serving(
+        ) -> None:
+    give_up = anyio.Event()
+
+    @asynccontextmanager
+    async def broken(server: MCPServer) -> AsyncIterator[dict[str, Any]]:
+        await give_up.wait()  # the agent's first request is in flight by then
+        raise RuntimeError("no database")
+        yield {}  # pragma: no cover (a generator)
+
+    class Two(Proxy):
+        """A server whose lifespan fails, and one that works."""
+
+        def mcp_servers(self) -> list[Any]:
+            return [MCPServer("broken", lifespan=broken), docs_server()]
+
+    agent = McpAgent()
+    async with open_test_chain([Two()], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            bad = str((await agent.call("mcp/connect", {"serverId": next(
+                s["serverId"] for s in agent.servers[sid] if s["name"] == "broken")}))
+                ["connectionId"])
+            answers: list[Response] = []
+
+            async def initialize() -> None:
+                answers.append(await agent.request("mcp/message", {
+                    "connectionId": bad, "method": "initialize", "params": INIT}, ident=900))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(initialize)
+                await anyio.wait_all_tasks_blocked()  # the request waits on the server's answer
+                give_up.set()
+            assert answers[0].error_code() == -32603
+            assert "its MCP server 'broken' failed: RuntimeError: no database" in \
+                str(answers[0].error_value())
+            [ended] = await agent.wait_for("mcp/disconnect")
+            assert ended == {"connectionId": bad}
+            with pytest.raises(RpcError) as refused:  # the router forgot it: no stray
+                await agent.mcp(bad, "tools/list")
+            assert refused.value.code == -32602
+            good = await agent.open_mcp(sid, "docs")  # the proxy is still there
+            assert (await agent.mcp(good, "tools/list"))["tools"]
+            assert await client.new_session()

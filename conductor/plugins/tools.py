@@ -21,6 +21,7 @@ serverIds are minted per session setup, so each belongs to one session; a reload
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import uuid
@@ -325,6 +326,7 @@ class _Connection:
         self.decl = decl
         self.side = side                       # where the connector is
         self.scope = anyio.CancelScope()
+        self.closing = False                   # ended by the connector or the session
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Waiter] = {}
         to_server, self._server_in = anyio.create_memory_object_stream[
@@ -344,10 +346,11 @@ class _Connection:
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
         server = made(self.decl.offer)
+        name = self.decl.offer.declared_name
         self.servers.connections[self.ident] = self
         _tool_context.set(self.context)  # this task's context: handlers inherit it
-        log.info("%s: MCP server %s connected (%s)", self._host.name, self.decl.offer
-                 .declared_name, self.ident)
+        log.info("%s: MCP server %s connected (%s)", self._host.name, name, self.ident)
+        why = f"the MCP connection {self.ident} closed before answering"
         try:
             with self.scope:
                 async with anyio.create_task_group() as tg:
@@ -356,20 +359,31 @@ class _Connection:
                     await server.run(self._server_in, self._server_out,
                                      server.create_initialization_options())
                     tg.cancel_scope.cancel()
+        except Exception as e:
+            # A failing lifespan (or the SDK) ends this connection; it runs in the proxy's
+            # task group, so letting it escape would take the whole proxy down with it.
+            leaf = _leaf(e)
+            why = (f"proxy {self._host.name}: its MCP server {name!r} failed: "
+                   f"{type(leaf).__name__}: {leaf}")
+            log.error("%s (connection %s)", why, self.ident, exc_info=leaf)
         finally:
             for stream in (self._to_server, self._server_in, self._server_out,
                            self._from_server):
                 stream.close()
             self.servers.connections.pop(self.ident, None)
             for waiter in self._waiting.values():
-                waiter.error = mcp_types.ErrorData(
-                    code=ErrorCode.INTERNAL_ERROR,
-                    message=f"the MCP connection {self.ident} closed before answering")
+                waiter.error = mcp_types.ErrorData(code=ErrorCode.INTERNAL_ERROR,
+                                                   message=why)
                 waiter.done.set()
             self._waiting.clear()
             log.info("%s: MCP connection %s closed", self._host.name, self.ident)
+        if not self.closing:  # it ended on its own: the connector (and router) must hear
+            with contextlib.suppress(Exception):  # the connector's side may be gone too
+                await self._host.notify(acp.MCP_DISCONNECT,
+                                        payload({"connectionId": self.ident}), self.side)
 
     def close(self) -> None:
+        self.closing = True
         self._to_server.close()   # the server sees EOF and ends its run
         self.scope.cancel()
 
@@ -471,6 +485,13 @@ class _Connection:
             await self._to_server.send(SessionMessage(reply))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
+
+
+def _leaf(error: BaseException) -> BaseException:
+    """The one exception inside task-group wrappings (the group itself when several)."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 def _message(body: dict[str, Any]) -> mcp_types.JSONRPCMessage:
