@@ -17,6 +17,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
 from conductor.errors import RpcError
+from conductor.jsonrpc.message import Response, payload
 from conductor.plugins import McpOffer, Proxy, SessionSetup, tool_context
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 from tests.conftest import REPO, child_env
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
     from pathlib import Path
 
-    from conductor.jsonrpc.message import JsonValue, Request, Response
+    from conductor.jsonrpc.message import JsonValue, Request
 
 INIT = {"protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "test-agent", "version": "0"}}
@@ -477,3 +478,37 @@ async def test_a_server_run_that_fails_ends_its_connection_and_the_proxy_keeps_s
             good = await agent.open_mcp(sid, "docs")  # the proxy is still there
             assert (await agent.mcp(good, "tools/list"))["tools"]
             assert await client.new_session()
+
+
+async def test_an_agent_error_answer_with_a_malformed_code_fails_only_that_request() -> None:
+    class Color(BaseModel):
+        color: str
+
+    server = MCPServer("asker")
+
+    @server.tool()
+    async def pick(ctx: Context) -> str:
+        answer = await ctx.elicit("Which color?", Color)
+        return answer.action
+
+    async def malformed(agent: ScriptedAgent, msg: Request) -> JsonValue:
+        await agent.endpoint.send(Response(id=msg.id, error=payload(  # type: ignore[union-attr]
+            {"code": "oops", "message": "no color today"})))
+        return None  # (its own answer to an id already answered goes nowhere)
+
+    agent = McpAgent()
+    agent.replies["mcp/message"] = malformed
+    async with open_test_chain([Docs(server)], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            entry = agent.servers[sid][0]
+            conn = str((await agent.call("mcp/connect", {"serverId": entry["serverId"]}))
+                       ["connectionId"])
+            await agent.mcp(conn, "initialize", {**INIT, "capabilities": {"elicitation": {}}})
+            await agent.notify("mcp/message", {"connectionId": conn,
+                                               "method": "notifications/initialized"})
+            with pytest.raises(RpcError) as failed:  # the SDK makes it the call's error
+                await agent.mcp(conn, "tools/call", {"name": "pick", "arguments": {}})
+            assert str(failed.value).startswith("no color today")
+            assert (await agent.mcp(conn, "tools/list"))["tools"]  # the connection lives on
+    assert not agent.received_params("mcp/disconnect")

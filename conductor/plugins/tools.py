@@ -471,9 +471,13 @@ class _Connection:
             if answer.is_error:
                 error = answer.error_value()
                 error = error if isinstance(error, dict) else {}
+                code = error.get("code")
+                if not isinstance(code, int) or isinstance(code, bool):
+                    code = ErrorCode.INTERNAL_ERROR  # the connector's error is malformed:
+                    # the server still gets an error, not a crash of its connection
                 reply = mcp_types.JSONRPCError(jsonrpc="2.0", id=message.id,
                                                error=mcp_types.ErrorData(
-                                                   code=int(error.get("code", -32603)),
+                                                   code=code,
                                                    message=str(error.get("message", "")),
                                                    data=error.get("data")))
             else:
