@@ -512,3 +512,18 @@ async def test_an_agent_error_answer_with_a_malformed_code_fails_only_that_reque
             assert str(failed.value).startswith("no color today")
             assert (await agent.mcp(conn, "tools/list"))["tools"]  # the connection lives on
     assert not agent.received_params("mcp/disconnect")
+
+
+async def test_an_mcp_message_whose_params_are_not_an_object_is_refused_naming_the_proxy(
+        ) -> None:
+    agent = McpAgent()
+    async with open_test_chain([Docs()], agent) as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            for params in ([{"name": "search"}], "search"):
+                with pytest.raises(RpcError) as refused:
+                    await agent.call("mcp/message", {"connectionId": conn,
+                                                     "method": "tools/call", "params": params})
+                assert refused.value.code == -32602
+                assert "proxy docs" in str(refused.value) and "object" in str(refused.value)
+            assert (await agent.mcp(conn, "tools/list"))["tools"]

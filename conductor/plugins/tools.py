@@ -38,7 +38,7 @@ from msgspec import UNSET, Raw, UnsetType
 from conductor import acp
 from conductor.errors import PluginError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.message import Notification, Request, payload
+from conductor.jsonrpc.message import Notification, Request, error_response, payload
 from conductor.plugins.api import (
     McpOffer,
     Proxy,
@@ -263,10 +263,18 @@ class ToolServers:
                 await host.endpoint.answer(msg, _empty)
             return
         inner = acp.get_str(msg.params, "method")
-        inner_params = _inner_params(msg.params)
-        if inner is None:
+        try:
+            inner_params = _inner_params(msg.params)
+            problem = "without a method" if inner is None else None
+        except ValueError as e:
+            problem = str(e)
+        if inner is None or problem is not None:
+            text = f"Invalid params: proxy {host.name}: mcp/message {problem}"
             if isinstance(msg, Request):
-                await host.endpoint.answer(msg, _no_method)
+                await host.endpoint.send(error_response(
+                    msg.id, ErrorCode.INVALID_PARAMS, text, {"method": inner}))
+            else:
+                log.warning("%s (dropped)", text)
             return
         if isinstance(msg, Notification):
             await conn.notify_server(inner, inner_params)
@@ -304,17 +312,20 @@ async def _empty(request: Request) -> JsonValue:
     return {}
 
 
-async def _no_method(request: Request) -> JsonValue:
-    raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params: mcp/message without a method",
-                   {"method": request.method})
-
-
 def _inner_params(params: Raw | UnsetType) -> dict[str, Any] | None:
+    """The inner MCP message's params (None: it has none).
+
+    Raises:
+        ValueError: they are not an object (MCP params are named), which the server would
+            otherwise see as no params at all.
+    """
     value = acp.get_raw(params, "params")
     if value is None:
         return None
     decoded = msgspec.json.decode(value)
-    return decoded if isinstance(decoded, dict) else None
+    if decoded is not None and not isinstance(decoded, dict):
+        raise ValueError("whose params are not an object")
+    return decoded
 
 
 class _Connection:
