@@ -527,3 +527,27 @@ async def test_an_mcp_message_whose_params_are_not_an_object_is_refused_naming_t
                 assert refused.value.code == -32602
                 assert "proxy docs" in str(refused.value) and "object" in str(refused.value)
             assert (await agent.mcp(conn, "tools/list"))["tools"]
+
+
+async def test_a_call_in_flight_when_the_agent_disconnects_is_answered_naming_the_proxy(
+        ) -> None:
+    started, release, cancelled = anyio.Event(), anyio.Event(), []
+    agent = McpAgent()
+    async with open_test_chain([Docs(docs_server(started, release, cancelled))], agent) \
+            as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            answers: list[Response] = []
+
+            async def call() -> None:
+                answers.append(await agent.request("mcp/message", {
+                    "connectionId": conn, "method": "tools/call",
+                    "params": {"name": "slow", "arguments": {}}}, ident=600))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await started.wait()
+                assert await agent.call("mcp/disconnect", {"connectionId": conn}) == {}
+    assert cancelled == ["slow"]
+    assert answers[0].error_code() == -32603
+    message = str(answers[0].error_value())
+    assert "proxy docs" in message and "MCP server 'docs' closed" in message

@@ -361,7 +361,8 @@ class _Connection:
         self.servers.connections[self.ident] = self
         _tool_context.set(self.context)  # this task's context: handlers inherit it
         log.info("%s: MCP server %s connected (%s)", self._host.name, name, self.ident)
-        why = f"the MCP connection {self.ident} closed before answering"
+        why = (f"proxy {self._host.name}: the connection {self.ident} to its MCP server "
+               f"{name!r} closed before the answer (disconnected, or its session ended)")
         try:
             with self.scope:
                 async with anyio.create_task_group() as tg:
