@@ -4,6 +4,7 @@ MCP-over-ACP through the real router (the agent here is an MCP client speaking r
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from contextlib import asynccontextmanager
@@ -17,8 +18,9 @@ from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
 from conductor.errors import RpcError
-from conductor.jsonrpc.message import Response, payload
+from conductor.jsonrpc.message import Message, Request, Response, encode, payload, raw
 from conductor.plugins import McpOffer, Proxy, SessionSetup, tool_context
+from conductor.plugins.host import open_inprocess_proxy
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 from tests.conftest import REPO, child_env
 
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
     from pathlib import Path
 
-    from conductor.jsonrpc.message import JsonValue, Request
+    from conductor.jsonrpc.message import JsonValue
 
 INIT = {"protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "test-agent", "version": "0"}}
@@ -551,3 +553,45 @@ async def test_a_call_in_flight_when_the_agent_disconnects_is_answered_naming_th
     assert answers[0].error_code() == -32603
     message = str(answers[0].error_value())
     assert "proxy docs" in message and "MCP server 'docs' closed" in message
+
+
+async def test_a_message_crossing_the_proxys_own_disconnect_is_refused_not_passed_on() -> None:
+    # Over pipes, the connector's next mcp/message can cross the mcp/disconnect the proxy
+    # sends when a server run ends on its own: the proxy must answer it, not pass it on to
+    # a component that never heard of the connection (as it does with what it does not
+    # claim). Driven at the proxy's own wire, where the two cross.
+    @asynccontextmanager
+    async def broken(server: MCPServer) -> AsyncIterator[dict[str, Any]]:
+        raise RuntimeError("no database")
+        yield {}  # pragma: no cover (a generator)
+
+    to_router, from_proxy = anyio.create_memory_object_stream[Message](16)
+
+    async def next_from_proxy() -> dict[str, Any]:
+        return dict(json.loads(encode(await from_proxy.receive())))
+
+    def successor(ident: int, method: str, params: JsonValue) -> Request:
+        return Request(id=raw(ident), method="_proxy/successor",
+                       params=payload({"method": method, "params": params}))
+
+    with anyio.fail_after(5):
+        async with to_router, from_proxy, open_inprocess_proxy(
+                Docs(MCPServer("broken", lifespan=broken)), to_router.send) as proxy:
+            await proxy.send(Request(id=raw(1), method="session/new",
+                                     params=payload({"cwd": "/", "mcpServers": []})))
+            setup = await next_from_proxy()
+            [entry] = setup["params"]["params"]["mcpServers"]
+            await proxy.send(Response(id=raw(setup["id"]), result=payload({"sessionId": "s1"})))
+            assert (await next_from_proxy())["result"] == {"sessionId": "s1"}
+            await proxy.send(successor(2, "mcp/connect", {"serverId": entry["serverId"]}))
+            connected = await next_from_proxy()
+            ident = connected["result"]["connectionId"]
+            ended = await next_from_proxy()  # the run failed at once: the proxy says so
+            assert ended["params"] == {"method": "mcp/disconnect",
+                                       "params": {"connectionId": ident}}
+            await proxy.send(successor(3, "mcp/message", {  # sent before it heard
+                "connectionId": ident, "method": "initialize", "params": INIT}))
+            refused = await next_from_proxy()
+            assert refused["id"] == 3 and refused["error"]["code"] == -32602
+            assert "proxy docs" in refused["error"]["message"]
+            assert "no database" in refused["error"]["message"]

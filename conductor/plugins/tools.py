@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import logging
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -131,6 +132,10 @@ class ToolServers:
         self._declared: dict[str, _Declared] = {}
         self._by_session: dict[str, dict[str, str]] = {}   # session -> key -> serverId
         self.connections: dict[str, _Connection] = {}
+        # Connections whose server run ended on its own, and why: what the connector sent
+        # before it heard (the two cross over pipes) is answered here, not passed on to a
+        # component that never heard of the id.
+        self._ended: OrderedDict[str, str] = OrderedDict()
         self._warned = False
 
     # -- declarations --------------------------------------------------------------------
@@ -242,7 +247,7 @@ class ToolServers:
             server_id = acp.get_str(msg.params, "serverId")
             return server_id is not None and server_id in self._declared
         ident = acp.get_str(msg.params, "connectionId")
-        return ident is not None and ident in self.connections
+        return ident is not None and (ident in self.connections or ident in self._ended)
 
     async def handle(self, msg: Call, source: Side) -> None:
         """An `mcp/*` message this proxy claims (see `claims`), from `source`."""
@@ -255,7 +260,14 @@ class ToolServers:
             return
         ident = acp.get_str(msg.params, "connectionId")
         conn = self.connections.get(ident) if ident is not None else None
-        if conn is None:
+        if conn is None:  # it ended on its own (see `claims`)
+            why = self._ended.get(ident, "") if ident is not None else ""
+            if isinstance(msg, Request) and msg.method == acp.MCP_DISCONNECT:
+                await host.endpoint.answer(msg, _empty)
+            elif isinstance(msg, Request):
+                await host.endpoint.send(error_response(
+                    msg.id, ErrorCode.INVALID_PARAMS, f"Invalid params: the MCP connection "
+                    f"{ident} has ended: {why}", {"connectionId": ident}))  # why names us
             return
         if msg.method == acp.MCP_DISCONNECT:
             conn.close()
@@ -302,6 +314,11 @@ class ToolServers:
             await self._host.task_group.start(conn.run)
             return {"connectionId": conn.ident}
         return connect
+
+    def ended(self, ident: str, why: str) -> None:
+        self._ended[ident] = why
+        while len(self._ended) > MAX_CONNECTIONS:
+            self._ended.popitem(last=False)
 
     async def aclose(self) -> None:
         for conn in list(self.connections.values()):
@@ -390,6 +407,7 @@ class _Connection:
             self._waiting.clear()
             log.info("%s: MCP connection %s closed", self._host.name, self.ident)
         if not self.closing:  # it ended on its own: the connector (and router) must hear
+            self.servers.ended(self.ident, why)
             with contextlib.suppress(Exception):  # the connector's side may be gone too
                 await self._host.notify(acp.MCP_DISCONNECT,
                                         payload({"connectionId": self.ident}), self.side)
