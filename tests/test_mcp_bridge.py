@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx2
+import mcp_types
 import msgspec
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from conductor.bridge import SOCKET_ENV, TOKEN_ENV, McpBridge, open_mcp_bridge
 from conductor.bridge.relay import Relay
-from conductor.jsonrpc.message import Request, Response, raw
+from conductor.jsonrpc.message import Notification, Request, Response, raw
 from conductor.rpc.endpoint import Endpoint
 
 if TYPE_CHECKING:
@@ -407,3 +408,49 @@ async def test_a_session_whose_opening_request_fails_midway_ends_at_once() -> No
                 await http.app(scope, receive, send)
             await provider.disconnected.wait()
         assert not http.sessions and not bridge.relays
+
+
+async def test_malformed_provider_messages_reach_the_agent_as_errors_not_as_a_crash() -> None:
+    # The http transport hands the agent only valid MCP messages (it validates them), so a
+    # provider's mcp/message or answer that is not one must become an error the agent or
+    # the provider can read, never an exception in the bridge's task group.
+    sent: list[Any] = []
+    to_agent_sent: list[dict[str, Any]] = []
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        mcp_types.jsonrpc_message_adapter.validate_python(body, by_name=False)  # as http
+        to_agent_sent.append(body)
+
+    async def close_agent() -> None:
+        return None
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            class Sink:  # the chain: a provider that answers with what is not MCP
+                async def send(self, item: object) -> None:
+                    sent.append(item)
+                    if isinstance(item, Request):
+                        bad = raw(5) if len(sent) == 1 else raw({"code": "x"})
+                        answer = Response(id=item.id, result=bad) if len(sent) == 1 \
+                            else Response(id=item.id, error=bad)
+                        tg.start_soon(endpoint.settle, answer)
+
+                async def aclose(self) -> None:
+                    return None
+
+            endpoint = Endpoint("mcp-bridge", Sink())
+            relay = Relay(endpoint, tg, "c1", "srv", to_agent, close_agent)
+            await relay.from_agent({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+            await relay.from_agent({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+            await relay.from_provider(Request(id=raw(9), method="mcp/message", params=raw(
+                {"connectionId": "c1", "method": 7})))
+            await relay.from_provider(Notification(method="mcp/message", params=raw(
+                {"connectionId": "c1", "method": "notifications/message", "params": [1]})))
+    answers = {body["id"]: body for body in to_agent_sent}
+    for ident in (1, 2):
+        assert answers[ident]["error"]["code"] == -32603
+        assert "srv" in answers[ident]["error"]["message"]
+    assert len(to_agent_sent) == 2  # the malformed provider messages did not reach it
+    [refusal] = [m for m in sent if isinstance(m, Response)]
+    assert json.loads(bytes(refusal.id)) == 9
+    assert refusal.error_value()["code"] == -32602

@@ -4,8 +4,10 @@ MCP-over-ACP through the real router (the agent here is an MCP client speaking r
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -16,15 +18,17 @@ from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
 from conductor.errors import RpcError
+from conductor.jsonrpc.message import Message, Request, Response, encode, payload, raw
 from conductor.plugins import McpOffer, Proxy, SessionSetup, tool_context
+from conductor.plugins.host import open_inprocess_proxy
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 from tests.conftest import REPO, child_env
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable
     from pathlib import Path
 
-    from conductor.jsonrpc.message import JsonValue, Request
+    from conductor.jsonrpc.message import JsonValue
 
 INIT = {"protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "test-agent", "version": "0"}}
@@ -431,3 +435,163 @@ async def test_the_example_in_docs_mcp_works_as_written(tmp_path: Path) -> None:
                                                           "arguments": {"ticket": "T-1"}})
     assert looked["content"][0]["text"] == "T-1: login fails on Safari (open)"
     assert closed["content"][0]["text"] == "T-1 closed"  # the test client allows
+
+
+async def test_a_server_run_that_fails_ends_its_connection_and_the_proxy_keeps_serving(
+        ) -> None:
+    give_up = anyio.Event()
+
+    @asynccontextmanager
+    async def broken(server: MCPServer) -> AsyncIterator[dict[str, Any]]:
+        await give_up.wait()  # the agent's first request is in flight by then
+        raise RuntimeError("no database")
+        yield {}  # pragma: no cover (a generator)
+
+    class Two(Proxy):
+        """A server whose lifespan fails, and one that works."""
+
+        def mcp_servers(self) -> list[Any]:
+            return [MCPServer("broken", lifespan=broken), docs_server()]
+
+    agent = McpAgent()
+    async with open_test_chain([Two()], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            bad = str((await agent.call("mcp/connect", {"serverId": next(
+                s["serverId"] for s in agent.servers[sid] if s["name"] == "broken")}))
+                ["connectionId"])
+            answers: list[Response] = []
+
+            async def initialize() -> None:
+                answers.append(await agent.request("mcp/message", {
+                    "connectionId": bad, "method": "initialize", "params": INIT}, ident=900))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(initialize)
+                await anyio.wait_all_tasks_blocked()  # the request waits on the server's answer
+                give_up.set()
+            assert answers[0].error_code() == -32603
+            assert "its MCP server 'broken' failed: RuntimeError: no database" in \
+                str(answers[0].error_value())
+            [ended] = await agent.wait_for("mcp/disconnect")
+            assert ended == {"connectionId": bad}
+            with pytest.raises(RpcError) as refused:  # the router forgot it: no stray
+                await agent.mcp(bad, "tools/list")
+            assert refused.value.code == -32602
+            good = await agent.open_mcp(sid, "docs")  # the proxy is still there
+            assert (await agent.mcp(good, "tools/list"))["tools"]
+            assert await client.new_session()
+
+
+async def test_an_agent_error_answer_with_a_malformed_code_fails_only_that_request() -> None:
+    class Color(BaseModel):
+        color: str
+
+    server = MCPServer("asker")
+
+    @server.tool()
+    async def pick(ctx: Context) -> str:
+        answer = await ctx.elicit("Which color?", Color)
+        return answer.action
+
+    async def malformed(agent: ScriptedAgent, msg: Request) -> JsonValue:
+        await agent.endpoint.send(Response(id=msg.id, error=payload(  # type: ignore[union-attr]
+            {"code": "oops", "message": "no color today"})))
+        return None  # (its own answer to an id already answered goes nowhere)
+
+    agent = McpAgent()
+    agent.replies["mcp/message"] = malformed
+    async with open_test_chain([Docs(server)], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            entry = agent.servers[sid][0]
+            conn = str((await agent.call("mcp/connect", {"serverId": entry["serverId"]}))
+                       ["connectionId"])
+            await agent.mcp(conn, "initialize", {**INIT, "capabilities": {"elicitation": {}}})
+            await agent.notify("mcp/message", {"connectionId": conn,
+                                               "method": "notifications/initialized"})
+            with pytest.raises(RpcError) as failed:  # the SDK makes it the call's error
+                await agent.mcp(conn, "tools/call", {"name": "pick", "arguments": {}})
+            assert str(failed.value).startswith("no color today")
+            assert (await agent.mcp(conn, "tools/list"))["tools"]  # the connection lives on
+    assert not agent.received_params("mcp/disconnect")
+
+
+async def test_an_mcp_message_whose_params_are_not_an_object_is_refused_naming_the_proxy(
+        ) -> None:
+    agent = McpAgent()
+    async with open_test_chain([Docs()], agent) as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            for params in ([{"name": "search"}], "search"):
+                with pytest.raises(RpcError) as refused:
+                    await agent.call("mcp/message", {"connectionId": conn,
+                                                     "method": "tools/call", "params": params})
+                assert refused.value.code == -32602
+                assert "proxy docs" in str(refused.value) and "object" in str(refused.value)
+            assert (await agent.mcp(conn, "tools/list"))["tools"]
+
+
+async def test_a_call_in_flight_when_the_agent_disconnects_is_answered_naming_the_proxy(
+        ) -> None:
+    started, release, cancelled = anyio.Event(), anyio.Event(), []
+    agent = McpAgent()
+    async with open_test_chain([Docs(docs_server(started, release, cancelled))], agent) \
+            as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            answers: list[Response] = []
+
+            async def call() -> None:
+                answers.append(await agent.request("mcp/message", {
+                    "connectionId": conn, "method": "tools/call",
+                    "params": {"name": "slow", "arguments": {}}}, ident=600))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await started.wait()
+                assert await agent.call("mcp/disconnect", {"connectionId": conn}) == {}
+    assert cancelled == ["slow"]
+    assert answers[0].error_code() == -32603
+    message = str(answers[0].error_value())
+    assert "proxy docs" in message and "MCP server 'docs' closed" in message
+
+
+async def test_a_message_crossing_the_proxys_own_disconnect_is_refused_not_passed_on() -> None:
+    # Over pipes, the connector's next mcp/message can cross the mcp/disconnect the proxy
+    # sends when a server run ends on its own: the proxy must answer it, not pass it on to
+    # a component that never heard of the connection (as it does with what it does not
+    # claim). Driven at the proxy's own wire, where the two cross.
+    @asynccontextmanager
+    async def broken(server: MCPServer) -> AsyncIterator[dict[str, Any]]:
+        raise RuntimeError("no database")
+        yield {}  # pragma: no cover (a generator)
+
+    to_router, from_proxy = anyio.create_memory_object_stream[Message](16)
+
+    async def next_from_proxy() -> dict[str, Any]:
+        return dict(json.loads(encode(await from_proxy.receive())))
+
+    def successor(ident: int, method: str, params: JsonValue) -> Request:
+        return Request(id=raw(ident), method="_proxy/successor",
+                       params=payload({"method": method, "params": params}))
+
+    with anyio.fail_after(5):
+        async with to_router, from_proxy, open_inprocess_proxy(
+                Docs(MCPServer("broken", lifespan=broken)), to_router.send) as proxy:
+            await proxy.send(Request(id=raw(1), method="session/new",
+                                     params=payload({"cwd": "/", "mcpServers": []})))
+            setup = await next_from_proxy()
+            [entry] = setup["params"]["params"]["mcpServers"]
+            await proxy.send(Response(id=raw(setup["id"]), result=payload({"sessionId": "s1"})))
+            assert (await next_from_proxy())["result"] == {"sessionId": "s1"}
+            await proxy.send(successor(2, "mcp/connect", {"serverId": entry["serverId"]}))
+            connected = await next_from_proxy()
+            ident = connected["result"]["connectionId"]
+            ended = await next_from_proxy()  # the run failed at once: the proxy says so
+            assert ended["params"] == {"method": "mcp/disconnect",
+                                       "params": {"connectionId": ident}}
+            await proxy.send(successor(3, "mcp/message", {  # sent before it heard
+                "connectionId": ident, "method": "initialize", "params": INIT}))
+            refused = await next_from_proxy()
+            assert refused["id"] == 3 and refused["error"]["code"] == -32602
+            assert "proxy docs" in refused["error"]["message"]
+            assert "no database" in refused["error"]["message"]

@@ -95,9 +95,13 @@ class Relay:
                 answer = error_response(request.id, -32603, f"{type(e).__name__}: {e}")
             reply: dict[str, Any] = {"jsonrpc": "2.0", "id": ident}
             if answer.is_error:
-                reply["error"] = answer.error_value()
+                reply["error"] = self._mcp_error(answer.error_value())
             else:
-                reply["result"] = answer.result_value()
+                result = answer.result_value()
+                if isinstance(result, dict):
+                    reply["result"] = result
+                else:  # MCP results are objects: the agent's client would choke on it
+                    reply["error"] = self._malformed("a result that is not an object")
             if not self.closed:
                 await self.to_agent(reply)
         finally:
@@ -119,6 +123,18 @@ class Relay:
         self.endpoint.untrack_inbound(request.id, inbound)  # before: the id may come again
         await self.endpoint.send(answer)
 
+    def _mcp_error(self, error: Any) -> dict[str, Any]:
+        if isinstance(error, dict) and isinstance(error.get("code"), int) \
+                and not isinstance(error.get("code"), bool) \
+                and isinstance(error.get("message"), str):
+            return error
+        return self._malformed("an error that is not a JSON-RPC error object")
+
+    def _malformed(self, what: str) -> dict[str, Any]:
+        log.warning("%s: the MCP server answered with %s", self.name, what)
+        return {"code": -32603, "message": f"the MCP server {self.name} (through the "
+                f"conductor's bridge) answered with {what}"}
+
     def _envelope(self, method: str, params: Any) -> Any:
         body: dict[str, Any] = {"connectionId": self.connection_id, "method": method}
         if params is not None:
@@ -133,6 +149,18 @@ class Relay:
         inner: dict[str, Any] = {"jsonrpc": "2.0", "method": params.get("method")}
         if "params" in params:
             inner["params"] = params["params"]
+        if not isinstance(inner["method"], str) \
+                or not isinstance(inner.get("params", {}), dict | None):
+            # Not an MCP message: the agent's client cannot take it (http refuses to send it).
+            what = (f"Invalid params: an mcp/message for {self.name} needs a string method "
+                    "and object params (the conductor's MCP bridge passes the agent only MCP "
+                    "messages)")
+            if isinstance(msg, Request):
+                await self.endpoint.send(error_response(msg.id, -32602, what, {
+                    "connectionId": self.connection_id}))
+            else:
+                log.warning("%s (dropped)", what)
+            return
         if isinstance(msg, Request) and self.closed:  # nobody is left to answer it
             await self.endpoint.send(error_response(
                 msg.id, -32603, f"the agent's MCP session for {self.name} closed"))

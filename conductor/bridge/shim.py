@@ -54,7 +54,11 @@ def run(key: str) -> int:
     for line in from_conductor:  # the conductor -> the agent, until it closes
         out.write(line)
         out.flush()
-    return 0
+    # The conductor ended the session. The agent may still hold our stdin open, with the
+    # upstream thread blocked in a read that holds stdin's lock: a normal interpreter exit
+    # then aborts on that lock ("Fatal Python error", SIGABRT). Nothing is left to clean
+    # up (stdout is flushed, the socket closes with the process), so leave at once.
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,9 +21,11 @@ serverIds are minted per session setup, so each belongs to one session; a reload
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -37,7 +39,7 @@ from msgspec import UNSET, Raw, UnsetType
 from conductor import acp
 from conductor.errors import PluginError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.message import Notification, Request, payload
+from conductor.jsonrpc.message import Notification, Request, error_response, payload
 from conductor.plugins.api import (
     McpOffer,
     Proxy,
@@ -130,6 +132,10 @@ class ToolServers:
         self._declared: dict[str, _Declared] = {}
         self._by_session: dict[str, dict[str, str]] = {}   # session -> key -> serverId
         self.connections: dict[str, _Connection] = {}
+        # Connections whose server run ended on its own, and why: what the connector sent
+        # before it heard (the two cross over pipes) is answered here, not passed on to a
+        # component that never heard of the id.
+        self._ended: OrderedDict[str, str] = OrderedDict()
         self._warned = False
 
     # -- declarations --------------------------------------------------------------------
@@ -241,7 +247,7 @@ class ToolServers:
             server_id = acp.get_str(msg.params, "serverId")
             return server_id is not None and server_id in self._declared
         ident = acp.get_str(msg.params, "connectionId")
-        return ident is not None and ident in self.connections
+        return ident is not None and (ident in self.connections or ident in self._ended)
 
     async def handle(self, msg: Call, source: Side) -> None:
         """An `mcp/*` message this proxy claims (see `claims`), from `source`."""
@@ -254,7 +260,14 @@ class ToolServers:
             return
         ident = acp.get_str(msg.params, "connectionId")
         conn = self.connections.get(ident) if ident is not None else None
-        if conn is None:
+        if conn is None:  # it ended on its own (see `claims`)
+            why = self._ended.get(ident, "") if ident is not None else ""
+            if isinstance(msg, Request) and msg.method == acp.MCP_DISCONNECT:
+                await host.endpoint.answer(msg, _empty)
+            elif isinstance(msg, Request):
+                await host.endpoint.send(error_response(
+                    msg.id, ErrorCode.INVALID_PARAMS, f"Invalid params: the MCP connection "
+                    f"{ident} has ended: {why}", {"connectionId": ident}))  # why names us
             return
         if msg.method == acp.MCP_DISCONNECT:
             conn.close()
@@ -262,10 +275,18 @@ class ToolServers:
                 await host.endpoint.answer(msg, _empty)
             return
         inner = acp.get_str(msg.params, "method")
-        inner_params = _inner_params(msg.params)
-        if inner is None:
+        try:
+            inner_params = _inner_params(msg.params)
+            problem = "without a method" if inner is None else None
+        except ValueError as e:
+            problem = str(e)
+        if inner is None or problem is not None:
+            text = f"Invalid params: proxy {host.name}: mcp/message {problem}"
             if isinstance(msg, Request):
-                await host.endpoint.answer(msg, _no_method)
+                await host.endpoint.send(error_response(
+                    msg.id, ErrorCode.INVALID_PARAMS, text, {"method": inner}))
+            else:
+                log.warning("%s (dropped)", text)
             return
         if isinstance(msg, Notification):
             await conn.notify_server(inner, inner_params)
@@ -294,6 +315,11 @@ class ToolServers:
             return {"connectionId": conn.ident}
         return connect
 
+    def ended(self, ident: str, why: str) -> None:
+        self._ended[ident] = why
+        while len(self._ended) > MAX_CONNECTIONS:
+            self._ended.popitem(last=False)
+
     async def aclose(self) -> None:
         for conn in list(self.connections.values()):
             conn.close()
@@ -303,17 +329,20 @@ async def _empty(request: Request) -> JsonValue:
     return {}
 
 
-async def _no_method(request: Request) -> JsonValue:
-    raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params: mcp/message without a method",
-                   {"method": request.method})
-
-
 def _inner_params(params: Raw | UnsetType) -> dict[str, Any] | None:
+    """The inner MCP message's params (None: it has none).
+
+    Raises:
+        ValueError: they are not an object (MCP params are named), which the server would
+            otherwise see as no params at all.
+    """
     value = acp.get_raw(params, "params")
     if value is None:
         return None
     decoded = msgspec.json.decode(value)
-    return decoded if isinstance(decoded, dict) else None
+    if decoded is not None and not isinstance(decoded, dict):
+        raise ValueError("whose params are not an object")
+    return decoded
 
 
 class _Connection:
@@ -325,6 +354,7 @@ class _Connection:
         self.decl = decl
         self.side = side                       # where the connector is
         self.scope = anyio.CancelScope()
+        self.closing = False                   # ended by the connector or the session
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Waiter] = {}
         to_server, self._server_in = anyio.create_memory_object_stream[
@@ -344,10 +374,12 @@ class _Connection:
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
         server = made(self.decl.offer)
+        name = self.decl.offer.declared_name
         self.servers.connections[self.ident] = self
         _tool_context.set(self.context)  # this task's context: handlers inherit it
-        log.info("%s: MCP server %s connected (%s)", self._host.name, self.decl.offer
-                 .declared_name, self.ident)
+        log.info("%s: MCP server %s connected (%s)", self._host.name, name, self.ident)
+        why = (f"proxy {self._host.name}: the connection {self.ident} to its MCP server "
+               f"{name!r} closed before the answer (disconnected, or its session ended)")
         try:
             with self.scope:
                 async with anyio.create_task_group() as tg:
@@ -356,20 +388,32 @@ class _Connection:
                     await server.run(self._server_in, self._server_out,
                                      server.create_initialization_options())
                     tg.cancel_scope.cancel()
+        except Exception as e:
+            # A failing lifespan (or the SDK) ends this connection; it runs in the proxy's
+            # task group, so letting it escape would take the whole proxy down with it.
+            leaf = _leaf(e)
+            why = (f"proxy {self._host.name}: its MCP server {name!r} failed: "
+                   f"{type(leaf).__name__}: {leaf}")
+            log.error("%s (connection %s)", why, self.ident, exc_info=leaf)
         finally:
             for stream in (self._to_server, self._server_in, self._server_out,
                            self._from_server):
                 stream.close()
             self.servers.connections.pop(self.ident, None)
             for waiter in self._waiting.values():
-                waiter.error = mcp_types.ErrorData(
-                    code=ErrorCode.INTERNAL_ERROR,
-                    message=f"the MCP connection {self.ident} closed before answering")
+                waiter.error = mcp_types.ErrorData(code=ErrorCode.INTERNAL_ERROR,
+                                                   message=why)
                 waiter.done.set()
             self._waiting.clear()
             log.info("%s: MCP connection %s closed", self._host.name, self.ident)
+        if not self.closing:  # it ended on its own: the connector (and router) must hear
+            self.servers.ended(self.ident, why)
+            with contextlib.suppress(Exception):  # the connector's side may be gone too
+                await self._host.notify(acp.MCP_DISCONNECT,
+                                        payload({"connectionId": self.ident}), self.side)
 
     def close(self) -> None:
+        self.closing = True
         self._to_server.close()   # the server sees EOF and ends its run
         self.scope.cancel()
 
@@ -457,9 +501,13 @@ class _Connection:
             if answer.is_error:
                 error = answer.error_value()
                 error = error if isinstance(error, dict) else {}
+                code = error.get("code")
+                if not isinstance(code, int) or isinstance(code, bool):
+                    code = ErrorCode.INTERNAL_ERROR  # the connector's error is malformed:
+                    # the server still gets an error, not a crash of its connection
                 reply = mcp_types.JSONRPCError(jsonrpc="2.0", id=message.id,
                                                error=mcp_types.ErrorData(
-                                                   code=int(error.get("code", -32603)),
+                                                   code=code,
                                                    message=str(error.get("message", "")),
                                                    data=error.get("data")))
             else:
@@ -471,6 +519,13 @@ class _Connection:
             await self._to_server.send(SessionMessage(reply))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
+
+
+def _leaf(error: BaseException) -> BaseException:
+    """The one exception inside task-group wrappings (the group itself when several)."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 def _message(body: dict[str, Any]) -> mcp_types.JSONRPCMessage:

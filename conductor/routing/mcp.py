@@ -243,6 +243,7 @@ class McpInjection:
             present = {s.name for s in msgspec.json.decode(acp.get_raw(params, "mcpServers")
                                                           or b"[]", type=list[_Named])}
         except (msgspec.MsgspecError, RecursionError):
+            self._refuse_required("the session setup's mcpServers is not a list of servers")
             log.warning("session setup has an mcpServers value that is not a list; "
                         "global MCP servers not injected")
             return params
@@ -265,4 +266,15 @@ class McpInjection:
         try:
             return acp.append_to_list(params, "mcpServers", extra)
         except (ValueError, msgspec.MsgspecError):
+            self._refuse_required("the session setup's params cannot take mcpServers")
             return params
+
+    def _refuse_required(self, reason: str) -> None:
+        """Nothing can be injected: a required server means the setup is refused.
+
+        Raises:
+            McpRefusedError: one of the servers is required.
+        """
+        for server in self.servers:
+            if server.required:
+                raise McpRefusedError(server.name, reason)

@@ -221,8 +221,16 @@ class McpRoutes:
                     answer.id, ErrorCode.INTERNAL_ERROR,
                     f"{decl.provider.name} answered mcp/connect without a connectionId",
                     {"component": decl.provider.name, "serverId": decl.server_id})
-            if decl.server_id not in self.declarations or decl.provider.hop.failure is not None:
-                return answer  # released meanwhile: the next message is refused
+            if decl.provider.hop.failure is not None:
+                return answer  # the provider is gone: the next message is refused
+            if decl.server_id not in self.declarations:
+                # Released meanwhile (its session closed): nobody can reach the connection
+                # the provider opened, so it is ended there, and the connector told so.
+                await self._tell(decl.provider, connector, provider_ident, request=True)
+                return error_response(
+                    answer.id, ErrorCode.INVALID_PARAMS,
+                    f"Invalid params: serverId {decl.server_id!r} was released while "
+                    "connecting (its session closed)", {"serverId": decl.server_id})
             conn = Connection(f"mcp-{next(self._ids)}", provider_ident, decl.server_id,
                               decl.provider, connector, session)
             stale = self._by_provider.get((decl.provider.name, provider_ident))

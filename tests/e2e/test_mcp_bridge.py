@@ -3,6 +3,8 @@ client inside a real agent process) reach a plugin's tool through the conductor.
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -76,3 +78,44 @@ def test_with_the_bridge_off_the_agent_gets_no_acp_server(tmp_path: Path) -> Non
     result = run(chain(tmp_path, "http", bridge="off"), "find x")
     assert result.returncode == 0, result.stderr
     assert "servers: []" in result.stdout
+
+
+def test_a_shim_whose_session_the_conductor_ends_exits_cleanly_while_the_agent_holds_stdin(
+        tmp_path: Path) -> None:
+    # The conductor ends the session (the provider disconnected, its session closed) while
+    # the agent's MCP client still holds the shim's stdin open: the shim's reader thread is
+    # then blocked in a read of stdin, and a normal interpreter exit aborted on its lock
+    # (SIGABRT, "Fatal Python error" on the agent's stderr) most of the time. A few runs
+    # make that chance a near-certain failure.
+    path = str(tmp_path / "bridge.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(1)
+        for _ in range(4):
+            shim = subprocess.Popen(
+                conductor_argv("mcp-shim", "key"), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=child_env(ACP_CONDUCTOR_MCP_SOCKET=path, ACP_CONDUCTOR_MCP_TOKEN="t"))
+            try:
+                conn, _ = listener.accept()
+                with conn, conn.makefile("rb") as lines:
+                    assert json.loads(lines.readline()) == {"server": "key", "token": "t"}
+                    conn.sendall(b'{"ok":true}\n')
+                    assert shim.stdin is not None and shim.stdout is not None
+                    shim.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+                    shim.stdin.flush()
+                    assert json.loads(lines.readline())["method"] == "ping"
+                    conn.sendall(b'{"jsonrpc":"2.0","id":1,"result":{}}\n')
+                    assert json.loads(shim.stdout.readline()) == {
+                        "jsonrpc": "2.0", "id": 1, "result": {}}
+                    conn.shutdown(socket.SHUT_RDWR)  # the conductor ends the session
+                returncode = shim.wait(timeout=30)
+                assert shim.stderr is not None
+                stderr = shim.stderr.read().decode()
+            finally:
+                if shim.poll() is None:
+                    shim.kill()
+                for stream in (shim.stdin, shim.stdout, shim.stderr):
+                    if stream is not None:
+                        stream.close()
+            assert (returncode, stderr) == (0, "")

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from conductor.config import ConfigError, load_chain, mcp_servers
-from conductor.routing.mcp import McpInjection, McpServer
+from conductor.routing.mcp import McpInjection, McpRefusedError, McpServer
 from tests.conftest import child_env, conductor_argv
 
 STDIO = McpServer("files", "stdio", command="/usr/bin/files", args=("--x",), env=(("A", "1"),))
@@ -120,3 +120,14 @@ def test_injection_leaves_params_nested_too_deeply_as_they_are() -> None:
     inj.learn_initialize(1, msgspec.Raw(b'{"agentCapabilities":' + deep + b"}"))
     params = msgspec.Raw(b'{"cwd":"/w","mcpServers":' + deep + b"}")
     assert inj.apply(params) is params
+
+
+@pytest.mark.parametrize("servers", [b'{"a":1}', b'"x"', b"[" * 5000 + b"]" * 5000])
+def test_a_required_server_that_cannot_be_added_refuses_the_setup_naming_it(
+        servers: bytes) -> None:
+    # `required` promises the agent has the server or the session is refused: a setup
+    # whose mcpServers is not a list of entries cannot take it.
+    inj = McpInjection([McpServer("files", "stdio", command="/usr/bin/files", required=True)])
+    with pytest.raises(McpRefusedError) as refused:
+        inj.apply(msgspec.Raw(b'{"cwd":"/w","mcpServers":' + servers + b"}"))
+    assert refused.value.name == "files" and "mcpServers" in refused.value.reason

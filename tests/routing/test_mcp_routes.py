@@ -453,3 +453,35 @@ async def test_an_expired_session_ends_its_connections_like_a_closed_one() -> No
     assert h.chain.mcp_routes.connections == {}
     assert h.chain.mcp_routes.declarations == {}
     await h.frame("client", {"id": disconnect["id"], "result": {}})
+
+
+async def test_a_connect_answered_after_its_session_closed_is_refused_and_ended_at_the_provider(
+        ) -> None:
+    # The provider opened a connection nobody can reach any more (the serverId is gone): it
+    # must hear mcp/disconnect, and the agent must not get the provider's own id as if the
+    # connection were usable.
+    h = Harness()
+    await h.start()
+    await h.new_session("s1", [acp_server("tools", "ed-1")], [])
+    ident = await h.agent_asks("mcp/connect", {"serverId": "ed-1"})
+    connect = h.out["client"].take()
+    assert connect["method"] == "mcp/connect"
+    await h.frame("client", {"id": 50, "method": "session/close", "params": {"sessionId": "s1"}})
+    at_proxy = h.out["proxy"].take()
+    await h.frame("proxy", {"id": "pc", "method": "_proxy/successor", "params": {
+        "method": "session/close", "params": {"sessionId": "s1"}}})
+    at_agent = h.out["agent"].take()
+    await h.frame("agent", {"id": at_agent["id"], "result": {}})
+    await h.frame("proxy", {"id": at_proxy["id"], "result": {}})
+    assert h.chain.mcp_routes.declarations == {}
+    h.out["client"].sent.clear()
+    await h.frame("client", {"id": connect["id"], "result": {"connectionId": "late"}})
+    refused = h.out["agent"].take()
+    assert refused["id"] == ident
+    assert refused["error"]["code"] == -32602
+    assert "ed-1" in refused["error"]["message"]
+    disconnect = h.out["client"].take()
+    assert disconnect["method"] == "mcp/disconnect"
+    assert disconnect["params"] == {"connectionId": "late"}
+    await h.frame("client", {"id": disconnect["id"], "result": {}})
+    assert h.chain.mcp_routes.connections == {}
