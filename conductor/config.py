@@ -88,7 +88,7 @@ class ComponentSpec:
     secret_env: list[str] = field(default_factory=list)  # env names whose values traces redact
     # -- reliability (docs/reliability.md) --
     restart: Literal["never", "on-failure"] = "never"  # start it again when it exits unexpectedly
-    max_restarts: int = 5        # consecutive failed runs before it is given up
+    max_restarts: int = 5        # restarts in a row; the failure after them gives it up
     optional: bool = False       # a proxy the chain goes on without when it fails for good
 
     def __post_init__(self) -> None:

@@ -215,8 +215,9 @@ async def serve_connection(
                 started = early.take(launch) if early is not None else None
                 async with open_component(launch, on_stderr, started=started) as comp, \
                         anyio.create_task_group() as inner:
-                    hop = Hop(launch.name, PipeSink(comp.stdin), dialect=spec.dialect,
-                              tracer=tracer)
+                    deaf = anyio.Event()  # writing to its stdin failed
+                    hop = Hop(launch.name, PipeSink(comp.stdin, on_broken=deaf.set),
+                              dialect=spec.dialect, tracer=tracer)
                     run = (comp, hop)
                     components.append(run)
                     stopped.append(done)
@@ -257,8 +258,23 @@ async def serve_connection(
                         attaching.cancel()  # the chain stops: no point bringing it back
                         wake.set()
 
+                    async def stop_if_deaf() -> None:
+                        # Usually its stdin closed because it died, and its reader reports
+                        # that. One that closed it and runs on can never be reached again:
+                        # left running, what it holds and all sent to it would wait forever.
+                        await deaf.wait()
+                        with anyio.move_on_after(launch.shutdown_grace):
+                            await comp.wait_exited()
+                            return
+                        if stop.is_set() or outcome:  # we closed it: it is being stopped
+                            return
+                        log.warning("%s closed its stdin but is still running: stopping it",
+                                    launch.name)
+                        await comp.stop(launch.shutdown_grace)  # its reader sees the exit
+
                     inner.start_soon(read)
                     inner.start_soon(on_stop)
+                    inner.start_soon(stop_if_deaf)
                     if first:
                         task_status.started((comp, hop))
                     else:

@@ -2,7 +2,8 @@
 
 Bounded back-off: the first restart waits `FIRST` seconds, each consecutive failure twice as
 long up to `CAP`; a run that lasted `STABLE` seconds or more counts as healthy and starts
-the count again. After `max_restarts` consecutive failures the component is given up.
+the count again. It is restarted at most `max_restarts` times in a row: the failure after
+that gives it up.
 No clock here: the caller says how long the run lasted.
 """
 

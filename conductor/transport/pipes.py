@@ -66,13 +66,18 @@ _deferred: ContextVar[_Deferral | None] = ContextVar("deferred_sinks", default=N
 class PipeSink:
     """A MessageSink that encodes onto a byte stream (a child's stdin, our stdout)."""
 
-    __slots__ = ("_broken", "_buffer", "_closed", "_stream", "_wait", "_write", "_writing")
+    __slots__ = ("_broken", "_buffer", "_closed", "_on_broken", "_stream", "_wait", "_write",
+                 "_writing")
 
-    def __init__(self, stream: ByteSendStream) -> None:
+    def __init__(self, stream: ByteSendStream, *,
+                 on_broken: Callable[[], None] | None = None) -> None:
         self._stream = stream
         self._closed = False
         self._buffer = bytearray()
         self._broken: BaseException | None = None
+        # Told once when the peer stops reading: deferred writes swallow the error, and a
+        # peer that closed its input yet runs on never shows EOF to its reader.
+        self._on_broken = on_broken
         self._writing = anyio.Lock(fast_acquire=True)  # one write() in flight per pipe
         # A stream may offer `write_nowait(data) -> int` (write what fits now) and
         # `wait_writable()` (FdSendStream). Then a flush that finds the pipe with room costs
@@ -130,7 +135,7 @@ class PipeSink:
             try:
                 await self._write_all([pending + head, memoryview(payload), b"}\n"])
             except _GONE as e:
-                self._broken = e
+                self._break(e)
                 raise anyio.BrokenResourceError from e
 
     async def flush(self) -> None:
@@ -144,8 +149,14 @@ class PipeSink:
             try:
                 await self._write_all([data])
             except _GONE as e:
-                self._broken = e
+                self._break(e)
                 raise anyio.BrokenResourceError from e
+
+    def _break(self, error: BaseException) -> None:
+        first = self._broken is None
+        self._broken = error
+        if first and self._on_broken is not None:
+            self._on_broken()
 
     async def _write_all(self, chunks: list[bytearray | bytes | memoryview]) -> None:
         """Write `chunks` in order (the caller holds `_writing`). Cancelled part-way, what
@@ -185,7 +196,7 @@ class PipeSink:
         try:
             written = self._write(self._buffer)
         except _GONE as e:
-            self._broken = e
+            self._break(e)
             raise anyio.BrokenResourceError from e
         if written == len(self._buffer):
             self._buffer = bytearray()

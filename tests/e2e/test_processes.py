@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from conductor.supervise.watchdog import SCRIPT as WATCHDOG_SCRIPT
+from tests.faults.kit import faulty_argv
 from tests.wire_client import ConductorProcess, agent_cmd, chain_args, open_conductor, proxy_cmd
 
 
@@ -130,6 +131,35 @@ async def test_proxy_crash_mid_request_answers_the_editor_naming_the_proxy(
         assert error["data"]["stderrTail"] == ["relay-proxy: crashing on _test/echo"]
         assert f"{name}: exited with status 7" in error["message"]
     assert f"{name}| relay-proxy: crashing on _test/echo" in c.stderr_text
+
+
+@pytest.mark.parametrize(("proxies", "deaf"), [(0, "agent"), (1, "p0")])
+async def test_a_component_that_closes_its_stdin_but_runs_on_is_stopped_and_answers_name_it(
+        tmp_path: Path, proxies: int, deaf: str) -> None:
+    # Nothing can reach it any more: without this, what it held and everything sent to it
+    # after would wait forever (no request_timeout), and it would run until the chain ends.
+    pidfile = tmp_path / "deaf.pid"
+    flags = ["--deaf-at=3", f"--pidfile={pidfile}"]
+    body = "[conductor]\nshutdown_grace = 0.2\n\n"
+    for i in range(proxies):
+        body += (f'[[proxy]]\nname = "p{i}"\ncommand = '
+                 f'{faulty_argv("--role", "proxy", "--name", f"p{i}", *flags)}\n\n')
+    body += f"[agent]\ncommand = {faulty_argv('--name', 'agent', *flags)}\n"
+    async with open_conductor("--chain", write_chain(tmp_path, body)) as c:
+        await c.initialize()
+        sid = await c.new_session()
+        await c.send({"jsonrpc": "2.0", "id": "held", "method": "session/prompt",
+                      "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]}})
+        await c.wait_stderr(f"faulty {deaf}: deaf at step 3")
+        await c.send({"jsonrpc": "2.0", "id": "after", "method": "session/new",
+                      "params": {"cwd": "/", "mcpServers": []}})
+        answers = [await c.response("after"), await c.response("held")]
+        assert await c.wait() == 3
+    for answer in answers:
+        assert answer["error"]["code"] == -33001, answer
+        assert answer["error"]["data"]["component"] == deaf, answer
+    assert f"{deaf} closed its stdin but is still running" in c.stderr_text
+    await wait_all_gone([int(pidfile.read_text(encoding="utf-8"))])
 
 
 @pytest.mark.parametrize("which", ["agent", "proxy"])

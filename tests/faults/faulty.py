@@ -15,6 +15,7 @@ initialize is step 1, the first session/new step 2, and so on. At its step, a fa
   --huge-at N       answer it with a result of --huge-bytes bytes
   --flood-at N      send --flood-count session/update notifications up first, then handle it
   --fail-init       answer initialize with an error (step 1)
+  --deaf-at N       close its stdin and keep running (stdout open), never answering
 
 Process behaviours: --ignore-term (SIGTERM is ignored), --linger (keeps running after
 stdin EOF), --grandchild FILE (starts a sleeping grandchild in a session of its own,
@@ -86,6 +87,11 @@ class Faulty:
             self.crash()
         if step == a.silent_at:
             return True
+        if step == a.deaf_at:
+            os.close(0)  # nothing can reach it any more, yet it runs on
+            sys.stderr.write(f"faulty {a.name}: deaf at step {step}\n")
+            sys.stderr.flush()
+            time.sleep(300)
         if step == a.garbage_at:
             self.out.write(b"faulty: garbage \x1b[31mnot json\x1b[0m\n")
             self.out.write(b"\xff\xfe\xfd raw bytes\n")
@@ -222,7 +228,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--role", choices=["agent", "proxy"], default="agent")
     parser.add_argument("--name", default="faulty")
-    for fault in ("crash", "silent", "garbage", "deep", "huge", "flood"):
+    for fault in ("crash", "silent", "garbage", "deep", "huge", "flood", "deaf"):
         parser.add_argument(f"--{fault}-at", type=int, default=0, metavar="N")
     parser.add_argument("--depth", type=int, default=5000)
     parser.add_argument("--huge-bytes", type=int, default=2 * 1024 * 1024)

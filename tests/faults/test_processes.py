@@ -131,7 +131,8 @@ async def test_a_crash_answers_every_pending_request_naming_the_component(
 # -- processes that will not go ---------------------------------------------------------------
 
 @pytest.mark.parametrize(("faulty", "length", "end"), [
-    ("agent", 0, "eof"), ("p0", 1, "sigterm"), ("p1", 2, "sigint"), ("agent", 2, "sigkill")])
+    ("agent", 0, "eof"), ("p0", 1, "sigterm"), ("p1", 2, "sigint"), ("agent", 2, "sigkill"),
+    ("p0", 1, "sighup")])
 async def test_nothing_outlives_the_conductor_however_it_ends(
         tmp_path: Path, faulty: str, length: int, end: str) -> None:
     pidfile, grandchild = tmp_path / "faulty.pid", tmp_path / "grandchild.pid"
@@ -145,9 +146,9 @@ async def test_nothing_outlives_the_conductor_however_it_ends(
             await c.close_stdin()
         else:
             c.signal({"sigterm": signal.SIGTERM, "sigint": signal.SIGINT,
-                      "sigkill": signal.SIGKILL}[end])
+                      "sigkill": signal.SIGKILL, "sighup": signal.SIGHUP}[end])
         code = await c.wait()
-    assert code == {"eof": 0, "sigterm": 143, "sigint": 130, "sigkill": -9}[end]
+    assert code == {"eof": 0, "sigterm": 143, "sigint": 130, "sigkill": -9, "sighup": -1}[end]
     assert running(pids) == []
 
 
