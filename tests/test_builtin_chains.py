@@ -63,6 +63,15 @@ def test_chains_lists_every_built_in_chain_with_what_it_does(tmp_path: Path) -> 
     assert shown.stdout == (BUILTIN_CHAINS / "permissions.toml").read_text(encoding="utf-8")
 
 
+def test_every_built_in_chain_is_listed_with_a_whole_sentence() -> None:
+    # `chains` shows a file's first comment line only: a sentence that runs on into the
+    # next line is shown cut off mid-way ("... an MCP server (chain,").
+    for path in BUILTIN_CHAINS.glob("*.toml"):
+        text = description(path)
+        assert text.endswith("."), (path.name, text)
+        assert text.count("(") == text.count(")"), (path.name, text)
+
+
 def test_chains_name_prints_the_built_in_even_beside_a_folder_of_that_name(
         tmp_path: Path) -> None:
     (tmp_path / "demo").mkdir()
