@@ -2,8 +2,9 @@
 
 Static checks only (nothing is started; `check` starts the chain): Python, where
 `acp-conductor` is and whether PATH finds it, every component's program on PATH, node for
-npm agents, the remote extra for `url` components, the variables the chain references, and that trace and log files can be
-written. One `ok` / `warn` / `fail` line each; exit 1 when anything fails.
+npm agents, the remote extra for `url` components, the variables the chain references,
+and that trace and log files can be written. One `ok` / `warn` / `fail` line each; exit 1
+when anything fails.
 """
 
 from __future__ import annotations
