@@ -53,6 +53,17 @@ def test_built_in_chain_names_complete_in_the_shell(tmp_path: Path) -> None:
     assert done.stdout.splitlines() == ["plain,demo", "file,de"]
 
 
+def test_the_name_chains_prints_completes_to_built_in_names_only(tmp_path: Path) -> None:
+    # `acp-conductor chains permissions > my.toml` is how docs say to start a chain file;
+    # NAME is never a file, so no file names are offered.
+    env = child_env(COMP_WORDS="acp-conductor chains per", COMP_CWORD="2",
+                    _ACP_CONDUCTOR_COMPLETE="bash_complete")
+    script = Path(sys.executable).parent / "acp-conductor"
+    done = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.stdout.splitlines() == ["plain,permissions"]
+
+
 def test_chains_lists_every_built_in_chain_with_what_it_does(tmp_path: Path) -> None:
     result = conductor("chains", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -61,6 +72,15 @@ def test_chains_lists_every_built_in_chain_with_what_it_does(tmp_path: Path) -> 
         assert description(path) and description(path) in result.stdout
     shown = conductor("chains", "permissions", cwd=tmp_path)
     assert shown.stdout == (BUILTIN_CHAINS / "permissions.toml").read_text(encoding="utf-8")
+
+
+def test_every_built_in_chain_is_listed_with_a_whole_sentence() -> None:
+    # `chains` shows a file's first comment line only: a sentence that runs on into the
+    # next line is shown cut off mid-way ("... an MCP server (chain,").
+    for path in BUILTIN_CHAINS.glob("*.toml"):
+        text = description(path)
+        assert text.endswith("."), (path.name, text)
+        assert text.count("(") == text.count(")"), (path.name, text)
 
 
 def test_chains_name_prints_the_built_in_even_beside_a_folder_of_that_name(

@@ -5,6 +5,7 @@ reader's first hour. Placeholders (FILE, CMD..., AGENT) stand for the reader's v
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from typing import TYPE_CHECKING
@@ -73,3 +74,20 @@ def test_every_command_a_doc_names_in_its_text_exists_with_the_options_it_gives(
     text = doc.read_text(encoding="utf-8")
     found = {line: problems(line) for line in INLINE.findall(text)}
     assert {line: p for line, p in found.items() if p} == {}
+
+
+def test_the_readme_s_editor_settings_are_json_that_start_a_command_that_exists() -> None:
+    # Zed's settings.json and JetBrains' acp.json are pasted as they are: a stray comma
+    # or a field the editor does not know costs the reader an editor that shows nothing.
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = [json.loads(b) for b in re.findall(r"^```json\n(.*?)^```", text, re.M | re.S)]
+    servers = [s for b in blocks for s in b.get("agent_servers", {}).values()]
+    assert len(servers) == 2  # Zed, JetBrains
+    for server in servers:
+        assert set(server) <= {"type", "command", "args", "env"}, server
+        assert server["command"] == "acp-conductor"
+        assert all(isinstance(a, str) for a in server["args"]) and server["env"] == {}
+        assert problems(shlex.join([server["command"], *server["args"]])) == []
+    assert servers[0]["type"] == "custom"  # Zed: a custom agent, not an extension's
+    acpx = [b["agents"] for b in blocks if "agents" in b]
+    assert [problems(a["command"]) for agents in acpx for a in agents.values()] == [[]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 from conductor.cli.doctor import (
@@ -116,6 +117,17 @@ def test_a_remote_agent_is_named_with_its_address_and_its_header_variables_check
     assert found["agent"] == Finding("ok", "agent", "remote, at wss://build-box:8765/acp")
     assert found["${AGENT_TOKEN}"].status == "fail"
     assert "agent.headers.Authorization needs it" in found["${AGENT_TOKEN}"].detail
+
+
+def test_a_remote_component_without_the_remote_extra_installed_is_a_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `check` would fail on it ("remote components need the remote extra"): doctor must not
+    # call the same chain ok.
+    monkeypatch.setitem(sys.modules, "httpx_ws", None)  # None: `import httpx_ws` fails
+    found = findings(tmp_path, '[agent]\nurl = "wss://build-box:8765/acp"\n', {"PATH": ""})
+    assert found["agent"].status == "fail"
+    assert "remote extra" in found["agent"].detail
+    assert "docs/remote.md" in found["agent"].detail
 
 
 def test_a_program_path_that_is_not_executable_or_a_folder_says_which_and_the_fix(

@@ -10,6 +10,7 @@ import atexit
 import importlib
 import logging
 import os
+import shlex
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
@@ -53,6 +54,15 @@ class LazyGroup(click.Group):
         return command
 
 
+def waiting_hint(mode: str, chain_file: str | None) -> str:
+    """What a chain started from a terminal says: it waits for JSON-RPC, not for a prompt."""
+    hint = "acp-conductor: waiting for an ACP client to send initialize on stdin"
+    if mode == "agent" and chain_file is not None:
+        return (f"{hint}; an editor starts this command. To try the chain from a terminal: "
+                f'acp-conductor run --chain {shlex.quote(chain_file)} "hello"')
+    return f"{hint}; an editor (or a conductor, for a proxy) starts this command"
+
+
 def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
     """Serve the editor on our stdin/stdout with `config`'s chain, then exit."""
     from conductor.early_start import start_early
@@ -60,6 +70,10 @@ def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
 
     options = globals_of(ctx)
     wire = claim_stdout()  # before any plugin is imported: a print() never reaches the wire
+    # Typed into a shell, not started by an editor: say why it is quiet. (stdin may be
+    # closed: sys.stdin is then None.)
+    if sys.stdin is not None and sys.stdin.isatty():
+        click.echo(waiting_hint(mode, options.chain_file), err=True)
     with options.trace_sink(config) as tracer:
         # Before the event loop and the router are imported: when the editor's initialize
         # is already waiting, the components start now and boot while we do.

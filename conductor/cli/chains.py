@@ -12,6 +12,8 @@ from conductor.errors import ConfigError
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from click.shell_completion import CompletionItem
+
 
 def description(path: Path) -> str:
     """A chain file's first comment line, without its leading `name:`."""
@@ -23,8 +25,18 @@ def description(path: Path) -> str:
     return ""
 
 
+def _complete_name(ctx: click.Context, param: click.Parameter,
+                   incomplete: str) -> list[CompletionItem]:
+    """Built-in chain names only: NAME is never a file."""
+    from click.shell_completion import CompletionItem
+
+    from conductor.config import builtin_chains
+
+    return [CompletionItem(n) for n in builtin_chains() if n.startswith(incomplete)]
+
+
 @click.command("chains")
-@click.argument("name", required=False)
+@click.argument("name", required=False, shell_complete=_complete_name)
 @handle_errors
 def chains_command(name: str | None) -> None:
     """List the built-in chains, or print the one called NAME (to start your own from it).

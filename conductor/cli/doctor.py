@@ -2,8 +2,9 @@
 
 Static checks only (nothing is started; `check` starts the chain): Python, where
 `acp-conductor` is and whether PATH finds it, every component's program on PATH, node for
-npm agents, the variables the chain references, and that trace and log files can be
-written. One `ok` / `warn` / `fail` line each; exit 1 when anything fails.
+npm agents, the remote extra for `url` components, the variables the chain references,
+and that trace and log files can be written. One `ok` / `warn` / `fail` line each; exit 1
+when anything fails.
 """
 
 from __future__ import annotations
@@ -168,6 +169,19 @@ def _variable_findings(config: ChainConfig, environ: dict[str, str]) -> list[Fin
     return out
 
 
+def remote_finding(name: str, url: str) -> Finding:
+    """A component at `url` needs the remote extra's client libraries to be reached."""
+    from conductor.transport.websocket import REMOTE_EXTRA_HINT
+
+    try:
+        import httpx  # noqa: F401
+        import httpx_ws  # noqa: F401
+    except ImportError:
+        return Finding("fail", name, f"remote, at {url}: reaching it needs the remote extra, "
+                                     f"which is not installed: {REMOTE_EXTRA_HINT}")
+    return Finding("ok", name, f"remote, at {url}")
+
+
 def chain_findings(path: str, environ: dict[str, str]) -> list[Finding]:
     from conductor.config import component_argv
     from conductor.plan import read_chain
@@ -193,7 +207,7 @@ def chain_findings(path: str, environ: dict[str, str]) -> list[Finding]:
                                                f"{type(proxy).__qualname__}"))
             continue
         if spec.remote:  # reached over the network: `check` tries the connection
-            out.append(Finding("ok", name, f"remote, at {spec.url}"))
+            out.append(remote_finding(name, spec.url or ""))
             continue
         try:
             argv = component_argv(spec, file=config.source, where=where,

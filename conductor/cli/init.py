@@ -36,9 +36,9 @@ AGENTS = {
         "Codex", '"npx -y @zed-industries/codex-acp"', ("OPENAI_API_KEY", "CODEX_API_KEY"),
         "log in once with `codex login`, or export OPENAI_API_KEY"),
     "gemini": KnownAgent(
-        "Gemini CLI", '"npx -y @google/gemini-cli --experimental-acp"', ("GEMINI_API_KEY",),
-        "log in once with `gemini`, or export GEMINI_API_KEY (with Gemini CLI installed "
-        "globally, `gemini --experimental-acp` starts faster)"),
+        "Gemini CLI", '"npx -y @google/gemini-cli --acp"', ("GEMINI_API_KEY",),
+        "log in once with `gemini`, or export GEMINI_API_KEY (with Gemini CLI 0.33 or later "
+        "installed globally, `gemini --acp` starts faster)"),
     "demo": KnownAgent(
         "the built-in demo agent", '["${PYTHON}", "-m", "conductor.demo_agent"]', (),
         "it needs none: it is deterministic and local, for trying chains"),

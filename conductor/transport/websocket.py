@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
     from conductor.transport.base import Handle, HandleNowait
 
-REMOTE_EXTRA_HINT = "pip install 'acp-conductor[remote]'"
+# acp-conductor is not on PyPI: the extra comes from the checkout or wheel it was installed from.
+REMOTE_EXTRA_HINT = ("install it from your checkout, pip install '/path/to/acp-conductor[remote]' "
+                     "(or from a wheel, 'acp_conductor-*.whl[remote]'; docs/remote.md)")
 CONNECT_TIMEOUT = 30.0
 PING_INTERVAL = 20.0  # a peer that stops answering pings is a dropped connection
 MESSAGE_TOO_BIG: Final = 1009  # the WebSocket close code

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -41,3 +43,37 @@ def test_acpx_answers_the_agents_permission_request_through_the_chain(tmp_path: 
     done = acpx(tmp_path, "--approve-all", "exec", "please write a file")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Write notes.txt (completed)" in done.stdout
+
+
+def readme_acpx_config(command: str) -> str:
+    """The README's ~/.acpx/config.json, its chain swapped for `command`."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    (config,) = [b for b in re.findall(r"^```json\n(.*?)^```", text, re.M | re.S)
+                 if '"agents"' in b]
+    assert "acp-conductor --chain /home/me/chains/chain.toml" in config
+    return config.replace("acp-conductor --chain /home/me/chains/chain.toml", command)
+
+
+def test_the_readme_s_acpx_config_file_is_what_acpx_accepts(tmp_path: Path) -> None:
+    # The README tells the reader to put this in ~/.acpx/config.json and run
+    # `acpx conductor exec ...`, or `acpx conductor sessions new` first for a session.
+    assert ACPX is not None, "CI must have acpx: .ci/run installs it"
+    (tmp_path / ".acpx").mkdir()
+    config = readme_acpx_config(shlex.join(conductor_argv("--chain", "demo")))
+    json.loads(config)  # the block itself is valid JSON
+    (tmp_path / ".acpx" / "config.json").write_text(config, encoding="utf-8")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([ACPX, "--cwd", str(tmp_path), *args], capture_output=True,
+                              text=True, timeout=90, env=child_env(HOME=str(tmp_path)))
+
+    done = run("conductor", "exec", "review this patch")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "You said: review this patch" in done.stdout
+    made = run("conductor", "sessions", "new")
+    assert made.returncode == 0, made.stdout + made.stderr
+    done = run("conductor", "a second prompt")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "You said: a second prompt" in done.stdout
+    closed = run("conductor", "sessions", "close")
+    assert closed.returncode == 0, closed.stdout + closed.stderr

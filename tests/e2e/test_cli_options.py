@@ -7,6 +7,9 @@ Issue 10: `run --trace` and `proxy --chain` were refused (`No such option`), and
 from __future__ import annotations
 
 import json
+import os
+import pty
+import selectors
 import subprocess
 from typing import TYPE_CHECKING
 
@@ -69,3 +72,31 @@ def test_options_that_are_not_json_are_a_usage_error_for_serve_proxy() -> None:
     assert done.returncode == 2, done.stderr
     assert "Invalid value for --options: not JSON" in done.stderr
     assert "internal error" not in done.stderr and done.stdout == ""
+
+
+def test_a_chain_started_from_a_terminal_says_on_stderr_that_it_waits_for_an_editor() -> None:
+    # `acp-conductor --chain demo` typed into a shell sat silent, waiting for JSON-RPC: a
+    # newcomer took it for a hang. An editor never gives it a terminal, so it never sees this.
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(conductor_argv("--chain", "demo"), env=child_env(), stdin=terminal,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.close(terminal)
+    try:
+        assert proc.stderr is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stderr, selectors.EVENT_READ)
+            assert sel.select(timeout=30), "nothing on stderr"
+        line = proc.stderr.readline().decode()
+        assert "waiting for an ACP client" in line
+        assert 'acp-conductor run --chain demo "hello"' in line
+    finally:
+        os.close(controller)  # the terminal hangs up: stdin ends
+        out, _ = proc.communicate(timeout=30)
+    assert out == b""  # the wire stays clean
+
+
+def test_a_chain_started_by_an_editor_says_nothing_about_terminals() -> None:
+    done = subprocess.run(conductor_argv("--chain", "demo"), env=child_env(),
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                          check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")

@@ -45,6 +45,15 @@ def test_the_chain_for_each_known_agent_loads_with_its_example_proxies_enabled(
         assert len(plan) == proxies + 1
 
 
+def test_no_known_agent_is_started_with_a_deprecated_acp_flag(tmp_path: Path) -> None:
+    # `npx -y` runs the newest release: Gemini CLI 0.33 made `--acp` its flag and prints a
+    # deprecation warning for `--experimental-acp` (qwen-code did the same).
+    for agent in AGENTS:
+        text = chain_text(agent, AGENTS[agent], tmp_path / "chain.toml")
+        assert "--experimental-acp" not in text, agent
+    assert AGENTS["gemini"].command == '"npx -y @google/gemini-cli --acp"'
+
+
 def test_init_writes_a_chain_that_runs_and_never_overwrites_one(tmp_path: Path) -> None:
     result = conductor("init", "--agent", "demo", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

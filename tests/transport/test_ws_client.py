@@ -5,6 +5,7 @@ a real one would not (stop reading, fragment without end)."""
 from __future__ import annotations
 
 import errno
+import sys
 from typing import TYPE_CHECKING
 
 import anyio
@@ -121,3 +122,18 @@ async def test_an_os_error_raised_inside_the_connection_block_keeps_its_own_caus
     assert not isinstance(error, ConnectionError), error
     assert error is mine or (isinstance(error, BaseExceptionGroup)
                              and error.subgroup(lambda e: e is mine) is not None), error
+
+
+async def test_without_the_remote_extra_the_error_says_how_to_install_it_from_a_checkout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # acp-conductor is not on PyPI: "pip install 'acp-conductor[remote]'" fails, or installs
+    # whatever someone else published under that name.
+    monkeypatch.setitem(sys.modules, "httpx_ws", None)  # None: `import httpx_ws` fails
+    with pytest.raises(ConnectionError) as caught:
+        async with open_ws_client("ws://127.0.0.1:9/acp", {}):
+            pass
+    message = str(caught.value)
+    assert "remote extra" in message
+    assert "'acp-conductor[remote]'" not in message
+    assert "/path/to/acp-conductor[remote]" in message
+    assert "docs/remote.md" in message
