@@ -149,7 +149,8 @@ def test_a_bad_chain_file_exits_2_with_the_key(tmp_path: Path) -> None:
 
 
 def test_timeout_cancels_the_turn_and_exits_124() -> None:
-    result = run("run", "--chain", DEMO, "hang", "--json", "--timeout", "0.5")
+    # --timeout covers set-up too: long enough that a loaded machine still sends the prompt.
+    result = run("run", "--chain", DEMO, "hang", "--json", "--timeout", "2")
     assert result.returncode == 124, result.stderr
     lines = events(result.stdout)
     assert lines[-1]["cancelledBy"] == "timeout"
@@ -463,8 +464,8 @@ def test_giving_up_on_a_turn_sends_session_cancel_and_never_a_cancel_request(
     argv = [sys.executable, str(BIN / "scripted_agent.py"), "--prompt-hangs", "--record",
             str(record)]
     chain.write_text(f"[agent]\ncommand = {json.dumps(argv)}\n", encoding="utf-8")
-    result = run("run", "--chain", str(chain), "hello", "--json", "--timeout", "0.3",
-                 "--cancel-grace", "0.3")
+    result = run("run", "--chain", str(chain), "hello", "--json", "--timeout", "2",
+                 "--cancel-grace", "0.3")  # --timeout: set-up done even on a loaded machine
     assert result.returncode == 124, result.stderr
     methods = [json.loads(line).get("method") for line in record.read_text().splitlines()]
     assert "session/cancel" in methods
