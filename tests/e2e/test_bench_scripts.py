@@ -17,5 +17,7 @@ def test_stream_proxies_prints_each_proxys_rate_against_passthrough(tmp_path: Pa
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()[1:]}
     assert set(rows) == {"passthrough", "permissions"}
-    assert rows["passthrough"][1] == "×1.00"
-    assert rows["permissions"][0].endswith("k") and rows["permissions"][1].startswith("×")
+    times = "\N{MULTIPLICATION SIGN}"
+    assert rows["passthrough"][1] == f"{times}1.00"
+    assert rows["permissions"][0].endswith("k")
+    assert rows["permissions"][1].startswith(times)
