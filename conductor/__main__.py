@@ -1,3 +1,3 @@
-from conductor.cli.app import main
+from conductor.cli.entry import main
 
 main()

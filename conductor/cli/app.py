@@ -6,22 +6,15 @@ Nothing but JSON-RPC ever goes to stdout while serving.
 
 from __future__ import annotations
 
-import atexit
 import importlib
-import logging
-import os
-import shlex
 import sys
-from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.exits import epilog
+from conductor.cli.serving import serve
 from conductor.errors import ExitCode
-
-if TYPE_CHECKING:
-    from conductor.config import ChainConfig
 
 # name -> "module:attribute"; imported on first use
 LAZY_COMMANDS = {
@@ -54,65 +47,6 @@ class LazyGroup(click.Group):
         return command
 
 
-def waiting_hint(mode: str, chain_file: str | None) -> str:
-    """What a chain started from a terminal says: it waits for JSON-RPC, not for a prompt."""
-    hint = "acp-conductor: waiting for an ACP client to send initialize on stdin"
-    if mode == "agent" and chain_file is not None:
-        return (f"{hint}; an editor starts this command. To try the chain from a terminal: "
-                f'acp-conductor run --chain {shlex.quote(chain_file)} "hello"')
-    return f"{hint}; an editor (or a conductor, for a proxy) starts this command"
-
-
-def serve(config: ChainConfig, ctx: click.Context, mode: str) -> None:
-    """Serve the editor on our stdin/stdout with `config`'s chain, then exit."""
-    from conductor.early_start import start_early
-    from conductor.transport.claim import claim_stdout
-
-    options = globals_of(ctx)
-    wire = claim_stdout()  # before any plugin is imported: a print() never reaches the wire
-    # Typed into a shell, not started by an editor: say why it is quiet. (stdin may be
-    # closed: sys.stdin is then None.)
-    if sys.stdin is not None and sys.stdin.isatty():
-        click.echo(waiting_hint(mode, options.chain_file), err=True)
-    with options.trace_sink(config) as tracer:
-        # Before the event loop and the router are imported: when the editor's initialize
-        # is already waiting, the components start now and boot while we do.
-        early = start_early(config, mode, max_frame_bytes=options.max_frame_bytes)
-        try:
-            from conductor.cli import loop
-            from conductor.serve import RunOptions, serve_chain
-            from conductor.tracing.sink import run_flushed
-            from conductor.transport.stdio import stdio_streams
-
-            stdin, stdout = stdio_streams(wire, early.unread)
-            run = RunOptions(mode=mode, max_frame_bytes=options.max_frame_bytes, tracer=tracer,
-                             early=early)
-            code = loop.run(run_flushed, tracer, serve_chain, config, stdin, stdout, run)
-        finally:
-            early.discard()  # started, but the chain stopped before serving them
-    exit_now(code)
-
-
-def exit_now(code: int) -> NoReturn:
-    """Exit once everything is written, without tearing the interpreter down.
-
-    The editor waits for our exit; a Python that has imported the serving modules spends
-    40-50 ms after its last line (finalising modules, collecting objects) doing nothing
-    anyone observes. The wire, the trace and the logs are flushed and closed first, and
-    `atexit` handlers (a plugin's included) still run.
-    """
-    if sys.getprofile() is not None:  # under cProfile (bench --profile): let it write its file
-        sys.exit(code)
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass  # a closed or broken stream: nothing left to say on it
-    os._exit(code)
-
-
 @click.group(cls=LazyGroup, invoke_without_command=True,
              epilog=epilog("Exit codes", ExitCode),
              context_settings={"help_option_names": ["-h", "--help"]})
@@ -141,7 +75,7 @@ def main(ctx: click.Context) -> None:
         click.echo("\nacp-conductor: error: give --chain FILE, or a command such as `agent`",
                    err=True)
         sys.exit(ExitCode.USAGE)
-    serve(read_chain(chain_file), ctx, "agent")
+    serve(read_chain(chain_file), globals_of(ctx), "agent")
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -158,7 +92,7 @@ def agent(ctx: click.Context, commands: tuple[str, ...]) -> None:
 
     if globals_of(ctx).chain_file:
         raise click.UsageError("give either --chain FILE or agent COMMANDS, not both")
-    serve(chain_from_commands(list(commands), with_agent=True), ctx, "agent")
+    serve(chain_from_commands(list(commands), with_agent=True), globals_of(ctx), "agent")
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -182,7 +116,7 @@ def proxy(ctx: click.Context, commands: tuple[str, ...]) -> None:
         config = read_chain(chain_file)
     else:
         config = chain_from_commands(list(commands), with_agent=False)
-    serve(config, ctx, "proxy")
+    serve(config, globals_of(ctx), "proxy")
 
 
 @main.command("mcp-shim", hidden=False)

@@ -8,59 +8,17 @@ subcommand and after it alike (`acp-conductor --trace t.jsonl run ...` and
 from __future__ import annotations
 
 import functools
-import logging
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
-from conductor.errors import ConductorError, ConfigError, ExitCode
+from conductor.cli.guard import LEVELS, Globals, errors_reported
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
     from click.shell_completion import CompletionItem
 
-    from conductor.config import ChainConfig
-    from conductor.tracing.sink import JsonlTraceSink
-
-log = logging.getLogger("acp_conductor")
 F = TypeVar("F", bound=Callable[..., Any])
-LEVELS = ("debug", "info", "warning", "error")
-
-
-@dataclass
-class Globals:
-    """The global options as finally given (group and subcommand merged)."""
-
-    chain_file: str | None = None
-    log_level: str = "warning"
-    log_file: str | None = None
-    max_frame_bytes: int | None = None
-    trace: str | None = None
-    trace_unredacted: bool = False
-
-    def chain(self) -> str:
-        """The chain file to use.
-
-        Raises:
-            ConfigError: none was given.
-        """
-        if not self.chain_file:
-            raise ConfigError("give --chain FILE", field="--chain")
-        return self.chain_file
-
-    def trace_sink(self, config: ChainConfig | None
-                   ) -> AbstractContextManager[JsonlTraceSink | None]:
-        """The `--trace` file for a run of `config`'s chain (None without --trace), hiding
-        its secrets unless --trace-unredacted."""
-        from conductor.config import trace_redactor
-        from conductor.tracing.sink import open_trace_sink
-
-        return open_trace_sink(self.trace,
-                               trace_redactor(config, unredacted=self.trace_unredacted))
 
 
 def _record(field: str) -> Callable[[click.Context, click.Parameter, Any], None]:
@@ -121,36 +79,13 @@ def globals_of(ctx: click.Context) -> Globals:
 
 def handle_errors(func: F) -> F:
     """Logging as the options say, then: our errors as a one-line message and an exit
-    code, never a traceback. Usage errors stay click's (exit 2, with the usage line)."""
+    code, never a traceback (`guard.errors_reported`). Usage errors stay click's (exit 2,
+    with the usage line)."""
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from conductor.cli.logs import configure_logging
-
         ctx = click.get_current_context(silent=True)
-        if ctx is not None:
-            options = globals_of(ctx)
-            try:
-                configure_logging(options.log_level, options.log_file)
-            except ConductorError as e:
-                _fail(e)
-        try:
+        options = globals_of(ctx) if ctx is not None else None
+        with errors_reported(options, passthrough=(click.exceptions.Exit,
+                                                   click.ClickException)):
             return func(*args, **kwargs)
-        except ConductorError as e:
-            _fail(e)
-        except click.exceptions.Exit:
-            raise
-        except click.ClickException:
-            raise  # bad usage: click prints it with the usage line, exit 2
-        except KeyboardInterrupt:
-            sys.exit(ExitCode.SIGINT)
-        except Exception as e:  # the last line of defence: a message, not a traceback
-            log.debug("internal error", exc_info=True)
-            click.echo(f"acp-conductor: internal error: {type(e).__name__}: {e} "
-                       "(run with --log-level debug for details)", err=True)
-            sys.exit(ExitCode.FAILED)
     return cast("F", wrapper)  # functools.wraps keeps the signature
-
-
-def _fail(error: ConductorError) -> None:
-    click.echo(f"acp-conductor: error: {error}", err=True)
-    sys.exit(type(error).exit_code)

@@ -1,0 +1,45 @@
+"""The `acp-conductor` command's entry point: the editor's own invocation, without click.
+
+An editor starts `acp-conductor --chain FILE` and waits for its `initialize` to be
+answered; importing click is ≈ 7-10 ms of that start-up (docs/performance.md). Exactly
+that command line (or `--chain=FILE`) is served here; every other one, and anything
+unusual about this one, goes to click (cli/app.py), which would do the same with it
+(tests/test_cli_entry.py holds the two to that).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+COMPLETION_VAR = "_ACP_CONDUCTOR_COMPLETE"  # click's shell completion for this command
+
+
+def main() -> None:
+    chain_file = editor_invocation(sys.argv[1:])
+    if chain_file is None:
+        from conductor.cli.app import main as with_click
+
+        with_click()
+        return
+    from conductor.cli.guard import Globals, errors_reported
+    from conductor.cli.serving import serve
+    from conductor.plan import read_chain
+
+    options = Globals(chain_file=chain_file)
+    with errors_reported(options):
+        serve(read_chain(chain_file), options, "agent")
+
+
+def editor_invocation(argv: list[str]) -> str | None:
+    """The chain file of `--chain FILE` / `--chain=FILE` alone; None for anything else."""
+    if len(argv) == 2 and argv[0] == "--chain":
+        value = argv[1]
+    elif len(argv) == 1 and argv[0].startswith("--chain="):
+        value = argv[0].removeprefix("--chain=")
+    else:
+        return None
+    if not value or value.startswith("-") or os.environ.get(COMPLETION_VAR) \
+            or os.path.isdir(value):
+        return None  # click's own answer (a usage error, completion): not the editor's case
+    return value

@@ -1,0 +1,102 @@
+"""What a command does around its work, without click: the global options' values, and
+errors reported as one line and an exit code, never a traceback.
+
+Click-free because the editor's own invocation (`acp-conductor --chain FILE`) is served
+without importing click (cli/entry.py); the click commands use the same (cli/context.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NoReturn
+
+from conductor.errors import ConductorError, ConfigError, ExitCode
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from contextlib import AbstractContextManager
+
+    from conductor.config import ChainConfig
+    from conductor.tracing.sink import JsonlTraceSink
+
+log = logging.getLogger("acp_conductor")
+LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass
+class Globals:
+    """The global options as finally given (group and subcommand merged)."""
+
+    chain_file: str | None = None
+    log_level: str = "warning"
+    log_file: str | None = None
+    max_frame_bytes: int | None = None
+    trace: str | None = None
+    trace_unredacted: bool = False
+
+    def chain(self) -> str:
+        """The chain file to use.
+
+        Raises:
+            ConfigError: none was given.
+        """
+        if not self.chain_file:
+            raise ConfigError("give --chain FILE", field="--chain")
+        return self.chain_file
+
+    def trace_sink(self, config: ChainConfig | None
+                   ) -> AbstractContextManager[JsonlTraceSink | None]:
+        """The `--trace` file for a run of `config`'s chain (None without --trace), hiding
+        its secrets unless --trace-unredacted."""
+        from conductor.config import trace_redactor
+        from conductor.tracing.sink import open_trace_sink
+
+        return open_trace_sink(self.trace,
+                               trace_redactor(config, unredacted=self.trace_unredacted))
+
+
+def say(text: str) -> None:
+    """One line on stderr, if there is one to write to."""
+    if sys.stderr is None:
+        return
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # a closed or broken stderr: nothing left to say it on
+
+
+def fail(error: ConductorError) -> NoReturn:
+    say(f"acp-conductor: error: {error}")
+    sys.exit(type(error).exit_code)
+
+
+@contextmanager
+def errors_reported(options: Globals | None, *,
+                    passthrough: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Logging as `options` say, then run the body: our errors become a one-line message
+    and their exit code; anything else too, as an internal error (never a traceback).
+    `passthrough`: exceptions the caller reports itself (click's usage errors)."""
+    from conductor.cli.logs import configure_logging
+
+    if options is not None:
+        try:
+            configure_logging(options.log_level, options.log_file)
+        except ConductorError as e:
+            fail(e)
+    try:
+        yield
+    except ConductorError as e:
+        fail(e)
+    except passthrough:
+        raise
+    except KeyboardInterrupt:
+        sys.exit(ExitCode.SIGINT)
+    except Exception as e:  # the last line of defence: a message, not a traceback
+        log.debug("internal error", exc_info=True)
+        say(f"acp-conductor: internal error: {type(e).__name__}: {e} "
+            "(run with --log-level debug for details)")
+        sys.exit(ExitCode.FAILED)

@@ -1,0 +1,91 @@
+"""The editor's own command line (`acp-conductor --chain FILE`) is served without click, and
+says exactly what click's path would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+import pytest
+from click.testing import CliRunner
+
+from conductor.cli import entry
+from conductor.cli.app import main as with_click
+from tests.conftest import child_env, conductor_argv
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+@pytest.mark.parametrize(("argv", "chain"), [
+    (["--chain", "chain.toml"], "chain.toml"),
+    (["--chain=chain.toml"], "chain.toml"),
+    (["--chain", "demo"], "demo"),
+    (["--chain", "chain.toml", "--log-level", "info"], None),
+    (["--log-level", "info", "--chain", "chain.toml"], None),
+    (["run", "--chain", "demo", "hi"], None),
+    (["agent", "python proxy.py"], None),
+    (["--chain"], None),
+    (["--chain="], None),
+    (["--chain", "--help"], None),
+    (["--chain", "-"], None),
+    (["--help"], None),
+    ([], None),
+])
+def test_only_the_editors_own_command_line_skips_click(argv: list[str],
+                                                        chain: str | None) -> None:
+    assert entry.editor_invocation(argv) == chain
+
+
+def test_a_directory_or_shell_completion_is_left_to_click(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert entry.editor_invocation(["--chain", str(tmp_path)]) is None
+    monkeypatch.setenv(entry.COMPLETION_VAR, "bash_complete")
+    assert entry.editor_invocation(["--chain", "demo"]) is None
+
+
+BAD_CHAINS = {
+    "missing": None,
+    "not-toml": "[agent\n",
+    "unknown-field": '[agent]\ncommand = ["x"]\ncolour = "red"\n',
+    "no-agent": '[[proxy]]\nuse = "passthrough"\n',
+    "empty-command": "[agent]\ncommand = []\n",
+    "unknown-proxy": '[[proxy]]\nuse = "nope"\n\n[agent]\ncommand = ["x"]\n',
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CHAINS))
+def test_a_bad_chain_file_is_reported_as_click_reports_it(
+        case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "chain.toml"
+    if BAD_CHAINS[case] is not None:
+        path.write_text(BAD_CHAINS[case], encoding="utf-8")
+    clicked = CliRunner().invoke(with_click, ["--chain", str(path)])
+
+    monkeypatch.setattr(sys, "argv", ["acp-conductor", "--chain", str(path)])
+    with pytest.raises(SystemExit) as exited:
+        entry.main()
+    fast = capsys.readouterr()
+    assert exited.value.code == clicked.exit_code == 2
+    assert fast.out == clicked.stdout == ""
+    assert fast.err == clicked.stderr
+    assert fast.err.startswith(f"acp-conductor: error: {path}")
+
+
+def test_the_editors_command_line_answers_initialize_without_importing_click() -> None:
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {}}}
+    python, *rest = conductor_argv("--chain", "demo")
+    done = subprocess.run([python, "-X", "importtime", *rest],
+                          input=json.dumps(init) + "\n", capture_output=True, text=True,
+                          env=child_env(), timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.splitlines()[0])
+    assert answer["id"] == 1 and answer["result"]["agentInfo"]["name"] == "demo-agent"
+    imported = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "conductor.serve" in imported  # the import log is what it seems
+    assert "click" not in imported
