@@ -60,6 +60,7 @@ class ExitCode(ExplainedCode):
     FAILED = 1, "internal error"
     USAGE = 2, "bad configuration or usage; the message names the file, the field and a fix"
     COMPONENT = 3, "a component failed to start, or exited while the chain was running"
+    SIGHUP = 129, "stopped by SIGHUP (its terminal closed), after a graceful shutdown"
     SIGINT = 130, "stopped by SIGINT, after a graceful shutdown"
     SIGTERM = 143, "stopped by SIGTERM, after a graceful shutdown"
 

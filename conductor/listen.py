@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 import anyio
 
 from conductor.config import trace_redactor
-from conductor.errors import ConfigError, ExitCode
+from conductor.errors import ConfigError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Batch, Request, error_response
 from conductor.plan import plan_chain
 from conductor.serve import RunOptions, serve_connection
+from conductor.supervise.signals import EXIT_SIGNAL, stop_signals
 from conductor.tracing.sink import open_trace_sink
 from conductor.transport.http import PATH, AcpEndpoint, Gate, serve_asgi
 
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("acp_conductor.remote")
 
-EXIT_SIGNAL = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
 MIN_TOKEN_CHARS = 16
 
 
@@ -233,7 +233,7 @@ async def serve_listener(config: ChainConfig, settings: ListenSettings, *,
             running.discard(client)
 
     async def watch_signals() -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with anyio.open_signal_receiver(*stop_signals()) as signals:
             async for signum in signals:
                 log.info("received %s: shutting down", signal.Signals(signum).name)
                 received.append(signum)

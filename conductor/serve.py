@@ -24,7 +24,6 @@ from conductor.errors import (
     ComponentExitedError,
     ComponentStartError,
     ComponentStoppedError,
-    ExitCode,
 )
 from conductor.plan import RemoteSpec, ask_providers, is_plugin, plan_chain
 from conductor.routing.chain import Chain
@@ -33,6 +32,7 @@ from conductor.routing.roles import Role
 from conductor.routing.topology import ComponentLink, Hop
 from conductor.supervise.component import EXIT_DRAIN, Component, open_component
 from conductor.supervise.restart import Backoff
+from conductor.supervise.signals import EXIT_SIGNAL, stop_signals
 from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("acp_conductor")
 stderr_log = logging.getLogger("acp_conductor.stderr")
 
-EXIT_SIGNAL = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
 RELAY_WAIT = 0.5  # at shutdown, how long in-process proxies get to relay a failure answer
 
 
@@ -431,7 +430,7 @@ async def serve_connection(
             stop.set()
 
         async def watch_signals() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            with anyio.open_signal_receiver(*stop_signals()) as signals:
                 async for signum in signals:
                     log.info("received %s: shutting down", signal.Signals(signum).name)
                     outcome.signal = signum

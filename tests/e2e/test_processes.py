@@ -444,3 +444,29 @@ async def test_a_request_the_agent_holds_at_shutdown_is_blamed_on_the_agent_not_
     error = answer["error"]
     assert error["data"]["component"] == "agent", error
     assert error["message"].startswith("agent: was stopped before answering"), error
+
+
+def test_under_nohup_sighup_is_ignored_and_the_chain_serves_on() -> None:
+    import subprocess
+
+    from tests.conftest import child_env, conductor_argv
+
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {}}}
+    new = {"jsonrpc": "2.0", "id": 2, "method": "session/new",
+           "params": {"cwd": "/", "mcpServers": []}}
+    with subprocess.Popen(["nohup", *conductor_argv("--chain", "demo")], env=child_env(),
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(init).encode() + b"\n")
+            proc.stdin.flush()
+            assert json.loads(proc.stdout.readline())["id"] == 1
+            proc.send_signal(signal.SIGHUP)  # the terminal it was started from closed
+            out, err = proc.communicate(json.dumps(new).encode() + b"\n", timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert json.loads(out.splitlines()[0])["id"] == 2
