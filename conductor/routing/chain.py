@@ -423,8 +423,15 @@ class Chain:
         downward = target.index > source.index
         # An in-process proxy with no handler for this message, and nothing earlier in its
         # queue, would forward it untouched: route past it and save the hop entirely.
+        # Its watchers see a notification routed past it, as on the plain route.
+        seen: Notification | None = None
         while not direct and target.role is Role.PROXY and target.hop.passes is not None \
                 and target.hop.passes(method, not downward):
+            if target.hop.watch is not None and isinstance(msg, Notification):
+                if seen is None:
+                    seen = msg if msg.method == method else \
+                        Notification(method=method, params=params)
+                target.hop.watch(seen, not downward)
             target = self.topology.nodes[target.index + (1 if downward else -1)]
         is_request = isinstance(msg, Request)
         out_method, out_params = method, params
