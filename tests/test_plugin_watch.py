@@ -256,3 +256,19 @@ async def test_a_watcher_sees_updates_the_router_routes_past_it_on_the_full_rout
             await client.wait_for("session/update", 5)
     assert client.agent_text(sid) == "01234"
     assert [line.partition(":")[2] for line in counts.lines] == ["0", "1", "2", "3", "4"]
+
+
+async def test_a_watcher_sees_the_editors_notification_even_when_the_agent_is_gone() -> None:
+    # A proxy with a handler would be handed it (and its forward would go nowhere): a
+    # watcher on the shortcut sees it too, as on the full route.
+    watcher, agent = WatchesCancels(), ScriptedAgent()
+    async with open_test_chain([watcher], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await agent.hang_up()
+            while (await client.request("session/prompt", {
+                    "sessionId": sid, "prompt": []})).is_error is False:
+                pass
+            await client.notify("session/cancel", {"sessionId": sid})
+            await client.request("session/prompt", {"sessionId": sid, "prompt": []})
+    assert watcher.methods == ["session/cancel"]

@@ -169,13 +169,12 @@ class Chain:
         if plain is None:
             return False
         target = plain[0]
-        if target.failure is not None:
-            return True  # as `receive` does: nowhere to go
-        if not target.send_nowait(item):
-            return False
-        for watch in plain[4]:  # after the send: `receive` takes it (and watches) if not sent
+        if target.failure is None and not target.send_nowait(item):
+            return False  # `receive` takes it, and its watchers see it there
+        # The proxies on the way see it even when it goes nowhere, as a handler would have.
+        for watch in plain[4]:
             watch(item, plain[2])
-        return True
+        return True  # sent, or as `receive` does: nowhere to go
 
     def _plain(self, hop: Hop, msg: Notification) -> _PlainRoute | None:
         """Where a notification from `hop` goes when it needs no ids, hooks or wrapping (a
@@ -203,9 +202,9 @@ class Chain:
             plain = self._plain(hop, item)
             if plain is not None:
                 target, _, up, source, watchers = plain
+                for watch in watchers:  # even if it goes nowhere, as a handler would have
+                    watch(item, up)
                 if target.failure is None:
-                    for watch in watchers:
-                        watch(item, up)
                     try:
                         await target.send(item, source=source)
                     except _GONE:
@@ -284,9 +283,9 @@ class Chain:
             plain = None if plain_tried else self._plain(hop, msg)
             if plain is not None:
                 target, _, up, source, watchers = plain
+                for watch in watchers:
+                    watch(msg, up)
                 if target.failure is None:
-                    for watch in watchers:
-                        watch(msg, up)
                     await self._send(target, msg, source=source)
                 return
         if not self.topology.started:
