@@ -272,3 +272,22 @@ async def test_a_watcher_sees_the_editors_notification_even_when_the_agent_is_go
             await client.notify("session/cancel", {"sessionId": sid})
             await client.request("session/prompt", {"sessionId": sid, "prompt": []})
     assert watcher.methods == ["session/cancel"]
+
+
+class ForwardsCancels(Proxy):
+    @on("session/cancel")
+    async def cancel(self, ctx: ProxyContext, message: Notification) -> None:
+        await ctx.forward()
+
+
+async def test_a_watcher_sees_a_notification_an_earlier_proxy_forwarded_in_its_envelope(
+) -> None:
+    # The editor-side proxy forwards the cancel in a successor envelope: unwrapped, it is
+    # routed past the agent-side proxy, whose watcher sees it (as the plain method) once.
+    watcher, agent = WatchesCancels(), ScriptedAgent()
+    async with open_test_chain([ForwardsCancels(), watcher], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.notify("session/cancel", {"sessionId": sid})
+            await agent.wait_for("session/cancel")
+    assert watcher.methods == ["session/cancel"]
