@@ -235,3 +235,59 @@ async def test_the_watch_example_in_writing_a_proxy_remembers_tool_calls_as_writ
     assert client.agent_text(sid) == "done"
     assert proxy.scope.session_id == sid
     assert proxy.scope.state["tools"] == ["Read README"]
+
+
+class Handles(Proxy):
+    """Handles (and forwards) every update: the updates cannot take the shortcut."""
+
+    @on("session/update", source="successor")
+    async def seen(self, ctx: ProxyContext, message: Notification) -> None:
+        await ctx.forward()
+
+
+async def test_a_watcher_sees_updates_the_router_routes_past_it_on_the_full_route() -> None:
+    # The editor-side proxy handles updates, so they take the full route (`_forward`),
+    # which routes past the idle agent-side proxy: its watcher must still see each once.
+    counts = Counts()
+    async with open_test_chain([Handles(), counts], streaming_agent(5)) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.prompt(sid, "go")
+            await client.wait_for("session/update", 5)
+    assert client.agent_text(sid) == "01234"
+    assert [line.partition(":")[2] for line in counts.lines] == ["0", "1", "2", "3", "4"]
+
+
+async def test_a_watcher_sees_the_editors_notification_even_when_the_agent_is_gone() -> None:
+    # A proxy with a handler would be handed it (and its forward would go nowhere): a
+    # watcher on the shortcut sees it too, as on the full route.
+    watcher, agent = WatchesCancels(), ScriptedAgent()
+    async with open_test_chain([watcher], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await agent.hang_up()
+            while (await client.request("session/prompt", {
+                    "sessionId": sid, "prompt": []})).is_error is False:
+                pass
+            await client.notify("session/cancel", {"sessionId": sid})
+            await client.request("session/prompt", {"sessionId": sid, "prompt": []})
+    assert watcher.methods == ["session/cancel"]
+
+
+class ForwardsCancels(Proxy):
+    @on("session/cancel")
+    async def cancel(self, ctx: ProxyContext, message: Notification) -> None:
+        await ctx.forward()
+
+
+async def test_a_watcher_sees_a_notification_an_earlier_proxy_forwarded_in_its_envelope(
+) -> None:
+    # The editor-side proxy forwards the cancel in a successor envelope: unwrapped, it is
+    # routed past the agent-side proxy, whose watcher sees it (as the plain method) once.
+    watcher, agent = WatchesCancels(), ScriptedAgent()
+    async with open_test_chain([ForwardsCancels(), watcher], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.notify("session/cancel", {"sessionId": sid})
+            await agent.wait_for("session/cancel")
+    assert watcher.methods == ["session/cancel"]

@@ -169,13 +169,12 @@ class Chain:
         if plain is None:
             return False
         target = plain[0]
-        if target.failure is not None:
-            return True  # as `receive` does: nowhere to go
-        if not target.send_nowait(item):
-            return False
-        for watch in plain[4]:  # after the send: `receive` takes it (and watches) if not sent
+        if target.failure is None and not target.send_nowait(item):
+            return False  # `receive` takes it, and its watchers see it there
+        # The proxies on the way see it even when it goes nowhere, as a handler would have.
+        for watch in plain[4]:
             watch(item, plain[2])
-        return True
+        return True  # sent, or as `receive` does: nowhere to go
 
     def _plain(self, hop: Hop, msg: Notification) -> _PlainRoute | None:
         """Where a notification from `hop` goes when it needs no ids, hooks or wrapping (a
@@ -203,9 +202,9 @@ class Chain:
             plain = self._plain(hop, item)
             if plain is not None:
                 target, _, up, source, watchers = plain
+                for watch in watchers:  # even if it goes nowhere, as a handler would have
+                    watch(item, up)
                 if target.failure is None:
-                    for watch in watchers:
-                        watch(item, up)
                     try:
                         await target.send(item, source=source)
                     except _GONE:
@@ -284,9 +283,9 @@ class Chain:
             plain = None if plain_tried else self._plain(hop, msg)
             if plain is not None:
                 target, _, up, source, watchers = plain
+                for watch in watchers:
+                    watch(msg, up)
                 if target.failure is None:
-                    for watch in watchers:
-                        watch(msg, up)
                     await self._send(target, msg, source=source)
                 return
         if not self.topology.started:
@@ -423,8 +422,15 @@ class Chain:
         downward = target.index > source.index
         # An in-process proxy with no handler for this message, and nothing earlier in its
         # queue, would forward it untouched: route past it and save the hop entirely.
+        # Its watchers see a notification routed past it, as on the plain route.
+        seen: Notification | None = None
         while not direct and target.role is Role.PROXY and target.hop.passes is not None \
                 and target.hop.passes(method, not downward):
+            if target.hop.watch is not None and isinstance(msg, Notification):
+                if seen is None:
+                    seen = msg if msg.method == method else \
+                        Notification(method=method, params=params)
+                target.hop.watch(seen, not downward)
             target = self.topology.nodes[target.index + (1 if downward else -1)]
         is_request = isinstance(msg, Request)
         out_method, out_params = method, params

@@ -22,11 +22,14 @@ import pytest
 from acp_conductor_proxies.permissions import PERMISSION_DENIED, Permissions, PermissionsOptions
 from conductor.config import load_chain
 from conductor.errors import RpcError
+from conductor.plugins import Proxy, ProxyContext, on
 from conductor.rpc.failure import raise_for_error as answer_or_raise
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable, Sequence
+
+    from conductor.jsonrpc.message import Notification
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = PermissionsOptions(**load_chain(str(REPO / "chains" / "permissions.toml"))
@@ -91,14 +94,25 @@ class Probe:
         return outcome.get("optionId", outcome["outcome"])
 
 
+class ForwardsUpdates(Proxy):
+    """An editor-side proxy that handles (and forwards) every update, as a logging proxy
+    might: the updates then take the router's full route, not its shortcut."""
+
+    @on("session/update", source="successor")
+    async def update(self, ctx: ProxyContext, message: Notification) -> None:
+        await ctx.forward()
+
+
 @asynccontextmanager
-async def policy(cwd: Path, options: PermissionsOptions = SHIPPED) -> AsyncIterator[Probe]:
+async def policy(cwd: Path, options: PermissionsOptions = SHIPPED, *,
+                 before: Sequence[Proxy[Any]] = ()) -> AsyncIterator[Probe]:
     agent = ScriptedAgent()
     client = TestClient({
         "terminal/create": {"terminalId": "t1"},
         "session/request_permission": {"outcome": {"outcome": "selected",
                                                    "optionId": "editor"}}})
-    async with open_test_chain([Permissions(options)], agent, client=client) as client:
+    async with open_test_chain([*before, Permissions(options)], agent,
+                               client=client) as client:
         with anyio.fail_after(10):
             yield Probe(agent, client, await client.new_session(str(cwd)))
 
@@ -438,11 +452,16 @@ DENY_ENV_ELSE_ALLOW = PermissionsOptions(default="allow", rules=[
     {"kind": "read", "title": "Read", "locations": [{"path": "{ws}/.env"}]},
     {"kind": "execute", "title": "Run", "rawInput": {"command": "rm -rf x"}},
 ])
+@pytest.mark.parametrize("before", [
+    pytest.param(lambda: [], id="alone"),
+    # the updates pass the policy on the full route: it still records what they announce
+    pytest.param(lambda: [ForwardsUpdates()], id="behind-a-proxy-that-handles-updates"),
+])
 async def test_a_permission_request_is_judged_with_what_its_tool_call_announced_earlier(
-        ws: Path, announced: dict[str, Any]) -> None:
+        ws: Path, announced: dict[str, Any], before: Callable[[], list[Proxy[Any]]]) -> None:
     # ACP's request_permission carries a ToolCallUpdate: every field but the id may be left
     # out, and the editor shows the tool call as the earlier session/update announced it.
-    async with policy(ws, DENY_ENV_ELSE_ALLOW) as probe:
+    async with policy(ws, DENY_ENV_ELSE_ALLOW, before=before()) as probe:
         await probe.agent.notify("session/update", {"sessionId": probe.sid, "update": {
             "sessionUpdate": "tool_call", "toolCallId": "c1", **fill(announced, ws)}})
         assert await probe.permission({}) == "no"
