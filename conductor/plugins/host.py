@@ -185,6 +185,11 @@ class ProxyHost:
         # until it releases). Counted at hand-over: anyio gives an item straight to a waiting
         # receiver without it ever showing in the buffer.
         self.queued = 0
+        # Messages fully dispatched so far, and answers held until a count is reached
+        # (`drain`): an answer routed past this proxy must not overtake what it was handed.
+        self.dispatched = 0
+        self._drain_waiters: list[tuple[int, anyio.Event]] = []
+        self._draining = True  # False once dispatch has stopped: nothing will drain
         # Methods this proxy must see, per direction (None: it handles `*`, so everything).
         self._visit_up = self._must_visit(Side.SUCCESSOR)
         self._visit_down = self._must_visit(Side.PREDECESSOR)
@@ -340,6 +345,39 @@ class ProxyHost:
         elif method == acp.INITIALIZE and acp.is_legacy_proxy_initialize(msg.params):
             self._dialect = Dialect.LEGACY
         await self._route(source, msg)
+
+    def drain(self) -> Awaitable[None] | None:
+        """What waits until everything handed to this proxy so far is dispatched; None
+        when nothing is waiting. The router holds an answer it routes past this proxy on
+        it, so the answer never overtakes a message that reached the proxy before it."""
+        if not self.queued or not self._draining:
+            return None
+        return self._dispatched_through(self.dispatched + self.queued)
+
+    async def _dispatched_through(self, mark: int) -> None:
+        event = anyio.Event()
+        self._drain_waiters.append((mark, event))
+        await event.wait()
+
+    def count_dispatched(self) -> None:
+        """One handed message is fully dispatched."""
+        self.queued -= 1
+        self.dispatched += 1
+        if self._drain_waiters:
+            waiting = []
+            for mark, event in self._drain_waiters:
+                if self.dispatched >= mark:
+                    event.set()
+                else:
+                    waiting.append((mark, event))
+            self._drain_waiters = waiting
+
+    def stop_draining(self) -> None:
+        """Dispatch has stopped: nothing held on it waits any longer."""
+        self._draining = False
+        for _, event in self._drain_waiters:
+            event.set()
+        self._drain_waiters = []
 
     def watch_inline(self, msg: Notification, from_successor: bool) -> None:
         """`msg` is on its way past this proxy, or through it: its watcher sees it now."""
@@ -625,6 +663,7 @@ class _InboxSink:
         self._host = host
         self.passes = host.passes  # the router asks the host directly: no extra call
         self.watch = host.watch
+        self.drain = host.drain
 
     def release(self, session_id: str, reason: CloseReason) -> None:
         """Never waits: the router may end thousands of sessions at once (idle expiry), and
@@ -704,7 +743,7 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
                                 try:
                                     await host.dispatch(message)
                                 finally:
-                                    host.queued -= 1
+                                    host.count_dispatched()
                             try:
                                 item = receive.receive_nowait()
                             except (anyio.WouldBlock, anyio.EndOfStream):
@@ -713,7 +752,13 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
                         with anyio.CancelScope(shield=True):
                             await writes.flush()
 
-        tg.start_soon(serve)
+        async def serving() -> None:
+            try:
+                await serve()
+            finally:
+                host.stop_draining()
+
+        tg.start_soon(serving)
         try:
             yield _InboxSink(send, host)
         finally:
@@ -733,7 +778,7 @@ async def open_inprocess_hop(proxy: Proxy[Any],
 
     async with open_inprocess_proxy(proxy, deliver) as sink:
         hop = Hop(proxy.name, sink, dialect=Dialect.PROXY, passes=sink.passes, watch=sink.watch,
-                  release=sink.release, tracer=tracer)
+                  drain=sink.drain, release=sink.release, tracer=tracer)
         yield hop
 
 

@@ -79,6 +79,9 @@ class Forward:
     hook: ResponseHook | None = None
     timed_out: bool = False  # the conductor answered it (request_timeout)
     inbound: Inbound | None = None  # how the origin tracks it (for its cancel)
+    # In-process proxies it was routed past, in the answer's order: the answer waits for
+    # what each of them still has in dispatch, so it overtakes nothing sent before it.
+    skipped: tuple[Hop, ...] = ()
 
 
 class Chain:
@@ -424,6 +427,7 @@ class Chain:
         # queue, would forward it untouched: route past it and save the hop entirely.
         # Its watchers see a notification routed past it, as on the plain route.
         seen: Notification | None = None
+        skipped: list[Hop] | None = None
         while not direct and target.role is Role.PROXY and target.hop.passes is not None \
                 and target.hop.passes(method, not downward):
             if target.hop.watch is not None and isinstance(msg, Notification):
@@ -431,6 +435,7 @@ class Chain:
                     seen = msg if msg.method == method else \
                         Notification(method=method, params=params)
                 target.hop.watch(seen, not downward)
+            skipped = [target.hop, *(skipped or ())]
             target = self.topology.nodes[target.index + (1 if downward else -1)]
         is_request = isinstance(msg, Request)
         out_method, out_params = method, params
@@ -487,7 +492,8 @@ class Chain:
                 out = Notification(method=out_method, params=out_params)
             await self._send(hop, out, source=source.name)
             return
-        forward = Forward(origin, msg.id, hop, chain_hooks(hooks))
+        forward = Forward(origin, msg.id, hop, chain_hooks(hooks),
+                          skipped=tuple(skipped) if skipped else ())
         if wrap:
             outgoing, request = hop.open_request(
                 out_method, out_params, deliver=self._answered, context=forward,
@@ -598,6 +604,10 @@ class Chain:
                 return
             answer = hooked
         origin = forward.origin
+        for passed in forward.skipped:
+            waiting = passed.drain() if passed.drain is not None else None
+            if waiting is not None:
+                await waiting
         origin.untrack_inbound(forward.origin_id, forward.inbound)
         if origin.failure is not None:
             log.info("answer for %s dropped: %s is gone", outgoing.method, origin.name)
