@@ -604,10 +604,14 @@ class Chain:
                 return
             answer = hooked
         origin = forward.origin
-        for passed in forward.skipped:
-            waiting = passed.drain() if passed.drain is not None else None
-            if waiting is not None:
-                await waiting
+        # Only the target's own answer is held: the conductor's (a timeout, the target
+        # gone) is in no component's stream, so it overtakes nothing, and it must not wait
+        # on a proxy stuck in its dispatch (the timers and fail_hop await it in line).
+        if not forward.timed_out and forward.target.failure is None:
+            for passed in forward.skipped:
+                waiting = passed.drain() if passed.drain is not None else None
+                if waiting is not None:
+                    await waiting
         origin.untrack_inbound(forward.origin_id, forward.inbound)
         if origin.failure is not None:
             log.info("answer for %s dropped: %s is gone", outgoing.method, origin.name)

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
+from conductor.jsonrpc.codes import ErrorCode
 from conductor.plugins import Proxy, ProxyContext, on
+from conductor.routing.deadlines import Timeouts
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 
 if TYPE_CHECKING:
@@ -90,3 +92,59 @@ async def test_the_editors_answer_reaches_the_agent_after_what_the_editor_sent_b
             sid = await client.new_session()
             answer = await client.prompt(sid, "go")
     assert answer["_meta"] == {"notes": CHUNKS}
+
+
+class HoldsDispatch(Proxy):
+    """Handles the agent's `_ext/hold` without releasing dispatch until `let_go` is set
+    (a handler that waits for something of its own and forgot `ctx.release()`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = anyio.Event()
+        self.let_go = anyio.Event()
+
+    @on("_ext/hold", source="successor")
+    async def hold(self, ctx: ProxyContext, message: Message) -> None:
+        self.holding.set()
+        await self.let_go.wait()
+        await ctx.forward()
+
+
+async def test_a_timeout_answer_is_not_held_behind_a_proxy_that_holds_its_dispatch() -> None:
+    proxy = HoldsDispatch()
+
+    async def slow(agent: ScriptedAgent, message: Message) -> object:
+        await agent.notify("_ext/hold", {})
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    agent = ScriptedAgent({"_ext/slow": slow})
+    async with open_test_chain([proxy], agent, timeouts=Timeouts(request=0.1)) as client:
+        try:
+            with anyio.fail_after(5):
+                answer = await client.request("_ext/slow", {})
+        finally:
+            proxy.let_go.set()
+    error = answer.error_value()
+    assert isinstance(error, dict) and error["code"] == ErrorCode.REQUEST_TIMEOUT, error
+
+
+async def test_an_agent_that_dies_is_answered_for_though_a_proxy_holds_its_dispatch() -> None:
+    proxy = HoldsDispatch()
+
+    async def dies(agent: ScriptedAgent, message: Message) -> object:
+        await agent.notify("_ext/hold", {})
+        await proxy.holding.wait()
+        await agent.hang_up()  # the agent exits, owing this answer
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    agent = ScriptedAgent({"_ext/dies": dies})
+    async with open_test_chain([proxy], agent) as client:
+        try:
+            with anyio.fail_after(5):
+                answer = await client.request("_ext/dies", {})
+        finally:
+            proxy.let_go.set()
+    error = answer.error_value()
+    assert isinstance(error, dict) and error["data"]["component"] == "agent", error
