@@ -4,6 +4,7 @@ says exactly what click's path would."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -44,6 +45,22 @@ def test_a_directory_or_shell_completion_is_left_to_click(
     assert entry.editor_invocation(["--chain", str(tmp_path)]) is None
     monkeypatch.setenv(entry.COMPLETION_VAR, "bash_complete")
     assert entry.editor_invocation(["--chain", "demo"]) is None
+
+
+def test_an_unreadable_chain_file_is_left_to_click(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """click's `--chain` type refuses it with its usage line; the fast path would instead
+    say `cannot read` (as root every file is readable: deny it as a user would be)."""
+
+    path = tmp_path / "chain.toml"
+    path.write_text('[agent]\ncommand = ["x"]\n', encoding="utf-8")
+    path.chmod(0)
+    if os.access(path, os.R_OK):
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if os.fspath(p) == str(
+            path) and mode & os.R_OK else real(p, mode, **kw))
+    assert entry.editor_invocation(["--chain", str(path)]) is None
+    assert entry.editor_invocation([f"--chain={path}"]) is None
 
 
 BAD_CHAINS = {

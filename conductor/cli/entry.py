@@ -40,6 +40,11 @@ def editor_invocation(argv: list[str]) -> str | None:
     else:
         return None
     if not value or value.startswith("-") or os.environ.get(COMPLETION_VAR) \
-            or os.path.isdir(value):
+            or os.path.isdir(value) or _unreadable(value):
         return None  # click's own answer (a usage error, completion): not the editor's case
     return value
+
+
+def _unreadable(path: str) -> bool:
+    """A file there that we may not read: click's `--chain` type refuses it (usage, exit 2)."""
+    return os.path.exists(path) and not os.access(path, os.R_OK)
