@@ -677,11 +677,19 @@ class _InboxSink:
             pass  # busy (it looks before it waits again), or stopping (stop_chain releases)
 
     async def send(self, item: Message | list[Message]) -> None:
-        self._host.queued += len(item) if isinstance(item, list) else 1
+        count = len(item) if isinstance(item, list) else 1
+        self._host.queued += count
         try:
-            self._send.send_nowait(item)  # no checkpoint: an in-process hop costs no extra yield
-        except anyio.WouldBlock:
-            await self._send.send(item)
+            try:
+                self._send.send_nowait(item)  # no checkpoint: an in-process hop costs no yield
+            except anyio.WouldBlock:
+                await self._send.send(item)
+        except BaseException:
+            # Not handed over (cancelled while the inbox was full, or closed): never to be
+            # dispatched, so it must not count, or the proxy would look busy for ever
+            # (no shortcut past it, and an answer waiting on its `drain` would never go).
+            self._host.queued -= count
+            raise
 
     def send_nowait(self, item: Message) -> bool:
         self._host.queued += 1

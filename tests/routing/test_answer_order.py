@@ -148,3 +148,25 @@ async def test_an_agent_that_dies_is_answered_for_though_a_proxy_holds_its_dispa
             proxy.let_go.set()
     error = answer.error_value()
     assert isinstance(error, dict) and error["data"]["component"] == "agent", error
+
+
+async def test_a_message_not_handed_over_to_a_full_inbox_does_not_count_as_waiting() -> None:
+    from conductor.jsonrpc.message import Notification
+    from conductor.plugins.host import ProxyHost, _InboxSink
+
+    class Nowhere:
+        async def send(self, item: object) -> None:
+            pass
+
+        async def aclose(self) -> None:
+            pass
+
+    host = ProxyHost(HandlesNotes(), Nowhere())
+    send, receive = anyio.create_memory_object_stream[Any](1)
+    sink = _InboxSink(send, host)
+    note = Notification(method="_ext/note")
+    async with send, receive:
+        await sink.send(note)  # fills the inbox
+        with anyio.move_on_after(0.05):  # the editor gives up on the next one
+            await sink.send(note)
+        assert host.queued == 1  # only the one in the inbox is still to be dispatched
