@@ -32,7 +32,7 @@ from conductor.routing.roles import Role
 from conductor.routing.topology import ComponentLink, Hop
 from conductor.supervise.component import EXIT_DRAIN, Component, open_component
 from conductor.supervise.restart import Backoff
-from conductor.supervise.signals import EXIT_SIGNAL, stop_signals
+from conductor.supervise.signals import EXIT_SIGNAL, stop_signals, stopping
 from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
@@ -435,7 +435,8 @@ async def serve_connection(
                     log.info("received %s: shutting down", signal.Signals(signum).name)
                     outcome.signal = signum
                     stop.set()
-                    return
+                    break
+            stopping()  # the receiver is closed: SIGHUP would end us mid-stop
 
         tg.start_soon(serve_client)
         tg.start_soon(chain.serve_timers)

@@ -17,3 +17,11 @@ def stop_signals() -> tuple[signal.Signals, ...]:
     if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
         return (signal.SIGTERM, signal.SIGINT)
     return (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def stopping() -> None:
+    """A stop signal came and the chain stops gracefully: a hangup from now on is ignored
+    (a closed terminal may deliver SIGHUP twice: from the kernel and from the shell), while
+    a second SIGTERM or SIGINT still ends the conductor at once."""
+    if signal.getsignal(signal.SIGHUP) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)

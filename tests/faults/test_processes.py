@@ -15,6 +15,7 @@ import signal
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import psutil
 import pytest
 
@@ -164,3 +165,23 @@ def running(pids: list[int]) -> list[int]:
     procs = [p for p in map(live, pids) if p is not None]
     psutil.wait_procs(procs, timeout=10)
     return [p.pid for p in procs if live(p.pid) is not None]
+
+
+async def test_a_second_hangup_does_not_cut_the_graceful_stop_short(tmp_path: Path) -> None:
+    # A closed terminal may deliver SIGHUP twice (the kernel, then the shell).
+    pidfile = tmp_path / "faulty.pid"
+    path = tmp_path / "chain.toml"
+    path.write_text("[conductor]\nshutdown_grace = 2.0\n\n[agent]\ncommand = "
+                    + faulty_argv("--name", "agent", "--ignore-term", "--linger",
+                                  f"--pidfile={pidfile}") + "\n", encoding="utf-8")
+    async with open_conductor("--log-level", "info", "--chain", str(path)) as c:
+        await c.initialize()
+        c.signal(signal.SIGHUP)
+        await c.wait_stderr("received SIGHUP: shutting down")
+        # Not a wait for an event: it puts the second hangup after the signal handler is
+        # gone and well inside the stop (the lingering agent holds it for 2 s or more).
+        await anyio.sleep(0.3)
+        c.signal(signal.SIGHUP)
+        code = await c.wait()
+    assert code == 129, c.stderr_text
+    assert running([int(pidfile.read_text())]) == []
