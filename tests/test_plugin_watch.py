@@ -235,3 +235,25 @@ async def test_the_watch_example_in_writing_a_proxy_remembers_tool_calls_as_writ
     assert client.agent_text(sid) == "done"
     assert proxy.scope.session_id == sid
     assert proxy.scope.state["tools"] == ["Read README"]
+
+
+class HandlesUpdates(Proxy):
+    """Handles the agent's updates (forwarding them): the router cannot route past it."""
+
+    @on("session/update", source="successor")
+    async def relay(self, ctx: ProxyContext, message: Message) -> None:
+        await ctx.forward()
+
+
+async def test_a_watcher_routed_past_on_the_way_to_a_handling_proxy_still_sees_the_update(
+) -> None:
+    # editor - handles - watches - agent: the update goes past `watches` straight to
+    # `handles` (the full route, not the plain-notification shortcut); the watcher is owed
+    # the look it would get if the update visited it.
+    handles, watches = HandlesUpdates(), Counts()
+    async with open_test_chain([handles, watches], streaming_agent(2)) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.prompt(sid, "go")
+            await client.wait_for("session/update", 2)
+    assert watches.lines == ["counts:0", "counts:1"]

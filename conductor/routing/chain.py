@@ -422,9 +422,13 @@ class Chain:
         (exactly there when `direct`; `hook` runs on the answer)."""
         downward = target.index > source.index
         # An in-process proxy with no handler for this message, and nothing earlier in its
-        # queue, would forward it untouched: route past it and save the hop entirely.
+        # queue, would forward it untouched: route past it and save the hop entirely. Its
+        # watcher still sees a notification, as it would had it visited.
         while not direct and target.role is Role.PROXY and target.hop.passes is not None \
                 and target.hop.passes(method, not downward):
+            if target.hop.watch is not None and isinstance(msg, Notification):
+                target.hop.watch(msg if msg.method == method else
+                                 Notification(method=method, params=params), not downward)
             target = self.topology.nodes[target.index + (1 if downward else -1)]
         is_request = isinstance(msg, Request)
         out_method, out_params = method, params
