@@ -3,9 +3,10 @@ opened hook failed leaves no scope behind."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import pytest
 
 from conductor.plugins import Proxy, ProxyContext, SessionScope, on
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
@@ -138,3 +139,70 @@ async def test_a_session_whose_opened_hook_failed_leaves_no_scope_behind() -> No
             sid = await client.new_session()
     # The editor never got the first session: no scope kept for it, no close for it.
     assert proxy.events == ["failed session-1", f"opened {sid}", f"closed {sid}: stopped"]
+
+
+class RelaysUpdates(Proxy):
+    """Handles the agent's updates (forwarding each): they go through its dispatch, while
+    the prompt and its answer, which it has no handler for, are routed past it."""
+
+    @on("session/update", source="successor")
+    async def relay(self, ctx: ProxyContext, message: Message) -> None:
+        await ctx.forward()
+
+
+@pytest.mark.parametrize("transport", ["memory", "pipes"])
+async def test_a_turns_answer_routed_past_a_proxy_does_not_overtake_updates_in_its_dispatch(
+        transport: Any) -> None:
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        sid = message.params_value()["sessionId"]
+        for i in range(3):
+            await agent.notify("session/update", update(sid, str(i)))
+        return {"stopReason": "end_turn"}
+
+    async with open_test_chain([RelaysUpdates()], ScriptedAgent({"session/prompt": prompt}),
+                               transport=transport) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            turn = await client.prompt(sid, "go")
+    assert turn.text == "012"  # all of the turn's updates arrived before its answer
+
+
+class HandlesCancels(Proxy):
+    """Handles the editor's session/cancel (forwarding it) while the agent's permission
+    requests and their answers are routed past it."""
+
+    @on("session/cancel")
+    async def cancel(self, ctx: ProxyContext, message: Message) -> None:
+        await ctx.forward()
+
+
+async def test_an_answer_to_the_agent_does_not_overtake_the_editors_cancel_in_a_proxys_dispatch(
+) -> None:
+    order: list[str] = []
+
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        sid = message.params_value()["sessionId"]
+        await agent.request("session/request_permission",
+                            {"sessionId": sid, "toolCall": {"toolCallId": "t"}, "options": []})
+        order.append("answered")
+        return {"stopReason": "end_turn"}
+
+    class Agent(ScriptedAgent):
+        async def deliver(self, item: Any) -> None:
+            if getattr(item, "method", None) == "session/cancel":
+                order.append("cancel")
+            await super().deliver(item)
+
+    async def permission(message: Message) -> object:
+        await client.notify("session/cancel", {"sessionId": "session-1"})
+        return {"outcome": {"outcome": "cancelled"}}
+
+    client = TestClient({"session/request_permission": permission})
+    async with open_test_chain([HandlesCancels()], Agent({"session/prompt": prompt}),
+                               client=client):
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.prompt(sid, "go")
+            await anyio.wait_all_tasks_blocked()
+    assert order == ["cancel", "answered"]  # sent in that order by the editor
+

@@ -614,7 +614,19 @@ class _Wake:
 
 
 _WAKE: Final = _Wake()
-_InboxItem = Message | list[Message] | _Wake
+
+
+class _Relay:
+    """In the inbox: an answer the router routed past this proxy, to pass on (`then`) once
+    dispatch has handled what was handed over before it (`_InboxSink.relay_if_busy`)."""
+
+    __slots__ = ("then",)
+
+    def __init__(self, then: Callable[[], Awaitable[None]]) -> None:
+        self.then = then
+
+
+_InboxItem = Message | list[Message] | _Wake | _Relay
 
 
 class _InboxSink:
@@ -643,6 +655,24 @@ class _InboxSink:
             self._send.send_nowait(item)  # no checkpoint: an in-process hop costs no extra yield
         except anyio.WouldBlock:
             await self._send.send(item)
+
+    async def relay_if_busy(self, then: Callable[[], Awaitable[None]]) -> bool:
+        """An answer to a request routed past this proxy is on its way past it too: if
+        messages handed over earlier are still in dispatch, it must not overtake them, so
+        `then` (passing it on) runs when dispatch reaches it. False: nothing is in dispatch
+        (pass it on now)."""
+        if not self._host.queued:
+            return False
+        self._host.queued += 1
+        try:
+            try:
+                self._send.send_nowait(_Relay(then))
+            except anyio.WouldBlock:
+                await self._send.send(_Relay(then))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._host.queued -= 1  # stopping: nothing is dispatched any more
+            return False
+        return True
 
     def send_nowait(self, item: Message) -> bool:
         self._host.queued += 1
@@ -699,7 +729,13 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
                         while True:
                             if item is _WAKE:
                                 item = []
-                            assert not isinstance(item, _Wake)
+                            elif isinstance(item, _Relay):
+                                try:
+                                    await item.then()
+                                finally:
+                                    host.queued -= 1
+                                item = []
+                            assert not isinstance(item, _Wake | _Relay)
                             for message in item if isinstance(item, list) else (item,):
                                 try:
                                     await host.dispatch(message)

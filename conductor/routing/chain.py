@@ -602,7 +602,38 @@ class Chain:
             return
         source = "conductor" if forward.target.failure is not None or forward.timed_out \
             else forward.target.name
-        await self._send(origin, answer.answering(forward.origin_id), source=source)
+        reply = answer.answering(forward.origin_id)
+        past = self._routed_past(origin, forward.target)
+        if past:
+            await self._send_past(past, origin, reply, source)
+        else:
+            await self._send(origin, reply, source=source)
+
+    def _routed_past(self, origin: Hop, target: Hop) -> list[Hop]:
+        """The in-process proxies between `target` and `origin` (a request routed past
+        them), in the order its answer travels back."""
+        find = self.topology.find
+        to, back = find(target), find(origin)
+        if to is None or back is None or abs(to.index - back.index) < 2:
+            return []
+        lo, hi = sorted((to.index, back.index))
+        hops = [n.hop for n in self.topology.nodes[lo + 1:hi]
+                if n.role is Role.PROXY and n.hop.passes is not None]
+        return hops[::-1] if to.index > back.index else hops
+
+    async def _send_past(self, past: list[Hop], origin: Hop, reply: Response,
+                         source: str) -> None:
+        """Send `reply` to `origin` past these proxies without overtaking what is still in
+        their dispatch (sent before it by the same side): behind such a proxy's queue, it
+        goes on when dispatch reaches it (docs/architecture.md: order is unchanged)."""
+        for i, hop in enumerate(past):
+            relay = getattr(hop.sink, "relay_if_busy", None)
+            if relay is None or hop.failure is not None:
+                continue
+            then = functools.partial(self._send_past, past[i + 1:], origin, reply, source)
+            if await relay(then):
+                return
+        await self._send(origin, reply, source=source)
 
     def _track_session(self, method: str, params: Raw | UnsetType, source: Node,
                        target: Node, sent: Raw | UnsetType) -> ResponseHook | None:
