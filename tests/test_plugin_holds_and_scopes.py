@@ -206,3 +206,58 @@ async def test_an_answer_to_the_agent_does_not_overtake_the_editors_cancel_in_a_
             await anyio.wait_all_tasks_blocked()
     assert order == ["cancel", "answered"]  # sent in that order by the editor
 
+
+class Floods(Proxy):
+    """On `_ext/flood`, sends the agent notifications from a released handler: they stall,
+    holding the agent's connection, when the agent stops reading."""
+
+    @on("_ext/flood")
+    async def flood(self, ctx: ProxyContext, message: Message) -> None:
+        ctx.release()
+        for i in range(300):
+            await ctx.notify("_ext/note", {"i": i})
+
+
+class ForwardsReleased(Proxy):
+    """Lets dispatch go on, then forwards the prompt."""
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        ctx.release()
+        return await ctx.forward()
+
+
+async def test_a_prompt_cancelled_while_the_router_forwards_it_leaves_nothing_pending() -> None:
+    # A handler's forward is routed in the handler's task: a cancel landing while the
+    # router waits to write the request to a busy agent must not cut the routing in half
+    # (the id allocated on the agent's hop, never written, pending for ever).
+    forwards, reading = ForwardsReleased(), anyio.Event()
+
+    class StallingAgent(ScriptedAgent):
+        async def deliver(self, item: Any) -> None:
+            if getattr(item, "method", None) == "_ext/note":
+                await reading.wait()
+            await super().deliver(item)
+
+    agent = StallingAgent()
+    async with open_test_chain([forwards, Floods()], agent) as client:
+        chain = forwards.chain_status.__self__  # type: ignore[union-attr]
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.notify("_ext/flood", {})
+            await anyio.wait_all_tasks_blocked()  # the agent's connection is full
+            async with anyio.create_task_group() as tg:
+                async def prompt() -> None:
+                    answer = await client.request("session/prompt", {
+                        "sessionId": sid, "prompt": []}, ident=99)
+                    assert answer.is_error and answer.error_value()["code"] == -32800
+                tg.start_soon(prompt)
+                await anyio.wait_all_tasks_blocked()  # routed, waiting for the agent's pipe
+                await client.cancel(99)
+                await anyio.wait_all_tasks_blocked()
+                reading.set()
+            await agent.wait_for("_ext/note", 300)
+            await anyio.wait_all_tasks_blocked()
+            hops = chain.topology.hops()
+            assert [(h.name, h.pending, h.inbound) for h in hops] == \
+                [(h.name, {}, {}) for h in hops]

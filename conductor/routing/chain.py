@@ -501,7 +501,20 @@ class Chain:
             self._deadlines.add(hop, outgoing, prompt=prompt,
                                 after=len(self.topology.nodes) - 1 - target.index,
                                 session_id=acp.get_str(params, "sessionId") if prompt else None)
-        await self._send(hop, request, source=source.name, origin=(origin.name, msg.id))
+        try:
+            await self._send(hop, request, source=source.name, origin=(origin.name, msg.id))
+        except BaseException:
+            # Cancelled while writing it: an in-process proxy's forward is routed in its
+            # handler's task, which its own cancel may stop while the target's connection is
+            # busy. Nothing waits for this answer any more (the handler is answered -32800),
+            # so nothing may stay pending; had the request gone out, it is stopped there.
+            if hop.pending.get(outgoing.ident) is outgoing:
+                del hop.pending[outgoing.ident]
+                origin.untrack_inbound(msg.id, forward.inbound)
+                with anyio.CancelScope(shield=True):
+                    await self._cancel_held(hop, outgoing.ident, acp.get_str(
+                        params, "sessionId") if method == acp.SESSION_PROMPT else None)
+            raise
 
     def _initialize_answer_hook(self, proxy: str) -> ResponseHook:
         async def remember(answer: Response) -> Response:
