@@ -261,3 +261,57 @@ async def test_a_prompt_cancelled_while_the_router_forwards_it_leaves_nothing_pe
             hops = chain.topology.hops()
             assert [(h.name, h.pending, h.inbound) for h in hops] == \
                 [(h.name, {}, {}) for h in hops]
+
+
+class ForwardsAfterShieldedWork(Proxy):
+    """Does some work that cannot be interrupted, then forwards the prompt."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.working, self.gate = anyio.Event(), anyio.Event()
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        ctx.release()
+        self.working.set()
+        with anyio.CancelScope(shield=True):  # e.g. writing a file: the cancel lands meanwhile
+            await self.gate.wait()
+        return await ctx.forward()
+
+
+class HandlesPrompts(Proxy):
+    """Forwards prompts from a handler."""
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        return await ctx.forward()
+
+
+async def test_a_cancelled_handlers_answer_waits_for_the_far_end_so_no_update_trails_it() -> None:
+    proxy = ForwardsAfterShieldedWork()
+
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        sid = message.params_value()["sessionId"]
+        with anyio.CancelScope(shield=True):  # a cancel ends the turn, with one last update
+            await agent.wait_for("$/cancel_request")
+            await agent.notify("session/update", update(sid, "last words"))
+        return {"stopReason": "cancelled"}
+
+    # The forward goes into the next proxy's queue at once: it leaves even though the
+    # handler was cancelled meanwhile.
+    async with open_test_chain([proxy, HandlesPrompts()],
+                               ScriptedAgent({"session/prompt": prompt})) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            async with anyio.create_task_group() as tg:
+                async def turn() -> None:
+                    answer = await client.request("session/prompt", {
+                        "sessionId": sid, "prompt": []}, ident=99)
+                    assert answer.is_error
+                    # Everything the agent streamed for the turn came before its answer.
+                    assert client.received_params("session/update") != []
+                tg.start_soon(turn)
+                await proxy.working.wait()
+                await client.cancel(99)
+                await anyio.wait_all_tasks_blocked()
+                proxy.gate.set()

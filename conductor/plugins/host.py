@@ -79,6 +79,9 @@ _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 # How long a proxy's stop hooks (session_closed for each open session, chain_stopped) may
 # take: a plugin flushing its files must not hold the conductor's exit for ever.
 STOP_HOOKS_GRACE: Final = 5.0
+# How long a cancelled handler waits for the far end to answer a request it sent (so its
+# own answer follows what the far end streamed before answering).
+CANCELLED_ANSWER_GRACE: Final = 5.0
 # Scopes kept for sessions a proxy never saw set up (see ProxyHost.session_of).
 MAX_STRAY_SCOPES: Final = 1024
 # The `release` of the handler a task runs for (its child tasks inherit it): a wait in the
@@ -118,7 +121,18 @@ class HostRequest:
         return self.outgoing.done or self.outgoing.failure is not None
 
     async def wait(self) -> Response:
-        return await self._endpoint.wait(self.outgoing)
+        try:
+            return await self._endpoint.wait(self.outgoing)
+        except anyio.get_cancelled_exc_class():
+            # The handler was cancelled (its request's cancel) with this one sent: the wait
+            # sent its cancel; the far end's answer comes after whatever it streamed for
+            # it, so the handler's own answer (-32800) must not go before that answer.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CANCELLED_ANSWER_GRACE):
+                try:
+                    await self._endpoint.wait(self.outgoing)
+                except Exception:
+                    pass  # the connection failed: nothing more will come
+            raise
 
     async def cancel(self) -> None:
         await self._endpoint.cancel(self.outgoing)
