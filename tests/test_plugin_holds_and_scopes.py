@@ -3,9 +3,10 @@ opened hook failed leaves no scope behind."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import pytest
 
 from conductor.plugins import Proxy, ProxyContext, SessionScope, on
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
@@ -138,3 +139,179 @@ async def test_a_session_whose_opened_hook_failed_leaves_no_scope_behind() -> No
             sid = await client.new_session()
     # The editor never got the first session: no scope kept for it, no close for it.
     assert proxy.events == ["failed session-1", f"opened {sid}", f"closed {sid}: stopped"]
+
+
+class RelaysUpdates(Proxy):
+    """Handles the agent's updates (forwarding each): they go through its dispatch, while
+    the prompt and its answer, which it has no handler for, are routed past it."""
+
+    @on("session/update", source="successor")
+    async def relay(self, ctx: ProxyContext, message: Message) -> None:
+        await ctx.forward()
+
+
+@pytest.mark.parametrize("transport", ["memory", "pipes"])
+async def test_a_turns_answer_routed_past_a_proxy_does_not_overtake_updates_in_its_dispatch(
+        transport: Any) -> None:
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        sid = message.params_value()["sessionId"]
+        for i in range(3):
+            await agent.notify("session/update", update(sid, str(i)))
+        return {"stopReason": "end_turn"}
+
+    async with open_test_chain([RelaysUpdates()], ScriptedAgent({"session/prompt": prompt}),
+                               transport=transport) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            turn = await client.prompt(sid, "go")
+    assert turn.text == "012"  # all of the turn's updates arrived before its answer
+
+
+class HandlesCancels(Proxy):
+    """Handles the editor's session/cancel (forwarding it) while the agent's permission
+    requests and their answers are routed past it."""
+
+    @on("session/cancel")
+    async def cancel(self, ctx: ProxyContext, message: Message) -> None:
+        await ctx.forward()
+
+
+async def test_an_answer_to_the_agent_does_not_overtake_the_editors_cancel_in_a_proxys_dispatch(
+) -> None:
+    order: list[str] = []
+
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        sid = message.params_value()["sessionId"]
+        await agent.request("session/request_permission",
+                            {"sessionId": sid, "toolCall": {"toolCallId": "t"}, "options": []})
+        order.append("answered")
+        return {"stopReason": "end_turn"}
+
+    class Agent(ScriptedAgent):
+        async def deliver(self, item: Any) -> None:
+            if getattr(item, "method", None) == "session/cancel":
+                order.append("cancel")
+            await super().deliver(item)
+
+    async def permission(message: Message) -> object:
+        await client.notify("session/cancel", {"sessionId": "session-1"})
+        return {"outcome": {"outcome": "cancelled"}}
+
+    client = TestClient({"session/request_permission": permission})
+    async with open_test_chain([HandlesCancels()], Agent({"session/prompt": prompt}),
+                               client=client):
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.prompt(sid, "go")
+            await anyio.wait_all_tasks_blocked()
+    assert order == ["cancel", "answered"]  # sent in that order by the editor
+
+
+class Floods(Proxy):
+    """On `_ext/flood`, sends the agent notifications from a released handler: they stall,
+    holding the agent's connection, when the agent stops reading."""
+
+    @on("_ext/flood")
+    async def flood(self, ctx: ProxyContext, message: Message) -> None:
+        ctx.release()
+        for i in range(300):
+            await ctx.notify("_ext/note", {"i": i})
+
+
+class ForwardsReleased(Proxy):
+    """Lets dispatch go on, then forwards the prompt."""
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        ctx.release()
+        return await ctx.forward()
+
+
+async def test_a_prompt_cancelled_while_the_router_forwards_it_leaves_nothing_pending() -> None:
+    # A handler's forward is routed in the handler's task: a cancel landing while the
+    # router waits to write the request to a busy agent must not cut the routing in half
+    # (the id allocated on the agent's hop, never written, pending for ever).
+    forwards, reading = ForwardsReleased(), anyio.Event()
+
+    class StallingAgent(ScriptedAgent):
+        async def deliver(self, item: Any) -> None:
+            if getattr(item, "method", None) == "_ext/note":
+                await reading.wait()
+            await super().deliver(item)
+
+    agent = StallingAgent()
+    async with open_test_chain([forwards, Floods()], agent) as client:
+        chain = forwards.chain_status.__self__  # type: ignore[union-attr]
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.notify("_ext/flood", {})
+            await anyio.wait_all_tasks_blocked()  # the agent's connection is full
+            async with anyio.create_task_group() as tg:
+                async def prompt() -> None:
+                    answer = await client.request("session/prompt", {
+                        "sessionId": sid, "prompt": []}, ident=99)
+                    assert answer.is_error and answer.error_value()["code"] == -32800
+                tg.start_soon(prompt)
+                await anyio.wait_all_tasks_blocked()  # routed, waiting for the agent's pipe
+                await client.cancel(99)
+                await anyio.wait_all_tasks_blocked()
+                reading.set()
+            await agent.wait_for("_ext/note", 300)
+            await anyio.wait_all_tasks_blocked()
+            hops = chain.topology.hops()
+            assert [(h.name, h.pending, h.inbound) for h in hops] == \
+                [(h.name, {}, {}) for h in hops]
+
+
+class ForwardsAfterShieldedWork(Proxy):
+    """Does some work that cannot be interrupted, then forwards the prompt."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.working, self.gate = anyio.Event(), anyio.Event()
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        ctx.release()
+        self.working.set()
+        with anyio.CancelScope(shield=True):  # e.g. writing a file: the cancel lands meanwhile
+            await self.gate.wait()
+        return await ctx.forward()
+
+
+class HandlesPrompts(Proxy):
+    """Forwards prompts from a handler."""
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        return await ctx.forward()
+
+
+async def test_a_cancelled_handlers_answer_waits_for_the_far_end_so_no_update_trails_it() -> None:
+    proxy = ForwardsAfterShieldedWork()
+
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        sid = message.params_value()["sessionId"]
+        with anyio.CancelScope(shield=True):  # a cancel ends the turn, with one last update
+            await agent.wait_for("$/cancel_request")
+            await agent.notify("session/update", update(sid, "last words"))
+        return {"stopReason": "cancelled"}
+
+    # The forward goes into the next proxy's queue at once: it leaves even though the
+    # handler was cancelled meanwhile.
+    async with open_test_chain([proxy, HandlesPrompts()],
+                               ScriptedAgent({"session/prompt": prompt})) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            async with anyio.create_task_group() as tg:
+                async def turn() -> None:
+                    answer = await client.request("session/prompt", {
+                        "sessionId": sid, "prompt": []}, ident=99)
+                    assert answer.is_error
+                    # Everything the agent streamed for the turn came before its answer.
+                    assert client.received_params("session/update") != []
+                tg.start_soon(turn)
+                await proxy.working.wait()
+                await client.cancel(99)
+                await anyio.wait_all_tasks_blocked()
+                proxy.gate.set()

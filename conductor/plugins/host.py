@@ -79,6 +79,9 @@ _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 # How long a proxy's stop hooks (session_closed for each open session, chain_stopped) may
 # take: a plugin flushing its files must not hold the conductor's exit for ever.
 STOP_HOOKS_GRACE: Final = 5.0
+# How long a cancelled handler waits for the far end to answer a request it sent (so its
+# own answer follows what the far end streamed before answering).
+CANCELLED_ANSWER_GRACE: Final = 5.0
 # Scopes kept for sessions a proxy never saw set up (see ProxyHost.session_of).
 MAX_STRAY_SCOPES: Final = 1024
 # The `release` of the handler a task runs for (its child tasks inherit it): a wait in the
@@ -118,7 +121,18 @@ class HostRequest:
         return self.outgoing.done or self.outgoing.failure is not None
 
     async def wait(self) -> Response:
-        return await self._endpoint.wait(self.outgoing)
+        try:
+            return await self._endpoint.wait(self.outgoing)
+        except anyio.get_cancelled_exc_class():
+            # The handler was cancelled (its request's cancel) with this one sent: the wait
+            # sent its cancel; the far end's answer comes after whatever it streamed for
+            # it, so the handler's own answer (-32800) must not go before that answer.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CANCELLED_ANSWER_GRACE):
+                try:
+                    await self._endpoint.wait(self.outgoing)
+                except Exception:
+                    pass  # the connection failed: nothing more will come
+            raise
 
     async def cancel(self) -> None:
         await self._endpoint.cancel(self.outgoing)
@@ -185,11 +199,6 @@ class ProxyHost:
         # until it releases). Counted at hand-over: anyio gives an item straight to a waiting
         # receiver without it ever showing in the buffer.
         self.queued = 0
-        # Messages fully dispatched so far, and answers held until a count is reached
-        # (`drain`): an answer routed past this proxy must not overtake what it was handed.
-        self.dispatched = 0
-        self._drain_waiters: list[tuple[int, anyio.Event]] = []
-        self._draining = True  # False once dispatch has stopped: nothing will drain
         # Methods this proxy must see, per direction (None: it handles `*`, so everything).
         self._visit_up = self._must_visit(Side.SUCCESSOR)
         self._visit_down = self._must_visit(Side.PREDECESSOR)
@@ -345,39 +354,6 @@ class ProxyHost:
         elif method == acp.INITIALIZE and acp.is_legacy_proxy_initialize(msg.params):
             self._dialect = Dialect.LEGACY
         await self._route(source, msg)
-
-    def drain(self) -> Awaitable[None] | None:
-        """What waits until everything handed to this proxy so far is dispatched; None
-        when nothing is waiting. The router holds an answer it routes past this proxy on
-        it, so the answer never overtakes a message that reached the proxy before it."""
-        if not self.queued or not self._draining:
-            return None
-        return self._dispatched_through(self.dispatched + self.queued)
-
-    async def _dispatched_through(self, mark: int) -> None:
-        event = anyio.Event()
-        self._drain_waiters.append((mark, event))
-        await event.wait()
-
-    def count_dispatched(self) -> None:
-        """One handed message is fully dispatched."""
-        self.queued -= 1
-        self.dispatched += 1
-        if self._drain_waiters:
-            waiting = []
-            for mark, event in self._drain_waiters:
-                if self.dispatched >= mark:
-                    event.set()
-                else:
-                    waiting.append((mark, event))
-            self._drain_waiters = waiting
-
-    def stop_draining(self) -> None:
-        """Dispatch has stopped: nothing held on it waits any longer."""
-        self._draining = False
-        for _, event in self._drain_waiters:
-            event.set()
-        self._drain_waiters = []
 
     def watch_inline(self, msg: Notification, from_successor: bool) -> None:
         """`msg` is on its way past this proxy, or through it: its watcher sees it now."""
@@ -652,7 +628,19 @@ class _Wake:
 
 
 _WAKE: Final = _Wake()
-_InboxItem = Message | list[Message] | _Wake
+
+
+class _Relay:
+    """In the inbox: an answer the router routed past this proxy, to pass on (`then`) once
+    dispatch has handled what was handed over before it (`_InboxSink.relay_if_busy`)."""
+
+    __slots__ = ("then",)
+
+    def __init__(self, then: Callable[[], Awaitable[None]]) -> None:
+        self.then = then
+
+
+_InboxItem = Message | list[Message] | _Wake | _Relay
 
 
 class _InboxSink:
@@ -663,7 +651,6 @@ class _InboxSink:
         self._host = host
         self.passes = host.passes  # the router asks the host directly: no extra call
         self.watch = host.watch
-        self.drain = host.drain
 
     def release(self, session_id: str, reason: CloseReason) -> None:
         """Never waits: the router may end thousands of sessions at once (idle expiry), and
@@ -687,9 +674,30 @@ class _InboxSink:
         except BaseException:
             # Not handed over (cancelled while the inbox was full, or closed): never to be
             # dispatched, so it must not count, or the proxy would look busy for ever
-            # (no shortcut past it, and an answer waiting on its `drain` would never go).
+            # (no shortcut past it, and an answer relayed behind its queue would wait).
             self._host.queued -= count
             raise
+
+    async def relay_if_busy(self, then: Callable[[], Awaitable[None]]) -> bool:
+        """An answer to a request routed past this proxy is on its way past it too: if
+        messages handed over earlier are still in dispatch, it must not overtake them, so
+        `then` (passing it on) runs when dispatch reaches it. False: nothing is in dispatch
+        (pass it on now)."""
+        if not self._host.queued:
+            return False
+        self._host.queued += 1
+        try:
+            try:
+                self._send.send_nowait(_Relay(then))
+            except anyio.WouldBlock:
+                await self._send.send(_Relay(then))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._host.queued -= 1  # stopping: nothing is dispatched any more
+            return False
+        except BaseException:
+            self._host.queued -= 1  # cancelled before it was handed over: see `send`
+            raise
+        return True
 
     def send_nowait(self, item: Message) -> bool:
         self._host.queued += 1
@@ -746,12 +754,18 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
                         while True:
                             if item is _WAKE:
                                 item = []
-                            assert not isinstance(item, _Wake)
+                            elif isinstance(item, _Relay):
+                                try:
+                                    await item.then()
+                                finally:
+                                    host.queued -= 1
+                                item = []
+                            assert not isinstance(item, _Wake | _Relay)
                             for message in item if isinstance(item, list) else (item,):
                                 try:
                                     await host.dispatch(message)
                                 finally:
-                                    host.count_dispatched()
+                                    host.queued -= 1
                             try:
                                 item = receive.receive_nowait()
                             except (anyio.WouldBlock, anyio.EndOfStream):
@@ -760,13 +774,7 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
                         with anyio.CancelScope(shield=True):
                             await writes.flush()
 
-        async def serving() -> None:
-            try:
-                await serve()
-            finally:
-                host.stop_draining()
-
-        tg.start_soon(serving)
+        tg.start_soon(serve)
         try:
             yield _InboxSink(send, host)
         finally:
@@ -786,7 +794,7 @@ async def open_inprocess_hop(proxy: Proxy[Any],
 
     async with open_inprocess_proxy(proxy, deliver) as sink:
         hop = Hop(proxy.name, sink, dialect=Dialect.PROXY, passes=sink.passes, watch=sink.watch,
-                  drain=sink.drain, release=sink.release, tracer=tracer)
+                  release=sink.release, tracer=tracer)
         yield hop
 
 

@@ -79,9 +79,6 @@ class Forward:
     hook: ResponseHook | None = None
     timed_out: bool = False  # the conductor answered it (request_timeout)
     inbound: Inbound | None = None  # how the origin tracks it (for its cancel)
-    # In-process proxies it was routed past, in the answer's order: the answer waits for
-    # what each of them still has in dispatch, so it overtakes nothing sent before it.
-    skipped: tuple[Hop, ...] = ()
 
 
 class Chain:
@@ -427,7 +424,6 @@ class Chain:
         # queue, would forward it untouched: route past it and save the hop entirely.
         # Its watchers see a notification routed past it, as on the plain route.
         seen: Notification | None = None
-        skipped: list[Hop] | None = None
         while not direct and target.role is Role.PROXY and target.hop.passes is not None \
                 and target.hop.passes(method, not downward):
             if target.hop.watch is not None and isinstance(msg, Notification):
@@ -435,7 +431,6 @@ class Chain:
                     seen = msg if msg.method == method else \
                         Notification(method=method, params=params)
                 target.hop.watch(seen, not downward)
-            skipped = [target.hop, *(skipped or ())]
             target = self.topology.nodes[target.index + (1 if downward else -1)]
         is_request = isinstance(msg, Request)
         out_method, out_params = method, params
@@ -492,8 +487,7 @@ class Chain:
                 out = Notification(method=out_method, params=out_params)
             await self._send(hop, out, source=source.name)
             return
-        forward = Forward(origin, msg.id, hop, chain_hooks(hooks),
-                          skipped=tuple(skipped) if skipped else ())
+        forward = Forward(origin, msg.id, hop, chain_hooks(hooks))
         if wrap:
             outgoing, request = hop.open_request(
                 out_method, out_params, deliver=self._answered, context=forward,
@@ -509,7 +503,20 @@ class Chain:
             self._deadlines.add(hop, outgoing, prompt=prompt,
                                 after=len(self.topology.nodes) - 1 - target.index,
                                 session_id=acp.get_str(params, "sessionId") if prompt else None)
-        await self._send(hop, request, source=source.name, origin=(origin.name, msg.id))
+        try:
+            await self._send(hop, request, source=source.name, origin=(origin.name, msg.id))
+        except BaseException:
+            # Cancelled while writing it: an in-process proxy's forward is routed in its
+            # handler's task, which its own cancel may stop while the target's connection is
+            # busy. Nothing waits for this answer any more (the handler is answered -32800),
+            # so nothing may stay pending; had the request gone out, it is stopped there.
+            if hop.pending.get(outgoing.ident) is outgoing:
+                del hop.pending[outgoing.ident]
+                origin.untrack_inbound(msg.id, forward.inbound)
+                with anyio.CancelScope(shield=True):
+                    await self._cancel_held(hop, outgoing.ident, acp.get_str(
+                        params, "sessionId") if method == acp.SESSION_PROMPT else None)
+            raise
 
     def _initialize_answer_hook(self, proxy: str) -> ResponseHook:
         async def remember(answer: Response) -> Response:
@@ -604,21 +611,47 @@ class Chain:
                 return
             answer = hooked
         origin = forward.origin
-        # Only the target's own answer is held: the conductor's (a timeout, the target
-        # gone) is in no component's stream, so it overtakes nothing, and it must not wait
-        # on a proxy stuck in its dispatch (the timers and fail_hop await it in line).
-        if not forward.timed_out and forward.target.failure is None:
-            for passed in forward.skipped:
-                waiting = passed.drain() if passed.drain is not None else None
-                if waiting is not None:
-                    await waiting
         origin.untrack_inbound(forward.origin_id, forward.inbound)
         if origin.failure is not None:
             log.info("answer for %s dropped: %s is gone", outgoing.method, origin.name)
             return
         source = "conductor" if forward.target.failure is not None or forward.timed_out \
             else forward.target.name
-        await self._send(origin, answer.answering(forward.origin_id), source=source)
+        reply = answer.answering(forward.origin_id)
+        # Only the target's own answer queues behind what the proxies it was routed past
+        # still hold: the conductor's (a timeout, the target gone) is in no component's
+        # stream, so it overtakes nothing, and must not wait on a proxy stuck in dispatch.
+        past = self._routed_past(origin, forward.target) if source != "conductor" else None
+        if past:
+            await self._send_past(past, origin, reply, source)
+        else:
+            await self._send(origin, reply, source=source)
+
+    def _routed_past(self, origin: Hop, target: Hop) -> list[Hop]:
+        """The in-process proxies between `target` and `origin` (a request routed past
+        them), in the order its answer travels back."""
+        find = self.topology.find
+        to, back = find(target), find(origin)
+        if to is None or back is None or abs(to.index - back.index) < 2:
+            return []
+        lo, hi = sorted((to.index, back.index))
+        hops = [n.hop for n in self.topology.nodes[lo + 1:hi]
+                if n.role is Role.PROXY and n.hop.passes is not None]
+        return hops[::-1] if to.index > back.index else hops
+
+    async def _send_past(self, past: list[Hop], origin: Hop, reply: Response,
+                         source: str) -> None:
+        """Send `reply` to `origin` past these proxies without overtaking what is still in
+        their dispatch (sent before it by the same side): behind such a proxy's queue, it
+        goes on when dispatch reaches it (docs/architecture.md: order is unchanged)."""
+        for i, hop in enumerate(past):
+            relay = getattr(hop.sink, "relay_if_busy", None)
+            if relay is None or hop.failure is not None:
+                continue
+            then = functools.partial(self._send_past, past[i + 1:], origin, reply, source)
+            if await relay(then):
+                return
+        await self._send(origin, reply, source=source)
 
     def _track_session(self, method: str, params: Raw | UnsetType, source: Node,
                        target: Node, sent: Raw | UnsetType) -> ResponseHook | None:

@@ -9,7 +9,7 @@ virtual `successor`, reached through the client's own connection.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,9 +35,6 @@ Passes = Callable[[str, bool], bool]
 # (notification, travelling up): an in-process proxy's watchers see a notification the
 # router takes past it on its shortcut. Never waits; never raises.
 Watch = Callable[[Notification, bool], None]
-# An in-process proxy: None when nothing handed to it is still in its dispatch, else what
-# waits until all that is (an answer routed past it must not overtake it).
-Drain = Callable[[], Awaitable[None] | None]
 # (session id, why): an in-process proxy drops its state for a session the router ended
 # without a message crossing it (idle expiry, a lost session). Never waits.
 Release = Callable[[str, CloseReason], None]
@@ -48,14 +45,13 @@ class Hop(Endpoint):
 
     def __init__(self, name: str, sink: MessageSink, *, dialect: Dialect | None = None,
                  passes: Passes | None = None, watch: Watch | None = None,
-                 drain: Drain | None = None, release: Release | None = None,
+                 release: Release | None = None,
                  tracer: TraceSink | None = None) -> None:
         super().__init__(name, sink)
         self.dialect = dialect                 # for proxies: how they spell the envelope
         self.dialect_forced = dialect is not None
         self.passes = passes                   # in-process proxies only
         self.watch = watch                     # in-process proxies with watchers only
-        self.drain = drain                     # in-process proxies only
         self.release = release                 # in-process proxies only
         if tracer is not None:
             self.observe = functools.partial(_trace_out, tracer, name)
