@@ -32,10 +32,12 @@ def test_ruff_finds_nothing_in_the_code_tests_and_bench() -> None:
 
 
 def test_the_code_type_checks_under_mypy_strict() -> None:
-    # [tool.mypy] in pyproject.toml: strict, over conductor/ and proxies/. A fresh cache
-    # directory per run: a stale cache must not hide an error.
+    # [tool.mypy] in pyproject.toml: strict, over conductor/ and proxies/. mypy's own
+    # incremental cache (.mypy_cache, shared with a developer's `mypy`): it rechecks what a
+    # changed module's interface reaches and replays cached errors, so a warm run reports
+    # what a cold one does, for 0.3 s of CPU instead of 6.
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--cache-dir", "/dev/null"], cwd=ROOT,
+        [sys.executable, "-m", "mypy"], cwd=ROOT,
         capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, f"mypy --strict failed:\n{done.stdout}{done.stderr}"
 
