@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -105,4 +106,51 @@ def test_the_editors_command_line_answers_initialize_without_importing_click() -
     imported = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines()
                 if line.startswith("import time:")}
     assert "conductor.serve" in imported  # the import log is what it seems
+    assert "click" not in imported
+
+
+@pytest.mark.parametrize(("argv", "commands"), [
+    (["agent", "npx some-agent"], ["npx some-agent"]),
+    (["agent", "python proxy.py", "npx some-agent"], ["python proxy.py", "npx some-agent"]),
+    (["agent"], None),
+    (["agent", "--help"], None),
+    (["agent", "npx a", "--log-level", "info"], None),
+    (["--log-level", "info", "agent", "npx a"], None),
+    (["proxy", "python p.py"], None),
+])
+def test_only_a_plain_agent_command_line_skips_click(argv: list[str],
+                                                     commands: list[str] | None) -> None:
+    assert entry.agent_invocation(argv) == commands
+
+
+@pytest.mark.parametrize("commands", [[""], ["python proxy.py", "  "]])
+def test_a_bad_agent_command_is_reported_as_click_reports_it(
+        commands: list[str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    clicked = CliRunner().invoke(with_click, ["agent", *commands])
+    monkeypatch.setattr(sys, "argv", ["acp-conductor", "agent", *commands])
+    with pytest.raises(SystemExit) as exited:
+        entry.main()
+    fast = capsys.readouterr()
+    assert exited.value.code == clicked.exit_code == 2
+    assert fast.out == clicked.stdout == ""
+    assert fast.err == clicked.stderr
+    assert "command is empty" in fast.err
+
+
+def test_agent_mode_answers_initialize_without_importing_click() -> None:
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {}}}
+    agent = shlex.join([sys.executable, "-m", "conductor", "demo-agent"])
+    python, *rest = conductor_argv("agent", agent)
+    done = subprocess.run([python, "-X", "importtime", *rest],
+                          input=json.dumps(init) + "\n", capture_output=True, text=True,
+                          env=child_env(), timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[0])["result"]["agentInfo"]["name"] \
+        == "demo-agent"
+    # (-X importtime is not passed on: the demo agent's imports are not in the log)
+    imported = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "conductor.serve" in imported
     assert "click" not in imported

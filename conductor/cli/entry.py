@@ -1,10 +1,10 @@
 """The `acp-conductor` command's entry point: the editor's own invocation, without click.
 
-An editor starts `acp-conductor --chain FILE` and waits for its `initialize` to be
-answered; importing click is ≈ 7-10 ms of that start-up (docs/performance.md). Exactly
-that command line (or `--chain=FILE`) is served here; every other one, and anything
-unusual about this one, goes to click (cli/app.py), which would do the same with it
-(tests/test_cli_entry.py holds the two to that).
+An editor starts `acp-conductor --chain FILE` (or `acp-conductor agent CMD...`) and waits
+for its `initialize` to be answered; importing click is ≈ 7-13 ms of that start-up
+(docs/performance.md). Exactly those command lines are served here; every other one, and
+anything unusual about these (an option, a directory), goes to click (cli/app.py), which
+would do the same with them (tests/test_cli_entry.py holds the two to that).
 """
 
 from __future__ import annotations
@@ -16,19 +16,28 @@ COMPLETION_VAR = "_ACP_CONDUCTOR_COMPLETE"  # click's shell completion for this 
 
 
 def main() -> None:
-    chain_file = editor_invocation(sys.argv[1:])
-    if chain_file is None:
+    argv = sys.argv[1:]
+    chain_file = editor_invocation(argv)
+    commands = agent_invocation(argv) if chain_file is None else None
+    if chain_file is None and commands is None:
         from conductor.cli.app import main as with_click
 
         with_click()
         return
     from conductor.cli.guard import Globals, errors_reported
     from conductor.cli.serving import serve
-    from conductor.plan import read_chain
 
     options = Globals(chain_file=chain_file)
     with errors_reported(options):
-        serve(read_chain(chain_file), options, "agent")
+        if commands is not None:
+            from conductor.config import chain_from_commands
+
+            serve(chain_from_commands(commands, with_agent=True), options, "agent")
+        else:
+            from conductor.plan import read_chain
+
+            assert chain_file is not None
+            serve(read_chain(chain_file), options, "agent")
 
 
 def editor_invocation(argv: list[str]) -> str | None:
@@ -43,6 +52,16 @@ def editor_invocation(argv: list[str]) -> str | None:
             or os.path.isdir(value) or _unreadable(value):
         return None  # click's own answer (a usage error, completion): not the editor's case
     return value
+
+
+def agent_invocation(argv: list[str]) -> list[str] | None:
+    """The commands of `agent CMD...` with no option anywhere; None for anything else."""
+    if len(argv) < 2 or argv[0] != "agent" or os.environ.get(COMPLETION_VAR):
+        return None
+    commands = argv[1:]
+    if any(c.startswith("-") for c in commands):
+        return None  # an option (global, or --help): click's
+    return commands
 
 
 def _unreadable(path: str) -> bool:
