@@ -51,10 +51,12 @@ class McpSupport:
             return
         if not isinstance(value, dict):
             return
-        supported = {"stdio"}
+        supported = {"stdio"}  # v1: every agent takes stdio
         if version >= 2:
+            # v2 has no baseline transport: stdio too is "only available when the agent
+            # capabilities include `session.mcp.stdio`" (schema McpServer); `_meta` is none.
             mcp = _dict(_dict(_dict(value.get("capabilities")).get("session")).get("mcp"))
-            supported = {k for k, v in mcp.items() if isinstance(v, dict)} or {"stdio"}
+            supported = {k for k, v in mcp.items() if isinstance(v, dict) and k != "_meta"}
         else:
             caps = _dict(_dict(value.get("agentCapabilities")).get("mcpCapabilities"))
             supported |= {k for k in ("http", "sse", "acp") if caps.get(k) is True}

@@ -28,7 +28,8 @@ def test_v1_stdio_servers_have_no_type_and_env_as_name_value_pairs() -> None:
 
 def test_v2_stdio_servers_carry_a_type() -> None:
     inj = McpInjection([STDIO])
-    inj.learn_initialize(2, msgspec.Raw(b'{"protocolVersion":2}'))
+    inj.learn_initialize(2, msgspec.Raw(
+        b'{"protocolVersion":2,"capabilities":{"session":{"mcp":{"stdio":{}}}}}'))
     out = json.loads(bytes(inj.apply(msgspec.Raw(b'{"cwd":"/w"}'))))
     assert out["mcpServers"][0]["type"] == "stdio"
 
