@@ -782,7 +782,7 @@ class Chain:
         # $/cancel_request is in v2's stable protocol, not v1's (SDK agents print a
         # traceback for it; issue 10.13). Proxies speak the conductor protocol: they have it.
         to_agent = node is not None and node.role is Role.AGENT
-        v2 = (self.handshake.version or 0) >= 2  # a v2 client gets only a v2 agent
+        v2 = (self.handshake.agent_version or 0) >= 2  # as the agent was initialized
         cancel_request = not to_agent or (session_id is None and v2)
         with anyio.move_on_after(CANCEL_WRITE_BOUND):
             if cancel_request:

@@ -59,6 +59,9 @@ class Handshake:
         self.proxy_mode = proxy_mode
         self.upstream_dialect = Dialect.PROXY  # proxy mode: how our own client spells it
         self.version: int | None = None        # what the client asked for
+        # What the agent was asked for: a proxy may speak another version to it than our
+        # client speaks to us, and what the conductor itself sends the agent follows this.
+        self.agent_version: int | None = None
         self._mcp = mcp
         self._bridge = bridge
 
@@ -133,8 +136,10 @@ class Handshake:
                 version = acp.protocol_version(params)
             except ProtocolVersionError:
                 version = None  # the agent judges a proxy's bad params itself
-            if version == 2 and target.role is Role.AGENT:
-                out.hooks.append(self._require_v2(target))
+            if target.role is Role.AGENT:
+                self.agent_version = version
+                if version == 2:
+                    out.hooks.append(self._require_v2(target))
             if version is not None and self._mcp is not None:
                 out.hooks.append(self._learn_mcp_support(
                     version, self._bridge if target.role is Role.AGENT else None))

@@ -188,3 +188,31 @@ def test_answered_requests_do_not_pile_up_in_the_deadline_heap() -> None:
         hop.take(outgoing.id)  # answered at once
     assert len(deadlines) <= 1025
     assert deadlines.due() == []
+
+
+class Downgrading(Proxy):
+    """Speaks v2 to its editor and v1 to the agent (a version adapter)."""
+
+    @on("initialize")
+    async def initialize(self, ctx: ProxyContext, message: Request) -> object:
+        params = message.params_value()
+        assert isinstance(params, dict)
+        answer = await ctx.forward(message.with_params({**params, "protocolVersion": 1}))
+        assert answer is not None
+        result = answer.result_value()
+        assert isinstance(result, dict)
+        return {**result, "protocolVersion": 2}
+
+
+async def test_a_v1_agent_behind_a_version_adapter_is_not_sent_a_cancel_request() -> None:
+    # The agent's protocol is the one its own initialize named, not the editor's.
+    agent = ScriptedAgent({"session/new": hang})
+    async with open_test_chain([Downgrading()], agent, initialize=False,
+                               timeouts=Timeouts(request=0.1)) as client:
+        with anyio.fail_after(5):
+            assert (await client.initialize(2) or {}).get("protocolVersion") == 2  # type: ignore[union-attr]
+            answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
+            await anyio.wait_all_tasks_blocked()  # the cancel would be written by now
+    assert error_of(answer)["code"] == ErrorCode.REQUEST_TIMEOUT
+    assert agent.received_params("initialize")[0]["protocolVersion"] == 1  # type: ignore[index]
+    assert agent.received_params("$/cancel_request") == []
