@@ -139,7 +139,8 @@ class Handshake:
             if target.role is Role.AGENT:
                 self.agent_version = version
                 if version == 2:
-                    out.hooks.append(self._require_v2(target))
+                    asked = acp.result_protocol_version(params)  # raw: 3 is served as 2
+                    out.hooks.append(self._require_v2(target, asked))
             if version is not None and self._mcp is not None:
                 out.hooks.append(self._learn_mcp_support(
                     version, self._bridge if target.role is Role.AGENT else None))
@@ -172,7 +173,7 @@ class Handshake:
         return hook
 
     @staticmethod
-    def _require_v2(agent: Node) -> ResponseHook:
+    def _require_v2(agent: Node, asked: object) -> ResponseHook:
         async def hook(answer: Response) -> Response | None:
             if answer.result is UNSET:
                 return answer
@@ -182,9 +183,10 @@ class Handshake:
             return error_response(
                 answer.id, ErrorCode.INTERNAL_ERROR,
                 f"{agent.name} answered initialize with protocolVersion {version!r}, but the "
-                "client asked for protocol version 2 and the conductor requires the agent to "
-                "say protocolVersion 2",
-                {"component": agent.name, "agentProtocolVersion": version})
+                f"client asked for protocol version {asked!r} and the conductor, which speaks "
+                "versions 1 and 2, requires the agent to say protocolVersion 2",
+                {"component": agent.name, "agentProtocolVersion": version,
+                 "clientProtocolVersion": asked})
         return hook
 
 
