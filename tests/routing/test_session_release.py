@@ -193,3 +193,33 @@ async def test_thousands_of_sessions_expiring_at_once_never_wait_on_a_busy_proxy
             await agent.notify("_test/open", {})
             await all_closed.wait()
     assert {why for _, why in opener.ended} == {CloseReason.EXPIRED}
+
+
+async def test_v2_fork_resume_close_and_delete_release_every_session() -> None:
+    async def resume(agent: ScriptedAgent, message: Request) -> object:
+        if message.params_value()["sessionId"] == "gone":
+            raise RpcError(-32002, "Resource not found", "gone")
+        return {}
+
+    async def fork(agent: ScriptedAgent, message: Request) -> object:
+        return {"sessionId": "forked"}
+
+    recorder = Recorder()
+    agent = ScriptedAgent({"session/fork": fork, "session/resume": resume,
+                           "session/delete": {}})
+    async with open_test_chain([recorder], agent, initialize=False) as client:
+        with anyio.fail_after(5):
+            await client.initialize(2)
+            sid = await client.new_session("/w")
+            await client.call("session/fork", {"sessionId": sid, "cwd": "/w"})
+            assert (await client.request("session/resume",
+                                         {"sessionId": "gone", "cwd": "/w"})).is_error
+            await client.call("session/resume", {"sessionId": "old", "cwd": "/w"})
+            await client.call("session/close", {"sessionId": sid})
+            await client.call("session/delete", {"sessionId": "forked"})
+            await client.call("session/close", {"sessionId": "old"})
+            await recorder.wait_ended(4)
+            assert alive(SessionScope) == 0
+            assert alive(SessionRecord) == 0
+    assert recorder.ended == [("gone", CloseReason.REFUSED), (sid, CloseReason.CLOSED),
+                              ("forked", CloseReason.DELETED), ("old", CloseReason.CLOSED)]
