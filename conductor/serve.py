@@ -424,6 +424,13 @@ async def serve_connection(
             await _serve_source(chain, client, client_source)
             log.info("client closed its input")
             chain.disconnected()
+            if options.mode == "proxy":
+                # The client's pipe carries its answers and our successor's: none can come
+                # now. Answered at once, so a nested chain stops without each level
+                # waiting out its grace for them.
+                await client.fail_pending(ComponentStoppedError(
+                    client.name, "closed its input: what it owed (its own answers and its "
+                    "successor's) can no longer come"), component=client.name)
             # Give the client's in-flight requests a bounded time to be answered.
             with anyio.move_on_after(config.conductor.shutdown_grace):
                 await client.wait_quiet()

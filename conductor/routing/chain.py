@@ -79,6 +79,7 @@ class Forward:
     hook: ResponseHook | None = None
     timed_out: bool = False  # the conductor answered it (request_timeout)
     inbound: Inbound | None = None  # how the origin tracks it (for its cancel)
+    turn: str | None = None  # a prompt's session id: how an agent is told to stop it
 
 
 class Chain:
@@ -487,7 +488,8 @@ class Chain:
                 out = Notification(method=out_method, params=out_params)
             await self._send(hop, out, source=source.name)
             return
-        forward = Forward(origin, msg.id, hop, chain_hooks(hooks))
+        forward = Forward(origin, msg.id, hop, chain_hooks(hooks), turn=acp.get_str(
+            params, "sessionId") if method == acp.SESSION_PROMPT else None)
         if wrap:
             outgoing, request = hop.open_request(
                 out_method, out_params, deliver=self._answered, context=forward,
@@ -844,11 +846,22 @@ class Chain:
             self._on_broken(hop)
 
     async def fail_hop(self, hop: Hop, error: ComponentError) -> None:
-        """`hop`'s component is gone: answer everything it owed, refuse what comes next."""
-        await hop.fail(error, component=hop.name)
+        """`hop`'s component is gone: answer everything it owed, refuse what comes next,
+        and stop what it had sent on toward the agent (nobody can take those answers; a
+        turn left running holds its session, and a retried prompt would wait behind it)."""
         node = self.topology.find(hop)
+        orphans = [(target, outgoing) for target in self.topology.hops()
+                   if node is not None and target.failure is None
+                   and (held := self.topology.find(target)) is not None
+                   and held.index > node.index
+                   for outgoing in list(target.pending.values())
+                   if isinstance(outgoing.context, Forward) and outgoing.context.origin is hop]
+        await hop.fail(error, component=hop.name)
         if node is not None:
             await self.mcp_routes.hop_failed(node)
+        for target, outgoing in orphans:
+            if target.pending.get(outgoing.ident) is outgoing and target.failure is None:
+                await self._cancel_held(target, outgoing.ident, outgoing.context.turn)
 
     # -- components restarted or bypassed (recovery.py) ---------------------------------------
 

@@ -356,6 +356,12 @@ class Endpoint:
         if self.failure is not None:
             return
         self.failure = error
+        await self.fail_pending(error, component=component)
+
+    async def fail_pending(self, error: BaseException, *, component: str | None = None) -> None:
+        """Every request still open on this connection gets `error` as its answer, as in
+        `fail`, but the connection stays usable: for a peer that can no longer answer while
+        it still reads what we send (it closed only its side)."""
         owed = list(self.pending.values())
         self.pending.clear()
         for outgoing in owed:

@@ -233,3 +233,31 @@ command = {json.dumps(agent_cmd())}
         sid = await c.new_session()
         assert sid
     assert methods(record).count("initialize") == 1
+
+
+async def test_as_a_proxy_requests_owed_by_the_successor_are_answered_as_soon_as_the_client_closes(
+        tmp_path: Path) -> None:
+    # The successor is reached through the client's own pipe: once the client closes its
+    # input, no answer from the successor can come. Waiting shutdown_grace for one made a
+    # nested chain take grace x depth to stop (its editor waiting all along).
+    chain = write_chain(tmp_path, f"""
+[conductor]
+shutdown_grace = 60
+
+[[proxy]]
+command = {json.dumps(proxy_cmd())}
+""")
+    async with open_conductor("proxy", "--chain", chain) as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
+                      "params": {"protocolVersion": 1}})
+        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
+        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
+        await c.response(0)
+        await c.send({"jsonrpc": "2.0", "id": "q", "method": "session/prompt",
+                      "params": {"sessionId": "s", "prompt": []}})
+        await c.read_until(lambda m: m.get("method") == "_proxy/successor")  # never answered
+        await c.close_stdin()
+        answer = await c.response("q")
+        assert answer["error"]["data"]["component"] == "client"
+        assert "closed its input" in answer["error"]["message"]
+        assert await c.wait() == 0

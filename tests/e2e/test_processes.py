@@ -470,3 +470,23 @@ def test_under_nohup_sighup_is_ignored_and_the_chain_serves_on() -> None:
                 proc.kill()
     assert proc.returncode == 0, err.decode()
     assert json.loads(out.splitlines()[0])["id"] == 2
+
+
+async def test_a_turn_a_dead_proxy_had_forwarded_is_cancelled_at_the_agent(
+        tmp_path: Path) -> None:
+    # Nobody can take that turn's answer any more; left running it holds the session, so
+    # after a restart (or a nested conductor's) the editor's retried prompt waits behind it.
+    record = tmp_path / "agent.jsonl"
+    async with open_conductor("agent", proxy_cmd("--crash-on", "_test/boom"),
+                              agent_cmd("--prompt-hangs", "--record", str(record))) as c:
+        await c.initialize()
+        sid = await c.new_session()
+        await c.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
+                      "params": {"sessionId": sid, "prompt": []}})
+        await c.read_until(lambda m: m.get("method") == "_test/hanging")
+        await c.send({"jsonrpc": "2.0", "id": "boom", "method": "_test/boom", "params": {}})
+        assert (await c.response("turn"))["error"]["data"]["component"] == "proxy:0"
+        assert await c.wait() == 3
+    seen = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
+    assert any(m.get("method") == "session/cancel" and m.get("params") == {"sessionId": sid}
+               for m in seen), seen
