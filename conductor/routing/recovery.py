@@ -240,13 +240,18 @@ class Recovery:
 def reopen_method(answer: Response, version: int) -> str | None:
     """How a (restarted) agent's initialize answer says sessions can be reopened:
     session/resume (v1 `sessionCapabilities.resume`; v2 any `capabilities.session`), else
-    session/load (v1 `loadSession: true`), else None."""
+    session/load (v1 `loadSession: true`), else None. Read in the version the answer
+    itself names (`version`, the editor's, if it names none): behind a proxy that adapts
+    versions, the agent may speak another than the editor."""
     try:
         result = msgspec.json.decode(answer.result) if answer.result is not UNSET else None
     except (msgspec.DecodeError, RecursionError):
         return None
     if not isinstance(result, dict):
         return None
+    spoken = result.get("protocolVersion")
+    if isinstance(spoken, int) and not isinstance(spoken, bool) and spoken >= 1:
+        version = spoken
     if version >= 2:
         caps = result.get("capabilities")
         return acp.SESSION_RESUME if isinstance(caps, dict) and \

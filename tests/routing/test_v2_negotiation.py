@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import anyio
+import pytest
+from msgspec import Raw
 
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.plugins import Proxy, ProxyContext, on
@@ -62,3 +65,18 @@ async def test_a_proxy_that_answers_a_lower_version_is_believed() -> None:
         with anyio.fail_after(5):
             result = await client.call("initialize", {"protocolVersion": 2, "info": INFO})
     assert isinstance(result, dict) and result["protocolVersion"] == 1
+
+
+@pytest.mark.parametrize(("answer", "editor_version", "method"), [
+    ({"protocolVersion": 1, "agentCapabilities": {"loadSession": True}}, 2, "session/load"),
+    ({"protocolVersion": 2, "capabilities": {"session": {}}}, 1, "session/resume"),
+    ({"agentCapabilities": {"loadSession": True}}, 1, "session/load"),
+    ({"protocolVersion": 1, "agentCapabilities": {}}, 2, None),
+])
+def test_a_restarted_agents_sessions_are_reopened_as_its_own_version_says(
+        answer: dict[str, object], editor_version: int, method: str | None) -> None:
+    from conductor.jsonrpc.message import Response
+    from conductor.routing.recovery import reopen_method
+
+    response = Response(id=Raw(b"1"), result=Raw(json.dumps(answer).encode()))
+    assert reopen_method(response, editor_version) == method
