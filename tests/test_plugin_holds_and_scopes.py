@@ -351,3 +351,36 @@ async def test_a_chain_stopped_mid_turn_does_not_wait_for_an_agent_that_never_an
                 outer.start_soon(client.prompt, sid, "hang")
                 await agent.prompted.wait()
         outer.cancel_scope.cancel()
+
+
+async def test_a_prompt_cancelled_while_the_router_forwards_it_leaves_its_session_idle() -> None:
+    # The turn the router forgot (see above) is over: its session must not stay
+    # "prompting" for ever, which idle expiry never ends and the status tool shows.
+    forwards, reading = ForwardsReleased(), anyio.Event()
+
+    class StallingAgent(ScriptedAgent):
+        async def deliver(self, item: Any) -> None:
+            if getattr(item, "method", None) == "_ext/note":
+                await reading.wait()
+            await super().deliver(item)
+
+    agent = StallingAgent()
+    async with open_test_chain([forwards, Floods()], agent) as client:
+        chain = forwards.chain_status.__self__  # type: ignore[union-attr]
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.notify("_ext/flood", {})
+            await anyio.wait_all_tasks_blocked()  # the agent's connection is full
+            async with anyio.create_task_group() as tg:
+                async def prompt() -> None:
+                    await client.request("session/prompt", {"sessionId": sid, "prompt": []},
+                                         ident=99)
+                tg.start_soon(prompt)
+                await anyio.wait_all_tasks_blocked()  # routed, waiting for the agent's pipe
+                await client.cancel(99)
+                await anyio.wait_all_tasks_blocked()
+                reading.set()
+            await agent.wait_for("_ext/note", 300)
+            await anyio.wait_all_tasks_blocked()
+            assert [(s["sessionId"], s["state"]) for s in chain.status()["sessions"]] == \
+                [(sid, "idle")]
