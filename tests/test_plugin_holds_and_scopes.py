@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
+from conductor.jsonrpc.message import Notification
 from conductor.plugins import Proxy, ProxyContext, SessionScope, on
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Message
+    from conductor.transport.base import Incoming
 
 
 def update(sid: str, text: str) -> dict[str, object]:
@@ -315,3 +317,70 @@ async def test_a_cancelled_handlers_answer_waits_for_the_far_end_so_no_update_tr
                 await client.cancel(99)
                 await anyio.wait_all_tasks_blocked()
                 proxy.gate.set()
+
+
+
+class DeafAgent(ScriptedAgent):
+    """Never hears a cancel: a prompt is answered never."""
+
+    def __init__(self) -> None:
+        self.prompted = anyio.Event()
+        super().__init__({"session/prompt": self._never})
+
+    async def _never(self, agent: ScriptedAgent, message: Message) -> object:
+        self.prompted.set()
+        await anyio.sleep_forever()
+        return {}
+
+    async def deliver(self, item: Incoming) -> None:
+        if not (isinstance(item, Notification) and item.method == "$/cancel_request"):
+            await super().deliver(item)
+
+
+async def test_a_chain_stopped_mid_turn_does_not_wait_for_an_agent_that_never_answers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A handler cancelled because the chain stops (Ctrl-C twice, SIGTERM twice, EOF) has
+    # nobody left to deliver the far end's answer: its dispatch is stopping too. The
+    # cancelled-answer grace must not hold the chain's exit (it held it 5 s per proxy).
+    monkeypatch.setattr("conductor.plugins.host.CANCELLED_ANSWER_GRACE", 30.0)
+    agent = DeafAgent()
+    async with anyio.create_task_group() as outer:
+        with anyio.fail_after(5):
+            async with open_test_chain([HandlesPrompts()], agent) as client:
+                sid = await client.new_session()
+                outer.start_soon(client.prompt, sid, "hang")
+                await agent.prompted.wait()
+        outer.cancel_scope.cancel()
+
+
+async def test_a_prompt_cancelled_while_the_router_forwards_it_leaves_its_session_idle() -> None:
+    # The turn the router forgot (see above) is over: its session must not stay
+    # "prompting" for ever, which idle expiry never ends and the status tool shows.
+    forwards, reading = ForwardsReleased(), anyio.Event()
+
+    class StallingAgent(ScriptedAgent):
+        async def deliver(self, item: Any) -> None:
+            if getattr(item, "method", None) == "_ext/note":
+                await reading.wait()
+            await super().deliver(item)
+
+    agent = StallingAgent()
+    async with open_test_chain([forwards, Floods()], agent) as client:
+        chain = forwards.chain_status.__self__  # type: ignore[union-attr]
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.notify("_ext/flood", {})
+            await anyio.wait_all_tasks_blocked()  # the agent's connection is full
+            async with anyio.create_task_group() as tg:
+                async def prompt() -> None:
+                    await client.request("session/prompt", {"sessionId": sid, "prompt": []},
+                                         ident=99)
+                tg.start_soon(prompt)
+                await anyio.wait_all_tasks_blocked()  # routed, waiting for the agent's pipe
+                await client.cancel(99)
+                await anyio.wait_all_tasks_blocked()
+                reading.set()
+            await agent.wait_for("_ext/note", 300)
+            await anyio.wait_all_tasks_blocked()
+            assert [(s["sessionId"], s["state"]) for s in chain.status()["sessions"]] == \
+                [(sid, "idle")]

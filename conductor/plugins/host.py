@@ -110,10 +110,11 @@ _EVERYTHING: Final = _Everything()
 class HostRequest:
     """A request the proxy sent (its own, or a forward): `PendingRequest` of the API."""
 
-    __slots__ = ("_endpoint", "outgoing")
+    __slots__ = ("_endpoint", "_host", "outgoing")
 
-    def __init__(self, endpoint: Endpoint, outgoing: Outgoing) -> None:
-        self._endpoint = endpoint
+    def __init__(self, host: ProxyHost, outgoing: Outgoing) -> None:
+        self._host = host
+        self._endpoint = host.endpoint
         self.outgoing = outgoing
 
     @property
@@ -127,11 +128,20 @@ class HostRequest:
             # The handler was cancelled (its request's cancel) with this one sent: the wait
             # sent its cancel; the far end's answer comes after whatever it streamed for
             # it, so the handler's own answer (-32800) must not go before that answer.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(CANCELLED_ANSWER_GRACE):
+            # Not when the proxy is stopping: its dispatch, which would settle that
+            # answer, stops too, so nothing can come (the chain's exit must not wait).
+            host = self._host
+            if host.stopping:
+                raise
+            with anyio.CancelScope(shield=True) as grace, \
+                    anyio.move_on_after(CANCELLED_ANSWER_GRACE):
+                host.graces.add(grace)
                 try:
                     await self._endpoint.wait(self.outgoing)
                 except Exception:
                     pass  # the connection failed: nothing more will come
+                finally:
+                    host.graces.discard(grace)
             raise
 
     async def cancel(self) -> None:
@@ -199,6 +209,10 @@ class ProxyHost:
         # until it releases). Counted at hand-over: anyio gives an item straight to a waiting
         # receiver without it ever showing in the buffer.
         self.queued = 0
+        # Set when dispatch stops: a cancelled handler then waits for no answer (`graces`:
+        # the shielded waits of those already waiting, cut short by `stop_dispatch`).
+        self.stopping = False
+        self.graces: set[anyio.CancelScope] = set()
         # Methods this proxy must see, per direction (None: it handles `*`, so everything).
         self._visit_up = self._must_visit(Side.SUCCESSOR)
         self._visit_down = self._must_visit(Side.PREDECESSOR)
@@ -232,7 +246,7 @@ class ProxyHost:
                             forwarding: bool = False) -> HostRequest:
         outgoing = await self._send_request(method, params, to, _Sent(
             None, owned=not forwarding))
-        pending = HostRequest(self.endpoint, outgoing)
+        pending = HostRequest(self, outgoing)
         if on_behalf_of is not None:
             on_behalf_of.adopt(pending)
         return pending
@@ -589,6 +603,13 @@ class ProxyHost:
 
     # -- the chain's life ----------------------------------------------------------------
 
+    def stop_dispatch(self) -> None:
+        """Dispatch is stopping: no answer reaches a handler any more, so a cancelled
+        handler's wait for one (HostRequest.wait) ends now instead of after its grace."""
+        self.stopping = True
+        for grace in self.graces:
+            grace.cancel()
+
     async def start_chain(self) -> None:
         """`chain_started`, before the first message.
 
@@ -778,6 +799,7 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
         try:
             yield _InboxSink(send, host)
         finally:
+            host.stop_dispatch()
             send.close()
             tg.cancel_scope.cancel()
 
@@ -837,6 +859,7 @@ async def serve_proxy(proxy: Proxy[Any], stdin: ByteReceiveStream, stdout: ByteS
                     await source.serve(handle)
                 finally:
                     _handler_release.reset(token)
+                    host.stop_dispatch()  # stdin closed, or we are cancelled: no more answers
                 tg.cancel_scope.cancel()  # the conductor closed our stdin: we are done
         finally:
             await host.stop_chain()

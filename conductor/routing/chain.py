@@ -518,6 +518,16 @@ class Chain:
                 with anyio.CancelScope(shield=True):
                     await self._cancel_held(hop, outgoing.ident, acp.get_str(
                         params, "sessionId") if method == acp.SESSION_PROMPT else None)
+                    # No answer will run its hooks: they see it cancelled, so the records
+                    # they keep end with it (a prompt's session is idle again, a setup's
+                    # declared MCP servers are forgotten).
+                    if forward.hook is not None:
+                        with anyio.move_on_after(CANCEL_WRITE_BOUND):
+                            try:
+                                await forward.hook(error_response(
+                                    msg.id, ErrorCode.REQUEST_CANCELLED, "Request cancelled"))
+                            except Exception as e:
+                                log.debug("hooks of a forgotten %s: %s", method, e)
             raise
 
     def _initialize_answer_hook(self, proxy: str) -> ResponseHook:
