@@ -384,3 +384,34 @@ async def test_a_prompt_cancelled_while_the_router_forwards_it_leaves_its_sessio
             await anyio.wait_all_tasks_blocked()
             assert [(s["sessionId"], s["state"]) for s in chain.status()["sessions"]] == \
                 [(sid, "idle")]
+
+
+class TimesOutItself(Proxy):
+    """Gives the agent 0.1 s to answer its own question, then answers the prompt anyway."""
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        with anyio.move_on_after(0.1):
+            await ctx.request("_ext/slow", {})
+        return {"stopReason": "end_turn"}
+
+
+async def test_a_handlers_own_timeout_on_its_request_ends_the_wait_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The grace a cancelled handler gives the far end is for its request's cancel only.
+    monkeypatch.setattr("conductor.plugins.host.CANCELLED_ANSWER_GRACE", 30.0)
+    never = anyio.Event()
+
+    async def slow(agent: ScriptedAgent, message: Message) -> object:
+        with anyio.CancelScope(shield=True):  # an agent that does not take cancels
+            await never.wait()
+        return {}
+
+    async with open_test_chain([TimesOutItself()], ScriptedAgent({"_ext/slow": slow})) as client:
+        try:
+            with anyio.fail_after(10):
+                sid = await client.new_session()
+                answer = await client.prompt(sid, "go")
+        finally:
+            never.set()
+    assert answer == {"stopReason": "end_turn"}

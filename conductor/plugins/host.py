@@ -110,12 +110,13 @@ _EVERYTHING: Final = _Everything()
 class HostRequest:
     """A request the proxy sent (its own, or a forward): `PendingRequest` of the API."""
 
-    __slots__ = ("_endpoint", "_host", "outgoing")
+    __slots__ = ("_endpoint", "_host", "outgoing", "owner")
 
     def __init__(self, host: ProxyHost, outgoing: Outgoing) -> None:
         self._host = host
         self._endpoint = host.endpoint
         self.outgoing = outgoing
+        self.owner: ProxyContext | None = None  # the handler that sent it, if one did
 
     @property
     def done(self) -> bool:
@@ -130,8 +131,10 @@ class HostRequest:
             # it, so the handler's own answer (-32800) must not go before that answer.
             # Not when the proxy is stopping: its dispatch, which would settle that
             # answer, stops too, so nothing can come (the chain's exit must not wait).
+            # Nor when something else cancelled the wait (the plugin's own timeout): the
+            # grace is for the handled request's cancel only.
             host = self._host
-            if host.stopping:
+            if host.stopping or self.owner is None or self.owner not in host.peer_cancelled:
                 raise
             with anyio.CancelScope(shield=True) as grace, \
                     anyio.move_on_after(CANCELLED_ANSWER_GRACE):
@@ -191,6 +194,8 @@ class ProxyHost:
         # Sessions the router ended (idle expiry, lost), waiting for dispatch to release them.
         self.releases: deque[tuple[str, CloseReason]] = deque()
         self._handlers = proxy.handlers()
+        # Handlers cancelled by their request's cancel (`$/cancel_request`), while they run.
+        self.peer_cancelled: set[ProxyContext] = set()
         # Watchers by method, per side ("*" under None): looked up per notification, so
         # keyed by plain strings (an enum's hash is Python code).
         watchers = proxy.watchers()
@@ -248,6 +253,7 @@ class ProxyHost:
             None, owned=not forwarding))
         pending = HostRequest(self, outgoing)
         if on_behalf_of is not None:
+            pending.owner = on_behalf_of
             on_behalf_of.adopt(pending)
         return pending
 
@@ -446,6 +452,7 @@ class ProxyHost:
                 except Exception as e:
                     self._log_failure(e, msg.method)
         finally:
+            self.peer_cancelled.discard(ctx)
             if self._holding is release:
                 self._holding = None
             release()
@@ -469,8 +476,7 @@ class ProxyHost:
                 raise
         return run
 
-    @staticmethod
-    def _cancellable(ctx: ProxyContext) -> Inbound:
+    def _cancellable(self, ctx: ProxyContext) -> Inbound:
         """A cancel of a handled request cancels the handler's forwards (the far end
         answers, and the handler passes that back); with none in flight, the handler."""
         inbound = Inbound()
@@ -481,6 +487,7 @@ class ProxyHost:
                 for pending in live:
                     await pending.cancel()
             elif inbound.scope is not None:
+                self.peer_cancelled.add(ctx)  # see HostRequest.wait
                 inbound.scope.cancel()
         inbound.on_cancel = cancel
         return inbound
