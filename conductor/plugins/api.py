@@ -398,21 +398,16 @@ class SessionScope:
         return raise_for_error(await pending.wait())
 
 
-class ProxyContext:
-    """What a handler can do: forward, answer (by returning), send its own, cancel."""
+class _MessageContext:
+    """What a handler and a watcher both get: the message, its side, its session."""
 
-    __slots__ = ("_host", "_outstanding", "_session", "forwarded", "message", "released",
-                 "source")
+    __slots__ = ("_host", "_session", "message", "source")
 
     def __init__(self, host: ProxyHost, source: Side, message: Call) -> None:
         self._host = host
         self.source = source
-        self.message = message                 # the message being handled
+        self.message = message                 # the message being handled or watched
         self._session: SessionScope | bool | None = False  # False: not looked up yet
-        self._outstanding: list[PendingRequest] = []
-        # Set by the host while this handler holds dispatch (see `release`).
-        self.released: Callable[[], None] | None = None
-        self.forwarded = False  # a request was forwarded: its handler owes the answer back
 
     @property
     def proxy(self) -> Proxy[Any]:
@@ -427,6 +422,19 @@ class ProxyContext:
 
     def session_for(self, session_id: str) -> SessionScope | None:
         return self._host.sessions.get(session_id)
+
+
+class ProxyContext(_MessageContext):
+    """What a handler can do: forward, answer (by returning), send its own, cancel."""
+
+    __slots__ = ("_outstanding", "forwarded", "released")
+
+    def __init__(self, host: ProxyHost, source: Side, message: Call) -> None:
+        super().__init__(host, source, message)
+        self._outstanding: list[PendingRequest] = []
+        # Set by the host while this handler holds dispatch (see `release`).
+        self.released: Callable[[], None] | None = None
+        self.forwarded = False  # a request was forwarded: its handler owes the answer back
 
     @property
     def outstanding(self) -> list[PendingRequest]:
@@ -499,31 +507,12 @@ class ProxyContext:
             release()
 
 
-class WatchContext:
+class WatchContext(_MessageContext):
     """What a watcher (`@watch`) gets: the notification's session and side, nothing that
     sends or waits."""
 
-    __slots__ = ("_host", "_session", "message", "source")
-
-    def __init__(self, host: ProxyHost, source: Side, message: Notification) -> None:
-        self._host = host
-        self.source = source
-        self.message = message
-        self._session: SessionScope | bool | None = False  # False: not looked up yet
-
-    @property
-    def proxy(self) -> Proxy[Any]:
-        return self._host.proxy
-
-    @property
-    def session(self) -> SessionScope | None:
-        """The session the notification names (params.sessionId), with its state."""
-        if self._session is False:
-            self._session = self._host.session_of(self.message.params, create=True)
-        return self._session if isinstance(self._session, SessionScope) else None
-
-    def session_for(self, session_id: str) -> SessionScope | None:
-        return self._host.sessions.get(session_id)
+    __slots__ = ()
+    message: Notification
 
 
 class ToolContext:
