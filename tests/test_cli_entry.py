@@ -93,10 +93,12 @@ def test_a_bad_chain_file_is_reported_as_click_reports_it(
     assert fast.err.startswith(f"acp-conductor: error: {path}")
 
 
-def test_the_editors_command_line_answers_initialize_without_importing_click() -> None:
+def initialize_importing(*args: str) -> set[str]:
+    """Start a real conductor with `args`, have it answer initialize (the demo agent), and
+    return the modules it imported (-X importtime, which children do not inherit)."""
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": 1, "clientCapabilities": {}}}
-    python, *rest = conductor_argv("--chain", "demo")
+    python, *rest = conductor_argv(*args)
     done = subprocess.run([python, "-X", "importtime", *rest],
                           input=json.dumps(init) + "\n", capture_output=True, text=True,
                           env=child_env(), timeout=60, check=False)
@@ -106,7 +108,11 @@ def test_the_editors_command_line_answers_initialize_without_importing_click() -
     imported = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines()
                 if line.startswith("import time:")}
     assert "conductor.serve" in imported  # the import log is what it seems
-    assert "click" not in imported
+    return imported
+
+
+def test_the_editors_command_line_answers_initialize_without_importing_click() -> None:
+    assert "click" not in initialize_importing("--chain", "demo")
 
 
 @pytest.mark.parametrize(("argv", "commands"), [
@@ -139,18 +145,5 @@ def test_a_bad_agent_command_is_reported_as_click_reports_it(
 
 
 def test_agent_mode_answers_initialize_without_importing_click() -> None:
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": 1, "clientCapabilities": {}}}
     agent = shlex.join([sys.executable, "-m", "conductor", "demo-agent"])
-    python, *rest = conductor_argv("agent", agent)
-    done = subprocess.run([python, "-X", "importtime", *rest],
-                          input=json.dumps(init) + "\n", capture_output=True, text=True,
-                          env=child_env(), timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[0])["result"]["agentInfo"]["name"] \
-        == "demo-agent"
-    # (-X importtime is not passed on: the demo agent's imports are not in the log)
-    imported = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines()
-                if line.startswith("import time:")}
-    assert "conductor.serve" in imported
-    assert "click" not in imported
+    assert "click" not in initialize_importing("agent", agent)
