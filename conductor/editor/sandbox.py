@@ -65,8 +65,19 @@ class Sandbox:
         if not os.path.isabs(raw_path):
             # An editor would resolve it against a directory of its own choosing.
             self._invalid(op, raw_path, f"paths must be absolute (ACP), got {raw_path!r}")
+        try:
+            os.fsencode(raw_path)
+        except UnicodeEncodeError:  # a lone surrogate (a \ud800 escape): names no file
+            self._invalid(op, repr(raw_path), f"path {raw_path!r} is not valid Unicode")
         path = Path(raw_path)
-        resolved = Path(os.path.realpath(path))
+        try:
+            resolved = Path(os.path.realpath(path))
+        except RecursionError:  # Python's realpath recurses once per link in a chain
+            resolved = None
+        # realpath leaves a symlink loop and what follows it (`..` included) unresolved.
+        if resolved is None or ".." in resolved.parts:
+            self.refuse(op, str(path), f"{path} goes through a symlink loop or more "
+                                        "symlinks than the system follows")
         if resolved != self.root and self.root not in resolved.parents:
             self.refuse(op, str(path), f"{path} is outside the run's --cwd {self.root}")
         if file and any(resolved == Path(top) or Path(top) in resolved.parents

@@ -417,3 +417,33 @@ def test_sigterm_cancels_the_turn_prints_the_result_and_leaves_nothing_behind(
     assert final["cancelledBy"] == "terminate"
     assert final["stopReason"] == "cancelled"  # the turn was cancelled, not cut off
     assert left == []
+
+
+# -- what a hostile agent sends: held to the same rules, answered clearly ------------------
+
+@pytest.mark.parametrize("path", ["{root}/\ud800", "{root}/sub/\udfff.txt"])
+async def test_a_path_with_a_lone_surrogate_is_refused_as_invalid_params(root: Path,
+                                                                         path: str) -> None:
+    ed, _ = editor(root, allow_write=True, allow_terminal=True)
+    path = path.format(root=root)
+    await refused(ed.handle_request("fs/read_text_file", {"path": path}),
+                  ErrorCode.INVALID_PARAMS, "not valid")
+    await refused(ed.handle_request("fs/write_text_file", {"path": path, "content": "x"}),
+                  ErrorCode.INVALID_PARAMS, "not valid")
+    await refused(ed.handle_request("terminal/create", {"command": "true", "cwd": path}),
+                  ErrorCode.INVALID_PARAMS, "not valid")
+
+
+async def test_a_chain_of_more_symlinks_than_the_system_follows_is_refused(root: Path) -> None:
+    # Python's realpath recurses once per link: a long chain raised RecursionError.
+    previous = "notes.txt"
+    for i in range(1200):
+        (root / f"link{i}").symlink_to(previous)
+        previous = f"link{i}"
+    ed, _ = editor(root, allow_write=True)
+    await refused(ed.handle_request("fs/read_text_file", {"path": f"{root}/{previous}"}),
+                  REFUSED, "symlinks")
+    await refused(ed.handle_request("fs/write_text_file",
+                                    {"path": f"{root}/{previous}", "content": "x"}),
+                  REFUSED, "symlinks")
+    assert (root / "notes.txt").read_text(encoding="utf-8") == "one\ntwo\nthree\n"
