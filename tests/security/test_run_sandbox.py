@@ -447,3 +447,30 @@ async def test_a_chain_of_more_symlinks_than_the_system_follows_is_refused(root:
                                     {"path": f"{root}/{previous}", "content": "x"}),
                   REFUSED, "symlinks")
     assert (root / "notes.txt").read_text(encoding="utf-8") == "one\ntwo\nthree\n"
+
+
+async def test_a_write_whose_directory_is_swapped_for_a_link_outside_creates_nothing_there(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The agent (or its terminal) swaps a checked directory for a link between the check
+    # and the open: the write must be refused without creating anything outside.
+    outside = root.parent / "elsewhere"
+    outside.mkdir()
+    ed, _ = editor(root, allow_write=True)
+    real_inside = ed.sandbox.inside
+
+    def racing_inside(op: str, raw_path: object, *, file: bool = True) -> Path:
+        checked = real_inside(op, raw_path, file=file)
+        (root / "sub").rmdir()
+        (root / "sub").symlink_to(outside)
+        return checked
+
+    monkeypatch.setattr(ed.sandbox, "inside", racing_inside)
+    for name in ("new.txt", "deeper/new.txt"):
+        if (root / "sub").is_symlink():
+            (root / "sub").unlink()
+            (root / "sub").mkdir()
+        await refused(ed.handle_request("fs/write_text_file",
+                                        {"path": f"{root}/sub/{name}", "content": "x"}),
+                      REFUSED)
+    assert list(outside.iterdir()) == []
+    assert len(ed.violations) == 2
