@@ -39,7 +39,7 @@ OUTPUT_GRACE = 0.5  # after the command exits, for the end of an output pipe a c
 @dataclass
 class _Terminal:
     process: Process
-    limit: int | None
+    limit: int
     token: str  # in its environment: finds what left its process group (setsid, daemons)
     output: bytearray = field(default_factory=bytearray)
     truncated: bool = False
@@ -48,7 +48,7 @@ class _Terminal:
 
     def add(self, chunk: bytes) -> None:
         self.output += chunk
-        if self.limit is not None and len(self.output) > self.limit:
+        if len(self.output) > self.limit:
             # Keep the end (the spec truncates from the beginning), at a character boundary.
             cut = len(self.output) - self.limit
             while cut < len(self.output) and (self.output[cut] & 0xC0) == 0x80:
@@ -118,8 +118,7 @@ class Terminals:
         except OSError as e:
             raise RpcError(ErrorCode.INTERNAL_ERROR,
                            f"cannot start {command}: {e.strerror}") from None
-        limit = p.get("outputByteLimit")
-        term = _Terminal(process, limit if isinstance(limit, int) else None, token)
+        term = _Terminal(process, self._output_limit(p.get("outputByteLimit")), token)
         self._created += 1
         ident = f"term-{self._created}-{process.pid}"
         self._terminals[ident] = term
@@ -149,6 +148,16 @@ class Terminals:
 
         await self._spawn(pump)
         return {"terminalId": ident}
+
+    def _output_limit(self, asked: object) -> int:
+        """How much output a terminal keeps: what the agent asked (an invalid value, as
+        ACP's schema says, is no limit), but never more than one terminal/output answer
+        can carry: unbounded, a chatty command (`yes`) would grow the run until it died."""
+        # Each byte is at most 6 in JSON (a control character: \u0001); room for the rest.
+        most = max((self.sandbox.frame_limit - 1024) // 6, 1)
+        if isinstance(asked, bool) or not isinstance(asked, int) or asked < 0:
+            return most
+        return min(asked, most)
 
     async def aclose(self) -> None:
         """Kill what the agent left running (released terminals were stopped already)."""

@@ -474,3 +474,26 @@ async def test_a_write_whose_directory_is_swapped_for_a_link_outside_creates_not
                       REFUSED)
     assert list(outside.iterdir()) == []
     assert len(ed.violations) == 2
+
+
+async def test_a_terminal_without_an_output_limit_keeps_only_what_fits_one_answer(
+        root: Path) -> None:
+    # Unbounded, a chatty command (`yes`) grows the run's memory until it dies, and its
+    # terminal/output answer could never cross the chain anyway (over the frame limit).
+    async with anyio.create_task_group() as tg:
+        ed, _ = editor(root, spawn=await spawner(tg), allow_terminal=True,
+                       max_frame_bytes=60_000)
+        try:
+            with anyio.fail_after(10):
+                for limit in (None, True, -1, 10**12):
+                    params: dict[str, Any] = {"command": "sh", "args": [
+                        "-c", "head -c 200000 /dev/zero | tr '\\0' '\\001'"]}
+                    if limit is not None:
+                        params["outputByteLimit"] = limit
+                    tid = (await ed.handle_request("terminal/create", params))["terminalId"]
+                    await ed.handle_request("terminal/wait_for_exit", {"terminalId": tid})
+                    answer = await ed.handle_request("terminal/output", {"terminalId": tid})
+                    assert answer["truncated"] is True
+                    assert 0 < len(json.dumps(answer)) < 60_000 - 256
+        finally:
+            await ed.aclose()
