@@ -497,3 +497,18 @@ async def test_a_terminal_without_an_output_limit_keeps_only_what_fits_one_answe
                     assert 0 < len(json.dumps(answer)) < 60_000 - 256
         finally:
             await ed.aclose()
+
+
+@pytest.mark.parametrize("params", [
+    {"toolCall": {"kind": ["read"]}, "options": [{"optionId": "yes", "kind": "allow_once"}]},
+    {"toolCall": {"kind": {"read": 1}}, "options": [{"optionId": "yes", "kind": "allow_once"}]},
+    {"toolCall": {"kind": "read"}, "options": 5},
+    {"toolCall": {"kind": "read"}, "options": {"optionId": "yes", "kind": "allow_once"}},
+])
+async def test_a_malformed_permission_request_is_never_allowed_and_never_crashes(
+        root: Path, params: dict[str, Any]) -> None:
+    ed, events = editor(root, approve="reads")
+    with anyio.fail_after(5):
+        answer = await ed.handle_request("session/request_permission", params)
+    assert answer == {"outcome": {"outcome": "cancelled"}}
+    assert events.decisions[-1]["outcome"] == "cancelled"
