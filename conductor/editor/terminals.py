@@ -78,7 +78,7 @@ class Terminals:
 
     async def handle(self, method: str, p: dict[str, Any]) -> JsonValue:
         if not self.allowed:
-            command = " ".join([str(p.get("command", "")), *map(str, p.get("args") or [])])
+            command = " ".join([str(p.get("command", "")), *map(str, _items(p.get("args")))])
             self.sandbox.refuse("terminal", command.strip() or method,
                          "running commands needs --allow-terminal")
         if method == "terminal/create":
@@ -106,15 +106,19 @@ class Terminals:
         cwd = self.sandbox.inside("terminal", p.get("cwd") or str(self.sandbox.root),
                                   file=False)
         env = dict(os.environ)
-        for item in p.get("env") or []:
-            if isinstance(item, dict) and isinstance(item.get("name"), str):
-                env[item["name"]] = str(item.get("value", ""))
+        for item in _items(p.get("env")):  # ACP: invalid items are skipped
+            if isinstance(item, dict) and isinstance(item.get("name"), str) and \
+                    isinstance(item.get("value"), str):
+                env[item["name"]] = item["value"]
         token = secrets.token_hex(8)
         env[f"{TOKEN_PREFIX}{token}"] = "1"  # after the agent's env: it cannot drop it
-        argv = [command, *map(str, p.get("args") or [])]
+        argv = [command, *(a for a in _items(p.get("args")) if isinstance(a, str))]
         try:
             process = await anyio.open_process(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                                stderr=subprocess.STDOUT, start_new_session=True)
+        except ValueError as e:  # a NUL byte in a word, an `=` in a variable's name
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"invalid params: cannot start "
+                           f"{command!r}: {e}", {"op": "terminal"}) from None
         except OSError as e:
             raise RpcError(ErrorCode.INTERNAL_ERROR,
                            f"cannot start {command}: {e.strerror}") from None
@@ -165,6 +169,11 @@ class Terminals:
         self._terminals.clear()
         for term in terminals:
             await _stop_terminal(term)
+
+
+def _items(value: object) -> list[Any]:
+    """A list param; anything else is an empty one (ACP: the default on error)."""
+    return value if isinstance(value, list) else []
 
 
 async def _stop_terminal(term: _Terminal) -> None:

@@ -512,3 +512,47 @@ async def test_a_malformed_permission_request_is_never_allowed_and_never_crashes
         answer = await ed.handle_request("session/request_permission", params)
     assert answer == {"outcome": {"outcome": "cancelled"}}
     assert events.decisions[-1]["outcome"] == "cancelled"
+
+
+@pytest.mark.parametrize("params", [
+    {"command": "true", "args": ["a\0b"]}, {"command": "tr\0ue"},
+    {"command": "true", "env": [{"name": "A\0", "value": "x"}]},
+    {"command": "true", "env": [{"name": "A", "value": "x\0"}]},
+    {"command": "true", "env": [{"name": "A=B", "value": "x"}]},
+])
+async def test_a_terminal_that_cannot_be_started_as_asked_is_invalid_params(
+        root: Path, params: dict[str, Any]) -> None:
+    ed, _ = editor(root, allow_terminal=True)
+    await refused(ed.handle_request("terminal/create", params), ErrorCode.INVALID_PARAMS)
+    assert ed.violations == []
+
+
+async def test_terminal_args_and_env_of_the_wrong_type_are_skipped_as_acp_says(
+        root: Path) -> None:
+    async with anyio.create_task_group() as tg:
+        ed, _ = editor(root, spawn=await spawner(tg), allow_terminal=True)
+        try:
+            with anyio.fail_after(10):
+                for args, env in ((5, 5), ("abc", {"A": "1"})):
+                    tid = (await ed.handle_request("terminal/create", {
+                        "command": "sh", "args": args, "env": env}))["terminalId"]
+                    status = await ed.handle_request("terminal/wait_for_exit",
+                                                     {"terminalId": tid})
+                    assert status == {"exitCode": 0, "signal": None}
+                tid = (await ed.handle_request("terminal/create", {
+                    "command": "sh", "args": ["-c", 5, 'echo "$A$B"', None, "sh", 7],
+                    "env": [{"name": "A", "value": "a"}, {"name": "B", "value": 2}, 3,
+                            {"name": 4, "value": "x"}]}))["terminalId"]
+                await ed.handle_request("terminal/wait_for_exit", {"terminalId": tid})
+                output = await ed.handle_request("terminal/output", {"terminalId": tid})
+                assert output["output"] == "a\n"
+        finally:
+            await ed.aclose()
+
+
+async def test_a_terminal_refused_for_want_of_allow_terminal_is_refused_whatever_its_args(
+        root: Path) -> None:
+    ed, _ = editor(root)
+    await refused(ed.handle_request("terminal/create", {"command": "rm", "args": 5}),
+                  REFUSED, "--allow-terminal")
+    assert len(ed.violations) == 1
