@@ -97,7 +97,8 @@ class RunEditor(EditorHandler):
         tool = p.get("toolCall")
         if not isinstance(tool, dict):
             tool = {}
-        options = [o for o in p.get("options") or [] if isinstance(o, dict)]
+        given = p.get("options")
+        options = [o for o in given if isinstance(o, dict)] if isinstance(given, list) else []
         policy = self.approve
         chosen: str | None = None
         if not self.cancelling:
@@ -105,7 +106,7 @@ class RunEditor(EditorHandler):
                 chosen = _pick(options, ("allow_once", "allow_always"))
             elif policy == "reads":
                 chosen = _pick(options,
-                               ("allow_once", "allow_always") if tool.get("kind") in READ_KINDS
+                               ("allow_once", "allow_always") if _is_read(tool.get("kind"))
                                else ("reject_once", "reject_always"))
             elif policy == "none":
                 chosen = _pick(options, ("reject_once", "reject_always"))
@@ -130,6 +131,10 @@ class RunEditor(EditorHandler):
         if chosen is None:
             return {"outcome": {"outcome": "cancelled"}}
         return {"outcome": {"outcome": "selected", "optionId": chosen}}
+
+
+def _is_read(kind: object) -> bool:
+    return isinstance(kind, str) and kind in READ_KINDS  # a list or object is no kind
 
 
 def _pick(options: list[dict[str, Any]], kinds: tuple[str, ...]) -> str | None:

@@ -65,8 +65,19 @@ class Sandbox:
         if not os.path.isabs(raw_path):
             # An editor would resolve it against a directory of its own choosing.
             self._invalid(op, raw_path, f"paths must be absolute (ACP), got {raw_path!r}")
+        try:
+            os.fsencode(raw_path)
+        except UnicodeEncodeError:  # a lone surrogate (a \ud800 escape): names no file
+            self._invalid(op, repr(raw_path), f"path {raw_path!r} is not valid Unicode")
         path = Path(raw_path)
-        resolved = Path(os.path.realpath(path))
+        try:
+            resolved = Path(os.path.realpath(path))
+        except RecursionError:  # Python's realpath recurses once per link in a chain
+            resolved = None
+        # realpath leaves a symlink loop and what follows it (`..` included) unresolved.
+        if resolved is None or ".." in resolved.parts:
+            self.refuse(op, str(path), f"{path} goes through a symlink loop or more "
+                                        "symlinks than the system follows")
         if resolved != self.root and self.root not in resolved.parents:
             self.refuse(op, str(path), f"{path} is outside the run's --cwd {self.root}")
         if file and any(resolved == Path(top) or Path(top) in resolved.parents
@@ -103,7 +114,8 @@ class Sandbox:
         if isinstance(error, FileNotFoundError):
             raise RpcError(NOT_FOUND, f"file not found: {path}", {"path": str(path)}) from None
         if isinstance(error, OSError) and error.errno == errno.ELOOP:  # O_NOFOLLOW hit a link
-            self.refuse(op, str(path), f"{path} became a symlink while being opened")
+            self.refuse(op, str(path), f"{path} (or a directory on its way) became a "
+                                        "symlink while being opened")
         reason = error.strerror if isinstance(error, OSError) else str(error)
         raise RpcError(ErrorCode.INTERNAL_ERROR, f"cannot {op} {path}: {reason}") from None
 
@@ -138,7 +150,6 @@ class Sandbox:
             raise RpcError(ErrorCode.INVALID_PARAMS, "Invalid params", "content must be a string")
         data = content.encode("utf-8", "replace")  # a lone surrogate from a \ud800 escape
         try:
-            await anyio.Path(path.parent).mkdir(parents=True, exist_ok=True)
             await anyio.to_thread.run_sync(_write_file, path, self.root, data,
                                            abandon_on_cancel=True)
         except (OSError, _Refusal) as e:
@@ -177,16 +188,50 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "a special file")
 
 
+# Linux: a directory fd that only walks (no read permission needed, as for a path).
+_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def _open_regular(path: Path, root: Path, flags: int) -> int:
     """An fd on the regular file `path`, checked after opening. Nothing that is not a
     regular file is opened at all (a FIFO would block; opening some devices acts).
 
+    `path` is a real path inside `root` (links resolved when it was checked), so it is
+    opened one directory at a time from `root`, following no link: a directory swapped
+    for a link since the check stops the walk (ELOOP) before anything is created or
+    opened where it leads. With O_CREAT, missing directories are created on the way.
+
     Raises:
-        _NotRegular: not a regular file.  _Escaped: it now lies outside `root` (a link
-        swapped in after the path was checked).  OSError: from the system.
+        _NotRegular: not a regular file.  _Escaped: it now lies outside `root` (`root`
+        itself moved).  OSError: from the system (ELOOP: a link swapped in).
     """
+    parts = path.relative_to(root).parts
+    if not parts:
+        raise _NotRegular("a directory")
+    dir_fd = os.open(root, _DIR_FLAGS)
     try:
-        before = os.lstat(path)
+        for name in parts[:-1]:
+            if flags & os.O_CREAT:
+                try:
+                    os.mkdir(name, 0o777, dir_fd=dir_fd)
+                except FileExistsError:
+                    pass
+            try:
+                inner = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+            except NotADirectoryError:  # O_PATH | O_NOFOLLOW says this of a link
+                if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from None
+                raise
+            os.close(dir_fd)
+            dir_fd = inner
+        return _open_in(dir_fd, parts[-1], root, flags)
+    finally:
+        os.close(dir_fd)
+
+
+def _open_in(dir_fd: int, name: str, root: Path, flags: int) -> int:
+    try:
+        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         if not flags & os.O_CREAT:
             raise
@@ -194,13 +239,13 @@ def _open_regular(path: Path, root: Path, flags: int) -> int:
         if not stat.S_ISREG(before.st_mode):
             raise _NotRegular(_kind(before.st_mode))
     # O_NONBLOCK: should a FIFO be swapped in after the lstat, opening it returns at once.
-    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY,
-                 0o666)
+    fd = os.open(name, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY,
+                 0o666, dir_fd=dir_fd)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise _NotRegular(_kind(mode))
-        try:  # Linux: where the fd really points, whatever happened to the path's parents
+        try:  # Linux: where the fd really points, whatever happened to `root` meanwhile
             opened = Path(os.readlink(f"/proc/self/fd/{fd}"))
         except OSError:
             opened = None

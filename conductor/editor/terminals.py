@@ -39,7 +39,7 @@ OUTPUT_GRACE = 0.5  # after the command exits, for the end of an output pipe a c
 @dataclass
 class _Terminal:
     process: Process
-    limit: int | None
+    limit: int
     token: str  # in its environment: finds what left its process group (setsid, daemons)
     output: bytearray = field(default_factory=bytearray)
     truncated: bool = False
@@ -48,7 +48,7 @@ class _Terminal:
 
     def add(self, chunk: bytes) -> None:
         self.output += chunk
-        if self.limit is not None and len(self.output) > self.limit:
+        if len(self.output) > self.limit:
             # Keep the end (the spec truncates from the beginning), at a character boundary.
             cut = len(self.output) - self.limit
             while cut < len(self.output) and (self.output[cut] & 0xC0) == 0x80:
@@ -78,7 +78,7 @@ class Terminals:
 
     async def handle(self, method: str, p: dict[str, Any]) -> JsonValue:
         if not self.allowed:
-            command = " ".join([str(p.get("command", "")), *map(str, p.get("args") or [])])
+            command = " ".join([str(p.get("command", "")), *map(str, _items(p.get("args")))])
             self.sandbox.refuse("terminal", command.strip() or method,
                          "running commands needs --allow-terminal")
         if method == "terminal/create":
@@ -106,20 +106,23 @@ class Terminals:
         cwd = self.sandbox.inside("terminal", p.get("cwd") or str(self.sandbox.root),
                                   file=False)
         env = dict(os.environ)
-        for item in p.get("env") or []:
-            if isinstance(item, dict) and isinstance(item.get("name"), str):
-                env[item["name"]] = str(item.get("value", ""))
+        for item in _items(p.get("env")):  # ACP: invalid items are skipped
+            if isinstance(item, dict) and isinstance(item.get("name"), str) and \
+                    isinstance(item.get("value"), str):
+                env[item["name"]] = item["value"]
         token = secrets.token_hex(8)
         env[f"{TOKEN_PREFIX}{token}"] = "1"  # after the agent's env: it cannot drop it
-        argv = [command, *map(str, p.get("args") or [])]
+        argv = [command, *(a for a in _items(p.get("args")) if isinstance(a, str))]
         try:
             process = await anyio.open_process(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                                stderr=subprocess.STDOUT, start_new_session=True)
+        except ValueError as e:  # a NUL byte in a word, an `=` in a variable's name
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"invalid params: cannot start "
+                           f"{command!r}: {e}", {"op": "terminal"}) from None
         except OSError as e:
             raise RpcError(ErrorCode.INTERNAL_ERROR,
                            f"cannot start {command}: {e.strerror}") from None
-        limit = p.get("outputByteLimit")
-        term = _Terminal(process, limit if isinstance(limit, int) else None, token)
+        term = _Terminal(process, self._output_limit(p.get("outputByteLimit")), token)
         self._created += 1
         ident = f"term-{self._created}-{process.pid}"
         self._terminals[ident] = term
@@ -150,12 +153,27 @@ class Terminals:
         await self._spawn(pump)
         return {"terminalId": ident}
 
+    def _output_limit(self, asked: object) -> int:
+        """How much output a terminal keeps: what the agent asked (an invalid value, as
+        ACP's schema says, is no limit), but never more than one terminal/output answer
+        can carry: unbounded, a chatty command (`yes`) would grow the run until it died."""
+        # Each byte is at most 6 in JSON (a control character: \u0001); room for the rest.
+        most = max((self.sandbox.frame_limit - 1024) // 6, 1)
+        if isinstance(asked, bool) or not isinstance(asked, int) or asked < 0:
+            return most
+        return min(asked, most)
+
     async def aclose(self) -> None:
         """Kill what the agent left running (released terminals were stopped already)."""
         terminals = list(self._terminals.values())
         self._terminals.clear()
         for term in terminals:
             await _stop_terminal(term)
+
+
+def _items(value: object) -> list[Any]:
+    """A list param; anything else is an empty one (ACP: the default on error)."""
+    return value if isinstance(value, list) else []
 
 
 async def _stop_terminal(term: _Terminal) -> None:

@@ -417,3 +417,142 @@ def test_sigterm_cancels_the_turn_prints_the_result_and_leaves_nothing_behind(
     assert final["cancelledBy"] == "terminate"
     assert final["stopReason"] == "cancelled"  # the turn was cancelled, not cut off
     assert left == []
+
+
+# -- what a hostile agent sends: held to the same rules, answered clearly ------------------
+
+@pytest.mark.parametrize("path", ["{root}/\ud800", "{root}/sub/\udfff.txt"])
+async def test_a_path_with_a_lone_surrogate_is_refused_as_invalid_params(root: Path,
+                                                                         path: str) -> None:
+    ed, _ = editor(root, allow_write=True, allow_terminal=True)
+    path = path.format(root=root)
+    await refused(ed.handle_request("fs/read_text_file", {"path": path}),
+                  ErrorCode.INVALID_PARAMS, "not valid")
+    await refused(ed.handle_request("fs/write_text_file", {"path": path, "content": "x"}),
+                  ErrorCode.INVALID_PARAMS, "not valid")
+    await refused(ed.handle_request("terminal/create", {"command": "true", "cwd": path}),
+                  ErrorCode.INVALID_PARAMS, "not valid")
+
+
+async def test_a_chain_of_more_symlinks_than_the_system_follows_is_refused(root: Path) -> None:
+    # Python's realpath recurses once per link: a long chain raised RecursionError.
+    previous = "notes.txt"
+    for i in range(1200):
+        (root / f"link{i}").symlink_to(previous)
+        previous = f"link{i}"
+    ed, _ = editor(root, allow_write=True)
+    await refused(ed.handle_request("fs/read_text_file", {"path": f"{root}/{previous}"}),
+                  REFUSED, "symlinks")
+    await refused(ed.handle_request("fs/write_text_file",
+                                    {"path": f"{root}/{previous}", "content": "x"}),
+                  REFUSED, "symlinks")
+    assert (root / "notes.txt").read_text(encoding="utf-8") == "one\ntwo\nthree\n"
+
+
+async def test_a_write_whose_directory_is_swapped_for_a_link_outside_creates_nothing_there(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The agent (or its terminal) swaps a checked directory for a link between the check
+    # and the open: the write must be refused without creating anything outside.
+    outside = root.parent / "elsewhere"
+    outside.mkdir()
+    ed, _ = editor(root, allow_write=True)
+    real_inside = ed.sandbox.inside
+
+    def racing_inside(op: str, raw_path: object, *, file: bool = True) -> Path:
+        checked = real_inside(op, raw_path, file=file)
+        (root / "sub").rmdir()
+        (root / "sub").symlink_to(outside)
+        return checked
+
+    monkeypatch.setattr(ed.sandbox, "inside", racing_inside)
+    for name in ("new.txt", "deeper/new.txt"):
+        if (root / "sub").is_symlink():
+            (root / "sub").unlink()
+            (root / "sub").mkdir()
+        await refused(ed.handle_request("fs/write_text_file",
+                                        {"path": f"{root}/sub/{name}", "content": "x"}),
+                      REFUSED)
+    assert list(outside.iterdir()) == []
+    assert len(ed.violations) == 2
+
+
+async def test_a_terminal_without_an_output_limit_keeps_only_what_fits_one_answer(
+        root: Path) -> None:
+    # Unbounded, a chatty command (`yes`) grows the run's memory until it dies, and its
+    # terminal/output answer could never cross the chain anyway (over the frame limit).
+    async with anyio.create_task_group() as tg:
+        ed, _ = editor(root, spawn=await spawner(tg), allow_terminal=True,
+                       max_frame_bytes=60_000)
+        try:
+            with anyio.fail_after(10):
+                for limit in (None, True, -1, 10**12):
+                    params: dict[str, Any] = {"command": "sh", "args": [
+                        "-c", "head -c 200000 /dev/zero | tr '\\0' '\\001'"]}
+                    if limit is not None:
+                        params["outputByteLimit"] = limit
+                    tid = (await ed.handle_request("terminal/create", params))["terminalId"]
+                    await ed.handle_request("terminal/wait_for_exit", {"terminalId": tid})
+                    answer = await ed.handle_request("terminal/output", {"terminalId": tid})
+                    assert answer["truncated"] is True
+                    assert 0 < len(json.dumps(answer)) < 60_000 - 256
+        finally:
+            await ed.aclose()
+
+
+@pytest.mark.parametrize("params", [
+    {"toolCall": {"kind": ["read"]}, "options": [{"optionId": "yes", "kind": "allow_once"}]},
+    {"toolCall": {"kind": {"read": 1}}, "options": [{"optionId": "yes", "kind": "allow_once"}]},
+    {"toolCall": {"kind": "read"}, "options": 5},
+    {"toolCall": {"kind": "read"}, "options": {"optionId": "yes", "kind": "allow_once"}},
+])
+async def test_a_malformed_permission_request_is_never_allowed_and_never_crashes(
+        root: Path, params: dict[str, Any]) -> None:
+    ed, events = editor(root, approve="reads")
+    with anyio.fail_after(5):
+        answer = await ed.handle_request("session/request_permission", params)
+    assert answer == {"outcome": {"outcome": "cancelled"}}
+    assert events.decisions[-1]["outcome"] == "cancelled"
+
+
+@pytest.mark.parametrize("params", [
+    {"command": "true", "args": ["a\0b"]}, {"command": "tr\0ue"},
+    {"command": "true", "env": [{"name": "A\0", "value": "x"}]},
+    {"command": "true", "env": [{"name": "A", "value": "x\0"}]},
+    {"command": "true", "env": [{"name": "A=B", "value": "x"}]},
+])
+async def test_a_terminal_that_cannot_be_started_as_asked_is_invalid_params(
+        root: Path, params: dict[str, Any]) -> None:
+    ed, _ = editor(root, allow_terminal=True)
+    await refused(ed.handle_request("terminal/create", params), ErrorCode.INVALID_PARAMS)
+    assert ed.violations == []
+
+
+async def test_terminal_args_and_env_of_the_wrong_type_are_skipped_as_acp_says(
+        root: Path) -> None:
+    async with anyio.create_task_group() as tg:
+        ed, _ = editor(root, spawn=await spawner(tg), allow_terminal=True)
+        try:
+            with anyio.fail_after(10):
+                for args, env in ((5, 5), ("abc", {"A": "1"})):
+                    tid = (await ed.handle_request("terminal/create", {
+                        "command": "sh", "args": args, "env": env}))["terminalId"]
+                    status = await ed.handle_request("terminal/wait_for_exit",
+                                                     {"terminalId": tid})
+                    assert status == {"exitCode": 0, "signal": None}
+                tid = (await ed.handle_request("terminal/create", {
+                    "command": "sh", "args": ["-c", 5, 'echo "$A$B"', None, "sh", 7],
+                    "env": [{"name": "A", "value": "a"}, {"name": "B", "value": 2}, 3,
+                            {"name": 4, "value": "x"}]}))["terminalId"]
+                await ed.handle_request("terminal/wait_for_exit", {"terminalId": tid})
+                output = await ed.handle_request("terminal/output", {"terminalId": tid})
+                assert output["output"] == "a\n"
+        finally:
+            await ed.aclose()
+
+
+async def test_a_terminal_refused_for_want_of_allow_terminal_is_refused_whatever_its_args(
+        root: Path) -> None:
+    ed, _ = editor(root)
+    await refused(ed.handle_request("terminal/create", {"command": "rm", "args": 5}),
+                  REFUSED, "--allow-terminal")
+    assert len(ed.violations) == 1
