@@ -454,6 +454,8 @@ def _shell_script(argv: list[str]) -> str | None:
     return None
 
 
+# A backslash-newline that is not itself escaped (after an even run of backslashes).
+_CONTINUATION = re.compile(r"(?<!\\)((?:\\\\)*)\\\n")
 _BASH_QUOTED = re.compile(r"""\$'((?:[^'\\]|\\.)*)'|\$(?=")""", re.DOTALL)
 _C_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}"
                        r"|c.|.)", re.DOTALL)
@@ -491,6 +493,13 @@ def _bash_unquoted(script: str) -> str:
 def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: int) -> None:
     if "$" in script or "`" in script or "<<" in script:
         command.opaque = True  # values only the running shell knows
+    if "\\\n" in script:
+        # A shell drops `\<newline>` before it splits words (`r\<newline>m -rf` is `rm -rf`);
+        # one more spelling, so a `\<newline>` inside single quotes, which stays, is judged
+        # as written too.
+        joined = _CONTINUATION.sub(r"\1", script)
+        if joined != script and not _CONTINUATION.search(joined):  # none left to join
+            _add_script(command, joined, bases, depth)
     if "$'" in script or '$"' in script:
         unquoted = _bash_unquoted(script)
         if "$'" not in unquoted and '$"' not in unquoted:  # an escape cannot spell another

@@ -338,6 +338,20 @@ async def test_the_shipped_rm_rule_holds_against_obvious_variants(ws: Path,
                                        "rawInput": {"command": shlex.join(argv)}}) == "no"
 
 
+@pytest.mark.parametrize("script", ["r\\\nm -rf x", "rm -f\\\nr x", "rm -\\\nrf x",
+                                    "echo hi |\\\nrm -rf x", "cat .e\\\nnv",
+                                    "cat sec\\\nrets/k", "cd sec\\\nrets && cat k"])
+async def test_a_backslash_newline_in_a_script_is_joined_as_the_shell_joins_it(
+        ws: Path, script: str) -> None:
+    # A shell removes `\<newline>` before it splits words: `r\<newline>m -rf x` is
+    # `rm -rf x`, not the commands `r` and `m -rf x`.
+    async with policy(ws) as probe:
+        assert not await probe.reaches_editor("terminal/create", terminal("bash", "-c", script))
+        assert not await probe.reaches_editor("terminal/create", terminal(script))
+        assert await probe.permission({"kind": "execute", "title": "run",
+                                       "rawInput": {"command": script}}) == "no"
+
+
 @pytest.mark.parametrize("argv", [
     ["rm", "x"], ["rm", "-f", "x"], ["rm", "-i", "-v", "x"], ["rm", "-f", "./-report"],
     ["rm", "-f", "my-report.txt"], ["rmdir", "-p", "a/b"], ["grep", "-r", "rm", "."],
