@@ -372,7 +372,14 @@ def _spelled(argv: list[str]) -> str:
 def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_shell: bool,
               depth: int) -> None:
     while argv and (argv[0] in SHELL_KEYWORDS or _ASSIGNMENT.match(argv[0])):
+        if argv[0] == "time" and argv[1:2] and argv[1].startswith("-"):
+            break  # `time -p CMD`, `time -f FMT CMD`: judged as a wrapper, options and all
+        if argv[0] == "coproc" and len(argv) > 2:
+            # `coproc NAME { ...; }` runs the body after the name (and `coproc CMD` CMD)
+            _add_body(command, argv[2:], bases, in_shell, depth)
         argv = argv[1:]
+    if argv[:1] == ["function"] and len(argv) > 2:  # `function NAME { ...; }`: the body
+        _add_body(command, argv[2:], bases, in_shell, depth)
     if not argv:
         return
     if len(argv) > MAX_WORDS:
@@ -383,6 +390,16 @@ def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_s
             continue  # a program found on PATH is not a path here
         command.add_words(_path_words(word, bases, in_shell, command.home), bases)
     _look_inside(command, argv, bases, depth)
+
+
+def _add_body(command: Command, argv: list[str], bases: tuple[str, ...], in_shell: bool,
+              depth: int) -> None:
+    """Raises:
+        Unplaceable: bodies nested more than MAX_DEPTH deep (`coproc a coproc a ...`).
+    """
+    if depth >= MAX_DEPTH:
+        raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
+    _add_argv(command, argv, bases, in_shell=in_shell, depth=depth + 1)
 
 
 def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],

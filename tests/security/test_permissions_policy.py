@@ -324,6 +324,12 @@ RM_RF = [
     # eval runs its arguments as a script
     ["sh", "-c", "eval 'rm -rf x'"], ["sh", "-c", "eval rm -rf x"],
     ["bash", "-c", "echo hi; eval \"sudo rm -Rf x\""],
+    # `time` with options is the keyword (bash: -p, --) or /usr/bin/time (-f FMT): it runs
+    # what follows all the same
+    ["bash", "-c", "time -p rm -rf x"], ["sh", "-c", "time -- rm -rf x"],
+    ["time", "-f", "%e", "rm", "-rf", "x"],
+    # the body of a named coprocess or a `function NAME { ...; }` runs too
+    ["bash", "-c", "coproc N { rm -rf x; }"], ["bash", "-c", "function f { rm -rf x; }; f"],
 ]
 
 
@@ -372,6 +378,7 @@ async def test_ordinary_commands_still_reach_the_editor(ws: Path, argv: list[str
     terminal("ls", env=[{"name": "X", "value": "a\0"}]),
     terminal("sh", "-c", functools.reduce(lambda s, _: f"sh -c {shlex.quote(s)}", range(9), "ls")),
     terminal("cat", *["x"] * 20_000),
+    terminal("bash", "-c", "coproc a " * 20_000 + "ls"),  # bodies in bodies, too deep
 ])
 async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
                                                           request_: dict[str, Any]) -> None:
