@@ -60,7 +60,11 @@ SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "
 WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "command", "exec",
                       "builtin", "xargs", "parallel", "find", "timeout", "stdbuf", "setsid",
                       "ionice", "chrt", "taskset", "busybox", "unbuffer", "flock", "watch",
-                      "strace", "ltrace", "nsenter", "chroot", "runuser", "systemd-run"})
+                      "strace", "ltrace", "nsenter", "chroot", "runuser", "systemd-run",
+                      "pkexec", "unshare", "setpriv", "sg", "fakeroot", "faketime", "prlimit",
+                      "numactl", "cgexec", "chpst", "script", "firejail", "bwrap", "catchsegv",
+                      "valgrind", "torsocks", "proxychains", "proxychains4",
+                      "dbus-run-session", "xvfb-run", "tmux", "screen"})
 SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while",
                             "until", "!", "{", "}", "time", "coproc"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")

@@ -330,6 +330,12 @@ RM_RF = [
     ["time", "-f", "%e", "rm", "-rf", "x"],
     # the body of a named coprocess or a `function NAME { ...; }` runs too
     ["bash", "-c", "coproc N { rm -rf x; }"], ["bash", "-c", "function f { rm -rf x; }; f"],
+    # more programs that run their arguments as a command
+    ["pkexec", "rm", "-rf", "x"], ["unshare", "-r", "rm", "-rf", "x"],
+    ["setpriv", "--reuid=1", "rm", "-rf", "x"], ["fakeroot", "rm", "-rf", "x"],
+    ["prlimit", "--nofile=1", "rm", "-rf", "x"], ["numactl", "-C", "0", "rm", "-rf", "x"],
+    ["script", "-c", "rm -rf x"], ["sg", "wheel", "-c", "rm -rf x"],
+    ["bwrap", "--bind", "/", "/", "rm", "-rf", "x"], ["tmux", "new", "rm -rf x"],
 ]
 
 
