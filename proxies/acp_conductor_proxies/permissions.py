@@ -885,12 +885,16 @@ def _permission_subject(params: dict[str, Any], cwd: str, subject: Subject) -> S
         subject.command = command_of(line, where)
     elif isinstance(line, str):  # agents' shell tools take one command line
         subject.command = command_of([line], where, script=line)
-    # Agents name the file of a tool call in rawInput too (path, file_path, notebook_path).
+    # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
+    # a list under paths, file_paths).
     for key, value in raw.items():
-        if key.lower().endswith("path") and isinstance(value, str) and value:
-            subject.paths.append(value)
-            subject.places.append(Placer(cwd).place(value, base=where,
-                                                    strict=os.path.isabs(value)))
+        if not key.lower().endswith(("path", "paths")):
+            continue
+        for one in value if isinstance(value, list) else [value]:
+            if isinstance(one, str) and one:
+                subject.paths.append(one)
+                subject.places.append(Placer(cwd).place(one, base=where,
+                                                        strict=os.path.isabs(one)))
     if subject.command is not None:
         _add_words(subject, subject.command, cwd)
     return subject

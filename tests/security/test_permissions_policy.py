@@ -407,6 +407,9 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     {"kind": "read", "locations": [{"path": "/proc/self/cwd/ok.txt"}]},
     {"kind": "edit", "rawInput": {"file_path": "{ws}/.env"}},
     {"kind": "edit", "rawInput": {"path": "notsecret/k"}},
+    # a list of files, as a read-many tool names them
+    {"kind": "read", "rawInput": {"paths": ["ok.txt", "{ws}/.env"]}},
+    {"kind": "read", "rawInput": {"file_paths": ["{ws}/ok.txt", "notsecret/k"]}},
 ])
 async def test_a_permission_request_for_a_protected_or_unplaceable_path_is_rejected(
         ws: Path, tool_call: dict[str, Any]) -> None:
