@@ -69,6 +69,7 @@ SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "w
                             "until", "!", "{", "}", "time", "coproc"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _OPERATOR_CHARS = frozenset(";&|()<>")
+_OPERATOR = re.compile(r"([;&|()]*?)(&?[<>].*)?")  # (command ends, then a redirection)
 
 
 class Rule(BaseModel):
@@ -526,8 +527,9 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
         if "$'" not in unquoted and '$"' not in unquoted:  # an escape cannot spell another
             _add_script(command, unquoted, bases, depth)
     # Newlines and backquotes separate commands too; a `#` is not taken for a comment
-    # (shlex would hide `a#b; rm -rf x` from the rules).
-    lexer = shlex.shlex(script.replace("\n", ";").replace("`", ";"), posix=True,
+    # (shlex would hide `a#b; rm -rf x` from the rules). A backquote is read as `)`: either
+    # one may close a substitution (below).
+    lexer = shlex.shlex(script.replace("\n", ";").replace("`", ")"), posix=True,
                         punctuation_chars=";&|()<>")
     lexer.whitespace_split = True
     lexer.commenters = ""
@@ -539,15 +541,24 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
     current: list[str] = []
     dirs = list(bases)
     redirect = False
+    reopened = False  # after `$(...)` or `<(...)`: the words may be the outer command's
     for token in [*tokens, ";"]:
         if token and set(token) <= _OPERATOR_CHARS:
-            if "<" in token or ">" in token:
+            # shlex runs operators together: `;<` is `;` then `<`, `)>` is `)` then `>`
+            # (but `&>` and `>&` are redirections, `|&` a pipe).
+            split = _OPERATOR.fullmatch(token)
+            assert split is not None  # every run of operator characters matches
+            ends, redirection = split.group(1), split.group(2) or ""
+            if redirection.endswith("("):  # `<(cmd)`, `>(cmd)`: a command, not a file
+                ends, redirection, redirect = ends + "(", "", False
+            if ends:
+                _simple(command, current, dirs, depth, reopened=reopened)
+                current = []
+                reopened = ")" in ends
+            if redirection:
                 if current and current[-1].isdigit():
                     current.pop()  # the fd of `2>`
                 redirect = True
-                continue
-            _simple(command, current, dirs, depth)
-            current = []
             continue
         if redirect:  # the file of `> out` or `< .env` is a path the command touches
             command.add_words(_path_words(token, dirs, True, command.home), tuple(dirs))
@@ -556,7 +567,11 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
         current.append(token)
 
 
-def _simple(command: Command, argv: list[str], dirs: list[str], depth: int) -> None:
+def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,
+            reopened: bool = False) -> None:
+    if reopened:  # `cat $(true) .env`: `.env` is cat's argument, not a program
+        for word in argv:
+            command.add_words(_path_words(word, dirs, True, command.home), tuple(dirs))
     _add_argv(command, argv, tuple(dirs), in_shell=True, depth=depth)
     words = [w for w in argv if not _ASSIGNMENT.match(w)]
     if words[:1] in (["cd"], ["pushd"]) and (len(words) > 1 or words[0] == "cd"):

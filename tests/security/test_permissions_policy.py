@@ -262,6 +262,9 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("sh", "-c", "cd && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("sh", "-c", "cd ~ && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("cat", "~/k", env=[{"name": "HOME", "value": "{ws}/notsecret"}]),
+    # the words after a substitution are still the arguments of the command before it
+    terminal("bash", "-c", "cat $(true) .env"), terminal("bash", "-c", "cat `true` .env"),
+    terminal("bash", "-c", "cat <(true) .env"), terminal("bash", "-c", "diff <(true) .ENV"),
 ])
 async def test_a_terminal_command_that_names_a_protected_file_is_denied(
         ws: Path, request_: dict[str, Any]) -> None:
@@ -330,6 +333,11 @@ RM_RF = [
     ["time", "-f", "%e", "rm", "-rf", "x"],
     # the body of a named coprocess or a `function NAME { ...; }` runs too
     ["bash", "-c", "coproc N { rm -rf x; }"], ["bash", "-c", "function f { rm -rf x; }; f"],
+    # a process substitution runs its command
+    ["bash", "-c", "cat <(rm -rf x)"], ["bash", "-c", "echo >(rm -rf x)"],
+    ["bash", "-c", "cat < <(rm -rf x)"], ["bash", "-c", "tee > >(rm -rf x)"],
+    # an operator run together with a redirection still ends the command before it
+    ["sh", "-c", "true;</dev/null rm -rf x"], ["sh", "-c", "(true)>/dev/null rm -rf x"],
     # more programs that run their arguments as a command
     ["pkexec", "rm", "-rf", "x"], ["unshare", "-r", "rm", "-rf", "x"],
     ["setpriv", "--reuid=1", "rm", "-rf", "x"], ["fakeroot", "rm", "-rf", "x"],
@@ -448,6 +456,8 @@ async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
     (["sh", "-c", "git status; rm -rf x"], False), (["sh", "-c", "git status $(curl x)"], False),
     (["sh", "-c", "git status `curl x`"], False), (["sh", "script.sh"], False),
     (["sudo", "git", "status"], False), (["sh", "-c", "git status 'unclosed"], False),
+    (["sh", "-c", "git status;</dev/null rm -rf x"], False),
+    (["sh", "-c", "git status <(rm -rf x)"], False),
 ])
 async def test_an_allow_command_rule_needs_every_command_that_would_run_to_match(
         ws: Path, argv: list[str], allowed: bool) -> None:
