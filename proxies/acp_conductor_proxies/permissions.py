@@ -50,7 +50,7 @@ MAX_WRAPPED_PLAIN = 16     # words after a wrapper that may start the wrapped co
 MAX_TOOL_CALLS = 1024      # tool calls remembered per session (the oldest are forgotten)
 # What an editor shows of a tool call, and rules judge: `session/update` announces them,
 # and a permission request may name only the id (its toolCall is a ToolCallUpdate).
-TOOL_CALL_FIELDS = ("kind", "title", "locations", "rawInput")
+TOOL_CALL_FIELDS = ("kind", "title", "locations", "rawInput", "content")
 # Paths that name a different file in each process (/proc/self/cwd, /dev/fd/3): what the
 # editor would open there cannot be known here.
 PER_PROCESS_ROOTS = ("/proc", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
@@ -755,8 +755,8 @@ class Permissions(Proxy[PermissionsOptions]):
             if isinstance(update, dict) and isinstance(update.get("toolCallId"), str):
                 calls = ctx.session.state.setdefault("permissions.tool_calls", {})
                 known = calls.pop(update["toolCallId"], {})
-                known.update({k: update[k] for k in TOOL_CALL_FIELDS
-                              if update.get(k) is not None})
+                known.update({k: _diffs_only(update[k]) if k == "content" else update[k]
+                              for k in TOOL_CALL_FIELDS if update.get(k) is not None})
                 calls[update["toolCallId"]] = known
                 if len(calls) > MAX_TOOL_CALLS:
                     del calls[next(iter(calls))]
@@ -806,6 +806,15 @@ class Permissions(Proxy[PermissionsOptions]):
                            f"denied by the permissions policy of {self.name} ({why})",
                            {"component": self.name, "method": method, "reason": why})
         return await ctx.forward()
+
+
+def _diffs_only(content: object) -> object:
+    """Of a tool call's content, what rules judge: the path of each diff (its texts, which
+    may be whole files, are not kept)."""
+    if not isinstance(content, list):
+        return content
+    return [{"type": "diff", "path": c.get("path")} for c in content
+            if isinstance(c, dict) and c.get("type") == "diff"]
 
 
 def _params(message: Request) -> dict[str, Any]:
@@ -890,6 +899,12 @@ def _permission_subject(params: dict[str, Any], cwd: str, subject: Subject) -> S
                              "toolCall.locations[].path")
         subject.paths.append(path)
         subject.places.append(place(path, cwd))
+    content = tool.get("content")
+    for item in content if isinstance(content, list) else []:
+        if isinstance(item, dict) and item.get("type") == "diff":  # the file it changes
+            path = absolute_path(item.get("path"), "toolCall.content[].path")
+            subject.paths.append(path)
+            subject.places.append(place(path, cwd))
     raw = tool.get("rawInput")
     if not isinstance(raw, dict):
         raw = {}

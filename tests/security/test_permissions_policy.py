@@ -418,6 +418,10 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     # a list of files, as a read-many tool names them
     {"kind": "read", "rawInput": {"paths": ["ok.txt", "{ws}/.env"]}},
     {"kind": "read", "rawInput": {"file_paths": ["{ws}/ok.txt", "notsecret/k"]}},
+    # the file a diff shows the editor, which must be absolute (ACP) as a location's is
+    {"kind": "edit", "content": [{"type": "diff", "path": "{ws}/innocent.txt", "oldText": "",
+                                  "newText": "x"}]},
+    {"kind": "edit", "content": [{"type": "diff", "path": "ok.txt", "newText": "x"}]},
 ])
 async def test_a_permission_request_for_a_protected_or_unplaceable_path_is_rejected(
         ws: Path, tool_call: dict[str, Any]) -> None:
@@ -490,6 +494,9 @@ DENY_ENV_ELSE_ALLOW = PermissionsOptions(default="allow", rules=[
 
 @pytest.mark.parametrize("announced", [
     {"kind": "read", "title": "Read", "locations": [{"path": "{ws}/.env"}]},
+    {"kind": "edit", "title": "Edit", "content": [
+        {"type": "content", "content": {"type": "text", "text": "hi"}},
+        {"type": "diff", "path": "{ws}/.env", "oldText": "A=1", "newText": "A=2"}]},
     {"kind": "execute", "title": "Run", "rawInput": {"command": "rm -rf x"}},
 ])
 @pytest.mark.parametrize("before", [
