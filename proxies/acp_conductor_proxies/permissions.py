@@ -522,6 +522,8 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
         joined = _CONTINUATION.sub(r"\1", script)
         if joined != script and not _CONTINUATION.search(joined):  # none left to join
             _add_script(command, joined, bases, depth)
+    for word in _extglob_words(script):
+        command.add_words(_path_words(word, bases, True, command.home), bases)
     if "$'" in script or '$"' in script:
         unquoted = _bash_unquoted(script)
         if "$'" not in unquoted and '$"' not in unquoted:  # an escape cannot spell another
@@ -565,6 +567,23 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
             redirect = False
             continue
         current.append(token)
+
+
+# bash's extended globs (`shopt -s extglob`, `bash -O extglob`): `.@(env)` is `.env`.
+_EXTGLOB = re.compile(r"""([^\s;&|()<>'"]*)([?*+@!])\(([^()\s]*)\)([^\s;&|()<>'"]*)""")
+
+
+def _extglob_words(script: str) -> list[str]:
+    """What each extended glob in `script` could name, as plain globs: one per
+    alternative (and none for `?(...)` and `*(...)`); `!(...)` and repeats as `*`."""
+    out: list[str] = []
+    for m in itertools.islice(_EXTGLOB.finditer(script), MAX_GLOB_MATCHES):
+        pre, op, body, post = m.groups()
+        alts = body.split("|") if op != "!" else []
+        alts += [""] if op in "?*" else []
+        alts += ["*"] if op in "*+!" else []
+        out.extend(pre + alt + post for alt in alts)
+    return out
 
 
 def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,

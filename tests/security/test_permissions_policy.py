@@ -265,6 +265,12 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     # the words after a substitution are still the arguments of the command before it
     terminal("bash", "-c", "cat $(true) .env"), terminal("bash", "-c", "cat `true` .env"),
     terminal("bash", "-c", "cat <(true) .env"), terminal("bash", "-c", "diff <(true) .ENV"),
+    # bash's extended globs
+    terminal("bash", "-O", "extglob", "-c", "cat .@(env)"),
+    terminal("bash", "-O", "extglob", "-c", "cat .?(x)env"),
+    terminal("bash", "-O", "extglob", "-c", "cat .+(e)nv"),
+    terminal("bash", "-O", "extglob", "-c", "cat .!(bashrc)"),
+    terminal("bash", "-O", "extglob", "-c", "cat .@(bashrc|env)"),
 ])
 async def test_a_terminal_command_that_names_a_protected_file_is_denied(
         ws: Path, request_: dict[str, Any]) -> None:
