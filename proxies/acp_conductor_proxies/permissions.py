@@ -569,8 +569,12 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
         current.append(token)
 
 
-# bash's extended globs (`shopt -s extglob`, `bash -O extglob`): `.@(env)` is `.env`.
-_EXTGLOB = re.compile(r"""([^\s;&|()<>'"]*)([?*+@!])\(([^()\s]*)\)([^\s;&|()<>'"]*)""")
+# bash's extended globs (`shopt -s extglob`, `bash -O extglob`): `.@(env)` is `.env`. The
+# parts of the word around one are found from it, in at most PATH_MAX characters: a regex
+# for the whole word would backtrack quadratically over a long command.
+_EXTGLOB = re.compile(r"([?*+@!])\(([^()\s]*)\)")
+_WORD_AFTER = re.compile(r"""[^\s;&|()<>'"]*""")
+PATH_MAX = 4096
 
 
 def _extglob_words(script: str) -> list[str]:
@@ -578,7 +582,12 @@ def _extglob_words(script: str) -> list[str]:
     alternative (and none for `?(...)` and `*(...)`); `!(...)` and repeats as `*`."""
     out: list[str] = []
     for m in itertools.islice(_EXTGLOB.finditer(script), MAX_GLOB_MATCHES):
-        pre, op, body, post = m.groups()
+        op, body = m.groups()
+        # the word before, read backwards (a search ending at `\Z` would backtrack)
+        before = _WORD_AFTER.match(script[max(0, m.start() - PATH_MAX):m.start()][::-1])
+        after = _WORD_AFTER.match(script, m.end(), m.end() + PATH_MAX)
+        pre = before.group()[::-1] if before else ""
+        post = after.group() if after else ""
         alts = body.split("|") if op != "!" else []
         alts += [""] if op in "?*" else []
         alts += ["*"] if op in "*+!" else []

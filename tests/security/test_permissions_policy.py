@@ -540,3 +540,12 @@ async def test_the_shipped_rm_rule_holds_whatever_kind_the_agent_gives_its_tool_
     async with policy(ws) as probe:
         assert await probe.permission({"kind": kind, "title": "Read x",
                                        "rawInput": {"command": "rm -rf x"}}) == "no"
+
+
+@pytest.mark.parametrize("script", ["a" * 200_000 + "@", ("a" * 4000 + " @(x)") * 50],
+                         ids=["one-long-word", "many-extended-globs"])
+async def test_a_long_script_is_judged_in_linear_time(ws: Path, script: str) -> None:
+    # A quadratic scan of a 200 KB command line would hold the terminal for minutes;
+    # `policy` bounds the whole exchange at 10 s.
+    async with policy(ws) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal("bash", "-c", script))
