@@ -556,7 +556,7 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
             if ends:
                 _simple(command, current, dirs, depth, reopened=reopened)
                 current = []
-                reopened = ")" in ends
+                reopened = set(ends) == {")"}  # `)` alone: the command may go on
             if redirection:
                 if current and current[-1].isdigit():
                     current.pop()  # the fd of `2>`
