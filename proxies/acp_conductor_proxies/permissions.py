@@ -50,7 +50,7 @@ MAX_WRAPPED_PLAIN = 16     # words after a wrapper that may start the wrapped co
 MAX_TOOL_CALLS = 1024      # tool calls remembered per session (the oldest are forgotten)
 # What an editor shows of a tool call, and rules judge: `session/update` announces them,
 # and a permission request may name only the id (its toolCall is a ToolCallUpdate).
-TOOL_CALL_FIELDS = ("kind", "title", "locations", "rawInput")
+TOOL_CALL_FIELDS = ("kind", "title", "locations", "rawInput", "content")
 # Paths that name a different file in each process (/proc/self/cwd, /dev/fd/3): what the
 # editor would open there cannot be known here.
 PER_PROCESS_ROOTS = ("/proc", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
@@ -60,11 +60,16 @@ SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "
 WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "command", "exec",
                       "builtin", "xargs", "parallel", "find", "timeout", "stdbuf", "setsid",
                       "ionice", "chrt", "taskset", "busybox", "unbuffer", "flock", "watch",
-                      "strace", "ltrace", "nsenter", "chroot", "runuser", "systemd-run"})
+                      "strace", "ltrace", "nsenter", "chroot", "runuser", "systemd-run",
+                      "pkexec", "unshare", "setpriv", "sg", "fakeroot", "faketime", "prlimit",
+                      "numactl", "cgexec", "chpst", "script", "firejail", "bwrap", "catchsegv",
+                      "valgrind", "torsocks", "proxychains", "proxychains4",
+                      "dbus-run-session", "xvfb-run", "tmux", "screen"})
 SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while",
                             "until", "!", "{", "}", "time", "coproc"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _OPERATOR_CHARS = frozenset(";&|()<>")
+_OPERATOR = re.compile(r"([;&|()]*?)(&?[<>].*)?")  # (command ends, then a redirection)
 
 
 class Rule(BaseModel):
@@ -372,7 +377,14 @@ def _spelled(argv: list[str]) -> str:
 def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_shell: bool,
               depth: int) -> None:
     while argv and (argv[0] in SHELL_KEYWORDS or _ASSIGNMENT.match(argv[0])):
+        if argv[0] == "time" and argv[1:2] and argv[1].startswith("-"):
+            break  # `time -p CMD`, `time -f FMT CMD`: judged as a wrapper, options and all
+        if argv[0] == "coproc" and len(argv) > 2:
+            # `coproc NAME { ...; }` runs the body after the name (and `coproc CMD` CMD)
+            _add_body(command, argv[2:], bases, in_shell, depth)
         argv = argv[1:]
+    if argv[:1] == ["function"] and len(argv) > 2:  # `function NAME { ...; }`: the body
+        _add_body(command, argv[2:], bases, in_shell, depth)
     if not argv:
         return
     if len(argv) > MAX_WORDS:
@@ -383,6 +395,16 @@ def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_s
             continue  # a program found on PATH is not a path here
         command.add_words(_path_words(word, bases, in_shell, command.home), bases)
     _look_inside(command, argv, bases, depth)
+
+
+def _add_body(command: Command, argv: list[str], bases: tuple[str, ...], in_shell: bool,
+              depth: int) -> None:
+    """Raises:
+        Unplaceable: bodies nested more than MAX_DEPTH deep (`coproc a coproc a ...`).
+    """
+    if depth >= MAX_DEPTH:
+        raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
+    _add_argv(command, argv, bases, in_shell=in_shell, depth=depth + 1)
 
 
 def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
@@ -454,6 +476,8 @@ def _shell_script(argv: list[str]) -> str | None:
     return None
 
 
+# A backslash-newline that is not itself escaped (after an even run of backslashes).
+_CONTINUATION = re.compile(r"(?<!\\)((?:\\\\)*)\\\n")
 _BASH_QUOTED = re.compile(r"""\$'((?:[^'\\]|\\.)*)'|\$(?=")""", re.DOTALL)
 _C_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}"
                        r"|c.|.)", re.DOTALL)
@@ -491,13 +515,23 @@ def _bash_unquoted(script: str) -> str:
 def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: int) -> None:
     if "$" in script or "`" in script or "<<" in script:
         command.opaque = True  # values only the running shell knows
+    if "\\\n" in script:
+        # A shell drops `\<newline>` before it splits words (`r\<newline>m -rf` is `rm -rf`);
+        # one more spelling, so a `\<newline>` inside single quotes, which stays, is judged
+        # as written too.
+        joined = _CONTINUATION.sub(r"\1", script)
+        if joined != script and not _CONTINUATION.search(joined):  # none left to join
+            _add_script(command, joined, bases, depth)
+    for word in _extglob_words(script):
+        command.add_words(_path_words(word, bases, True, command.home), bases)
     if "$'" in script or '$"' in script:
         unquoted = _bash_unquoted(script)
         if "$'" not in unquoted and '$"' not in unquoted:  # an escape cannot spell another
             _add_script(command, unquoted, bases, depth)
     # Newlines and backquotes separate commands too; a `#` is not taken for a comment
-    # (shlex would hide `a#b; rm -rf x` from the rules).
-    lexer = shlex.shlex(script.replace("\n", ";").replace("`", ";"), posix=True,
+    # (shlex would hide `a#b; rm -rf x` from the rules). A backquote is read as `)`: either
+    # one may close a substitution (below).
+    lexer = shlex.shlex(script.replace("\n", ";").replace("`", ")"), posix=True,
                         punctuation_chars=";&|()<>")
     lexer.whitespace_split = True
     lexer.commenters = ""
@@ -509,15 +543,24 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
     current: list[str] = []
     dirs = list(bases)
     redirect = False
+    reopened = False  # after `$(...)` or `<(...)`: the words may be the outer command's
     for token in [*tokens, ";"]:
         if token and set(token) <= _OPERATOR_CHARS:
-            if "<" in token or ">" in token:
+            # shlex runs operators together: `;<` is `;` then `<`, `)>` is `)` then `>`
+            # (but `&>` and `>&` are redirections, `|&` a pipe).
+            split = _OPERATOR.fullmatch(token)
+            assert split is not None  # every run of operator characters matches
+            ends, redirection = split.group(1), split.group(2) or ""
+            if redirection.endswith("("):  # `<(cmd)`, `>(cmd)`: a command, not a file
+                ends, redirection, redirect = ends + "(", "", False
+            if ends:
+                _simple(command, current, dirs, depth, reopened=reopened)
+                current = []
+                reopened = set(ends) == {")"}  # `)` alone: the command may go on
+            if redirection:
                 if current and current[-1].isdigit():
                     current.pop()  # the fd of `2>`
                 redirect = True
-                continue
-            _simple(command, current, dirs, depth)
-            current = []
             continue
         if redirect:  # the file of `> out` or `< .env` is a path the command touches
             command.add_words(_path_words(token, dirs, True, command.home), tuple(dirs))
@@ -526,7 +569,37 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
         current.append(token)
 
 
-def _simple(command: Command, argv: list[str], dirs: list[str], depth: int) -> None:
+# bash's extended globs (`shopt -s extglob`, `bash -O extglob`): `.@(env)` is `.env`. The
+# parts of the word around one are found from it, in at most PATH_MAX characters: a regex
+# for the whole word would backtrack quadratically over a long command.
+_EXTGLOB = re.compile(r"([?*+@!])\(([^()\s]*)\)")
+_WORD_AFTER = re.compile(r"""[^\s;&|()<>'"]*""")
+PATH_MAX = 4096
+
+
+def _extglob_words(script: str) -> list[str]:
+    """What each extended glob in `script` could name, as plain globs: one per
+    alternative (and none for `?(...)` and `*(...)`); `!(...)` and repeats as `*`."""
+    out: list[str] = []
+    for m in itertools.islice(_EXTGLOB.finditer(script), MAX_GLOB_MATCHES):
+        op, body = m.groups()
+        # the word before, read backwards (a search ending at `\Z` would backtrack)
+        before = _WORD_AFTER.match(script[max(0, m.start() - PATH_MAX):m.start()][::-1])
+        after = _WORD_AFTER.match(script, m.end(), m.end() + PATH_MAX)
+        pre = before.group()[::-1] if before else ""
+        post = after.group() if after else ""
+        alts = body.split("|") if op != "!" else []
+        alts += [""] if op in "?*" else []
+        alts += ["*"] if op in "*+!" else []
+        out.extend(pre + alt + post for alt in alts)
+    return out
+
+
+def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,
+            reopened: bool = False) -> None:
+    if reopened:  # `cat $(true) .env`: `.env` is cat's argument, not a program
+        for word in argv:
+            command.add_words(_path_words(word, dirs, True, command.home), tuple(dirs))
     _add_argv(command, argv, tuple(dirs), in_shell=True, depth=depth)
     words = [w for w in argv if not _ASSIGNMENT.match(w)]
     if words[:1] in (["cd"], ["pushd"]) and (len(words) > 1 or words[0] == "cd"):
@@ -710,8 +783,8 @@ class Permissions(Proxy[PermissionsOptions]):
             if isinstance(update, dict) and isinstance(update.get("toolCallId"), str):
                 calls = ctx.session.state.setdefault("permissions.tool_calls", {})
                 known = calls.pop(update["toolCallId"], {})
-                known.update({k: update[k] for k in TOOL_CALL_FIELDS
-                              if update.get(k) is not None})
+                known.update({k: _diffs_only(update[k]) if k == "content" else update[k]
+                              for k in TOOL_CALL_FIELDS if update.get(k) is not None})
                 calls[update["toolCallId"]] = known
                 if len(calls) > MAX_TOOL_CALLS:
                     del calls[next(iter(calls))]
@@ -761,6 +834,15 @@ class Permissions(Proxy[PermissionsOptions]):
                            f"denied by the permissions policy of {self.name} ({why})",
                            {"component": self.name, "method": method, "reason": why})
         return await ctx.forward()
+
+
+def _diffs_only(content: object) -> object:
+    """Of a tool call's content, what rules judge: the path of each diff (its texts, which
+    may be whole files, are not kept)."""
+    if not isinstance(content, list):
+        return content
+    return [{"type": "diff", "path": c.get("path")} for c in content
+            if isinstance(c, dict) and c.get("type") == "diff"]
 
 
 def _params(message: Request) -> dict[str, Any]:
@@ -845,6 +927,12 @@ def _permission_subject(params: dict[str, Any], cwd: str, subject: Subject) -> S
                              "toolCall.locations[].path")
         subject.paths.append(path)
         subject.places.append(place(path, cwd))
+    content = tool.get("content")
+    for item in content if isinstance(content, list) else []:
+        if isinstance(item, dict) and item.get("type") == "diff":  # the file it changes
+            path = absolute_path(item.get("path"), "toolCall.content[].path")
+            subject.paths.append(path)
+            subject.places.append(place(path, cwd))
     raw = tool.get("rawInput")
     if not isinstance(raw, dict):
         raw = {}
@@ -855,12 +943,16 @@ def _permission_subject(params: dict[str, Any], cwd: str, subject: Subject) -> S
         subject.command = command_of(line, where)
     elif isinstance(line, str):  # agents' shell tools take one command line
         subject.command = command_of([line], where, script=line)
-    # Agents name the file of a tool call in rawInput too (path, file_path, notebook_path).
+    # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
+    # a list under paths, file_paths).
     for key, value in raw.items():
-        if key.lower().endswith("path") and isinstance(value, str) and value:
-            subject.paths.append(value)
-            subject.places.append(Placer(cwd).place(value, base=where,
-                                                    strict=os.path.isabs(value)))
+        if not key.lower().endswith(("path", "paths")):
+            continue
+        for one in value if isinstance(value, list) else [value]:
+            if isinstance(one, str) and one:
+                subject.paths.append(one)
+                subject.places.append(Placer(cwd).place(one, base=where,
+                                                        strict=os.path.isabs(one)))
     if subject.command is not None:
         _add_words(subject, subject.command, cwd)
     return subject

@@ -262,6 +262,15 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("sh", "-c", "cd && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("sh", "-c", "cd ~ && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("cat", "~/k", env=[{"name": "HOME", "value": "{ws}/notsecret"}]),
+    # the words after a substitution are still the arguments of the command before it
+    terminal("bash", "-c", "cat $(true) .env"), terminal("bash", "-c", "cat `true` .env"),
+    terminal("bash", "-c", "cat <(true) .env"), terminal("bash", "-c", "diff <(true) .ENV"),
+    # bash's extended globs
+    terminal("bash", "-O", "extglob", "-c", "cat .@(env)"),
+    terminal("bash", "-O", "extglob", "-c", "cat .?(x)env"),
+    terminal("bash", "-O", "extglob", "-c", "cat .+(e)nv"),
+    terminal("bash", "-O", "extglob", "-c", "cat .!(bashrc)"),
+    terminal("bash", "-O", "extglob", "-c", "cat .@(bashrc|env)"),
 ])
 async def test_a_terminal_command_that_names_a_protected_file_is_denied(
         ws: Path, request_: dict[str, Any]) -> None:
@@ -324,6 +333,23 @@ RM_RF = [
     # eval runs its arguments as a script
     ["sh", "-c", "eval 'rm -rf x'"], ["sh", "-c", "eval rm -rf x"],
     ["bash", "-c", "echo hi; eval \"sudo rm -Rf x\""],
+    # `time` with options is the keyword (bash: -p, --) or /usr/bin/time (-f FMT): it runs
+    # what follows all the same
+    ["bash", "-c", "time -p rm -rf x"], ["sh", "-c", "time -- rm -rf x"],
+    ["time", "-f", "%e", "rm", "-rf", "x"],
+    # the body of a named coprocess or a `function NAME { ...; }` runs too
+    ["bash", "-c", "coproc N { rm -rf x; }"], ["bash", "-c", "function f { rm -rf x; }; f"],
+    # a process substitution runs its command
+    ["bash", "-c", "cat <(rm -rf x)"], ["bash", "-c", "echo >(rm -rf x)"],
+    ["bash", "-c", "cat < <(rm -rf x)"], ["bash", "-c", "tee > >(rm -rf x)"],
+    # an operator run together with a redirection still ends the command before it
+    ["sh", "-c", "true;</dev/null rm -rf x"], ["sh", "-c", "(true)>/dev/null rm -rf x"],
+    # more programs that run their arguments as a command
+    ["pkexec", "rm", "-rf", "x"], ["unshare", "-r", "rm", "-rf", "x"],
+    ["setpriv", "--reuid=1", "rm", "-rf", "x"], ["fakeroot", "rm", "-rf", "x"],
+    ["prlimit", "--nofile=1", "rm", "-rf", "x"], ["numactl", "-C", "0", "rm", "-rf", "x"],
+    ["script", "-c", "rm -rf x"], ["sg", "wheel", "-c", "rm -rf x"],
+    ["bwrap", "--bind", "/", "/", "rm", "-rf", "x"], ["tmux", "new", "rm -rf x"],
 ]
 
 
@@ -336,6 +362,20 @@ async def test_the_shipped_rm_rule_holds_against_obvious_variants(ws: Path,
                                        "rawInput": {"command": argv}}) == "no"
         assert await probe.permission({"kind": "execute", "title": "run",
                                        "rawInput": {"command": shlex.join(argv)}}) == "no"
+
+
+@pytest.mark.parametrize("script", ["r\\\nm -rf x", "rm -f\\\nr x", "rm -\\\nrf x",
+                                    "echo hi |\\\nrm -rf x", "cat .e\\\nnv",
+                                    "cat sec\\\nrets/k", "cd sec\\\nrets && cat k"])
+async def test_a_backslash_newline_in_a_script_is_joined_as_the_shell_joins_it(
+        ws: Path, script: str) -> None:
+    # A shell removes `\<newline>` before it splits words: `r\<newline>m -rf x` is
+    # `rm -rf x`, not the commands `r` and `m -rf x`.
+    async with policy(ws) as probe:
+        assert not await probe.reaches_editor("terminal/create", terminal("bash", "-c", script))
+        assert not await probe.reaches_editor("terminal/create", terminal(script))
+        assert await probe.permission({"kind": "execute", "title": "run",
+                                       "rawInput": {"command": script}}) == "no"
 
 
 @pytest.mark.parametrize("argv", [
@@ -358,6 +398,7 @@ async def test_ordinary_commands_still_reach_the_editor(ws: Path, argv: list[str
     terminal("ls", env=[{"name": "X", "value": "a\0"}]),
     terminal("sh", "-c", functools.reduce(lambda s, _: f"sh -c {shlex.quote(s)}", range(9), "ls")),
     terminal("cat", *["x"] * 20_000),
+    terminal("bash", "-c", "coproc a " * 20_000 + "ls"),  # bodies in bodies, too deep
 ])
 async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
                                                           request_: dict[str, Any]) -> None:
@@ -380,6 +421,13 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     {"kind": "read", "locations": [{"path": "/proc/self/cwd/ok.txt"}]},
     {"kind": "edit", "rawInput": {"file_path": "{ws}/.env"}},
     {"kind": "edit", "rawInput": {"path": "notsecret/k"}},
+    # a list of files, as a read-many tool names them
+    {"kind": "read", "rawInput": {"paths": ["ok.txt", "{ws}/.env"]}},
+    {"kind": "read", "rawInput": {"file_paths": ["{ws}/ok.txt", "notsecret/k"]}},
+    # the file a diff shows the editor, which must be absolute (ACP) as a location's is
+    {"kind": "edit", "content": [{"type": "diff", "path": "{ws}/innocent.txt", "oldText": "",
+                                  "newText": "x"}]},
+    {"kind": "edit", "content": [{"type": "diff", "path": "ok.txt", "newText": "x"}]},
 ])
 async def test_a_permission_request_for_a_protected_or_unplaceable_path_is_rejected(
         ws: Path, tool_call: dict[str, Any]) -> None:
@@ -418,6 +466,8 @@ async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
     (["sh", "-c", "git status; rm -rf x"], False), (["sh", "-c", "git status $(curl x)"], False),
     (["sh", "-c", "git status `curl x`"], False), (["sh", "script.sh"], False),
     (["sudo", "git", "status"], False), (["sh", "-c", "git status 'unclosed"], False),
+    (["sh", "-c", "git status;</dev/null rm -rf x"], False),
+    (["sh", "-c", "git status <(rm -rf x)"], False),
 ])
 async def test_an_allow_command_rule_needs_every_command_that_would_run_to_match(
         ws: Path, argv: list[str], allowed: bool) -> None:
@@ -450,6 +500,9 @@ DENY_ENV_ELSE_ALLOW = PermissionsOptions(default="allow", rules=[
 
 @pytest.mark.parametrize("announced", [
     {"kind": "read", "title": "Read", "locations": [{"path": "{ws}/.env"}]},
+    {"kind": "edit", "title": "Edit", "content": [
+        {"type": "content", "content": {"type": "text", "text": "hi"}},
+        {"type": "diff", "path": "{ws}/.env", "oldText": "A=1", "newText": "A=2"}]},
     {"kind": "execute", "title": "Run", "rawInput": {"command": "rm -rf x"}},
 ])
 @pytest.mark.parametrize("before", [
@@ -487,3 +540,12 @@ async def test_the_shipped_rm_rule_holds_whatever_kind_the_agent_gives_its_tool_
     async with policy(ws) as probe:
         assert await probe.permission({"kind": kind, "title": "Read x",
                                        "rawInput": {"command": "rm -rf x"}}) == "no"
+
+
+@pytest.mark.parametrize("script", ["a" * 200_000 + "@", ("a" * 4000 + " @(x)") * 50],
+                         ids=["one-long-word", "many-extended-globs"])
+async def test_a_long_script_is_judged_in_linear_time(ws: Path, script: str) -> None:
+    # A quadratic scan of a 200 KB command line would hold the terminal for minutes;
+    # `policy` bounds the whole exchange at 10 s.
+    async with policy(ws) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal("bash", "-c", script))
