@@ -88,15 +88,7 @@ def on(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[Any],
     def mark(func: Any) -> Any:
         if not inspect.iscoroutinefunction(func):
             raise TypeError(f"handler {func.__qualname__} for {method} must be `async def`")
-        problem = _never_arrives(method, side)
-        if problem is not None:
-            # A typo or the wrong side is otherwise silent: the handler is just never called.
-            source_arg = "" if side is Side.PREDECESSOR else f", source={side.value!r}"
-            name = func.__qualname__.rpartition(".<locals>.")[2]
-            warnings.warn(f"@on({method!r}{source_arg}) on {name}: {problem}; as written it "
-                          "would never be called", UserWarning, stacklevel=2)
-        setattr(func, _HANDLES, [*getattr(func, _HANDLES, []), (side, method)])
-        return func
+        return _register(func, "on", _HANDLES, method, side, _never_arrives(method, side))
     return mark
 
 
@@ -121,14 +113,21 @@ def watch(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[An
         if problem is None and method in acp.AGENT_METHODS | acp.CLIENT_METHODS \
                 and method not in acp.NOTIFICATION_METHODS:
             problem = f"{method} is a request, and watchers see notifications only (use @on)"
-        if problem is not None:
-            source_arg = "" if side is Side.PREDECESSOR else f", source={side.value!r}"
-            name = func.__qualname__.rpartition(".<locals>.")[2]
-            warnings.warn(f"@watch({method!r}{source_arg}) on {name}: {problem}; as written it "
-                          "would never be called", UserWarning, stacklevel=2)
-        setattr(func, _WATCHES, [*getattr(func, _WATCHES, []), (side, method)])
-        return func
+        return _register(func, "watch", _WATCHES, method, side, problem)
     return mark
+
+
+def _register(func: Any, decorator: str, attr: str, method: str, side: Side,
+              problem: str | None) -> Any:
+    """Mark `func` for `method` from `side`. A typo or the wrong side is otherwise silent
+    (it is just never called): `problem` is a warning at the decorator's line."""
+    if problem is not None:
+        source_arg = "" if side is Side.PREDECESSOR else f", source={side.value!r}"
+        name = func.__qualname__.rpartition(".<locals>.")[2]
+        warnings.warn(f"@{decorator}({method!r}{source_arg}) on {name}: {problem}; as written "
+                      "it would never be called", UserWarning, stacklevel=3)
+    setattr(func, attr, [*getattr(func, attr, []), (side, method)])
+    return func
 
 
 def _never_arrives(method: str, side: Side) -> str | None:
