@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -223,6 +224,36 @@ async def test_transcript_of_a_dot_dot_session_id_stays_a_visible_file_in_the_di
     assert not any(n.startswith(".") for n in names)
     assert os.listdir(tmp_path) == ["out"]
 
+
+
+async def test_a_permission_request_naming_only_its_tool_call_is_recorded_by_the_announced_title(
+        tmp_path: Path) -> None:
+    # ACP's request_permission carries a ToolCallUpdate: all but the id may be left out, and
+    # the editor shows the title the tool call announced. The transcript said `None`.
+    agent = ScriptedAgent({"session/new": {"sessionId": "s1"}})
+    answer = {"outcome": {"outcome": "selected", "optionId": "yes"}}
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent, client=TestClient({
+                                   "session/request_permission": answer})) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            await agent.notify("session/update", {"sessionId": sid, "update": {
+                "sessionUpdate": "tool_call", "toolCallId": "c1", "title": "Read .env",
+                "kind": "read"}})
+            await agent.call("session/request_permission", {
+                "sessionId": sid, "toolCall": {"toolCallId": "c1"}, "options": []})
+            await agent.call("session/request_permission", {
+                "sessionId": sid, "toolCall": {"toolCallId": "never-announced"},
+                "options": []})
+    stem = file_stem("s1")
+    markdown = (tmp_path / f"{stem}.md").read_text(encoding="utf-8")
+    assert "- Permission for `Read .env`: yes\n" in markdown
+    assert "- Permission for `never-announced`: yes\n" in markdown
+    assert "None" not in markdown
+    events = [json.loads(line) for line in
+              (tmp_path / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [e["title"] for e in events if e["type"] == "permission"] == \
+        ["Read .env", "never-announced"]
 
 # --- redact ------------------------------------------------------------------------------
 

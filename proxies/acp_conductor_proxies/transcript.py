@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from conductor.jsonrpc.message import Notification, Request
 
 
+# Titles remembered per session, for permission requests that name only their tool call.
+MAX_TITLES = 1024
+
+
 class TranscriptOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -135,6 +139,14 @@ class Transcript(Proxy[TranscriptOptions]):
             return
         update = _dict(_dict(message.params_value()).get("update"))
         kind = update.get("sessionUpdate")
+        call_id, title = update.get("toolCallId"), update.get("title")
+        if kind in ("tool_call", "tool_call_update") and isinstance(call_id, str) \
+                and isinstance(title, str):
+            titles = session.state.setdefault("transcript_titles", {})
+            titles.pop(call_id, None)  # newest last: the oldest is forgotten first
+            titles[call_id] = title
+            if len(titles) > MAX_TITLES:
+                del titles[next(iter(titles))]
         if kind == "agent_message_chunk":
             chunk = _text(update.get("content"))
             session.state["transcript_agent_text"] = \
@@ -155,7 +167,13 @@ class Transcript(Proxy[TranscriptOptions]):
     async def permission(self, ctx: ProxyContext, message: Request) -> object:
         answer = await ctx.forward()
         assert answer is not None
-        title = _dict(_dict(message.params_value()).get("toolCall")).get("title")
+        tool = _dict(_dict(message.params_value()).get("toolCall"))
+        # A request may name only its tool call (ACP): record the title the editor shows.
+        call_id = tool.get("toolCallId")
+        title = tool.get("title")
+        if title is None and isinstance(call_id, str):
+            known = ctx.session.state.get("transcript_titles", {}) if ctx.session else {}
+            title = known.get(call_id, call_id)
         outcome = _dict(answer.result_value()).get("outcome") if answer.error is UNSET \
             else {"outcome": "error"}
         decision = (outcome.get("optionId") or outcome.get("outcome")) if isinstance(
