@@ -32,7 +32,7 @@ MAX_TITLES = 1024
 class TranscriptOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    directory: str = "transcripts"   # relative to the conductor's working directory
+    directory: str = "transcripts"   # relative to the working directory of this process
 
 
 def _text(blocks: Any) -> str:
