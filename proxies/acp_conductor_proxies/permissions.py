@@ -776,8 +776,10 @@ class Permissions(Proxy[PermissionsOptions]):
     @watch("session/update", source="successor")
     def update(self, ctx: WatchContext, message: Notification) -> None:
         # A watcher, not a handler: streamed updates keep the router's shortcut past us.
-        # Cheap test first: most updates are message chunks, not tool calls.
-        if b'"toolCallId"' in bytes(message.params or b"") and ctx.session is not None:
+        # Cheap test first: most updates are message chunks, not tool calls. A `\u` escape
+        # may spell the key (`"toolCall\u0049d"` is `toolCallId` to the editor): decode then.
+        raw = bytes(message.params or b"")
+        if (b'"toolCallId"' in raw or b"\\u" in raw) and ctx.session is not None:
             params = message.params_value()
             update = params.get("update") if isinstance(params, dict) else None
             if isinstance(update, dict) and isinstance(update.get("toolCallId"), str):

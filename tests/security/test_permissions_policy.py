@@ -9,6 +9,7 @@ reject option, and the editor saw nothing.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import shlex
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 import pytest
 
 from acp_conductor_proxies.permissions import PERMISSION_DENIED, Permissions, PermissionsOptions
@@ -530,6 +532,21 @@ async def test_a_permission_request_is_judged_with_what_its_tool_call_announced_
         # a tool call never announced is judged by what the request says
         assert await probe.permission({"toolCallId": "c3", "kind": "read", "title": "Read",
                                        "locations": [{"path": f"{ws}/ok.txt"}]}) == "yes"
+
+
+async def test_a_tool_call_announced_with_an_escaped_key_is_remembered_as_the_editor_reads_it(
+        ws: Path) -> None:
+    # `"toolCall\u0049d"` is the key `toolCallId` to any JSON reader, the editor's too: a
+    # cheap test on the raw bytes must not skip the announcement, or a request naming only
+    # the id would be judged without the `.env` the editor shows.
+    async with policy(ws, DENY_ENV_ELSE_ALLOW) as probe:
+        announced = json.dumps({"sessionId": probe.sid, "update": {
+            "sessionUpdate": "tool_call", "toolCallId": "c1", "title": "Read", "kind": "read",
+            "locations": [{"path": f"{ws}/.env"}]}})
+        escaped = announced.replace('"toolCallId"', '"toolCall\\u0049d"')
+        assert escaped != announced
+        await probe.agent.notify("session/update", msgspec.Raw(escaped.encode()))
+        assert await probe.permission({}) == "no"
 
 
 @pytest.mark.parametrize("kind", ["read", "think", None])
