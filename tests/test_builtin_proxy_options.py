@@ -255,6 +255,29 @@ async def test_a_permission_request_naming_only_its_tool_call_is_recorded_by_the
     assert [e["title"] for e in events if e["type"] == "permission"] == \
         ["Read .env", "never-announced"]
 
+
+async def test_a_long_streamed_message_is_recorded_in_linear_time(tmp_path: Path) -> None:
+    # The message being streamed was kept as one string grown by each chunk, copying it
+    # whole every time: ~100 GB of copying for this 20 MB message. Kept in chunks, it is
+    # written well within the bound.
+    chunk, count = "x" * 2047 + " ", 10_000
+    agent = ScriptedAgent({"session/new": {"sessionId": "s1"}})
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        for _ in range(count):
+            await agent.notify("session/update", {"sessionId": "s1", "update": {
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": chunk}}})
+        return {"stopReason": "end_turn"}
+    agent.replies["session/prompt"] = prompt
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent) as client:
+        with anyio.fail_after(30):
+            sid = await client.new_session("/tmp")
+            assert await client.prompt(sid, "go") == {"stopReason": "end_turn"}
+    markdown = (tmp_path / f"{file_stem('s1')}.md").read_text(encoding="utf-8")
+    assert f"**Agent:** {chunk * count}\n\n_Turn ended: end_turn_" in markdown
+
 # --- redact ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("replacement", [r"\g<0>", "\\", r"\1", "<$0>"])

@@ -102,7 +102,7 @@ class Transcript(Proxy[TranscriptOptions]):
     def _write(self, session: SessionScope | None, event: dict[str, Any], markdown: str) -> None:
         if session is None:
             return
-        pending = session.state.pop("transcript_agent_text", "")
+        pending = "".join(session.state.pop("transcript_agent_text", ()))
         if pending and event["type"] != "agent_text":
             markdown = f"**Agent:** {pending}\n\n{markdown}"
         self._append(session, markdown, event)
@@ -149,8 +149,9 @@ class Transcript(Proxy[TranscriptOptions]):
                 del titles[next(iter(titles))]
         if kind == "agent_message_chunk":
             chunk = _text(update.get("content"))
-            session.state["transcript_agent_text"] = \
-                session.state.get("transcript_agent_text", "") + chunk
+            # In chunks, joined once when written: growing one string would copy the whole
+            # message for every chunk (quadratic in a long answer).
+            session.state.setdefault("transcript_agent_text", []).append(chunk)
             self._append(session, "", {"type": "agent_text", "text": chunk})
         elif kind == "tool_call":
             self._write(session, {"type": "tool_call", "id": update.get("toolCallId"),
