@@ -17,6 +17,7 @@ been forwarded yet.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 from collections import deque
 from contextlib import asynccontextmanager
@@ -679,6 +680,7 @@ class _InboxSink:
         self._host = host
         self.passes = host.passes  # the router asks the host directly: no extra call
         self.watch = host.watch
+        self.relay = self.relay_if_busy
 
     def release(self, session_id: str, reason: CloseReason) -> None:
         """Never waits: the router may end thousands of sessions at once (idle expiry), and
@@ -706,19 +708,23 @@ class _InboxSink:
             self._host.queued -= count
             raise
 
-    async def relay_if_busy(self, then: Callable[[], Awaitable[None]]) -> bool:
-        """An answer to a request routed past this proxy is on its way past it too: if
-        messages handed over earlier are still in dispatch, it must not overtake them, so
-        `then` (passing it on) runs when dispatch reaches it. False: nothing is in dispatch
-        (pass it on now)."""
+    def relay_if_busy(self, then: Callable[..., Awaitable[None]], *args: Any
+                      ) -> Awaitable[bool] | None:
+        """An answer to a request routed past this proxy is on its way past it too. None:
+        nothing is in dispatch (pass it on now). Else what queues `then(*args)` (passing it
+        on) behind what was handed over before it: awaited, True once queued, False if
+        dispatch has stopped. Checked without a coroutine: this is on every such answer."""
         if not self._host.queued:
-            return False
+            return None
+        return self._relay(_Relay(functools.partial(then, *args)))
+
+    async def _relay(self, relay: _Relay) -> bool:
         self._host.queued += 1
         try:
             try:
-                self._send.send_nowait(_Relay(then))
+                self._send.send_nowait(relay)
             except anyio.WouldBlock:
-                await self._send.send(_Relay(then))
+                await self._send.send(relay)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._host.queued -= 1  # stopping: nothing is dispatched any more
             return False
@@ -823,7 +829,7 @@ async def open_inprocess_hop(proxy: Proxy[Any],
 
     async with open_inprocess_proxy(proxy, deliver) as sink:
         hop = Hop(proxy.name, sink, dialect=Dialect.PROXY, passes=sink.passes, watch=sink.watch,
-                  release=sink.release, tracer=tracer)
+                  relay=sink.relay, release=sink.release, tracer=tracer)
         yield hop
 
 

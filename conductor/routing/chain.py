@@ -657,11 +657,10 @@ class Chain:
         their dispatch (sent before it by the same side): behind such a proxy's queue, it
         goes on when dispatch reaches it (docs/architecture.md: order is unchanged)."""
         for i, hop in enumerate(past):
-            relay = getattr(hop.sink, "relay_if_busy", None)
-            if relay is None or hop.failure is not None:
+            if hop.relay is None or hop.failure is not None:
                 continue
-            then = functools.partial(self._send_past, past[i + 1:], origin, reply, source)
-            if await relay(then):
+            queued = hop.relay(self._send_past, past[i + 1:], origin, reply, source)
+            if queued is not None and await queued:
                 return
         await self._send(origin, reply, source=source)
 

@@ -9,7 +9,7 @@ virtual `successor`, reached through the client's own connection.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,10 @@ Passes = Callable[[str, bool], bool]
 # (notification, travelling up): an in-process proxy's watchers see a notification the
 # router takes past it on its shortcut. Never waits; never raises.
 Watch = Callable[[Notification, bool], None]
+# (pass_on, *args): an answer routed past an in-process proxy. None when nothing is in its
+# dispatch (pass it on now), else what queues `pass_on(*args)` behind what is (awaited:
+# True once queued, False if its dispatch has stopped).
+Relay = Callable[..., Awaitable[bool] | None]
 # (session id, why): an in-process proxy drops its state for a session the router ended
 # without a message crossing it (idle expiry, a lost session). Never waits.
 Release = Callable[[str, CloseReason], None]
@@ -45,13 +49,14 @@ class Hop(Endpoint):
 
     def __init__(self, name: str, sink: MessageSink, *, dialect: Dialect | None = None,
                  passes: Passes | None = None, watch: Watch | None = None,
-                 release: Release | None = None,
+                 relay: Relay | None = None, release: Release | None = None,
                  tracer: TraceSink | None = None) -> None:
         super().__init__(name, sink)
         self.dialect = dialect                 # for proxies: how they spell the envelope
         self.dialect_forced = dialect is not None
         self.passes = passes                   # in-process proxies only
         self.watch = watch                     # in-process proxies with watchers only
+        self.relay = relay                     # in-process proxies only
         self.release = release                 # in-process proxies only
         if tracer is not None:
             self.observe = functools.partial(_trace_out, tracer, name)
