@@ -24,7 +24,7 @@ from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Batch, Request, error_response
 from conductor.plan import plan_chain
 from conductor.serve import RunOptions, serve_connection
-from conductor.supervise.signals import EXIT_SIGNAL, stop_signals, stopping
+from conductor.supervise.signals import EXIT_SIGNAL, first_stop_signal
 from conductor.tracing.sink import open_trace_sink
 from conductor.transport.http import PATH, AcpEndpoint, Gate, serve_asgi
 
@@ -233,13 +233,8 @@ async def serve_listener(config: ChainConfig, settings: ListenSettings, *,
             running.discard(client)
 
     async def watch_signals() -> None:
-        with anyio.open_signal_receiver(*stop_signals()) as signals:
-            async for signum in signals:
-                log.info("received %s: shutting down", signal.Signals(signum).name)
-                received.append(signum)
-                settings.stop.set()
-                break
-        stopping()  # the receiver is closed: SIGHUP would end us mid-stop
+        received.append(await first_stop_signal())
+        settings.stop.set()
 
     async with anyio.create_task_group() as chains:
         def connected(client: RemoteClient) -> None:

@@ -32,7 +32,7 @@ from conductor.routing.roles import Role
 from conductor.routing.topology import ComponentLink, Hop
 from conductor.supervise.component import EXIT_DRAIN, Component, open_component
 from conductor.supervise.restart import Backoff
-from conductor.supervise.signals import EXIT_SIGNAL, stop_signals, stopping
+from conductor.supervise.signals import EXIT_SIGNAL, first_stop_signal
 from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
@@ -437,13 +437,8 @@ async def serve_connection(
             stop.set()
 
         async def watch_signals() -> None:
-            with anyio.open_signal_receiver(*stop_signals()) as signals:
-                async for signum in signals:
-                    log.info("received %s: shutting down", signal.Signals(signum).name)
-                    outcome.signal = signum
-                    stop.set()
-                    break
-            stopping()  # the receiver is closed: SIGHUP would end us mid-stop
+            outcome.signal = await first_stop_signal()
+            stop.set()
 
         tg.start_soon(serve_client)
         tg.start_soon(chain.serve_timers)

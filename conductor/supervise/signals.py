@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 
+import anyio
+
 from conductor.errors import ExitCode
+
+log = logging.getLogger("acp_conductor")
 
 EXIT_SIGNAL = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM,
                signal.SIGHUP: ExitCode.SIGHUP}
@@ -25,3 +30,14 @@ def stopping() -> None:
     a second SIGTERM or SIGINT still ends the conductor at once."""
     if signal.getsignal(signal.SIGHUP) in (signal.SIG_DFL, None):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+async def first_stop_signal() -> signal.Signals:
+    """Wait for the first stop signal (`stop_signals`), then ignore hangups (`stopping`)."""
+    with anyio.open_signal_receiver(*stop_signals()) as signals:
+        async for signum in signals:
+            received = signal.Signals(signum)
+            log.info("received %s: shutting down", received.name)
+            break
+    stopping()  # the receiver is closed: SIGHUP would end us mid-stop
+    return received
