@@ -344,6 +344,12 @@ def _invalid_call(frame: bytes | bytearray, env: _Envelope) -> InvalidMessage | 
     return None
 
 
+def as_object(value: object) -> dict[str, Any]:
+    """`value` if it is a JSON object, else an empty one: for code that reads what a decoded
+    payload offers and must not fail on one of another shape (a recorder, a capability)."""
+    return value if isinstance(value, dict) else {}
+
+
 def structured(params: Raw) -> bool:
     """JSON-RPC 2.0's rule for params: an object or an array (null taken as none, as some
     send). Reads one byte: a decoded Raw begins at the value itself."""

@@ -18,6 +18,7 @@ import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
+from conductor.jsonrpc.message import as_object
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -55,20 +56,17 @@ class McpSupport:
         if version >= 2:
             # v2 has no baseline transport: stdio too is "only available when the agent
             # capabilities include `session.mcp.stdio`" (schema McpServer); `_meta` is none.
-            mcp = _dict(_dict(_dict(value.get("capabilities")).get("session")).get("mcp"))
+            session = as_object(as_object(value.get("capabilities")).get("session"))
+            mcp = as_object(session.get("mcp"))
             supported = {k for k, v in mcp.items() if isinstance(v, dict) and k != "_meta"}
         else:
-            caps = _dict(_dict(value.get("agentCapabilities")).get("mcpCapabilities"))
+            caps = as_object(as_object(value.get("agentCapabilities")).get("mcpCapabilities"))
             supported |= {k for k in ("http", "sse", "acp") if caps.get(k) is True}
         self.transports = frozenset(supported)
 
     def takes(self, transport: str) -> bool | None:
         """Does the agent take `transport`? None while it has not said."""
         return None if self.transports is None else transport in self.transports
-
-
-def _dict(value: object) -> dict[str, object]:
-    return value if isinstance(value, dict) else {}
 
 
 @dataclass(frozen=True, slots=True)

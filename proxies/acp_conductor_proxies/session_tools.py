@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from conductor.jsonrpc.message import as_object
 from conductor.plugins import Proxy, ProxyContext, WatchContext, on, tool_context, watch
 
 if TYPE_CHECKING:
@@ -28,12 +29,6 @@ class SessionToolsOptions(BaseModel):
 
     keep: int = Field(default=2000, ge=1, description="transcript lines kept per session")
     sessions: int = Field(default=64, ge=1, description="sessions remembered at most")
-
-
-def _object(value: Any) -> dict[str, Any]:
-    """`value` when it is a JSON object, else an empty one: a recorder reads what it can and
-    never fails (and so never drops) a message for its shape."""
-    return value if isinstance(value, dict) else {}
 
 
 def _text(blocks: Any) -> str:
@@ -72,17 +67,17 @@ class SessionTools(Proxy[SessionToolsOptions]):
 
     @on("initialize")
     async def remember_initialize(self, ctx: ProxyContext, request: Request) -> Any:
-        self._initialize["client"] = _object(request.params_value()).get("clientInfo")
+        self._initialize["client"] = as_object(request.params_value()).get("clientInfo")
         answer = await ctx.forward()
         if answer is not None and not answer.is_error:
-            result = _object(answer.result_value())
+            result = as_object(answer.result_value())
             self._initialize["agent"] = result.get("agentInfo")
             self._initialize["protocolVersion"] = result.get("protocolVersion")
         return answer
 
     @on("session/prompt")
     async def record_prompt(self, ctx: ProxyContext, request: Request) -> Any:
-        params = _object(request.params_value())
+        params = as_object(request.params_value())
         sid = str(params.get("sessionId", ""))
         self._flush_agent(sid)
         self._log(sid, f"user: {_text(params.get('prompt'))}")
@@ -93,9 +88,9 @@ class SessionTools(Proxy[SessionToolsOptions]):
     @watch("session/update", source="successor")
     def record_update(self, ctx: WatchContext, note: Notification) -> None:
         # A watcher: streamed updates keep the router's shortcut past this proxy.
-        params = _object(note.params_value())
+        params = as_object(note.params_value())
         sid = str(params.get("sessionId", ""))
-        update = _object(params.get("update"))
+        update = as_object(params.get("update"))
         kind = update.get("sessionUpdate")
         if kind == "agent_message_chunk":
             self._agent_line.setdefault(sid, []).append(_text(update.get("content")))

@@ -18,6 +18,7 @@ from msgspec import UNSET
 from pydantic import BaseModel, ConfigDict
 
 from conductor.errors import ConfigError
+from conductor.jsonrpc.message import as_object
 from conductor.output import make_private_dir, open_output
 from conductor.plugins import Proxy, ProxyContext, SessionScope, WatchContext, on, watch
 
@@ -48,12 +49,6 @@ def _text(blocks: Any) -> str:
             else:
                 parts.append(f"[{block.get('type')}]")
     return "".join(parts)
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    """`value` if it is an object, else empty: a recorder must not fail (and so replace
-    the answer it records) on a message of the wrong shape."""
-    return value if isinstance(value, dict) else {}
 
 
 def _append_text(path: Path, text: str) -> None:
@@ -115,7 +110,7 @@ class Transcript(Proxy[TranscriptOptions]):
 
     @on("session/prompt")
     async def prompt(self, ctx: ProxyContext, message: Request) -> object:
-        text = _text(_dict(message.params_value()).get("prompt"))
+        text = _text(as_object(message.params_value()).get("prompt"))
         self._write(ctx.session, {"type": "prompt", "text": text}, f"## User\n\n{text}\n\n")
         answer = await ctx.forward()
         assert answer is not None
@@ -137,7 +132,7 @@ class Transcript(Proxy[TranscriptOptions]):
         session = ctx.session
         if session is None:
             return
-        update = _dict(_dict(message.params_value()).get("update"))
+        update = as_object(as_object(message.params_value()).get("update"))
         kind = update.get("sessionUpdate")
         call_id, title = update.get("toolCallId"), update.get("title")
         if kind in ("tool_call", "tool_call_update") and isinstance(call_id, str) \
@@ -168,14 +163,14 @@ class Transcript(Proxy[TranscriptOptions]):
     async def permission(self, ctx: ProxyContext, message: Request) -> object:
         answer = await ctx.forward()
         assert answer is not None
-        tool = _dict(_dict(message.params_value()).get("toolCall"))
+        tool = as_object(as_object(message.params_value()).get("toolCall"))
         # A request may name only its tool call (ACP): record the title the editor shows.
         call_id = tool.get("toolCallId")
         title = tool.get("title")
         if title is None and isinstance(call_id, str):
             known = ctx.session.state.get("transcript_titles", {}) if ctx.session else {}
             title = known.get(call_id, call_id)
-        outcome = _dict(answer.result_value()).get("outcome") if answer.error is UNSET \
+        outcome = as_object(answer.result_value()).get("outcome") if answer.error is UNSET \
             else {"outcome": "error"}
         decision = (outcome.get("optionId") or outcome.get("outcome")) if isinstance(
             outcome, dict) else str(outcome)
