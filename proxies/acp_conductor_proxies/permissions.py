@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
+from conductor.jsonrpc.message import as_object
 from conductor.plugins import Proxy, ProxyContext, WatchContext, on, watch
 from conductor.validation import Regex
 
@@ -848,8 +849,7 @@ def _diffs_only(content: object) -> object:
 
 
 def _params(message: Request) -> dict[str, Any]:
-    params = message.params_value()
-    return params if isinstance(params, dict) else {}
+    return as_object(message.params_value())
 
 
 def _summary(params: dict[str, Any]) -> str:
