@@ -8,7 +8,6 @@ are walked here to say which keys a place accepts.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 import types
 import typing
@@ -17,8 +16,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BaseModel
 
+from conductor.spelling import did_you_mean
+
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Sequence
 
     from pydantic import ValidationError
 
@@ -57,12 +58,6 @@ class Problem:
     field: str
     message: str
     hint: str | None = None
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
-    """`did you mean 'command'?` when one of `choices` is close to `word`."""
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"did you mean {match[0]!r}?" if match else None
 
 
 def _models_in(annotation: Any) -> list[type]:

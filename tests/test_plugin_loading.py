@@ -49,6 +49,35 @@ def test_bad_options_in_a_chain_file_name_the_proxy_the_file_and_the_field(tmp_p
     assert caught.value.exit_code == 2
 
 
+def test_options_given_to_a_proxy_that_takes_none_are_refused_by_name(tmp_path: Path) -> None:
+    chain = tmp_path / "chain.toml"
+    chain.write_text(textwrap.dedent("""
+        [[proxy]]
+        name = "pass"
+        use = "passthrough"
+        options = { verbose = true }
+
+        [agent]
+        command = "true"
+    """), encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        _plan(load_chain(chain), "agent")
+    assert "proxy[0].options.verbose: proxy 'pass': unknown option 'verbose'" in str(caught.value)
+
+
+def test_a_proxy_that_takes_no_options_has_the_public_no_options_model() -> None:
+    from conductor import NoOptions as from_root
+    from conductor.plugins import NoOptions, Proxy
+
+    class Plain(Proxy):
+        pass
+
+    assert from_root is NoOptions and Plain.options_model is NoOptions
+    assert not Plain.takes_options()
+    assert isinstance(load_proxy("passthrough", None).options, NoOptions)
+    assert isinstance(Plain().options, NoOptions)
+
+
 def test_an_unknown_plugin_name_says_where_and_what_is_installed() -> None:
     config = parse_chain({"proxy": [{"use": "nope"}], "agent": {"command": "true"}},
                          file="x.toml")

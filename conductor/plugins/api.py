@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from msgspec import UNSET, Raw, UnsetType
-from pydantic import BaseModel, ConfigDict
 
 from conductor import acp
 from conductor.jsonrpc.message import (
@@ -40,10 +39,13 @@ from conductor.jsonrpc.message import (
 )
 from conductor.routing.sessions import CloseReason
 from conductor.rpc.failure import raise_for_error
-from conductor.validation import did_you_mean
+from conductor.spelling import did_you_mean
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from conductor.jsonrpc.message import Call
+    from conductor.plugins.no_options import NoOptions
 
 
 class Side(enum.StrEnum):
@@ -57,13 +59,31 @@ class Side(enum.StrEnum):
         return Side.SUCCESSOR if self is Side.PREDECESSOR else Side.PREDECESSOR
 
 
-class NoOptions(BaseModel):
-    """The options model of a proxy that takes none."""
+def __getattr__(name: str) -> Any:
+    # `NoOptions` is a pydantic model, made on first use: a chain of plugins that take no
+    # options then never imports pydantic (≈ 100 ms of CPU, docs/performance.md).
+    if name == "NoOptions":
+        from conductor.plugins.no_options import NoOptions
 
-    model_config = ConfigDict(extra="forbid")
+        return NoOptions
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-OptionsT = TypeVar("OptionsT", bound=BaseModel)
+class _NoOptionsModel:
+    """`Proxy.options_model` until a subclass sets its own: `NoOptions`, imported on use."""
+
+    def __get__(self, instance: object, owner: type) -> type[NoOptions]:
+        from conductor.plugins.no_options import NoOptions
+
+        return NoOptions
+
+
+if TYPE_CHECKING:  # the default makes `class P(Proxy)` mean Proxy[NoOptions] to a checker
+    from typing_extensions import TypeVar as DefaultTypeVar
+
+    OptionsT = DefaultTypeVar("OptionsT", bound="BaseModel", default="NoOptions")
+else:  # typing's TypeVar takes a default from 3.13; at run time it changes nothing
+    OptionsT = TypeVar("OptionsT", bound="BaseModel")
 
 # What a request handler returns: a Response (e.g. what `ctx.forward` gave back, possibly
 # changed), a Raw result, a pydantic model, or any JSON value. Raise RpcError to answer
@@ -154,13 +174,18 @@ class Proxy(Generic[OptionsT]):
     The first line of the class docstring is its description in `acp-conductor proxies`.
     """
 
-    options_model: ClassVar[type[BaseModel]] = NoOptions
+    if TYPE_CHECKING:
+        options_model: ClassVar[type[BaseModel]]
+    else:
+        options_model = _NoOptionsModel()
     _handler_table: ClassVar[dict[tuple[Side, str], str]] = {}
     _watcher_table: ClassVar[dict[tuple[Side, str], str]] = {}
 
     def __init__(self, options: OptionsT | None = None) -> None:
-        given: BaseModel = options if options is not None else self.options_model()
-        self.options: OptionsT = given  # type: ignore[assignment]  # options_model is OptionsT
+        if options is None and self.takes_options():
+            options = self.options_model()  # type: ignore[assignment]  # options_model is OptionsT
+        # None only for a proxy that takes no options: its NoOptions is made when first read.
+        self._options: OptionsT | None = options
         self.name: str = type(self).__name__.lower()  # the registry sets the chain's name
         self.log = logging.getLogger(f"acp_conductor.proxy.{self.name}")
 
@@ -176,6 +201,24 @@ class Proxy(Generic[OptionsT]):
                     watchers[key] = attr
         cls._handler_table = table
         cls._watcher_table = watchers
+
+    @property
+    def options(self) -> OptionsT:
+        """This proxy's options (validated from the chain file's `options` table)."""
+        if self._options is None:
+            # An option-less proxy's NoOptions: made here, not at start-up (see NoOptions).
+            self._options = self.options_model()  # type: ignore[assignment]
+        assert self._options is not None
+        return self._options
+
+    @options.setter
+    def options(self, value: OptionsT) -> None:
+        self._options = value
+
+    @classmethod
+    def takes_options(cls) -> bool:
+        """Whether this class (or a base below Proxy) sets its own `options_model`."""
+        return any("options_model" in vars(klass) for klass in cls.__mro__ if klass is not Proxy)
 
     def rename(self, name: str) -> None:
         """Called by the conductor: errors and logs name the proxy as the chain does."""

@@ -16,11 +16,9 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ValidationError
-
 from conductor.errors import ConfigError, PluginError, PluginNotFoundError, PluginValidationError
 from conductor.plugins.api import Proxy
-from conductor.validation import did_you_mean, problems
+from conductor.spelling import did_you_mean
 
 if TYPE_CHECKING:
     from conductor.config import ComponentSpec
@@ -168,9 +166,13 @@ def validate_plugin(ref: str, obj: object) -> type[Proxy[Any]]:
     if not (inspect.isclass(obj) and issubclass(obj, Proxy)):
         raise PluginValidationError(
             ref, f"{obj!r} is not a subclass of conductor.plugins.Proxy")
-    model = obj.options_model
-    if not (inspect.isclass(model) and issubclass(model, BaseModel)):
-        raise PluginValidationError(ref, "options_model must be a pydantic BaseModel subclass")
+    if obj.takes_options():  # its own model: the plugin has imported pydantic already
+        from pydantic import BaseModel
+
+        model = obj.options_model
+        if not (inspect.isclass(model) and issubclass(model, BaseModel)):
+            raise PluginValidationError(ref,
+                                        "options_model must be a pydantic BaseModel subclass")
     return obj
 
 
@@ -181,6 +183,15 @@ def make_proxy(cls: type[Proxy[Any]], options: dict[str, Any] | None, *, name: s
     Raises:
         ConfigError: the options do not fit the proxy's options model.
     """
+    if not options and not cls.takes_options():
+        # Nothing to validate: pydantic (NoOptions) stays unimported (see NoOptions).
+        proxy = cls()
+        proxy.rename(name)
+        return proxy
+    from pydantic import ValidationError
+
+    from conductor.validation import problems
+
     prefix = f"{where}.options" if where else "options"
     try:
         model = cls.options_model.model_validate(options or {})

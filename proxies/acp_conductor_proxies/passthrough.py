@@ -1,9 +1,9 @@
 """The reference proxy: forwards everything untouched. The shortest complete plugin."""
 
-from conductor.plugins import NoOptions, Proxy
+from conductor.plugins import Proxy
 
 
-class Passthrough(Proxy[NoOptions]):
+class Passthrough(Proxy):
     """Forwards everything untouched (the reference proxy)."""
 
 
