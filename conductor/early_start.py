@@ -11,8 +11,9 @@ reached it (`serve.py`, `open_component(started=...)`).
 
 The check is the router's own (`acp.starts_chain`, on the frame its reader will see).
 Every byte read here is handed back to the stdin stream, so the router reads the same
-input whichever path was taken. Only chains made of commands start early; a chain with
-in-process plugins or remote components starts as the `initialize` is routed.
+input whichever path was taken. In a chain that also has in-process plugins, its commands
+start early and the plugins are loaded once the event loop runs, as a plugin's constructor
+may expect; a chain with remote components starts as the `initialize` is routed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from conductor import acp
-from conductor.errors import ComponentStartError
+from conductor.errors import ComponentStartError, ConfigError
 from conductor.jsonrpc.framing import FrameDecoder
 from conductor.jsonrpc.message import ParseError, Request, decode
 from conductor.plan import plan_chain
@@ -52,16 +53,24 @@ class EarlyStart:
 
     plan: Plan | None = None
     unread: bytes = b""
-    started: dict[int, tuple[LaunchSpec, Started]] = field(default_factory=dict)
+    started: list[tuple[LaunchSpec, Started]] = field(default_factory=list)
 
-    def take(self, launch: LaunchSpec) -> Started | None:
-        """The process started for `launch` (one of the plan's), once; None if none was."""
-        entry = self.started.pop(id(launch), None)  # (the entry holds `launch`: its id is its own)
-        return entry[1] if entry is not None else None
+    def take(self, launch: LaunchSpec) -> tuple[LaunchSpec, Started] | None:
+        """The process started for `launch`, once, with the spec it was started from (its
+        token is in the process's environment); None if none was. The plan made in the
+        event loop (a chain with plugins) has new LaunchSpecs: one that resolved the same
+        (name, argv, environment, folder, grace) is the same component. If a plugin changed
+        the environment as it loaded, the component starts anew and the early process is
+        discarded."""
+        for i, (early, process) in enumerate(self.started):
+            if early is launch or _same_launch(early, launch):
+                del self.started[i]
+                return early, process
+        return None
 
     def discard(self) -> None:
         """Stop every process that the chain never came to serve (it stopped first)."""
-        entries = list(self.started.values())
+        entries = list(self.started)
         self.started.clear()
         for launch, _ in entries:
             log.info("stopping %s: started early, but the chain stopped before serving it",
@@ -71,19 +80,27 @@ class EarlyStart:
 
 def start_early(config: ChainConfig, mode: str, *, fd: int = 0,
                 max_frame_bytes: int | None = None) -> EarlyStart:
-    """Plan a chain of commands for `mode`, and start them if `fd` already holds the
-    `initialize` that starts the chain. Never waits for input. A chain with in-process
-    plugins or remote components is left alone: its plugins are loaded once the event
-    loop runs, as a plugin's constructor may expect.
+    """Plan a chain's commands for `mode`, and start them if `fd` already holds the
+    `initialize` that starts the chain. Never waits for input. A chain with remote
+    components is left alone. In a chain with in-process plugins, the commands alone are
+    planned and started: the plugins are loaded once the event loop runs, as a plugin's
+    constructor may expect, and the plan is made again then (`EarlyStart.take`).
 
     Raises:
-        ConfigError: the chain cannot be planned (as serving it would).
+        ConfigError: the chain cannot be planned (as serving it would; a plugin's own
+            problems are found when it is loaded).
     """
     specs = [*config.proxy, *([config.agent] if config.agent is not None else [])]
-    if any(spec.in_process or spec.remote for spec in specs):
+    if any(spec.remote for spec in specs):
         return EarlyStart()
-    plan = plan_chain(config, mode)
-    early = EarlyStart(plan)
+    with_plugins = any(spec.in_process for spec in specs)
+    try:
+        plan = plan_chain(config, mode, plugins=not with_plugins)
+    except ConfigError:
+        if not with_plugins:
+            raise
+        return EarlyStart()  # planned whole in the event loop: one report of every problem
+    early = EarlyStart(None if with_plugins else plan)
     # Commands only (checked above): the isinstance is for the type checker.
     launches = [launch for _, _, launch in plan if isinstance(launch, LaunchSpec)]
     if not launches:
@@ -108,10 +125,15 @@ def start_early(config: ChainConfig, mode: str, *, fd: int = 0,
             # optional proxy) the one usual way.
             return early
         raise  # (nothing is left running: `serve`'s clean-up has not been set up yet)
-    early.started = {id(launch): (launch, process) for launch, process in started}
+    early.started = started
     log.debug("initialize was waiting: %d component(s) started during start-up",
               len(started))
     return early
+
+
+def _same_launch(a: LaunchSpec, b: LaunchSpec) -> bool:
+    return (a.name, list(a.argv), a.env, a.cwd, a.shutdown_grace) == \
+        (b.name, list(b.argv), b.env, b.cwd, b.shutdown_grace)
 
 
 def _starts_chain(data: bytes, mode: str, max_frame_bytes: int) -> bool:

@@ -84,11 +84,12 @@ if TYPE_CHECKING:
     Plan: TypeAlias = list[tuple[Role, ComponentSpec, Planned]]
 
 
-def _resolve(config: ChainConfig, mode: str | None,
+def _resolve(config: ChainConfig, mode: str | None, *, plugins: bool = True,
              ) -> tuple[Plan, list[ConductorError]]:
     """The plan, and every problem found making it (not only the first). `mode` None: a
     partial chain (`ChainShapeError.partial`), whose well-formed entries alone are resolved
-    and which is not checked against a mode."""
+    and which is not checked against a mode. `plugins` False: in-process proxies are left
+    out, unloaded (the commands alone, to start early)."""
     grace = config.conductor.shutdown_grace
     plan: Plan = []
     found: list[ConductorError] = []
@@ -104,6 +105,8 @@ def _resolve(config: ChainConfig, mode: str | None,
         if f"proxy[{i}]" in config.malformed:
             continue
         with collected():
+            if spec.in_process and not plugins:
+                continue
             if spec.in_process:
                 # Plugins, and pydantic for their options, are imported only when a chain
                 # has one: serving a chain of commands imports neither.
@@ -181,15 +184,16 @@ def ask_providers(config: ChainConfig, plan: Plan) -> None:
         proxy.mcp_requested = proxy.mcp_requested | {server.name}
 
 
-def plan_chain(config: ChainConfig, mode: str) -> Plan:
-    """What serving `config` in `mode` starts, in order (what `serve_chain` does first).
+def plan_chain(config: ChainConfig, mode: str, *, plugins: bool = True) -> Plan:
+    """What serving `config` in `mode` starts, in order (what `serve_chain` does first);
+    with `plugins` False, without its in-process proxies (which are not loaded).
 
     Raises:
         ConfigError: a variable is unset, plugin options are invalid, or the chain does not
             fit the mode.
         PluginError: a plugin cannot be found or is not a Proxy.
     """
-    plan, found = _resolve(config, mode)
+    plan, found = _resolve(config, mode, plugins=plugins)
     if found:
         raise ConfigError.combine(found, config.source)
     return plan

@@ -211,7 +211,10 @@ async def serve_connection(
             run: tuple[Component, Hop] | None = None
             done = anyio.Event()
             try:
-                started = early.take(launch) if early is not None else None
+                taken = early.take(launch) if early is not None else None
+                started = None
+                if taken is not None:
+                    launch, started = taken  # the spec it was started from: its token
                 async with open_component(launch, on_stderr, started=started) as comp, \
                         anyio.create_task_group() as inner:
                     deaf = anyio.Event()  # writing to its stdin failed

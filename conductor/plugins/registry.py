@@ -184,8 +184,9 @@ def make_proxy(cls: type[Proxy[Any]], options: dict[str, Any] | None, *, name: s
         ConfigError: the options do not fit the proxy's options model.
     """
     if not options and not cls.takes_options():
-        # Nothing to validate: pydantic (NoOptions) stays unimported (see NoOptions).
-        proxy = cls()
+        # Nothing to validate: pydantic (NoOptions) stays unimported (see NoOptions). None
+        # is the documented "no options given" (a subclass may take `options` positionally).
+        proxy = cls(None)
         proxy.rename(name)
         return proxy
     from pydantic import ValidationError

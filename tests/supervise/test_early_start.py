@@ -109,7 +109,7 @@ def test_a_command_that_cannot_start_is_left_to_the_router_to_report() -> None:
 def test_processes_started_early_that_the_chain_never_serves_are_stopped() -> None:
     early = start_early_on(INIT)
     assert early.unread == INIT
-    [(launch, started)] = early.started.values()
+    [(launch, started)] = early.started
     assert started.popen.poll() is None
     early.discard()
     assert started.popen.poll() is not None
@@ -288,7 +288,7 @@ class NeedsLoop(Proxy):
 """
 
 
-def test_a_plugin_chain_is_loaded_in_the_event_loop_even_when_the_initialize_is_waiting(
+def test_a_plugin_chain_starts_its_agent_early_and_loads_the_plugin_in_the_event_loop(
         tmp_path: Path) -> None:
     (tmp_path / "needs_loop.py").write_text(LOOP_PLUGIN, encoding="utf-8")
     chain = tmp_path / "chain.toml"
@@ -296,5 +296,58 @@ def test_a_plugin_chain_is_loaded_in_the_event_loop_even_when_the_initialize_is_
                      f'[agent]\ncommand = {json.dumps(agent_cmd())}\n', encoding="utf-8")
     answers, stderr, code = serve(waiting_pipe(INIT + ECHO), "--chain", str(chain))
     assert code == 0, stderr
-    assert STARTED_EARLY not in stderr  # a chain with a plugin starts as it is routed
+    assert STARTED_EARLY in stderr  # the agent; the plugin's constructor had its loop
+    assert "started early, but" not in stderr  # the early agent is the one served
     assert [a["id"] for a in answers] == [0, 1]
+
+
+ENV_PLUGIN = """
+import os
+
+from conductor.plugins import Proxy
+
+os.environ["SET_BY_PLUGIN"] = "yes"  # as it loads: the agent's environment changes
+
+
+class SetsEnv(Proxy):
+    pass
+"""
+
+
+def test_an_agent_started_early_is_replaced_when_a_plugin_changes_the_environment(
+        tmp_path: Path) -> None:
+    (tmp_path / "sets_env.py").write_text(ENV_PLUGIN, encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[[proxy]]\nplugin = "sets_env.py:SetsEnv"\n\n'
+                     f'[agent]\ncommand = {json.dumps(agent_cmd())}\n', encoding="utf-8")
+    ask = frame({"jsonrpc": "2.0", "id": 1, "method": "_test/env",
+                 "params": {"names": ["SET_BY_PLUGIN"]}})
+    answers, stderr, code = serve(waiting_pipe(INIT + ask), "--chain", str(chain))
+    assert code == 0, stderr
+    assert STARTED_EARLY in stderr
+    assert "stopping agent: started early, but the chain stopped before serving it" in stderr
+    by_id = {a["id"]: a for a in answers}
+    # Served by an agent started as before: after the plugin loaded, in its environment.
+    assert by_id[1]["result"]["env"] == {"SET_BY_PLUGIN": "yes"}  # type: ignore[index]
+
+
+def test_a_plugin_that_fails_to_load_leaves_no_early_agent_behind(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("raise RuntimeError('no luck')\n", encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[[proxy]]\nplugin = "broken.py"\n\n'
+                     f'[agent]\ncommand = {json.dumps(agent_cmd())}\n', encoding="utf-8")
+    answers, stderr, code = serve(waiting_pipe(INIT), "--chain", str(chain))
+    assert code == 2 and answers == [], stderr
+    assert "broken.py" in stderr and "no luck" in stderr
+    assert STARTED_EARLY in stderr
+    assert "stopping agent: started early, but the chain stopped before serving it" in stderr
+
+
+def test_a_plugin_chain_with_an_unset_variable_reports_it_with_the_plugins_problems(
+        tmp_path: Path) -> None:
+    chain = tmp_path / "chain.toml"
+    chain.write_text('[[proxy]]\nuse = "passthrough"\noptions = { loud = true }\n\n'
+                     '[agent]\ncommand = ["${NOT_SET_ANYWHERE}"]\n', encoding="utf-8")
+    answers, stderr, code = serve(waiting_pipe(INIT), "--chain", str(chain))
+    assert code == 2 and answers == [], stderr
+    assert "NOT_SET_ANYWHERE" in stderr and "unknown option 'loud'" in stderr  # one report
