@@ -32,6 +32,8 @@ from conductor.plan import plan_chain
 from conductor.supervise.spawn import LaunchSpec, Started, start_process, stop_together
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from conductor.config import ChainConfig
     from conductor.plan import Plan
 
@@ -67,6 +69,22 @@ class EarlyStart:
                 del self.started[i]
                 return early, process
         return None
+
+    def stale(self, launches: Sequence[LaunchSpec]) -> list[tuple[LaunchSpec, Started]]:
+        """Remove, and return to be stopped, the processes that none of `launches` (the plan
+        made in the event loop) will take: a plugin changed their launch as it loaded. Left
+        running, each would run beside its replacement for the whole session."""
+        kept: list[tuple[LaunchSpec, Started]] = []
+        gone: list[tuple[LaunchSpec, Started]] = []
+        for entry in self.started:
+            early = entry[0]
+            same = any(early is launch or _same_launch(early, launch) for launch in launches)
+            (kept if same else gone).append(entry)
+        self.started = kept
+        for launch, _ in gone:
+            log.info("stopping %s: started early, but a plugin changed its launch as it "
+                     "loaded (its environment): it starts anew", launch.name)
+        return gone
 
     def discard(self) -> None:
         """Stop every process that the chain never came to serve (it stopped first)."""

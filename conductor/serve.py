@@ -33,6 +33,7 @@ from conductor.routing.topology import ComponentLink, Hop
 from conductor.supervise.component import EXIT_DRAIN, Component, open_component
 from conductor.supervise.restart import Backoff
 from conductor.supervise.signals import EXIT_SIGNAL, first_stop_signal
+from conductor.supervise.spawn import LaunchSpec, stop_together
 from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
     from conductor.early_start import EarlyStart
     from conductor.plugins.api import Proxy
-    from conductor.supervise.spawn import LaunchSpec
     from conductor.tracing.sink import TraceSink
     from conductor.transport.base import MessageSink, MessageSource
 
@@ -104,6 +104,12 @@ async def serve_connection(
     early = options.early
     plan = early.plan if early is not None and early.plan is not None \
         else plan_chain(config, options.mode)
+    if early is not None and early.started:
+        # Stopped before anything starts: its replacement may need what it holds (a lock,
+        # a port). Blocking (bounded by its grace), so not on the event loop.
+        stale = early.stale([launch for _, _, launch in plan if isinstance(launch, LaunchSpec)])
+        if stale:
+            await anyio.to_thread.run_sync(stop_together, stale)
     ask_providers(config, plan)
     injection = McpInjection(mcp_servers(config))
     max_frame = options.max_frame_bytes or config.conductor.max_frame_bytes

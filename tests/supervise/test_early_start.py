@@ -325,7 +325,7 @@ def test_an_agent_started_early_is_replaced_when_a_plugin_changes_the_environmen
     answers, stderr, code = serve(waiting_pipe(INIT + ask), "--chain", str(chain))
     assert code == 0, stderr
     assert STARTED_EARLY in stderr
-    assert "stopping agent: started early, but the chain stopped before serving it" in stderr
+    assert "stopping agent: started early, but a plugin changed its launch" in stderr
     by_id = {a["id"]: a for a in answers}
     # Served by an agent started as before: after the plugin loaded, in its environment.
     assert by_id[1]["result"]["env"] == {"SET_BY_PLUGIN": "yes"}  # type: ignore[index]
@@ -351,3 +351,21 @@ def test_a_plugin_chain_with_an_unset_variable_reports_it_with_the_plugins_probl
     answers, stderr, code = serve(waiting_pipe(INIT), "--chain", str(chain))
     assert code == 2 and answers == [], stderr
     assert "NOT_SET_ANYWHERE" in stderr and "unknown option 'loud'" in stderr  # one report
+
+
+def test_an_agent_started_early_that_a_plugin_made_stale_is_stopped_before_its_replacement_starts(
+        tmp_path: Path) -> None:
+    # Two agents at once, for a whole session, is what an agent holding a lock, a port or
+    # a session store cannot survive: the stale one goes before the fresh one starts.
+    (tmp_path / "sets_env.py").write_text(ENV_PLUGIN, encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[[proxy]]\nplugin = "sets_env.py:SetsEnv"\n\n'
+                     f'[agent]\ncommand = {json.dumps(agent_cmd())}\n', encoding="utf-8")
+    answers, stderr, code = serve(waiting_pipe(INIT + ECHO), "--chain", str(chain))
+    assert code == 0, stderr
+    assert STARTED_EARLY in stderr
+    stale = "stopping agent: started early, but a plugin changed its launch as it loaded"
+    assert stale in stderr
+    assert stderr.index(stale) < stderr.index("started agent (pid")
+    assert "the chain stopped before serving it" not in stderr
+    assert [a["id"] for a in answers] == [0, 1]
