@@ -78,6 +78,38 @@ def test_a_proxy_that_takes_no_options_has_the_public_no_options_model() -> None
     assert isinstance(Plain().options, NoOptions)
 
 
+def test_a_plugin_that_keeps_its_own_underscore_options_still_reads_its_validated_options(
+        ) -> None:
+    # `_options` is a name a plugin may well use for its own state (a parsed form of its
+    # options): the base class's storage must not be it.
+    from pydantic import BaseModel
+
+    from conductor.plugins import Proxy
+    from conductor.plugins.registry import make_proxy
+
+    class Limits(BaseModel):
+        size: int = 1
+
+    class Keeps(Proxy[Limits]):
+        options_model = Limits
+
+        def __init__(self, options: Limits | None = None) -> None:
+            super().__init__(options)
+            self._options = {"parsed": True}
+
+    class Plain(Proxy):
+        def __init__(self, options: None = None) -> None:
+            super().__init__(options)
+            self._options = ["mine"]
+
+    kept = make_proxy(Keeps, {"size": 3}, name="keeps", file=None, where="proxy[0]")
+    assert isinstance(kept, Keeps)
+    assert kept.options == Limits(size=3) and kept._options == {"parsed": True}
+    plain = make_proxy(Plain, None, name="plain", file=None, where="proxy[0]")
+    assert isinstance(plain, Plain)
+    assert type(plain.options).__name__ == "NoOptions" and plain._options == ["mine"]
+
+
 def test_an_unknown_plugin_name_says_where_and_what_is_installed() -> None:
     config = parse_chain({"proxy": [{"use": "nope"}], "agent": {"command": "true"}},
                          file="x.toml")

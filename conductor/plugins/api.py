@@ -185,7 +185,8 @@ class Proxy(Generic[OptionsT]):
         if options is None and self.takes_options():
             options = self.options_model()  # type: ignore[assignment]  # options_model is OptionsT
         # None only for a proxy that takes no options: its NoOptions is made when first read.
-        self._options: OptionsT | None = options
+        # (Name-mangled: `_options` is a name a subclass may well use for its own state.)
+        self.__options: OptionsT | None = options
         self.name: str = type(self).__name__.lower()  # the registry sets the chain's name
         self.log = logging.getLogger(f"acp_conductor.proxy.{self.name}")
 
@@ -205,15 +206,15 @@ class Proxy(Generic[OptionsT]):
     @property
     def options(self) -> OptionsT:
         """This proxy's options (validated from the chain file's `options` table)."""
-        if self._options is None:
+        if self.__options is None:
             # An option-less proxy's NoOptions: made here, not at start-up (see NoOptions).
-            self._options = self.options_model()  # type: ignore[assignment]
-        assert self._options is not None
-        return self._options
+            self.__options = self.options_model()  # type: ignore[assignment]
+        assert self.__options is not None
+        return self.__options
 
     @options.setter
     def options(self, value: OptionsT) -> None:
-        self._options = value
+        self.__options = value
 
     @classmethod
     def takes_options(cls) -> bool:
