@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 from typing import TYPE_CHECKING
 
 import anyio
-import pytest
 
 from conductor.config import parse_chain
 from conductor.jsonrpc.message import Request, raw
@@ -17,34 +15,16 @@ from conductor.supervise.component import Component
 from conductor.transport.memory import message_pipe
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable
+
+    import pytest
 
 RUNS = 8
 
 
-def live_components() -> int:
-    gc.collect()
-    # Only what the collector has not frozen (see `frozen_heap`): every Component is younger.
-    return sum(isinstance(o, Component) for generation in range(3)
-               for o in gc.get_objects(generation))
-
-
-@pytest.fixture
-def frozen_heap() -> Iterator[None]:
-    """The heap as it is before the test, set aside: each count then collects and scans
-    only what the test made, not the ~1.6 million objects of a worker that has imported
-    every test module (0.2 s a count). Garbage is collected first, so what is frozen is
-    alive and is kept alive as it would be anyway."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 async def test_a_component_restarted_again_and_again_keeps_no_more_per_run(
-        monkeypatch: pytest.MonkeyPatch, frozen_heap: None) -> None:
+        monkeypatch: pytest.MonkeyPatch,
+        objects_made_since_start: Callable[[], list[object]]) -> None:
     # Each run "lasts long enough" (STABLE 0) so the back-off never gives up: the crash
     # loop of an agent that fails after a minute each time, sped up (no wait between runs).
     monkeypatch.setattr("conductor.supervise.restart.STABLE", 0.0)
@@ -65,7 +45,8 @@ async def test_a_component_restarted_again_and_again_keeps_no_more_per_run(
 
         def lifecycle(self, component: str, event: str, **fields: object) -> None:
             if event == "spawned":
-                alive.append(live_components())
+                alive.append(sum(isinstance(o, Component)
+                                 for o in objects_made_since_start()))
                 if len(alive) == RUNS:
                     enough.set()
 
