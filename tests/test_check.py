@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 CHAINS = sorted((REPO / "chains").glob("*.toml"))
 
 
+@functools.cache  # the same check of the same file, in two tests: run once a worker
 def check(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(conductor_argv("check", *args), capture_output=True, text=True,
                           env=child_env(COLUMNS="160"), timeout=60, cwd=REPO)

@@ -254,8 +254,13 @@ def test_session_id_loads_the_session_when_the_agent_can() -> None:
     assert lines[-1]["sessionId"] == "old-7"
 
 
-def test_session_id_is_a_usage_error_when_the_agent_cannot_reopen(sdk_chain: str) -> None:
-    result = run("run", "--chain", sdk_chain, "again", "--session-id", "old-7")
+def test_session_id_is_a_usage_error_when_the_agent_cannot_reopen(tmp_path: Path) -> None:
+    # The scripted agent offers neither loadSession nor resume (nor does the SDK agent, but
+    # importing the SDK costs it ~0.5 s of CPU for nothing this test reads).
+    chain = tmp_path / "scripted.toml"
+    chain.write_text(f'[agent]\ncommand = ["{sys.executable}", "{BIN / "scripted_agent.py"}"]\n',
+                     encoding="utf-8")
+    result = run("run", "--chain", str(chain), "again", "--session-id", "old-7")
     assert result.returncode == 2
     assert "cannot reopen session" in result.stderr
 

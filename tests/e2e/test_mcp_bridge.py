@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import BIN, REPO, child_env, conductor_argv
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
 
@@ -28,8 +29,10 @@ def chain(tmp_path: Path, mode: str, bridge: str = "auto") -> str:
     return str(path)
 
 
-def run(chain_file: str, prompt: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(conductor_argv(*extra, "run", "--chain", chain_file, prompt),
+def run(chain_file: str, prompt: str, *extra: str,
+        then: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """`extra`: global options; `then`: options of `run`."""
+    return subprocess.run(conductor_argv(*extra, "run", "--chain", chain_file, prompt, *then),
                           capture_output=True, text=True, env=child_env(), timeout=60,
                           cwd=REPO)
 
@@ -40,11 +43,16 @@ def turn(request: pytest.FixtureRequest,
                                                             Path]:
     """One traced turn in which the agent uses its bridged server (in MODE): each such run
     starts a conductor and an agent with the MCP and ACP SDKs (~2 s of CPU), and the tests
-    below check different things about the same run."""
+    below check different things about the same run. Over http a second turn then posts
+    to the server without its token ("raw URL")."""
     mode = str(request.param)
     folder = tmp_path_factory.mktemp(mode)
     trace = folder / "t.jsonl"
-    return run(chain(folder, mode), "find anyio", "--trace", str(trace)), trace
+    then: list[str] = []
+    if mode == "http":
+        (folder / "then.txt").write_text("raw URL\n", encoding="utf-8")
+        then = ["--prompt-file", str(folder / "then.txt")]
+    return run(chain(folder, mode), "find anyio", "--trace", str(trace), then=then), trace
 
 
 def test_an_sdk_client_in_the_agent_calls_a_plugin_tool_over_the_bridge(
@@ -66,8 +74,10 @@ def test_the_agent_is_told_it_has_an_http_server_and_the_session_keeps_it(
     assert '"mcp-connected"' in text
 
 
-def test_a_request_without_the_token_is_refused_and_logged(tmp_path: Path) -> None:
-    result = run(chain(tmp_path, "http"), "raw URL")
+@pytest.mark.parametrize("turn", ["http"], indirect=True)
+def test_a_request_without_the_token_is_refused_and_logged(
+        turn: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    result, _ = turn
     assert result.returncode == 0, result.stderr
     assert "docs without its token: HTTP 401" in result.stdout
     assert "MCP bridge refused a http request" in result.stderr

@@ -19,10 +19,6 @@ import httpx
 import httpx_ws
 import psutil
 import pytest
-from acp import PROTOCOL_VERSION, connect_to_agent, text_block
-from acp.http import create_http_stream
-from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
-from acp.ws import create_websocket_stream
 
 from tests.conftest import BIN, REPO, child_env, conductor_argv
 from tests.e2e.test_sdk_interop import RecordingClient
@@ -97,6 +93,10 @@ def demo_chain(tmp_path: Path) -> Path:
 
 
 async def sdk_turn(transport: Any, prompt: str) -> tuple[RecordingClient, Any]:
+    # The SDK is imported here, not at the top: see tests/e2e/test_sdk_interop.py.
+    from acp import PROTOCOL_VERSION, connect_to_agent, text_block
+    from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
+
     client = RecordingClient()
     conn = connect_to_agent(client, transport)
     try:
@@ -117,6 +117,9 @@ async def sdk_turn(transport: Any, prompt: str) -> tuple[RecordingClient, Any]:
 
 @pytest.mark.parametrize("profile", ["ws", "http"])
 async def test_the_python_sdk_drives_a_served_chain(demo_chain: Path, profile: str) -> None:
+    from acp.http import create_http_stream
+    from acp.ws import create_websocket_stream
+
     async with open_server(demo_chain) as server:
         transport = (await create_websocket_stream(server.ws_url, headers=dict(AUTH))
                      if profile == "ws" else create_http_stream(server.http_url,
@@ -130,6 +133,8 @@ async def test_the_python_sdk_drives_a_served_chain(demo_chain: Path, profile: s
 
 
 async def test_a_wrong_or_missing_token_is_refused_and_never_logged(demo_chain: Path) -> None:
+    from acp.ws import create_websocket_stream
+
     async with open_server(demo_chain, token=None) as server:
         await server.wait_stderr("token (send")
         found = re.search(r"token \(send `Authorization: Bearer TOKEN`\): (\S+)",

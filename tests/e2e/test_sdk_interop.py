@@ -1,24 +1,22 @@
-"""The official Python ACP SDK on either end of the conductor."""
+"""The official Python ACP SDK on either end of the conductor.
+
+The SDK is imported where it is used, not at the top: every xdist worker imports every
+test module to collect it, and the SDK's pydantic schema costs each of them ~0.4 s of CPU.
+"""
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
-from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
-from acp.schema import (
-    AllowedOutcome,
-    ClientCapabilities,
-    FileSystemCapabilities,
-    Implementation,
-    ReadTextFileResponse,
-    RequestPermissionResponse,
-)
 
 from tests.conftest import child_env, conductor_argv, py
 from tests.wire_client import open_conductor
+
+if TYPE_CHECKING:
+    from acp.schema import ReadTextFileResponse, RequestPermissionResponse
 
 
 class RecordingClient:
@@ -31,6 +29,8 @@ class RecordingClient:
 
     async def request_permission(self, options: list[Any], session_id: str, tool_call: Any,
                                  **kwargs: Any) -> RequestPermissionResponse:
+        from acp.schema import AllowedOutcome, RequestPermissionResponse
+
         self.permissions.append(tool_call)
         choice = "allow" if self.approve else "reject"
         option = next(o for o in options if o.option_id.startswith(choice[:3]))
@@ -44,15 +44,23 @@ class RecordingClient:
 
     async def read_text_file(self, path: str, session_id: str, **kwargs: Any
                              ) -> ReadTextFileResponse:
+        from acp.schema import ReadTextFileResponse
+
         return ReadTextFileResponse(content=f"contents of {path}")
 
     async def write_text_file(self, *args: Any, **kwargs: Any) -> None:
+        from acp import RequestError
+
         raise RequestError.method_not_found("fs/write_text_file")
 
     async def create_terminal(self, *args: Any, **kwargs: Any) -> Any:
+        from acp import RequestError
+
         raise RequestError.method_not_found("terminal/create")
 
     async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        from acp import RequestError
+
         raise RequestError.method_not_found(method)
 
     async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
@@ -60,6 +68,9 @@ class RecordingClient:
 
 
 async def converse(chain: list[str], prompt: str, client: RecordingClient) -> str:
+    from acp import PROTOCOL_VERSION, spawn_agent_process, text_block
+    from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
+
     argv = conductor_argv(*chain)
     with anyio.fail_after(20):
         async with spawn_agent_process(client, argv[0], *argv[1:], env=child_env()) as (conn, _):

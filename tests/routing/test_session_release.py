@@ -6,7 +6,6 @@ records, proxy scopes) after many sessions, in memory; bench/soak.py measures th
 
 from __future__ import annotations
 
-import gc
 from typing import TYPE_CHECKING
 
 import anyio
@@ -23,6 +22,7 @@ from conductor.routing.sessions import SessionRecord
 from conductor.testing import ScriptedAgent, open_test_chain
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from conductor.jsonrpc.message import Notification, Request
@@ -58,9 +58,9 @@ def built_ins(tmp_path: Path) -> list[Proxy]:
     return proxies
 
 
-def alive(kind: type) -> int:
-    gc.collect()
-    return sum(1 for o in gc.get_objects() if type(o) is kind)
+def alive(kind: type, made: Callable[[], list[object]]) -> int:
+    """How many `kind` the test made are still alive (`made`: objects_made_since_start)."""
+    return sum(1 for o in made() if type(o) is kind)
 
 
 async def refuse_odd_loads(agent: ScriptedAgent, message: Request) -> object:
@@ -71,7 +71,7 @@ async def refuse_odd_loads(agent: ScriptedAgent, message: Request) -> object:
 
 
 async def test_sessions_closed_or_refused_leave_nothing_behind_in_the_router_or_the_proxies(
-        tmp_path: Path) -> None:
+        tmp_path: Path, objects_made_since_start: Callable[[], list[object]]) -> None:
     agent = ScriptedAgent({"session/load": refuse_odd_loads})
     proxies = [*built_ins(tmp_path), Recorder()]
     async with open_test_chain(proxies, agent, transport="pipes") as client:
@@ -85,8 +85,8 @@ async def test_sessions_closed_or_refused_leave_nothing_behind_in_the_router_or_
                 assert loaded.is_error == bool(i % 2)
                 if not loaded.is_error:
                     await client.call("session/close", {"sessionId": f"old-{i}"})
-            assert alive(SessionScope) == 0
-            assert alive(SessionRecord) == 0
+            assert alive(SessionScope, objects_made_since_start) == 0
+            assert alive(SessionRecord, objects_made_since_start) == 0
     refused = [sid for sid, why in proxies[-1].ended if why is CloseReason.REFUSED]
     assert len(refused) == 15
 
@@ -133,7 +133,8 @@ def test_session_idle_expiry_must_be_positive(expiry: float) -> None:
 
 
 async def test_scopes_made_for_sessions_never_set_up_are_bounded(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch,
+        objects_made_since_start: Callable[[], list[object]]) -> None:
     from conductor.plugins import ProxyContext, on
     from conductor.plugins import host as plugin_host
 
@@ -152,7 +153,7 @@ async def test_scopes_made_for_sessions_never_set_up_are_bounded(
         with anyio.fail_after(10):
             for i in range(50):  # an editor's stale ids: never set up, never closed
                 await client.prompt(f"stale-{i}", "hi")
-            assert alive(SessionScope) == 10
+            assert alive(SessionScope, objects_made_since_start) == 10
     assert recorder.ended == []  # never opened: no hook for their end either
 
 
@@ -195,7 +196,8 @@ async def test_thousands_of_sessions_expiring_at_once_never_wait_on_a_busy_proxy
     assert {why for _, why in opener.ended} == {CloseReason.EXPIRED}
 
 
-async def test_v2_fork_resume_close_and_delete_release_every_session() -> None:
+async def test_v2_fork_resume_close_and_delete_release_every_session(
+        objects_made_since_start: Callable[[], list[object]]) -> None:
     async def resume(agent: ScriptedAgent, message: Request) -> object:
         if message.params_value()["sessionId"] == "gone":
             raise RpcError(-32002, "Resource not found", "gone")
@@ -219,7 +221,7 @@ async def test_v2_fork_resume_close_and_delete_release_every_session() -> None:
             await client.call("session/delete", {"sessionId": "forked"})
             await client.call("session/close", {"sessionId": "old"})
             await recorder.wait_ended(4)
-            assert alive(SessionScope) == 0
-            assert alive(SessionRecord) == 0
+            assert alive(SessionScope, objects_made_since_start) == 0
+            assert alive(SessionRecord, objects_made_since_start) == 0
     assert recorder.ended == [("gone", CloseReason.REFUSED), (sid, CloseReason.CLOSED),
                               ("forked", CloseReason.DELETED), ("old", CloseReason.CLOSED)]

@@ -39,10 +39,14 @@ SHIPPED = PermissionsOptions(**load_chain(str(REPO / "chains" / "permissions.tom
 SESSION = object()  # "the session the test opened"
 
 
-@pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    """A project with secrets, and links that lead to them under innocent names."""
-    ws = tmp_path / "ws"
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project with secrets, and links that lead to them under innocent names.
+
+    One for the module: no case writes to it (the policy only reads it, the editor is a
+    TestClient), and building and later deleting it for each of ~560 cases was most of
+    this file's CPU."""
+    ws = tmp_path_factory.mktemp("project") / "ws"
     (ws / "secrets" / "inner").mkdir(parents=True)
     (ws / "sub").mkdir()
     (ws / "public").mkdir()
@@ -60,6 +64,7 @@ def ws(tmp_path: Path) -> Path:
     (ws / "loop1").symlink_to("loop2")
     (ws / "loop2").symlink_to("loop1")
     (ws / "public" / "leak.txt").symlink_to("../.env")
+    (ws / "viaproc").symlink_to("/proc/self/cwd")  # a name for whatever a process's cwd is
     return ws
 
 
@@ -177,7 +182,6 @@ async def test_a_path_that_is_not_a_string_has_a_nul_byte_or_loops_is_denied(
                                   "/dev/fd/3", "/dev/stdin", "/proc", "{ws}/viaproc"])
 async def test_a_path_through_proc_or_dev_fd_is_denied_it_names_another_file_per_process(
         ws: Path, path: str) -> None:
-    (ws / "viaproc").symlink_to("/proc/self/cwd")
     async with policy(ws) as probe:
         assert not await probe.reaches_editor("fs/read_text_file", {"path": path.format(ws=ws)})
 
@@ -293,7 +297,6 @@ async def test_a_command_word_through_proc_self_root_or_cwd_is_judged_as_the_fil
         ws: Path, request_: dict[str, Any]) -> None:
     # A process's /proc/self/root is `/` and its /proc/self/cwd the terminal's directory:
     # `cat /proc/self/cwd/secrets/k` reads secrets/k, so `secrets/*` must deny it.
-    (ws / "viaproc").symlink_to("/proc/self/cwd")
     async with policy(ws) as probe:
         assert not await probe.reaches_editor("terminal/create", fill(request_, ws))
         line = shlex.join([request_["command"], *request_["args"]]).format(ws=ws)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 from typing import TYPE_CHECKING
@@ -16,18 +15,16 @@ from conductor.supervise.component import Component
 from conductor.transport.memory import message_pipe
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pytest
 
 RUNS = 8
 
 
-def live_components() -> int:
-    gc.collect()
-    return sum(isinstance(o, Component) for o in gc.get_objects())
-
-
 async def test_a_component_restarted_again_and_again_keeps_no_more_per_run(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch,
+        objects_made_since_start: Callable[[], list[object]]) -> None:
     # Each run "lasts long enough" (STABLE 0) so the back-off never gives up: the crash
     # loop of an agent that fails after a minute each time, sped up (no wait between runs).
     monkeypatch.setattr("conductor.supervise.restart.STABLE", 0.0)
@@ -48,7 +45,8 @@ async def test_a_component_restarted_again_and_again_keeps_no_more_per_run(
 
         def lifecycle(self, component: str, event: str, **fields: object) -> None:
             if event == "spawned":
-                alive.append(live_components())
+                alive.append(sum(isinstance(o, Component)
+                                 for o in objects_made_since_start()))
                 if len(alive) == RUNS:
                     enough.set()
 
