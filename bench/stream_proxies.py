@@ -22,12 +22,15 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-PROXIES = ("passthrough", "permissions", "session-tools", "redact")
+PROXIES = ("passthrough", "permissions", "session-tools", "transcript", "redact")
 
 
 def chain_file(work: Path, proxy: str) -> Path:
     path = work / f"{proxy}.toml"
-    path.write_text(f'[[proxy]]\nuse = "{proxy}"\n\n[agent]\ncommand = '
+    # The transcript writes into the temporary folder, not wherever this was run from.
+    options = f"options = {{ directory = {json.dumps(str(work / 'transcripts'))} }}\n" \
+        if proxy == "transcript" else ""
+    path.write_text(f'[[proxy]]\nuse = "{proxy}"\n{options}\n[agent]\ncommand = '
                     f'{json.dumps([sys.executable, str(BENCH / "agent.py")])}\n',
                     encoding="utf-8")
     return path

@@ -278,6 +278,43 @@ async def test_a_long_streamed_message_is_recorded_in_linear_time(tmp_path: Path
     markdown = (tmp_path / f"{file_stem('s1')}.md").read_text(encoding="utf-8")
     assert f"**Agent:** {chunk * count}\n\n_Turn ended: end_turn_" in markdown
 
+
+
+async def test_transcripts_of_more_sessions_than_stay_open_are_each_complete_and_in_order(
+        tmp_path: Path) -> None:
+    # Each session's files stay open between writes, but only for the last MAX_OPEN
+    # sessions written: the rest are closed and opened again, appending where they were.
+    from acp_conductor_proxies import transcript
+
+    agent = ScriptedAgent()  # sessions session-1, session-2, ...
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        sid = message.params_value()["sessionId"]
+        await agent.notify("session/update", {"sessionId": sid, "update": {
+            "sessionUpdate": "agent_message_chunk", "content": {"type": "text",
+                                                                "text": f"to {sid}"}}})
+        return {"stopReason": "end_turn"}
+    agent.replies["session/prompt"] = prompt
+    proxy = Transcript(TranscriptOptions(directory=str(tmp_path)))
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(20):
+            ids = [await client.new_session("/tmp") for _ in range(transcript.MAX_OPEN + 8)]
+            for turn in ("first", "second"):  # every session's files closed in between
+                for sid in ids:
+                    assert await client.prompt(sid, f"{turn} {sid}") == \
+                        {"stopReason": "end_turn"}
+            assert len(proxy._open) == transcript.MAX_OPEN
+    assert proxy._open == {}  # all closed when the chain stopped
+    for sid in ids:
+        markdown = (tmp_path / f"{file_stem(sid)}.md").read_text(encoding="utf-8")
+        assert markdown.index(f"## User\n\nfirst {sid}") < \
+            markdown.index(f"**Agent:** to {sid}") < markdown.index(f"## User\n\nsecond {sid}")
+        events = [json.loads(line) for line in
+                  (tmp_path / f"{file_stem(sid)}.jsonl").read_text(encoding="utf-8").splitlines()]
+        assert [e["type"] for e in events] == ["session", "prompt", "agent_text", "stop",
+                                               "prompt", "agent_text", "stop"]
+
+
 # --- redact ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("replacement", [r"\g<0>", "\\", r"\1", "<$0>"])

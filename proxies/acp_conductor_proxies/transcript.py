@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 
 # Titles remembered per session, for permission requests that name only their tool call.
 MAX_TITLES = 1024
+# Sessions whose transcripts stay open between writes (two descriptors each).
+MAX_OPEN = 32
 
 
 class TranscriptOptions(BaseModel):
@@ -51,11 +55,10 @@ def _text(blocks: Any) -> str:
     return "".join(parts)
 
 
-def _append_text(path: Path, text: str) -> None:
-    """Created 0600, never through a symbolic link (transcripts hold the whole session)."""
-    with open(open_output(path, option="transcript", append=True), "a",
-              encoding="utf-8") as f:
-        f.write(text)
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def file_stem(session_id: str) -> str:
@@ -72,21 +75,56 @@ class Transcript(Proxy[TranscriptOptions]):
 
     options_model = TranscriptOptions
 
+    def __init__(self, options: TranscriptOptions | None = None) -> None:
+        super().__init__(options)
+        # session id -> its open (markdown, jsonl) descriptors, least recently written first
+        self._open: OrderedDict[str, tuple[int, int]] = OrderedDict()
+
     def _paths(self, session_id: str) -> tuple[Path, Path]:
         stem = file_stem(session_id)
         base = Path(self.options.directory)
         make_private_dir(base)
         return base / f"{stem}.md", base / f"{stem}.jsonl"
 
-    def _append(self, session: SessionScope, markdown: str, event: dict[str, Any]) -> None:
-        """Best effort: a transcript that cannot be written must not break the session."""
+    def _files(self, session: SessionScope) -> tuple[int, int]:
+        """The session's two transcripts, opened once (created 0600, never through a
+        symbolic link: they hold the whole session) and kept open while it is among the
+        `MAX_OPEN` last written: a streamed answer writes one line per chunk, and opening
+        both files for each cost more than the rest of the proxy's work."""
+        key = session.session_id
+        fds = self._open.get(key)
+        if fds is not None:
+            self._open.move_to_end(key)
+            return fds
+        md, jsonl = self._paths(key)
+        md_fd = open_output(md, option="transcript", append=True)
         try:
-            md, jsonl = self._paths(session.session_id)
+            fds = (md_fd, open_output(jsonl, option="transcript", append=True))
+        except BaseException:
+            os.close(md_fd)
+            raise
+        self._open[key] = fds
+        while len(self._open) > MAX_OPEN:  # bounded descriptors, however many sessions
+            for fd in self._open.popitem(last=False)[1]:
+                os.close(fd)
+        return fds
+
+    def _close(self, session: SessionScope) -> None:
+        for fd in self._open.pop(session.session_id, ()):
+            os.close(fd)
+
+    def _append(self, session: SessionScope, markdown: str, event: dict[str, Any]) -> None:
+        """Best effort: a transcript that cannot be written must not break the session.
+        Each event is written at once, unbuffered: what a crash leaves is complete."""
+        try:
+            md, jsonl = self._files(session)
             if markdown:
-                _append_text(md, markdown)
-            _append_text(jsonl, json.dumps({"time": round(time.time(), 3),
-                                            "session": session.session_id, **event}) + "\n")
+                _write_all(md, markdown.encode())
+            _write_all(jsonl, (json.dumps({"time": round(time.time(), 3),
+                                           "session": session.session_id, **event})
+                               + "\n").encode())
         except (OSError, ConfigError) as e:
+            self._close(session)  # opened again for the next event: the fault may pass
             if not session.state.get("transcript_warned"):  # once per session, not per chunk
                 session.state["transcript_warned"] = True
                 reason = str(e) if isinstance(e, ConfigError) else \
@@ -101,6 +139,14 @@ class Transcript(Proxy[TranscriptOptions]):
         if pending and event["type"] != "agent_text":
             markdown = f"**Agent:** {pending}\n\n{markdown}"
         self._append(session, markdown, event)
+
+    async def session_closed(self, session: SessionScope) -> None:
+        self._close(session)
+
+    async def chain_stopped(self) -> None:
+        while self._open:
+            for fd in self._open.popitem()[1]:
+                os.close(fd)
 
     async def session_opened(self, session: SessionScope) -> None:
         if session.owned:
