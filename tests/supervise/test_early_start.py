@@ -252,7 +252,7 @@ def test_a_command_with_a_nul_in_its_environment_is_answered_as_a_start_error(
     chain = tmp_path / "chain.toml"
     agent = json.dumps(shlex.split(agent_cmd()))
     chain.write_text(f'[agent]\ncommand = {agent}\nenv = {{ FOO = "a\\u0000b" }}\n')
-    answers, stderr, code = serve(waiting_pipe(INIT), "--chain", str(chain))
+    answers, stderr, code = serve(waiting_pipe(INIT), "--chain", chain)
     assert "internal error" not in stderr
     assert code != 0
     [answer] = answers
@@ -288,13 +288,19 @@ class NeedsLoop(Proxy):
 """
 
 
+def plugin_chain(tmp_path: Path, file: str, source: str, plugin: str) -> str:
+    """A chain file of the plugin `source` (written to `file`) before the scripted agent."""
+    (tmp_path / file).write_text(source, encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[[proxy]]\nplugin = "{plugin}"\n\n'
+                     f'[agent]\ncommand = {json.dumps(agent_cmd())}\n', encoding="utf-8")
+    return str(chain)
+
+
 def test_a_plugin_chain_starts_its_agent_early_and_loads_the_plugin_in_the_event_loop(
         tmp_path: Path) -> None:
-    (tmp_path / "needs_loop.py").write_text(LOOP_PLUGIN, encoding="utf-8")
-    chain = tmp_path / "chain.toml"
-    chain.write_text(f'[[proxy]]\nplugin = "needs_loop.py:NeedsLoop"\n\n'
-                     f'[agent]\ncommand = {json.dumps(agent_cmd())}\n', encoding="utf-8")
-    answers, stderr, code = serve(waiting_pipe(INIT + ECHO), "--chain", str(chain))
+    chain = plugin_chain(tmp_path, "needs_loop.py", LOOP_PLUGIN, "needs_loop.py:NeedsLoop")
+    answers, stderr, code = serve(waiting_pipe(INIT + ECHO), "--chain", chain)
     assert code == 0, stderr
     assert STARTED_EARLY in stderr  # the agent; the plugin's constructor had its loop
     assert "started early, but" not in stderr  # the early agent is the one served
@@ -316,13 +322,10 @@ class SetsEnv(Proxy):
 
 def test_an_agent_started_early_is_replaced_when_a_plugin_changes_the_environment(
         tmp_path: Path) -> None:
-    (tmp_path / "sets_env.py").write_text(ENV_PLUGIN, encoding="utf-8")
-    chain = tmp_path / "chain.toml"
-    chain.write_text(f'[[proxy]]\nplugin = "sets_env.py:SetsEnv"\n\n'
-                     f'[agent]\ncommand = {json.dumps(agent_cmd())}\n', encoding="utf-8")
+    chain = plugin_chain(tmp_path, "sets_env.py", ENV_PLUGIN, "sets_env.py:SetsEnv")
     ask = frame({"jsonrpc": "2.0", "id": 1, "method": "_test/env",
                  "params": {"names": ["SET_BY_PLUGIN"]}})
-    answers, stderr, code = serve(waiting_pipe(INIT + ask), "--chain", str(chain))
+    answers, stderr, code = serve(waiting_pipe(INIT + ask), "--chain", chain)
     assert code == 0, stderr
     assert STARTED_EARLY in stderr
     assert "stopping agent: started early, but a plugin changed its launch" in stderr
@@ -332,11 +335,8 @@ def test_an_agent_started_early_is_replaced_when_a_plugin_changes_the_environmen
 
 
 def test_a_plugin_that_fails_to_load_leaves_no_early_agent_behind(tmp_path: Path) -> None:
-    (tmp_path / "broken.py").write_text("raise RuntimeError('no luck')\n", encoding="utf-8")
-    chain = tmp_path / "chain.toml"
-    chain.write_text(f'[[proxy]]\nplugin = "broken.py"\n\n'
-                     f'[agent]\ncommand = {json.dumps(agent_cmd())}\n', encoding="utf-8")
-    answers, stderr, code = serve(waiting_pipe(INIT), "--chain", str(chain))
+    chain = plugin_chain(tmp_path, "broken.py", "raise RuntimeError('no luck')\n", "broken.py")
+    answers, stderr, code = serve(waiting_pipe(INIT), "--chain", chain)
     assert code == 2 and answers == [], stderr
     assert "broken.py" in stderr and "no luck" in stderr
     assert STARTED_EARLY in stderr
@@ -357,11 +357,8 @@ def test_an_agent_started_early_that_a_plugin_made_stale_is_stopped_before_its_r
         tmp_path: Path) -> None:
     # Two agents at once, for a whole session, is what an agent holding a lock, a port or
     # a session store cannot survive: the stale one goes before the fresh one starts.
-    (tmp_path / "sets_env.py").write_text(ENV_PLUGIN, encoding="utf-8")
-    chain = tmp_path / "chain.toml"
-    chain.write_text(f'[[proxy]]\nplugin = "sets_env.py:SetsEnv"\n\n'
-                     f'[agent]\ncommand = {json.dumps(agent_cmd())}\n', encoding="utf-8")
-    answers, stderr, code = serve(waiting_pipe(INIT + ECHO), "--chain", str(chain))
+    chain = plugin_chain(tmp_path, "sets_env.py", ENV_PLUGIN, "sets_env.py:SetsEnv")
+    answers, stderr, code = serve(waiting_pipe(INIT + ECHO), "--chain", chain)
     assert code == 0, stderr
     assert STARTED_EARLY in stderr
     stale = "stopping agent: started early, but a plugin changed its launch as it loaded"
