@@ -225,8 +225,11 @@ async def test_a_remote_agent_whose_connection_drops_is_answered_like_a_crash(
 
 
 async def test_a_client_that_disconnects_mid_prompt_leaves_no_process_behind(
-        demo_chain: Path) -> None:
-    async with open_server(demo_chain) as server, httpx.AsyncClient() as http:
+        tmp_path: Path) -> None:
+    # The connection's chain waits its grace for the prompt nobody answers: a short one.
+    chain = tmp_path / "chain.toml"
+    chain.write_text("[conductor]\nshutdown_grace = 0.3\n" + DEMO_CHAIN, encoding="utf-8")
+    async with open_server(chain) as server, httpx.AsyncClient() as http:
         async with httpx_ws.aconnect_ws(server.http_url, http, headers=dict(AUTH)) as ws:
             async def call(ident: int, method: str, params: Any) -> Any:
                 await ws.send_text(json.dumps({"jsonrpc": "2.0", "id": ident,
