@@ -55,6 +55,9 @@ class ListenSettings:
     trace: str | None = None              # one file per connection: t.jsonl -> t.1.jsonl, ...
     trace_unredacted: bool = False
     handle_signals: bool = True
+    # After every chain ended, how long a socket its client left open may stay. Hypercorn
+    # also waits this out for a closed WebSocket's ping task: tests shorten it.
+    leftover_sockets: float = 1.0
     stop: anyio.Event = field(default_factory=anyio.Event)  # set it to shut down (tests)
 
     @property
@@ -284,7 +287,7 @@ async def _serve_then_close(endpoint: AcpEndpoint, sock: socket.socket,
                             settings: ListenSettings, stop: anyio.Event) -> None:
     try:
         await serve_asgi(endpoint, sock, certfile=settings.certfile, keyfile=settings.keyfile,
-                         shutdown=stop.wait)
+                         shutdown=stop.wait, graceful_timeout=settings.leftover_sockets)
     finally:
         sock.close()
 

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import psutil
 
 from tests.conftest import child_env, conductor_argv, py
 
@@ -209,6 +210,25 @@ async def open_conductor(*args: str, env: dict[str, str] | None = None,
                     with anyio.move_on_after(5):
                         await process.wait()
             tg.cancel_scope.cancel()
+
+
+def exited(proc: psutil.Process) -> bool:
+    """It runs no more: gone, or a zombie. Reaping an orphaned zombie is init's business,
+    and some inits (in containers, VMs) reap only every few seconds: not worth waiting for."""
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def still_running(procs: list[psutil.Process], seconds: float = 10.0,
+                        ) -> list[psutil.Process]:
+    """Those of `procs` still running after waiting up to `seconds` for all to exit.
+    Polled: a process we did not start has no exit to wait on."""
+    with anyio.move_on_after(seconds):
+        while not all(map(exited, procs)):  # noqa: ASYNC110 (nothing to wait on)
+            await anyio.sleep(0.02)
+    return [p for p in procs if not exited(p)]
 
 
 def agent_cmd(*flags: str) -> str:

@@ -745,8 +745,8 @@ async def lifespan(receive: Receive, send: Send) -> None:
 
 
 async def serve_asgi(app: AcpEndpoint, sock: socket.socket, *, certfile: str | None = None,
-                     keyfile: str | None = None,
-                     shutdown: Callable[[], Awaitable[None]]) -> None:
+                     keyfile: str | None = None, shutdown: Callable[[], Awaitable[None]],
+                     graceful_timeout: float = 1.0) -> None:
     """Serve `app` on a bound socket with hypercorn (HTTP/1.1, HTTP/2, WebSocket; TLS with
     a certificate) until `shutdown` returns, on whichever backend is running."""
     import os
@@ -764,8 +764,9 @@ async def serve_asgi(app: AcpEndpoint, sock: socket.socket, *, certfile: str | N
     config.errorlog = logging.getLogger("acp_conductor.http")
     config.accesslog = None
     # Every chain has ended before hypercorn is told to stop; what is still open then is a
-    # socket its client did not close (httpx-ws leaves the TCP connection to the GC).
-    config.graceful_timeout = 1.0
+    # socket its client did not close, or the ping task (`websocket_ping_interval`) of a
+    # WebSocket that closed, which hypercorn 0.18 leaves sleeping: this is waited out then.
+    config.graceful_timeout = graceful_timeout
     config.include_server_header = False
     if sniffio.current_async_library() == "trio":
         from hypercorn.trio import serve as trio_serve

@@ -9,20 +9,20 @@ import signal
 import sys
 from pathlib import Path
 
-import anyio
 import psutil
 import pytest
 
 from conductor.supervise.watchdog import SCRIPT as WATCHDOG_SCRIPT
 from tests.faults.kit import faulty_argv
-from tests.wire_client import ConductorProcess, agent_cmd, chain_args, open_conductor, proxy_cmd
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+from tests.wire_client import (
+    ConductorProcess,
+    agent_cmd,
+    chain_args,
+    exited,
+    open_conductor,
+    proxy_cmd,
+    still_running,
+)
 
 
 def components(c: ConductorProcess) -> list[psutil.Process]:
@@ -47,15 +47,15 @@ def family(c: ConductorProcess, pidfile: Path) -> list[int]:
 
 
 async def wait_all_gone(pids: list[int]) -> None:
-    """Orphans are reaped by init asynchronously: psutil waits on the process table, bounded."""
+    """Each of `pids` exits (a zombie has: init reaps orphans when it gets round to it)."""
     procs = []
     for pid in pids:
         try:
             procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             continue
-    _, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(procs, timeout=10))
-    assert all(gone(p.pid) for p in alive), [p.pid for p in alive]
+    alive = await still_running(procs)
+    assert not alive, [p.pid for p in alive]
 
 
 def write_chain(tmp_path: Path, body: str) -> str:
@@ -233,7 +233,7 @@ command = {json.dumps(agent_cmd("--ignore-term", "--linger"))}
         [agent] = components(c)
         await c.close_stdin()
         assert await c.wait() == 0  # bounded: the agent would linger for 300 s
-    assert gone(agent.pid)
+    assert exited(agent)
     events = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
     seen = [e.get("line", f"{e['event']} {e.get('code')}") for e in events
             if e["type"] == "lifecycle" and e["component"] == "agent"

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import BIN, REPO, child_env, conductor_argv
 from tests.e2e.test_sdk_interop import RecordingClient
-from tests.wire_client import ConductorProcess, open_conductor
+from tests.wire_client import ConductorProcess, open_conductor, still_running
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -74,7 +74,7 @@ async def open_server(chain: Path, *args: str, token: str | None = TOKEN,
                     pass
             with anyio.fail_after(20):
                 assert await process.wait() == expect_exit, server.stderr_text
-            _, alive = await anyio.to_thread.run_sync(psutil.wait_procs, children, 10)
+            alive = await still_running(children)
             assert not alive, f"left behind: {alive}"
         finally:
             if process.returncode is None:
@@ -225,8 +225,11 @@ async def test_a_remote_agent_whose_connection_drops_is_answered_like_a_crash(
 
 
 async def test_a_client_that_disconnects_mid_prompt_leaves_no_process_behind(
-        demo_chain: Path) -> None:
-    async with open_server(demo_chain) as server, httpx.AsyncClient() as http:
+        tmp_path: Path) -> None:
+    # The connection's chain waits its grace for the prompt nobody answers: a short one.
+    chain = tmp_path / "chain.toml"
+    chain.write_text("[conductor]\nshutdown_grace = 0.3\n" + DEMO_CHAIN, encoding="utf-8")
+    async with open_server(chain) as server, httpx.AsyncClient() as http:
         async with httpx_ws.aconnect_ws(server.http_url, http, headers=dict(AUTH)) as ws:
             async def call(ident: int, method: str, params: Any) -> Any:
                 await ws.send_text(json.dumps({"jsonrpc": "2.0", "id": ident,
@@ -247,8 +250,7 @@ async def test_a_client_that_disconnects_mid_prompt_leaves_no_process_behind(
                           if "conductor.demo_agent" in " ".join(p.cmdline())]
                 assert len(agents) == 1
         # The socket is gone with the prompt unanswered: the connection's chain stops.
-        _, alive = await anyio.to_thread.run_sync(psutil.wait_procs, agents, 15)
-        assert not alive
+        assert not await still_running(agents, 15)
         await server.wait_stderr("its chain stopped")
 
 

@@ -18,8 +18,8 @@ initialize is step 1, the first session/new step 2, and so on. At its step, a fa
   --deaf-at N       close its stdin and keep running (stdout open), never answering
 
 Process behaviours: --ignore-term (SIGTERM is ignored), --linger (keeps running after
-stdin EOF), --grandchild FILE (starts a sleeping grandchild in a session of its own,
-setsid, and writes its pid to FILE), --pidfile FILE (its own pid).
+stdin EOF, saying so on stderr), --grandchild FILE (starts a sleeping grandchild in a
+session of its own, setsid, and writes its pid to FILE), --pidfile FILE (its own pid).
 
 A request `_fault/crash` {"who": NAME} crashes the component named NAME (`--name`), and
 is passed on by the others. As an agent it keeps sessions in --state DIR (one file each),
@@ -32,6 +32,7 @@ only, synchronous.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -261,6 +262,9 @@ def main() -> None:
     except BrokenPipeError:
         pass
     if args.linger:
+        with contextlib.suppress(OSError):  # nobody may read stderr any more: linger anyway
+            sys.stderr.write(f"faulty {args.name}: stdin closed; lingering\n")
+            sys.stderr.flush()
         time.sleep(300)
 
 

@@ -10,12 +10,12 @@ unaffected; nothing left running.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import psutil
 import pytest
 
@@ -26,7 +26,7 @@ from tests.faults.kit import (
     REQUEST_TIMEOUT,
     faulty_argv,
 )
-from tests.wire_client import open_conductor
+from tests.wire_client import open_conductor, still_running
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -150,38 +150,34 @@ async def test_nothing_outlives_the_conductor_however_it_ends(
                       "sigkill": signal.SIGKILL, "sighup": signal.SIGHUP}[end])
         code = await c.wait()
     assert code == {"eof": 0, "sigterm": 143, "sigint": 130, "sigkill": -9, "sighup": 129}[end]
-    assert running(pids) == []
+    assert await running(pids) == []
 
 
-def running(pids: list[int]) -> list[int]:
-    """Those still running (a zombie has exited: whoever adopted it reaps it), waiting up
-    to 10 s for them: after a SIGKILL the watchdog stops them, asynchronously."""
-    def live(pid: int) -> psutil.Process | None:
-        try:
-            proc = psutil.Process(pid)
-            return None if proc.status() == psutil.STATUS_ZOMBIE else proc
-        except psutil.NoSuchProcess:
-            return None
-    procs = [p for p in map(live, pids) if p is not None]
-    psutil.wait_procs(procs, timeout=10)
-    return [p.pid for p in procs if live(p.pid) is not None]
+async def running(pids: list[int]) -> list[int]:
+    """Those still running after up to 10 s (after a SIGKILL the watchdog stops them,
+    asynchronously); a zombie has exited: whoever adopted it reaps it, in its own time."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+    return [p.pid for p in await still_running(procs)]
 
 
 async def test_a_second_hangup_does_not_cut_the_graceful_stop_short(tmp_path: Path) -> None:
     # A closed terminal may deliver SIGHUP twice (the kernel, then the shell).
     pidfile = tmp_path / "faulty.pid"
     path = tmp_path / "chain.toml"
-    path.write_text("[conductor]\nshutdown_grace = 2.0\n\n[agent]\ncommand = "
+    # Its grace is the window the second hangup must land in: EOF, then TERM, each ignored.
+    path.write_text("[conductor]\nshutdown_grace = 1.0\n\n[agent]\ncommand = "
                     + faulty_argv("--name", "agent", "--ignore-term", "--linger",
                                   f"--pidfile={pidfile}") + "\n", encoding="utf-8")
     async with open_conductor("--log-level", "info", "--chain", str(path)) as c:
         await c.initialize()
         c.signal(signal.SIGHUP)
-        await c.wait_stderr("received SIGHUP: shutting down")
-        # Not a wait for an event: it puts the second hangup after the signal handler is
-        # gone and well inside the stop (the lingering agent holds it for 2 s or more).
-        await anyio.sleep(0.3)
+        # The agent has its EOF: the stop is under way, so the conductor's own handler is
+        # gone by now, and the agent holds the stop for two graces (it ignores EOF and TERM).
+        await c.wait_stderr("faulty agent: stdin closed; lingering")
         c.signal(signal.SIGHUP)
         code = await c.wait()
     assert code == 129, c.stderr_text
-    assert running([int(pidfile.read_text())]) == []
+    assert await running([int(pidfile.read_text())]) == []

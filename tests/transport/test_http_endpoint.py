@@ -43,7 +43,11 @@ def demo_chain(agent: list[str] | None = None) -> Any:
 
 @asynccontextmanager
 async def open_listener(chain: Any = None, **overrides: Any) -> AsyncIterator[tuple[str, str]]:
-    """A listener on an ephemeral port: (ws url, http url). Stopped gracefully on exit."""
+    """A listener on an ephemeral port: (ws url, http url). Stopped gracefully on exit.
+
+    Its clients have closed by then: hypercorn's wait for leftover sockets, which also
+    waits out every closed WebSocket's sleeping ping task, is cut to 0.1 s."""
+    overrides.setdefault("leftover_sockets", 0.1)
     settings = ListenSettings(port=0, tokens=(TOKEN, OTHER), handle_signals=False,
                               **overrides)
     urls: list[tuple[str, str]] = []
