@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
 
 # Hypothesis' per-example deadline is a wall-clock assertion: on a loaded 2-core machine it
 # fails tests that are correct. Examples are bounded by max_examples instead.
@@ -67,6 +67,29 @@ def py(script: str, *args: str) -> str:
     import shlex
 
     return shlex.join([sys.executable, str(BIN / script), *args])
+
+
+def exited(pids: Iterable[int], timeout: float = 5) -> bool:
+    """True once every pid has exited, within `timeout` in all (a bound: they were just
+    stopped). A zombie has exited: reaping orphans is their reaper's job, and the reaper
+    here (the container's pid 1) may take a second or more to do it. Waits on a pidfd,
+    which becomes readable at the exit itself."""
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # exited and reaped already
+        try:
+            ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+        finally:
+            os.close(fd)
+        if not ready:
+            return False
+    return True
 
 
 def doc_files(page: str) -> dict[str, str]:

@@ -313,6 +313,12 @@ def mute_chain(tmp_path: Path) -> str:
 
 def test_timeout_covers_setup_and_names_the_request_a_mute_agent_never_answered(
         mute_chain: str) -> None:
+    # Once run gives up, the conductor gives the initialize still in flight the chain's
+    # shutdown_grace (3 s by default) to be answered: the mute agent never will.
+    with open(mute_chain, "r+", encoding="utf-8") as f:
+        chain = f.read()
+        f.seek(0)
+        f.write("[conductor]\nshutdown_grace = 0.2\n\n" + chain)
     result = run("run", "--chain", mute_chain, "hi", "--json", "--timeout", "0.5", timeout=30)
     assert result.returncode == 124, result.stderr
     lines = events(result.stdout)
@@ -468,7 +474,9 @@ def test_giving_up_on_a_turn_sends_session_cancel_and_never_a_cancel_request(
     chain = tmp_path / "chain.toml"
     argv = [sys.executable, str(BIN / "scripted_agent.py"), "--prompt-hangs", "--record",
             str(record)]
-    chain.write_text(f"[agent]\ncommand = {json.dumps(argv)}\n", encoding="utf-8")
+    # shutdown_grace: after giving up, the prompt it never answers is not waited on for 3 s.
+    chain.write_text(f"[conductor]\nshutdown_grace = 0.2\n\n"
+                     f"[agent]\ncommand = {json.dumps(argv)}\n", encoding="utf-8")
     result = run("run", "--chain", str(chain), "hello", "--json", "--timeout", "2",
                  "--cancel-grace", "0.3")  # --timeout: set-up done even on a loaded machine
     assert result.returncode == 124, result.stderr

@@ -105,18 +105,21 @@ async def test_a_request_nobody_answers_fails_with_what_the_peer_received() -> N
     never = anyio.Event()
 
     async def hang(agent: ScriptedAgent, message: Request) -> object:
-        await agent.notify("session/update", {"sessionId": "s-1", "update": {
-            "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "…"}}})
         await never.wait()
         return None
 
     agent = ScriptedAgent(replies={"_ext/slow": hang})
-    # Long enough for the update to arrive first on a loaded machine (it failed at 0.2 s).
-    async with open_test_chain([], agent, client=TestClient(timeout=1)) as client:
+    async with open_test_chain([], agent) as client:
+        # Received first (waited for, not raced against the timeout), so the timeout that
+        # must fire can be short.
+        await agent.notify("session/update", {"sessionId": "s-1", "update": {
+            "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "…"}}})
+        await client.wait_for("session/update")
+        client.timeout = 0.1
         with pytest.raises(TimeoutError) as waited:
             await client.request("_ext/slow", {"n": 1})
         await agent.wait_for("$/cancel_request")  # and the request was cancelled
-    assert "client waited 1s for an answer to _ext/slow" in str(waited.value)
+    assert "client waited 0.1s for an answer to _ext/slow" in str(waited.value)
     assert "it received: [Notification(method='session/update', params={\"sessionId\":" \
         "\"s-1\"" in str(waited.value)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import stat
 import subprocess
@@ -296,8 +295,12 @@ async def test_a_hung_agent_s_initialize_reaches_the_trace_file_while_the_conduc
     from tests.wire_client import open_conductor
 
     trace = tmp_path / "hang.jsonl"
-    silent = shlex.join([sys.executable, "-c", "import sys\nfor _ in sys.stdin: pass"])
-    async with open_conductor("--trace", str(trace), "agent", silent) as c:
+    # shutdown_grace: at the end, the initialize it never answers is not waited on for 3 s.
+    chain = tmp_path / "silent.toml"
+    chain.write_text("[conductor]\nshutdown_grace = 0.2\n\n[agent]\ncommand = " +
+                     json.dumps([sys.executable, "-c", "import sys\nfor _ in sys.stdin: pass"]) +
+                     "\n", encoding="utf-8")
+    async with open_conductor("--trace", str(trace), "--chain", str(chain)) as c:
         await c.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
                       "params": {"protocolVersion": 1, "clientCapabilities": {}}})
         with anyio.fail_after(5):

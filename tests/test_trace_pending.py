@@ -126,7 +126,10 @@ def test_trace_show_pending_lists_them_and_the_timeline_marks_them(stuck_trace: 
 
 def test_a_hung_agent_is_found_in_the_trace_of_a_run_that_gave_up(tmp_path: Path) -> None:
     chain = tmp_path / "mute.toml"
-    chain.write_text('[agent]\nname = "mute"\ncommand = ["sh", "-c", "cat >/dev/null"]\n',
+    # shutdown_grace: once run gives up, the initialize nobody will answer is not waited on
+    # for 3 s; shutdown still answers it (what the trace must show).
+    chain.write_text('[conductor]\nshutdown_grace = 0.2\n\n'
+                     '[agent]\nname = "mute"\ncommand = ["sh", "-c", "cat >/dev/null"]\n',
                      encoding="utf-8")
     trace = tmp_path / "t.jsonl"
     done = subprocess.run(conductor_argv("--trace", str(trace), "run", "--chain", str(chain),

@@ -82,3 +82,26 @@ def processes_with_env(entry_prefix: bytes) -> list[int]:
         except OSError:
             continue  # gone, or not ours to read
     return found
+
+
+def group_has_live_members(pgid: int) -> bool | None:
+    """Whether process group `pgid` has a member that has not exited (a zombie has: it
+    only waits for its reaper, which for orphans is pid 1, and pid 1 may be slow to reap
+    or, in a container where it is the conductor, never do it). None: /proc unreadable."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False

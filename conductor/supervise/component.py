@@ -166,6 +166,8 @@ class _Control:
             os.killpg(self._pgid, sig)
         except (ProcessLookupError, PermissionError):
             return False
+        if sig == 0:  # a group of zombies is gone: waiting on their reaper gains nothing
+            return _linux.group_has_live_members(self._pgid) is not False
         return True
 
     async def find_strays(self) -> list[int]:

@@ -20,11 +20,12 @@ import anyio
 import psutil
 import pytest
 
+from conductor.editor import terminals
 from conductor.editor.policy import RunEditor
 from conductor.editor.sandbox import MAX_READ_BYTES, NOT_FOUND, REFUSED
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from tests.conftest import REPO, child_env, conductor_argv
+from tests.conftest import REPO, child_env, conductor_argv, exited
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -299,11 +300,6 @@ async def run_terminal(ed: RunEditor, script: str) -> tuple[str, str]:
     return tid, output["output"]
 
 
-def gone(pids: list[int]) -> bool:
-    """True once every pid has exited (bounded wait: they were just killed)."""
-    procs = [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)]
-    _, alive = psutil.wait_procs(procs, timeout=5)
-    return all(p.status() == psutil.STATUS_ZOMBIE for p in alive if p.is_running())
 
 
 DETACH = "setsid sleep 300 >/dev/null 2>&1 & echo $!; sleep 300 >/dev/null 2>&1 & echo $!"
@@ -322,15 +318,18 @@ async def test_a_terminal_takes_its_detached_children_with_it(root: Path, how: s
                     await ed.aclose()
                 else:
                     await ed.handle_request(f"terminal/{how}", {"terminalId": tid})
-            assert gone(pids)
+            assert exited(pids)
         finally:
             await ed.aclose()
 
 
 async def test_a_terminal_has_exited_when_its_command_has_though_a_child_keeps_its_output(
-        root: Path) -> None:
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `server &` without a redirect: the child inherits the terminal's output pipe, and
-    # holds it open long after the command itself has exited.
+    # holds it open long after the command itself has exited. Without the grace the exit
+    # would wait on the child (300 s); what it is long enough for, the exited command's
+    # output, is already in the pipe: a short one is waited out just as well.
+    monkeypatch.setattr(terminals, "OUTPUT_GRACE", 0.1)
     async with anyio.create_task_group() as tg:
         ed, _ = editor(root, spawn=await spawner(tg), allow_terminal=True)
         try:
@@ -341,7 +340,7 @@ async def test_a_terminal_has_exited_when_its_command_has_though_a_child_keeps_i
                 child = int(output.split()[0])
                 assert psutil.pid_exists(child)
                 await ed.handle_request("terminal/release", {"terminalId": tid})
-            assert gone([child])
+            assert exited([child])
         finally:
             await ed.aclose()
 

@@ -3,6 +3,7 @@ with a pidfd (Linux) and without one (the polling fallback)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import anyio
@@ -12,6 +13,7 @@ import pytest
 from conductor.supervise import _linux
 from conductor.supervise.component import open_component
 from conductor.supervise.spawn import LaunchSpec
+from tests.conftest import exited
 
 # The leader says which sleep it started and exits 3; the sleep keeps stdout and stderr open.
 LEADER = [sys.executable, "-c", "import subprocess, sys; "
@@ -33,8 +35,7 @@ async def test_a_leaders_exit_is_seen_while_a_grandchild_still_holds_its_pipes(
             assert await comp.wait_exited() == 3
             assert comp.returncode == 3
             assert grandchild.is_running()  # holding the pipes: asyncio's wait() would hang
-    grandchild.wait(timeout=5)  # the group went with the component (a bound, not a timing)
-    assert not grandchild.is_running()
+    assert exited([grandchild.pid])  # the group went with the component
 
 
 async def test_a_cancelled_component_is_still_stopped_and_its_exit_seen() -> None:
@@ -63,3 +64,19 @@ async def test_a_stop_cancelled_part_way_is_finished_by_the_components_cleanup()
                 await comp.stop(60.0)
             assert comp.returncode is None
     assert comp.returncode == -15  # TERMed by the cleanup, and reaped
+
+
+def test_a_process_group_of_zombies_has_no_live_members() -> None:
+    # An orphan's zombie waits for pid 1, which may reap late or (the conductor as a
+    # container's pid 1) never: a stop must not wait out its grace on it.
+    pid = os.fork()
+    if pid == 0:  # the child: a group of its own, exits at once; not reaped until below
+        os.setsid()
+        os._exit(0)
+    try:
+        assert exited([pid])
+        os.killpg(pid, 0)  # the kernel still counts the group...
+        assert _linux.group_has_live_members(pid) is False  # ...but nobody in it runs
+        assert _linux.group_has_live_members(os.getpgid(0)) is True
+    finally:
+        os.waitpid(pid, 0)
