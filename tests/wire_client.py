@@ -212,7 +212,7 @@ async def open_conductor(*args: str, env: dict[str, str] | None = None,
             tg.cancel_scope.cancel()
 
 
-def exited(proc: psutil.Process) -> bool:
+def has_exited(proc: psutil.Process) -> bool:
     """It runs no more: gone, or a zombie. Reaping an orphaned zombie is init's business,
     and some inits (in containers, VMs) reap only every few seconds: not worth waiting for."""
     try:
@@ -226,9 +226,9 @@ async def still_running(procs: list[psutil.Process], seconds: float = 10.0,
     """Those of `procs` still running after waiting up to `seconds` for all to exit.
     Polled: a process we did not start has no exit to wait on."""
     with anyio.move_on_after(seconds):
-        while not all(map(exited, procs)):  # noqa: ASYNC110 (nothing to wait on)
+        while not all(map(has_exited, procs)):  # noqa: ASYNC110 (nothing to wait on)
             await anyio.sleep(0.02)
-    return [p for p in procs if not exited(p)]
+    return [p for p in procs if not has_exited(p)]
 
 
 def agent_cmd(*flags: str) -> str:

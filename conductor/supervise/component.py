@@ -166,9 +166,16 @@ class _Control:
             os.killpg(self._pgid, sig)
         except (ProcessLookupError, PermissionError):
             return False
-        if sig == 0:  # a group of zombies is gone: waiting on their reaper gains nothing
-            return _linux.group_has_live_members(self._pgid) is not False
         return True
+
+    async def group_running(self) -> bool:
+        if not self.signal_group(0):
+            return False
+        # Someone is in the group: /proc tells a running member from a zombie (in a worker
+        # thread, as a scan of /proc on a busy host is not instant). Unreadable: running.
+        live = await anyio.to_thread.run_sync(_linux.group_has_live_members, self._pgid,
+                                              abandon_on_cancel=True)
+        return live is not False
 
     async def find_strays(self) -> list[int]:
         return await _scan(self._component.spec.token)

@@ -46,6 +46,11 @@ class ProcessControl(StrayControl, Protocol):
         """Send `sig` (0: only probe) to the component's process group; False when nobody
         is left in it."""
 
+    async def group_running(self) -> bool:
+        """Whether a member of the group has not exited yet. A zombie has exited: it only
+        waits for its reaper, which for an orphan is pid 1, slow to reap in some VMs and
+        never in a container whose pid 1 does not reap."""
+
 
 async def stop_escalating(control: ProcessControl, grace: float) -> None:
     """EOF on stdin, wait, SIGTERM the group, wait, SIGKILL the group, then the strays.
@@ -69,7 +74,7 @@ async def stop_escalating(control: ProcessControl, grace: float) -> None:
 
 
 async def _until_group_gone(control: ProcessControl) -> None:
-    while control.signal_group(0):  # noqa: ASYNC110 (nothing to wait on but the group)
+    while await control.group_running():  # noqa: ASYNC110 (nothing to wait on but the group)
         await anyio.sleep(GONE_POLL)
 
 

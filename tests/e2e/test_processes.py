@@ -18,7 +18,7 @@ from tests.wire_client import (
     ConductorProcess,
     agent_cmd,
     chain_args,
-    exited,
+    has_exited,
     open_conductor,
     proxy_cmd,
     still_running,
@@ -233,7 +233,7 @@ command = {json.dumps(agent_cmd("--ignore-term", "--linger"))}
         [agent] = components(c)
         await c.close_stdin()
         assert await c.wait() == 0  # bounded: the agent would linger for 300 s
-    assert exited(agent)
+    assert has_exited(agent)
     events = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
     seen = [e.get("line", f"{e['event']} {e.get('code')}") for e in events
             if e["type"] == "lifecycle" and e["component"] == "agent"

@@ -93,6 +93,9 @@ class FakeControl:
                 p.receive(sig, self.now())
         return bool(living)
 
+    async def group_running(self) -> bool:
+        return self.signal_group(0)
+
     async def find_strays(self) -> list[int]:
         return [p.pid for p in self.strays if p.alive(self.now())]
 
