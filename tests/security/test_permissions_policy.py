@@ -39,6 +39,16 @@ SHIPPED = PermissionsOptions(**load_chain(str(REPO / "chains" / "permissions.tom
 SESSION = object()  # "the session the test opened"
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    """Hundreds of cases of what the policy decides, which no event loop changes: asyncio
+    only. The proxy itself is run on trio too, below (`both_backends`)."""
+    return "asyncio"
+
+
+both_backends = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+
+
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project with secrets, and links that lead to them under innocent names.
@@ -515,6 +525,7 @@ DENY_ENV_ELSE_ALLOW = PermissionsOptions(default="allow", rules=[
     # the updates pass the policy on the full route: it still records what they announce
     pytest.param(lambda: [ForwardsUpdates()], id="behind-a-proxy-that-handles-updates"),
 ])
+@both_backends
 async def test_a_permission_request_is_judged_with_what_its_tool_call_announced_earlier(
         ws: Path, announced: dict[str, Any], before: Callable[[], list[Proxy[Any]]]) -> None:
     # ACP's request_permission carries a ToolCallUpdate: every field but the id may be left
