@@ -379,6 +379,38 @@ async def test_the_shipped_rm_rule_holds_against_obvious_variants(ws: Path,
                                        "rawInput": {"command": shlex.join(argv)}}) == "no"
 
 
+@pytest.mark.parametrize("argv", [
+    ["find", ".", "-name", "*.tmp", "-delete"], ["find", "-delete"],
+    ["find", ".", "-exec", "rm", "{}", ";"], ["find", ".", "-execdir", "/bin/rm", "-f", "{}", "+"],
+    ["sh", "-c", "find . -type f -delete"], ["sudo", "find", "/", "-ok", "rm", "{}", ";"],
+], ids=" ".join)
+async def test_the_shipped_policy_stops_find_from_deleting(ws: Path, argv: list[str]) -> None:
+    async with policy(ws) as probe:
+        assert not await probe.reaches_editor("terminal/create", terminal(*argv))
+
+
+@pytest.mark.parametrize("request_", [
+    ("fs/read_text_file", {"path": "/home/someone/.ssh/id_ed25519"}),
+    ("fs/read_text_file", {"path": "/root/.aws/credentials"}),
+    ("fs/write_text_file", {"path": "/home/someone/.ssh/authorized_keys", "content": "k"}),
+    ("terminal/create", terminal("cat", "~/.ssh/id_rsa")),
+    ("terminal/create", terminal("sh", "-c", "cat $HOME/.aws/credentials; cat ~/.aws/config")),
+], ids=lambda r: f"{r[0]} {json.dumps(r[1])[:60]}")
+async def test_the_shipped_policy_keeps_ssh_keys_and_cloud_credentials(
+        ws: Path, request_: tuple[str, dict[str, Any]]) -> None:
+    async with policy(ws) as probe:
+        assert not await probe.reaches_editor(*request_)
+
+
+@pytest.mark.parametrize("argv", [
+    ["find", ".", "-name", "x"], ["find", ".", "-exec", "grep", "-l", "rm", "{}", ";"],
+    ["ls", "-d", "deleted"], ["ssh", "host", "uptime"],
+], ids=" ".join)
+async def test_finding_and_ssh_itself_still_reach_the_editor(ws: Path, argv: list[str]) -> None:
+    async with policy(ws) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal(*argv))
+
+
 @pytest.mark.parametrize("script", ["r\\\nm -rf x", "rm -f\\\nr x", "rm -\\\nrf x",
                                     "echo hi |\\\nrm -rf x", "cat .e\\\nnv",
                                     "cat sec\\\nrets/k", "cd sec\\\nrets && cat k"])
