@@ -394,3 +394,27 @@ async def test_transcript_passes_the_editors_answer_back_whatever_the_shape_of_t
                 "sessionId": sid, "toolCall": tool_call, "options": []}) == answer
             assert await client.prompt(sid, tool_call) is not None  # type: ignore[arg-type]
     assert len(client.received_params("session/update")) == 2
+
+
+async def test_redact_scrubs_an_update_nested_deeply_and_forwards_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # scrub recursed two Python frames per level: a tool call's rawInput nested 500 deep,
+    # which the chain carries without redact, exhausted the stack and the update was lost.
+    nested: Any = "sk-abcdef123456"
+    for _ in range(500):
+        nested = [nested]
+    agent = ScriptedAgent()
+    async with open_test_chain([Redact(RedactOptions(patterns=[r"sk-[a-z0-9]{8,}"]))],
+                               agent) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            await agent.notify("session/update", {"sessionId": sid, "update": {
+                "sessionUpdate": "tool_call", "toolCallId": "c1", "title": "t",
+                "rawInput": {"tree": nested}}})
+            await client.prompt(sid, "go")
+    [update] = client.updates(sid)
+    inner = update["rawInput"]["tree"]
+    for _ in range(500):
+        [inner] = inner
+    assert inner == "[redacted]"
+    assert "failed" not in caplog.text

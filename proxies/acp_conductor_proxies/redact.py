@@ -52,33 +52,45 @@ class Redact(Proxy[RedactOptions]):
 
     def scrub(self, value: Any, hits: dict[str, int]) -> Any:
         """A copy of a JSON value with every string scrubbed (keys are left alone)."""
-        if isinstance(value, str):
-            # Every rule searches the original text and the spans they find are merged:
-            # run one after another, a pattern matching inside an env secret would break it
-            # up and let the rest of it through. The replacement is literal text, never a
-            # template (`\g<0>` must not restore the secret).
-            spans: list[tuple[int, int]] = []
-            for label, rule in self._rules:
-                found = [m.span() for m in rule.finditer(value) if m.end() > m.start()]
-                if found:
-                    hits[label] = hits.get(label, 0) + len(found)
-                    spans.extend(found)
-            if not spans:
-                return value
-            out: list[str] = []
-            done = 0
-            for start, end in sorted(spans):
-                if start >= done:
-                    out.append(value[done:start])
-                    out.append(self.options.replacement)
-                done = max(done, end)
-            out.append(value[done:])
-            return "".join(out)
-        if isinstance(value, list):
-            return [self.scrub(v, hits) for v in value]
-        if isinstance(value, dict):
-            return {k: self.scrub(v, hits) for k, v in value.items()}
-        return value
+        # Walked with a stack of its own, not by recursion: a value nested as deep as the
+        # JSON decoder allows would otherwise exhaust Python's stack, and the message with it.
+        root = [value]
+        todo: list[tuple[Any, Any]] = [(root, 0)]
+        while todo:
+            container, key = todo.pop()
+            item = container[key]
+            if isinstance(item, str):
+                container[key] = self.scrub_text(item, hits)
+            elif isinstance(item, list):
+                container[key] = items = list(item)
+                todo.extend((items, i) for i in range(len(items)))
+            elif isinstance(item, dict):
+                container[key] = fields = dict(item)
+                todo.extend((fields, k) for k in fields)
+        return root[0]
+
+    def scrub_text(self, value: str, hits: dict[str, int]) -> str:
+        # Every rule searches the original text and the spans they find are merged:
+        # run one after another, a pattern matching inside an env secret would break it
+        # up and let the rest of it through. The replacement is literal text, never a
+        # template (`\g<0>` must not restore the secret).
+        spans: list[tuple[int, int]] = []
+        for label, rule in self._rules:
+            found = [m.span() for m in rule.finditer(value) if m.end() > m.start()]
+            if found:
+                hits[label] = hits.get(label, 0) + len(found)
+                spans.extend(found)
+        if not spans:
+            return value
+        out: list[str] = []
+        done = 0
+        for start, end in sorted(spans):
+            if start >= done:
+                out.append(value[done:start])
+                out.append(self.options.replacement)
+            done = max(done, end)
+        out.append(value[done:])
+        return "".join(out)
 
     def _scrubbed(self, message: Call) -> Call:
         if not self._rules:
