@@ -418,3 +418,18 @@ async def test_redact_scrubs_an_update_nested_deeply_and_forwards_it(
         [inner] = inner
     assert inner == "[redacted]"
     assert "failed" not in caplog.text
+
+
+def test_redact_scrubs_an_env_secret_whose_value_ends_in_a_newline(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # A secret loaded from a file (a Kubernetes secret, `--env-file`) often keeps the file's
+    # final newline; the token as it appears in text has none, and went through unscrubbed.
+    monkeypatch.setenv("REDACT_FILE_TOKEN", "tok-123456\n")
+    monkeypatch.setenv("REDACT_BLANK", " \n\t ")
+    with caplog.at_level(logging.WARNING):
+        proxy = Redact(RedactOptions(env=["REDACT_FILE_TOKEN", "REDACT_BLANK"]))
+    hits: dict[str, int] = {}
+    assert proxy.scrub("use tok-123456 now", hits) == "use [redacted] now"
+    assert hits == {"env REDACT_FILE_TOKEN": 1}
+    assert "env REDACT_BLANK is shorter than 4 characters" in caplog.text
+    assert proxy.scrub("a \n\t b", {}) == "a \n\t b"  # whitespace alone is no secret

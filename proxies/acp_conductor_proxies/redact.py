@@ -42,6 +42,8 @@ class Redact(Proxy[RedactOptions]):
             (f"pattern {i + 1}", re.compile(p)) for i, p in enumerate(self.options.patterns)]
         for name in self.options.env:
             value = os.environ.get(name)
+            if value is not None:  # a value read from a file often keeps its final newline
+                value = value.strip()
             if value is None:  # a typo or a missing secret: say so, or nothing is scrubbed
                 self.log.warning("env %s is not set: nothing to scrub for it", name)
             elif len(value) < MIN_SECRET:
