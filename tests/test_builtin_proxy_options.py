@@ -433,3 +433,24 @@ def test_redact_scrubs_an_env_secret_whose_value_ends_in_a_newline(
     assert hits == {"env REDACT_FILE_TOKEN": 1}
     assert "env REDACT_BLANK is shorter than 4 characters" in caplog.text
     assert proxy.scrub("a \n\t b", {}) == "a \n\t b"  # whitespace alone is no secret
+
+
+async def test_redact_scrubs_the_agents_error_answer_to_a_prompt(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The editor shows a failed turn's error as it shows the agent's text: an agent that
+    # echoed a secret in its error put it on the user's screen past redact.
+    monkeypatch.setenv("REDACT_TOKEN", "tok-123456")
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        raise RpcError(-32000, "upstream refused key tok-123456",
+                       {"request": {"headers": ["Authorization: Bearer tok-123456"]}})
+
+    agent = ScriptedAgent({"session/prompt": prompt})
+    async with open_test_chain([Redact(RedactOptions(env=["REDACT_TOKEN"]))], agent) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            with pytest.raises(RpcError) as failed:
+                await client.prompt(sid, "go")
+    assert failed.value.code == -32000
+    assert failed.value.message == "upstream refused key [redacted]"
+    assert failed.value.data == {"request": {"headers": ["Authorization: Bearer [redacted]"]}}

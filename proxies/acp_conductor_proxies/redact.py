@@ -1,5 +1,5 @@
-"""redact: scrub secrets from prompts going down and from session updates and permission
-requests coming up.
+"""redact: scrub secrets from prompts going down and from session updates, permission
+requests and prompts' answers coming up.
 
 Secrets are regex matches and the values of named environment variables. Messages with
 nothing to scrub keep their bytes; the log says what kind of secret was scrubbed and
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from conductor.jsonrpc.message import Response, payload
 from conductor.plugins import Proxy, ProxyContext, on
 from conductor.validation import Regex
 
@@ -105,9 +106,26 @@ class Redact(Proxy[RedactOptions]):
                                                    sorted(hits.items())), message.method)
         return message.with_params(params)
 
+    def _scrubbed_answer(self, answer: Response | None, method: str) -> Response | None:
+        if answer is None or not self._rules:
+            return answer
+        hits: dict[str, int] = {}
+        if answer.is_error:
+            error = self.scrub(answer.error_value(), hits)
+            scrubbed = Response(id=answer.id, error=payload(error))
+        else:
+            scrubbed = answer.with_result(self.scrub(answer.result_value(), hits))
+        if not hits:
+            return answer
+        self.log.info("scrubbed %s in the answer to %s", ", ".join(
+            f"{n} x {label}" for label, n in sorted(hits.items())), method)
+        return scrubbed
+
     @on("session/prompt")
     async def prompt(self, ctx: ProxyContext, message: Request) -> object:
-        return await ctx.forward(self._scrubbed(message))
+        # the editor shows a failed turn's error to the user like the agent's text
+        answer = await ctx.forward(self._scrubbed(message))
+        return self._scrubbed_answer(answer, message.method)
 
     @on("session/update", source="successor")
     async def update(self, ctx: ProxyContext, message: Notification) -> None:
