@@ -454,3 +454,22 @@ async def test_redact_scrubs_the_agents_error_answer_to_a_prompt(
     assert failed.value.code == -32000
     assert failed.value.message == "upstream refused key [redacted]"
     assert failed.value.data == {"request": {"headers": ["Authorization: Bearer [redacted]"]}}
+
+
+async def test_redact_scrubs_a_secret_spelt_with_json_escapes() -> None:
+    # What the editor shows is the decoded string: `\u0073k-...` is `sk-...`.
+    from msgspec import Raw
+
+    from conductor.jsonrpc.message import Notification
+
+    agent = ScriptedAgent()
+    async with open_test_chain([Redact(RedactOptions(patterns=[r"sk-[a-z0-9]{8,}"]))],
+                               agent, transport="pipes") as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            await agent._ep.send(Notification(method="session/update", params=Raw(
+                b'{"sessionId":"' + sid.encode() + b'","update":{"sessionUpdate":'
+                b'"agent_message_chunk","content":{"type":"text",'
+                b'"text":"key \\u0073k-abc\\u0064ef123456"}}}')))
+            await client.prompt(sid, "go")
+    assert client.agent_text() == "key [redacted]"
