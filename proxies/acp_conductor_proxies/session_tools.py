@@ -52,13 +52,21 @@ class SessionTools(Proxy[SessionToolsOptions]):
 
     # -- what it records -------------------------------------------------------------------
 
-    def _log(self, session_id: str, line: str) -> None:
+    def _session(self, session_id: str) -> deque[str]:
+        """The session's lines, now the most recently used: past `sessions`, the session
+        used least recently is forgotten (its message being streamed too)."""
         lines = self._lines.get(session_id)
         if lines is None:
             lines = self._lines[session_id] = deque(maxlen=self.options.keep)
             while len(self._lines) > self.options.sessions:
-                self._lines.popitem(last=False)
-        lines.append(line)
+                forgotten, _ = self._lines.popitem(last=False)
+                self._agent_line.pop(forgotten, None)
+        else:
+            self._lines.move_to_end(session_id)
+        return lines
+
+    def _log(self, session_id: str, line: str) -> None:
+        self._session(session_id).append(line)
 
     def _flush_agent(self, session_id: str) -> None:
         text = "".join(self._agent_line.pop(session_id, ()))
@@ -93,6 +101,7 @@ class SessionTools(Proxy[SessionToolsOptions]):
         update = as_object(params.get("update"))
         kind = update.get("sessionUpdate")
         if kind == "agent_message_chunk":
+            self._session(sid)  # counted among the sessions remembered, and forgotten with them
             self._agent_line.setdefault(sid, []).append(_text(update.get("content")))
         elif kind == "tool_call":
             self._flush_agent(sid)
