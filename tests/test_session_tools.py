@@ -135,6 +135,33 @@ async def test_the_session_forgotten_first_is_the_one_used_least_recently() -> N
     assert gone == "no line contains 'beta'"
 
 
+async def test_a_loaded_sessions_replayed_history_is_searchable_message_by_message() -> None:
+    # The replay of session/load streams user and agent chunks: the user's were ignored and
+    # every agent message of the history was joined into one line.
+    history = [("user_message_chunk", "where is "), ("user_message_chunk", "the parser?"),
+               ("agent_message_chunk", "in config.py"), ("user_message_chunk", "and tests?"),
+               ("agent_message_chunk", "in tests/")]
+
+    async def load(agent: McpAgent, message: Request) -> JsonValue:
+        params = message.params_value()
+        agent.servers[params["sessionId"]] = params.get("mcpServers", [])
+        for kind, text in history:
+            await agent.notify("session/update", {"sessionId": params["sessionId"], "update": {
+                "sessionUpdate": kind, "content": {"type": "text", "text": text}}})
+        return {}
+
+    agent = McpAgent()
+    agent.replies["session/load"] = load
+    async with open_test_chain([SessionTools()], agent) as client:
+        with anyio.fail_after(5):
+            await client.call("session/load", {"sessionId": "old", "cwd": "/",
+                                               "mcpServers": []})
+            found = await call_tool(agent, await agent.open_mcp("old"), "search_transcript",
+                                    query="")
+    assert found == ("user: where is the parser?\nagent: in config.py\n"
+                     "user: and tests?\nagent: in tests/")
+
+
 async def test_a_user_message_an_agent_echoes_during_its_turn_is_recorded_once() -> None:
     async def echo(agent: McpAgent, message: Request) -> JsonValue:
         sid = message.params_value()["sessionId"]
@@ -167,4 +194,4 @@ async def test_text_streamed_outside_a_turn_is_kept_for_no_more_sessions_than_re
                     "content": {"type": "text", "text": "welcome"}}})
             await client.prompt(sid, "hello")  # the updates above have all gone through
     assert len(proxy._lines) == 2
-    assert len(proxy._agent_line) <= 2
+    assert len(proxy._streamed) <= 2
