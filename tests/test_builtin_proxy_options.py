@@ -166,6 +166,22 @@ async def test_context_retries_injection_after_a_prompt_whose_collection_failed(
     assert prompts[1] == [{"type": "text", "text": "three"}]
 
 
+async def test_context_retries_injection_after_a_prompt_it_could_not_inject_into(
+        tmp_path: Path) -> None:
+    # The session was marked injected before the block was put into the prompt: a prompt
+    # the block could not go into (here, not a list) used up the session's one injection.
+    (tmp_path / "AGENTS.md").write_text("Use tabs.", encoding="utf-8")
+    agent = ScriptedAgent()
+    async with open_test_chain([context(files=["AGENTS.md"])], agent) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session(str(tmp_path))
+            with pytest.raises(RpcError, match="context failed handling session/prompt"):
+                await client.call("session/prompt", {"sessionId": sid, "prompt": "one"})
+            await client.prompt(sid, "two")
+    [prompt] = [p["prompt"] for p in agent.received_params("session/prompt")]
+    assert "Use tabs." in prompt[0]["text"] and prompt[1]["text"] == "two"
+
+
 # --- transcript --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("session_id", ["s" * 5000, "a/b", "a_b", "..", "../../etc/x", "é/ü",
@@ -394,3 +410,82 @@ async def test_transcript_passes_the_editors_answer_back_whatever_the_shape_of_t
                 "sessionId": sid, "toolCall": tool_call, "options": []}) == answer
             assert await client.prompt(sid, tool_call) is not None  # type: ignore[arg-type]
     assert len(client.received_params("session/update")) == 2
+
+
+async def test_redact_scrubs_an_update_nested_deeply_and_forwards_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # scrub recursed two Python frames per level: a tool call's rawInput nested 500 deep,
+    # which the chain carries without redact, exhausted the stack and the update was lost.
+    nested: Any = "sk-abcdef123456"
+    for _ in range(500):
+        nested = [nested]
+    agent = ScriptedAgent()
+    async with open_test_chain([Redact(RedactOptions(patterns=[r"sk-[a-z0-9]{8,}"]))],
+                               agent) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            await agent.notify("session/update", {"sessionId": sid, "update": {
+                "sessionUpdate": "tool_call", "toolCallId": "c1", "title": "t",
+                "rawInput": {"tree": nested}}})
+            await client.prompt(sid, "go")
+    [update] = client.updates(sid)
+    inner = update["rawInput"]["tree"]
+    for _ in range(500):
+        [inner] = inner
+    assert inner == "[redacted]"
+    assert "failed" not in caplog.text
+
+
+def test_redact_scrubs_an_env_secret_whose_value_ends_in_a_newline(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # A secret loaded from a file (a Kubernetes secret, `--env-file`) often keeps the file's
+    # final newline; the token as it appears in text has none, and went through unscrubbed.
+    monkeypatch.setenv("REDACT_FILE_TOKEN", "tok-123456\n")
+    monkeypatch.setenv("REDACT_BLANK", " \n\t ")
+    with caplog.at_level(logging.WARNING):
+        proxy = Redact(RedactOptions(env=["REDACT_FILE_TOKEN", "REDACT_BLANK"]))
+    hits: dict[str, int] = {}
+    assert proxy.scrub("use tok-123456 now", hits) == "use [redacted] now"
+    assert hits == {"env REDACT_FILE_TOKEN": 1}
+    assert "env REDACT_BLANK is shorter than 4 characters" in caplog.text
+    assert proxy.scrub("a \n\t b", {}) == "a \n\t b"  # whitespace alone is no secret
+
+
+async def test_redact_scrubs_the_agents_error_answer_to_a_prompt(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The editor shows a failed turn's error as it shows the agent's text: an agent that
+    # echoed a secret in its error put it on the user's screen past redact.
+    monkeypatch.setenv("REDACT_TOKEN", "tok-123456")
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        raise RpcError(-32000, "upstream refused key tok-123456",
+                       {"request": {"headers": ["Authorization: Bearer tok-123456"]}})
+
+    agent = ScriptedAgent({"session/prompt": prompt})
+    async with open_test_chain([Redact(RedactOptions(env=["REDACT_TOKEN"]))], agent) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            with pytest.raises(RpcError) as failed:
+                await client.prompt(sid, "go")
+    assert failed.value.code == -32000
+    assert failed.value.message == "upstream refused key [redacted]"
+    assert failed.value.data == {"request": {"headers": ["Authorization: Bearer [redacted]"]}}
+
+
+async def test_redact_scrubs_a_secret_spelt_with_json_escapes() -> None:
+    # What the editor shows is the decoded string: `\u0073k-...` is `sk-...`.
+    from msgspec import Raw
+
+    from conductor.jsonrpc.message import Notification
+
+    agent = ScriptedAgent()
+    async with open_test_chain([Redact(RedactOptions(patterns=[r"sk-[a-z0-9]{8,}"]))],
+                               agent, transport="pipes") as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            await agent._ep.send(Notification(method="session/update", params=Raw(
+                b'{"sessionId":"' + sid.encode() + b'","update":{"sessionUpdate":'
+                b'"agent_message_chunk","content":{"type":"text",'
+                b'"text":"key \\u0073k-abc\\u0064ef123456"}}}')))
+            await client.prompt(sid, "go")
+    assert client.agent_text() == "key [redacted]"

@@ -113,3 +113,85 @@ async def test_session_tools_pass_on_messages_whatever_their_shape() -> None:
             answer = await client.call("session/prompt", ["not", "an", "object"])
     assert len(client.received_params("session/update")) >= 3
     assert answer is not None
+
+
+async def test_the_session_forgotten_first_is_the_one_used_least_recently() -> None:
+    # Sessions were forgotten in the order they were opened: the one in use all along went
+    # first, while one idle since its first prompt was kept.
+    agent = McpAgent()
+    agent.replies["session/prompt"] = answer_with_text
+    async with open_test_chain([SessionTools(SessionToolsOptions(sessions=2))], agent) as client:
+        with anyio.fail_after(5):
+            busy, idle, new = [await client.new_session() for _ in range(3)]
+            await client.prompt(busy, "alpha one")
+            await client.prompt(idle, "beta one")
+            await client.prompt(busy, "alpha two")
+            await client.prompt(new, "gamma one")
+            found = await call_tool(agent, await agent.open_mcp(busy), "search_transcript",
+                                    query="alpha")
+            gone = await call_tool(agent, await agent.open_mcp(idle), "search_transcript",
+                                   query="beta")
+    assert found == "user: alpha one\nuser: alpha two"
+    assert gone == "no line contains 'beta'"
+
+
+async def test_a_loaded_sessions_replayed_history_is_searchable_message_by_message() -> None:
+    # The replay of session/load streams user and agent chunks: the user's were ignored and
+    # every agent message of the history was joined into one line.
+    history = [("user_message_chunk", "where is "), ("user_message_chunk", "the parser?"),
+               ("agent_message_chunk", "in config.py"), ("user_message_chunk", "and tests?"),
+               ("agent_message_chunk", "in tests/")]
+
+    async def load(agent: McpAgent, message: Request) -> JsonValue:
+        params = message.params_value()
+        agent.servers[params["sessionId"]] = params.get("mcpServers", [])
+        for kind, text in history:
+            await agent.notify("session/update", {"sessionId": params["sessionId"], "update": {
+                "sessionUpdate": kind, "content": {"type": "text", "text": text}}})
+        return {}
+
+    agent = McpAgent()
+    agent.replies["session/load"] = load
+    async with open_test_chain([SessionTools()], agent) as client:
+        with anyio.fail_after(5):
+            await client.call("session/load", {"sessionId": "old", "cwd": "/",
+                                               "mcpServers": []})
+            found = await call_tool(agent, await agent.open_mcp("old"), "search_transcript",
+                                    query="")
+    assert found == ("user: where is the parser?\nagent: in config.py\n"
+                     "user: and tests?\nagent: in tests/")
+
+
+async def test_a_user_message_an_agent_echoes_during_its_turn_is_recorded_once() -> None:
+    async def echo(agent: McpAgent, message: Request) -> JsonValue:
+        sid = message.params_value()["sessionId"]
+        for kind, text in (("user_message_chunk", "hello"), ("agent_message_chunk", "hi")):
+            await agent.notify("session/update", {"sessionId": sid, "update": {
+                "sessionUpdate": kind, "content": {"type": "text", "text": text}}})
+        return {"stopReason": "end_turn"}
+
+    agent = McpAgent()
+    agent.replies["session/prompt"] = echo
+    async with open_test_chain([SessionTools()], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.prompt(sid, "hello")
+            found = await call_tool(agent, await agent.open_mcp(sid), "search_transcript",
+                                    query="")
+    assert found == "user: hello\nagent: hi"
+
+
+async def test_text_streamed_outside_a_turn_is_kept_for_no_more_sessions_than_remembered(
+        ) -> None:
+    agent = McpAgent()
+    proxy = SessionTools(SessionToolsOptions(sessions=2))
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(5):
+            for _ in range(5):
+                sid = await client.new_session()
+                await agent.notify("session/update", {"sessionId": sid, "update": {
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": "welcome"}}})
+            await client.prompt(sid, "hello")  # the updates above have all gone through
+    assert len(proxy._lines) == 2
+    assert len(proxy._streamed) <= 2

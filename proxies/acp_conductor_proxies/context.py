@@ -94,12 +94,15 @@ class Context(Proxy[ContextOptions]):
         if self.options.when == "first" and session.state.get("context_injected"):
             return await ctx.forward()
         pieces = await anyio.to_thread.run_sync(self.collect, session.cwd)
-        session.state["context_injected"] = True  # only now: a failed collect is retried
         if not pieces:
+            session.state["context_injected"] = True
             return await ctx.forward()
         body = "\n\n".join(f'<file path="{label}">\n{text}\n</file>' if label != "text" else text
                            for label, text in pieces)
         block = {"type": "text", "text": f"<{MARK}>\n{body}\n</{MARK}>"}
+        params = prepend_block(message.params, block)
+        # only now: a prompt that the block could not be collected for, or put into, is retried
+        session.state["context_injected"] = True
         self.log.info("injected into %s: %s", session.session_id,
                       ", ".join(f"{label} ({len(text.encode())} bytes)" for label, text in pieces))
-        return await ctx.forward(message.with_params(prepend_block(message.params, block)))
+        return await ctx.forward(message.with_params(params))

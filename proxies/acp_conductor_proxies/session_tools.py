@@ -45,25 +45,36 @@ class SessionTools(Proxy[SessionToolsOptions]):
     def __init__(self, options: SessionToolsOptions | None = None) -> None:
         super().__init__(options)
         self._lines: OrderedDict[str, deque[str]] = OrderedDict()
-        # The agent's message being streamed, in chunks (joined once: a long message would
-        # otherwise be copied whole for every chunk).
-        self._agent_line: dict[str, list[str]] = {}
+        # The message being streamed, in chunks (joined once: a long message would otherwise
+        # be copied whole for every chunk), and whose it is: the agent's, or the user's
+        # (in a session/load's replay of the history).
+        self._streamed: dict[str, tuple[str, list[str]]] = {}
+        self._turns: set[str] = set()  # sessions with a prompt in flight
         self._initialize: dict[str, Any] = {}
 
     # -- what it records -------------------------------------------------------------------
 
-    def _log(self, session_id: str, line: str) -> None:
+    def _session(self, session_id: str) -> deque[str]:
+        """The session's lines, now the most recently used: past `sessions`, the session
+        used least recently is forgotten (its message being streamed too)."""
         lines = self._lines.get(session_id)
         if lines is None:
             lines = self._lines[session_id] = deque(maxlen=self.options.keep)
             while len(self._lines) > self.options.sessions:
-                self._lines.popitem(last=False)
-        lines.append(line)
+                forgotten, _ = self._lines.popitem(last=False)
+                self._streamed.pop(forgotten, None)
+        else:
+            self._lines.move_to_end(session_id)
+        return lines
 
-    def _flush_agent(self, session_id: str) -> None:
-        text = "".join(self._agent_line.pop(session_id, ()))
-        if text.strip():
-            self._log(session_id, f"agent: {text.strip()}")
+    def _log(self, session_id: str, line: str) -> None:
+        self._session(session_id).append(line)
+
+    def _flush(self, session_id: str) -> None:
+        who, chunks = self._streamed.pop(session_id, ("", []))
+        text = "".join(chunks).strip()
+        if text:
+            self._log(session_id, f"{who}: {text}")
 
     @on("initialize")
     async def remember_initialize(self, ctx: ProxyContext, request: Request) -> Any:
@@ -79,10 +90,14 @@ class SessionTools(Proxy[SessionToolsOptions]):
     async def record_prompt(self, ctx: ProxyContext, request: Request) -> Any:
         params = as_object(request.params_value())
         sid = str(params.get("sessionId", ""))
-        self._flush_agent(sid)
+        self._flush(sid)
         self._log(sid, f"user: {_text(params.get('prompt'))}")
-        answer = await ctx.forward()
-        self._flush_agent(sid)
+        self._turns.add(sid)
+        try:
+            answer = await ctx.forward()
+        finally:
+            self._turns.discard(sid)
+        self._flush(sid)
         return answer
 
     @watch("session/update", source="successor")
@@ -92,10 +107,19 @@ class SessionTools(Proxy[SessionToolsOptions]):
         sid = str(params.get("sessionId", ""))
         update = as_object(params.get("update"))
         kind = update.get("sessionUpdate")
-        if kind == "agent_message_chunk":
-            self._agent_line.setdefault(sid, []).append(_text(update.get("content")))
+        # The user's chunks replay the history (session/load); in a turn, the prompt itself
+        # is recorded (an agent may echo it).
+        if kind == "agent_message_chunk" or (kind == "user_message_chunk"
+                                             and sid not in self._turns):
+            who = "agent" if kind == "agent_message_chunk" else "user"
+            self._session(sid)  # counted among the sessions remembered, and forgotten with them
+            streamed = self._streamed.get(sid)
+            if streamed is None or streamed[0] != who:
+                self._flush(sid)
+                streamed = self._streamed[sid] = (who, [])
+            streamed[1].append(_text(update.get("content")))
         elif kind == "tool_call":
-            self._flush_agent(sid)
+            self._flush(sid)
             self._log(sid, f"tool call: {update.get('title', '')} ({update.get('kind', '')})")
 
     # -- the tools ---------------------------------------------------------------------------
@@ -146,7 +170,7 @@ class SessionTools(Proxy[SessionToolsOptions]):
             """Lines of this session's transcript (prompts, agent messages, tool calls)
             that contain `query` (case-insensitive), newest last."""
             sid = tool_context().session_id or ""
-            self._flush_agent(sid)
+            self._flush(sid)
             lines = [line for line in self._lines.get(sid, ())
                      if query.lower() in line.lower()]
             return "\n".join(lines[-max(1, limit):]) or f"no line contains {query!r}"
