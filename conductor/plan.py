@@ -7,7 +7,6 @@ purpose: it runs while the serving path is still importing (`early_start.py`).
 
 from __future__ import annotations
 
-import os
 import sys
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
@@ -23,15 +22,16 @@ from conductor.config import (
     component_cwd,
     component_environment,
     component_headers,
-    expand,
     load_chain,
     mcp_servers,
+    remote_url,
 )
 from conductor.errors import ChainShapeError, ConductorError, ConfigError, PluginError
 from conductor.routing.roles import Role
 from conductor.supervise.spawn import LaunchSpec
 
 if TYPE_CHECKING:
+    import os
     from collections.abc import Iterator
 
     from conductor.plugins.api import Proxy
@@ -73,9 +73,8 @@ class RemoteSpec:
 
 
 def _remote_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig) -> RemoteSpec:
-    assert spec.url is not None
     # `${VAR}` in the url too: a host or port from the environment, like its headers' token.
-    url = expand(spec.url, dict(os.environ), where=f"{where}.url", file=config.source)
+    url = remote_url(spec, file=config.source, where=where)
     return RemoteSpec(name, url, component_headers(spec, file=config.source, where=where))
 
 
