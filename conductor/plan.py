@@ -7,6 +7,7 @@ purpose: it runs while the serving path is still importing (`early_start.py`).
 
 from __future__ import annotations
 
+import re
 import sys
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
@@ -67,9 +68,11 @@ class RemoteSpec:
     def shown(self) -> str:
         """The url for logs and traces: no query string, no credentials."""
         scheme, _, rest = self.url.partition("://")
-        host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
-        path = rest[len(rest.split("/", 1)[0]):].split("?", 1)[0].split("#", 1)[0]
-        return f"{scheme}://{host}{path}"
+        # The authority ends at the first /, ? or #: a url without a path may carry a query.
+        parts = re.match(r"([^/?#]*)([^?#]*)", rest)
+        assert parts is not None  # both groups may be empty: every string matches
+        authority, path = parts.groups()
+        return f"{scheme}://{authority.rsplit('@', 1)[-1]}{path}"
 
 
 def _remote_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig) -> RemoteSpec:

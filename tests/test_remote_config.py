@@ -69,6 +69,18 @@ def test_a_remote_url_that_is_no_address_once_expanded_is_refused_naming_the_fie
     assert "is not a ws:// or wss:// address" in str(refused.value)
 
 
+@pytest.mark.parametrize(("url", "shown"), [
+    ("wss://box:8765/acp?token=SECRET", "wss://box:8765/acp"),
+    ("wss://box:8765?token=SECRET", "wss://box:8765"),
+    ("wss://box#SECRET", "wss://box"),
+    ("wss://me:SE@CRET@box/acp", "wss://box/acp"),
+    ("ws://[::1]:8765/acp", "ws://[::1]:8765/acp"),
+])
+def test_a_remote_url_is_shown_in_logs_and_traces_without_query_or_credentials(
+        url: str, shown: str) -> None:
+    assert RemoteSpec("box", url, {}).shown == shown
+
+
 def test_an_unset_header_variable_names_the_header(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOPE_TOKEN", raising=False)
     config = parse_chain({"proxy": [{"url": "ws://127.0.0.1:1/acp",
