@@ -127,7 +127,8 @@ class ComponentSpec:
             if self.env or self.cwd or self.secret_env or not self.inherit_env:
                 raise ValueError("url: env, cwd, inherit_env and secret_env are for command "
                                  "components; a remote one gets `headers`")
-            if not re.match(r"(?i)wss?://[^/?#\s]+", self.url):
+            # With a `${VAR}` it is checked once expanded (`remote_url`), like an MCP url.
+            if "${" not in self.url and not re.match(r"(?i)wss?://[^/?#\s]+", self.url):
                 raise ValueError(f"url: {self.url!r} is not a ws:// or wss:// address "
                                  "(e.g. wss://build-box:8765/acp)")
         elif self.headers:
@@ -649,6 +650,30 @@ def component_argv(spec: ComponentSpec, *, file: str | None, where: str,
                               file=file, field=f"{where}.command",
                               hint="give a path relative to the chain file, or an absolute one")
     return argv
+
+
+def remote_url(spec: ComponentSpec, *, file: str | None, where: str) -> str:
+    """A remote component's url, `${VAR}` expanded and checked as httpx will read it.
+
+    Raises:
+        ConfigError: an unset variable, or a url that is not a ws:// or wss:// address
+            with a host (and a port from 1 to 65535, if it gives one).
+    """
+    import urllib.parse
+
+    assert spec.url is not None
+    url = expand(spec.url, dict(os.environ), where=f"{where}.url", file=file)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # a ValueError when it is not a number from 0 to 65535
+        good = parts.scheme.lower() in ("ws", "wss") and bool(parts.hostname) \
+            and not re.search(r"\s", url) and port != 0
+    except ValueError:
+        good = False
+    if not good:
+        raise ConfigError(f"{url!r} is not a ws:// or wss:// address", file=file,
+                          field=f"{where}.url", hint="e.g. wss://build-box:8765/acp")
+    return url
 
 
 def component_headers(spec: ComponentSpec, *, file: str | None, where: str) -> dict[str, str]:

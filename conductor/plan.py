@@ -7,7 +7,7 @@ purpose: it runs while the serving path is still importing (`early_start.py`).
 
 from __future__ import annotations
 
-import os
+import re
 import sys
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
@@ -23,15 +23,16 @@ from conductor.config import (
     component_cwd,
     component_environment,
     component_headers,
-    expand,
     load_chain,
     mcp_servers,
+    remote_url,
 )
 from conductor.errors import ChainShapeError, ConductorError, ConfigError, PluginError
 from conductor.routing.roles import Role
 from conductor.supervise.spawn import LaunchSpec
 
 if TYPE_CHECKING:
+    import os
     from collections.abc import Iterator
 
     from conductor.plugins.api import Proxy
@@ -67,15 +68,16 @@ class RemoteSpec:
     def shown(self) -> str:
         """The url for logs and traces: no query string, no credentials."""
         scheme, _, rest = self.url.partition("://")
-        host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
-        path = rest[len(rest.split("/", 1)[0]):].split("?", 1)[0].split("#", 1)[0]
-        return f"{scheme}://{host}{path}"
+        # The authority ends at the first /, ? or #: a url without a path may carry a query.
+        parts = re.match(r"([^/?#]*)([^?#]*)", rest)
+        assert parts is not None  # both groups may be empty: every string matches
+        authority, path = parts.groups()
+        return f"{scheme}://{authority.rsplit('@', 1)[-1]}{path}"
 
 
 def _remote_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig) -> RemoteSpec:
-    assert spec.url is not None
     # `${VAR}` in the url too: a host or port from the environment, like its headers' token.
-    url = expand(spec.url, dict(os.environ), where=f"{where}.url", file=config.source)
+    url = remote_url(spec, file=config.source, where=where)
     return RemoteSpec(name, url, component_headers(spec, file=config.source, where=where))
 
 

@@ -11,6 +11,7 @@ import pytest
 from conductor.config import component_headers, parse_chain
 from conductor.errors import ConfigError
 from conductor.listen import ListenSettings, check_exposure, is_loopback, serve_listener
+from conductor.plan import RemoteSpec, plan_chain
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -39,6 +40,45 @@ def test_a_malformed_remote_component_is_refused_by_field(agent: dict[str, objec
     with pytest.raises(ConfigError) as refused:
         parse_chain({"agent": agent}, file="c.toml")
     assert message in str(refused.value)
+
+
+def test_a_remote_url_taken_whole_from_a_variable_is_accepted_once_expanded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # As an [[mcp_server]]'s url: docs/configuration.md says `${VAR}` works in `url`.
+    monkeypatch.setenv("BOX_URL", "wss://box:8765/acp")
+    config = parse_chain({"agent": {"url": "${BOX_URL}"}}, file="c.toml")
+    [(_, _, remote)] = plan_chain(config, "agent")
+    assert isinstance(remote, RemoteSpec) and remote.url == "wss://box:8765/acp"
+
+
+@pytest.mark.parametrize(("url", "env"), [
+    ("${BOX_URL}", {"BOX_URL": "https://box/acp"}),
+    ("ws://${BOX_HOST}/acp", {"BOX_HOST": ""}),
+    ("ws://[::1/acp", {}),
+    ("ws://box:99999/acp", {}),
+    ("ws://box:port/acp", {}),
+])
+def test_a_remote_url_that_is_no_address_once_expanded_is_refused_naming_the_field(
+        url: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = parse_chain({"agent": {"url": url}}, file="c.toml")
+    with pytest.raises(ConfigError) as refused:
+        plan_chain(config, "agent")
+    assert "agent.url:" in str(refused.value)
+    assert "is not a ws:// or wss:// address" in str(refused.value)
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("wss://box:8765/acp?token=SECRET", "wss://box:8765/acp"),
+    ("wss://box:8765?token=SECRET", "wss://box:8765"),
+    ("wss://box#SECRET", "wss://box"),
+    ("wss://me:SE@CRET@box/acp", "wss://box/acp"),
+    ("ws://[::1]:8765/acp", "ws://[::1]:8765/acp"),
+])
+def test_a_remote_url_is_shown_in_logs_and_traces_without_query_or_credentials(
+        url: str, shown: str) -> None:
+    assert RemoteSpec("box", url, {}).shown == shown
 
 
 def test_an_unset_header_variable_names_the_header(monkeypatch: pytest.MonkeyPatch) -> None:

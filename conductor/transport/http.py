@@ -768,6 +768,7 @@ async def serve_asgi(app: AcpEndpoint, sock: socket.socket, *, certfile: str | N
     # WebSocket that closed, which hypercorn 0.18 leaves sleeping: this is waited out then.
     config.graceful_timeout = graceful_timeout
     config.include_server_header = False
+    drop_frames_after_too_big()
     if sniffio.current_async_library() == "trio":
         from hypercorn.trio import serve as trio_serve
 
@@ -777,6 +778,47 @@ async def serve_asgi(app: AcpEndpoint, sock: socket.socket, *, certfile: str | N
 
         quiet_cancelled_connections()
         await asyncio_serve(app, config, shutdown_trigger=shutdown)  # type: ignore[arg-type]
+
+
+def drop_frames_after_too_big() -> None:
+    """Make hypercorn drop what a client sends after a message too big (idempotent).
+
+    Hypercorn 0.18 answers a message past `websocket_max_message_size` with close 1009 but
+    keeps that message's buffer: the client's next frame, if of the other kind (text
+    after binary), raises TypeError in the connection's task, a traceback on asyncio and
+    the whole server's end on trio; one of the same kind is appended to the old one and
+    handed to the application as a message. The replacement buffer takes nothing more
+    once over the limit and hands on empty binary frames, which the endpoint ignores,
+    until the socket has closed.
+    """
+    from io import BytesIO
+
+    from hypercorn.protocol import ws_stream
+
+    base: Any = ws_stream.WebsocketBuffer
+    if getattr(base, "_drops_after_too_big", False):
+        return
+
+    class ClosingBuffer(base):  # type: ignore[misc]
+        _drops_after_too_big = True
+        too_big = False
+
+        def extend(self, event: Any) -> None:
+            if self.too_big:
+                return  # the socket is closing with 1009: nothing more is read
+            try:
+                super().extend(event)
+            except ws_stream.FrameTooLargeError:
+                self.too_big = True
+                self.value, self.length = BytesIO(), 0
+                raise
+
+        def to_message(self) -> dict[str, Any]:
+            if self.too_big:
+                return {"type": "websocket.receive", "bytes": b"", "text": None}
+            return dict(super().to_message())
+
+    setattr(ws_stream, "WebsocketBuffer", ClosingBuffer)  # noqa: B010 (a class, not a field)
 
 
 def quiet_cancelled_connections() -> None:

@@ -4,6 +4,7 @@ and WebSocket clients (httpx, httpx-ws) for the transport's and the gate's rules
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -15,6 +16,7 @@ import anyio
 import httpx
 import httpx_ws
 import pytest
+import wsproto.utilities
 
 from conductor.config import parse_chain
 from conductor.listen import ListenSettings, serve_listener
@@ -341,6 +343,31 @@ async def test_a_websocket_client_sending_binary_pings_and_oversized_frames_is_s
                 answer = json.loads(await ws.receive_text())
     assert oversized["id"] == "big" and oversized["error"]["data"]["limit"] == 4096
     assert answer["id"] == "x" and answer["result"]["protocolVersion"] == 1
+
+
+async def test_a_websocket_message_past_twice_the_limit_closes_with_1009_and_the_server_goes_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A client that does not wait for the close sends more after the message too big:
+    # hypercorn 0.18 kept that message's buffer, and the next frame (of the other kind)
+    # raised TypeError in its connection task: a traceback on asyncio, the whole server
+    # gone on trio.
+    async with open_listener(max_frame_bytes=4096) as (_, url), \
+            httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)) as ws:
+                await ws.send_text(json.dumps(INIT))
+                await ws.receive_text()
+                await ws.send_bytes(b"x" * 9000)
+                with contextlib.suppress(wsproto.utilities.LocalProtocolError):
+                    # (unless the server's close has come back already)
+                    await ws.send_text(json.dumps({**INIT, "id": 2}))
+                    await ws.send_bytes(b"x" * 10)
+                with pytest.raises(httpx_ws.WebSocketDisconnect) as closed:
+                    await ws.receive_text()
+            assert closed.value.code == 1009
+            answer = await initialize(client, url.replace("ws://", "http://"))
+    assert answer.json()["result"]["protocolVersion"] == 1
+    assert "Traceback" not in caplog.text and "TypeError" not in caplog.text
 
 
 async def test_a_websocket_client_that_stops_reading_is_dropped_and_its_place_freed() -> None:
