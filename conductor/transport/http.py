@@ -795,9 +795,10 @@ def drop_frames_after_too_big() -> None:
 
     from hypercorn.protocol import ws_stream
 
-    base: Any = ws_stream.WebsocketBuffer
-    if getattr(base, "_drops_after_too_big", False):
-        return
+    base: Any = getattr(ws_stream, "WebsocketBuffer", None)
+    if base is None or not hasattr(ws_stream, "FrameTooLargeError") \
+            or getattr(base, "_drops_after_too_big", False):
+        return  # patched already, or a hypercorn laid out otherwise: leave it as it is
 
     class ClosingBuffer(base):  # type: ignore[misc]
         _drops_after_too_big = True
