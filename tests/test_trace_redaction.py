@@ -155,3 +155,14 @@ def test_the_mcp_bridges_shim_token_never_reaches_the_trace(escaped: bool) -> No
     assert token.encode() not in out
     assert json.loads(out)["payload"]["params"]["mcpServers"][0]["env"][1] == {
         "name": TOKEN_ENV, "value": REDACTED}
+
+
+def test_a_pattern_that_could_run_past_a_strings_end_leaves_the_line_valid() -> None:
+    # `\S+` also matches the closing quote of the string it starts in: the trace line must
+    # stay JSON, or `trace show` refuses the whole file.
+    frame = _update('"login password=hunter2"', '"k"')
+    events = _traced(frame, Redactor(patterns=[r"password=\S+"]))
+    assert events[1]["payload"]["params"]["update"]["content"]["text"] == \
+        f"login {REDACTED}"
+    assert events[1]["method"] == "session/update"
+

@@ -85,13 +85,15 @@ class Redactor:
             any(pattern.search(line) for pattern in self._patterns)
 
     def _redact_raw_string(self, match: re.Match[bytes]) -> bytes:
-        text = match[0]
+        # Inside the quotes only: a pattern such as `password=\S+` must not eat the closing
+        # one (the line would stop being JSON), and it sees what the decoded path sees.
+        text = match[0][1:-1]
         for form in self._secrets:
             if form in text:
                 text = text.replace(form, REDACTED.encode())
         for pattern in self._patterns:
             text = pattern.sub(REDACTED.encode(), text)
-        return text
+        return b'"' + text + b'"'
 
     def _redact_text(self, text: str) -> str:
         if text in self._clean:
