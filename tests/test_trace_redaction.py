@@ -166,3 +166,20 @@ def test_a_pattern_that_could_run_past_a_strings_end_leaves_the_line_valid() -> 
         f"login {REDACTED}"
     assert events[1]["method"] == "session/update"
 
+
+
+@pytest.mark.parametrize("entry", [
+    '{"value":"Bearer abc123","name":"Authorization"}',
+    '{"name":"authorization","_meta":{"x":1},"value":"Bearer abc123"}',
+    '{"value":"abc123abc","name":"ACP_CONDUCTOR_MCP_TOKEN"}',
+], ids=["value-first", "meta-between", "shim-token-value-first"])
+def test_a_secret_name_value_entry_is_redacted_whatever_the_order_of_its_fields(
+        entry: str) -> None:
+    # JSON objects are unordered: an editor may send a header's value before its name.
+    line = ('{"payload":{"params":{"mcpServers":[{"name":"docs","type":"http",'
+            f'"url":"http://x","headers":[{entry}],"env":[{entry}]}}]}}}}}}').encode()
+    out = Redactor()(line)
+    assert b"abc123" not in out
+    server = json.loads(out)["payload"]["params"]["mcpServers"][0]
+    assert server["headers"][0]["value"] == REDACTED and server["env"][0]["value"] == REDACTED
+    assert server["name"] == "docs"
