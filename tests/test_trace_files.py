@@ -105,3 +105,25 @@ def test_terminal_control_sequences_a_component_wrote_are_shown_not_obeyed(
     assert done.exit_code == 0, done.output
     assert "\x1b" not in done.stdout and "\x07" not in done.stdout
     assert "init" in done.stdout
+
+
+LIFECYCLE = '{"seq":2,"time":100.1,"type":"lifecycle","component":"agent","event":"spawned"}\n'
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    (HEADER + LIFECYCLE.replace('"component":"agent",', ""), "component"),
+    (HEADER + LIFECYCLE.replace('"agent"', '["agent"]'), "component"),
+    (HEADER + REQUEST.replace('"flow":1', '"flow":[1]'), "flow"),
+    (HEADER.replace('"time":100.0', '"time":"noon"') + LIFECYCLE, "time"),
+], ids=["lifecycle-without-component", "component-not-a-name", "flow-not-a-number",
+        "header-time-not-a-number"])
+@pytest.mark.parametrize("command", [["show"], ["show", "--pending"], ["html", "-o", "x.html"]])
+def test_an_event_with_a_field_of_the_wrong_shape_is_refused_naming_it_not_an_internal_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, field: str,
+        command: list[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = trace_file(tmp_path, text)
+    done = CliRunner().invoke(trace_group, [command[0], str(path), *command[1:]])
+    assert done.exit_code == 2, done.output
+    assert "internal error" not in done.stderr
+    assert repr(field) in done.stderr and str(path) in done.stderr

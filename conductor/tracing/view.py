@@ -31,7 +31,8 @@ class Trace:
 # What the readers below rely on, by event type: a file from another version or tool that
 # lacks one is refused naming the line and field, not shown as an internal KeyError.
 _REQUIRED: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
-    "message": (("hop", (str,)), ("dir", (str,))),
+    "message": (("hop", (str,)), ("dir", (str,)), ("flow", (int, type(None)))),
+    "lifecycle": (("component", (str,)), ("event", (str,))),
 }
 
 
@@ -82,6 +83,11 @@ def load_trace(path: str | Path) -> Trace:
             continue
         if event.get("type") == "trace":
             header = event
+            if not isinstance(header.get("time", 0), (int, float)) or \
+                    isinstance(header.get("time"), bool):
+                raise ConfigError(f"line {number}: a header without a valid 'time' (not a "
+                                  "trace this acp-conductor wrote)", file=str(path),
+                                  hint="pass a file written by --trace")
             if header.get("version") != TRACE_FORMAT_VERSION:
                 raise ConfigError(
                     f"trace format version {header.get('version')!r}; this acp-conductor "
