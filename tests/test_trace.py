@@ -323,3 +323,51 @@ def test_a_trace_event_nested_too_deeply_to_show_is_skipped_not_fatal(tmp_path: 
                     encoding="utf-8")
     trace = load_trace(path)
     assert [e["seq"] for e in trace.events] == [2]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+async def test_a_trace_that_cannot_be_written_stops_tracing_and_the_chain_goes_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A full disk under the trace is the trace's problem, not the session's.
+    import anyio
+
+    from conductor.testing import open_test_chain
+    from conductor.tracing.sink import JsonlTraceSink
+
+    with JsonlTraceSink("/dev/full") as sink:
+        async with open_test_chain([], tracer=sink) as client:
+            with anyio.fail_after(5):
+                sid = await client.new_session()
+                sink.lifecycle("agent", "exited", code=0)  # written at once: fails at once
+                turn = await client.prompt(sid, "still here")
+    assert turn.stop_reason == "end_turn"
+    [record] = [r for r in caplog.records if "/dev/full" in r.getMessage()]
+    assert "No space left on device" in record.getMessage()
+    assert "tracing stopped" in record.getMessage()
+
+
+async def test_messages_of_a_batch_are_traced_as_batch_members_both_ways(tmp_path: Path) -> None:
+    import anyio
+
+    from acp_conductor_proxies.passthrough import Passthrough
+    from conductor.jsonrpc.message import Notification, Raw
+    from conductor.testing import open_test_chain
+    from conductor.tracing.sink import JsonlTraceSink
+
+    path = tmp_path / "t.jsonl"
+    with JsonlTraceSink(path) as sink:
+        async with open_test_chain([Passthrough()], tracer=sink) as client:
+            endpoint = client.endpoint
+            assert endpoint is not None
+            with anyio.fail_after(5):
+                a, first = endpoint.open_request("_ext/a", Raw(b"{}"))
+                b, second = endpoint.open_request("_ext/b", Raw(b"{}"))
+                await endpoint.sink.send([first, Notification(method="_ext/note"), second])
+                await endpoint.wait(a)
+                await endpoint.wait(b)
+    on_client = [e for e in _events(path) if e["type"] == "message" and e["hop"] == "client"]
+    flagged = [(e["dir"], e["kind"], e["method"]) for e in on_client if e.get("batch")]
+    assert flagged == [("in", "request", "_ext/a"), ("in", "notification", "_ext/note"),
+                       ("in", "request", "_ext/b"), ("out", "error", "_ext/a"),
+                       ("out", "error", "_ext/b")]
+    assert not any(e.get("batch") for e in on_client if e["method"] == "initialize")

@@ -4,6 +4,7 @@ file and what is wrong, never an internal error."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import pytest
@@ -88,3 +89,41 @@ def test_an_error_whose_payload_redaction_left_out_is_shown(tmp_path: Path) -> N
     done = CliRunner().invoke(trace_group, ["show", str(path)], env={"COLUMNS": "200"})
     assert done.exit_code == 0, done.stderr
     assert "initialize #1 error" in done.stdout
+
+
+@pytest.mark.parametrize("command", [["show"], ["show", "--pending"]])
+def test_terminal_control_sequences_a_component_wrote_are_shown_not_obeyed(
+        tmp_path: Path, command: list[str]) -> None:
+    # A component's stderr, a method name or an id is the component's text: an ESC in it
+    # must not clear the reader's screen, set its title or write its clipboard (OSC 52).
+    esc = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J"
+    stderr = ('{"seq":2,"time":100.1,"type":"lifecycle","component":"agent","event":"stderr",'
+              f'"line":{json.dumps("boom " + esc)}}}\n')
+    request = REQUEST.replace('"initialize","id":1', f'"init{json.dumps(esc)[1:-1]}","id":1')
+    path = trace_file(tmp_path, HEADER + stderr + request.replace('"seq":2', '"seq":3'))
+    done = CliRunner().invoke(trace_group, [command[0], str(path), *command[1:]])
+    assert done.exit_code == 0, done.output
+    assert "\x1b" not in done.stdout and "\x07" not in done.stdout
+    assert "init" in done.stdout
+
+
+LIFECYCLE = '{"seq":2,"time":100.1,"type":"lifecycle","component":"agent","event":"spawned"}\n'
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    (HEADER + LIFECYCLE.replace('"component":"agent",', ""), "component"),
+    (HEADER + LIFECYCLE.replace('"agent"', '["agent"]'), "component"),
+    (HEADER + REQUEST.replace('"flow":1', '"flow":[1]'), "flow"),
+    (HEADER.replace('"time":100.0', '"time":"noon"') + LIFECYCLE, "time"),
+], ids=["lifecycle-without-component", "component-not-a-name", "flow-not-a-number",
+        "header-time-not-a-number"])
+@pytest.mark.parametrize("command", [["show"], ["show", "--pending"], ["html", "-o", "x.html"]])
+def test_an_event_with_a_field_of_the_wrong_shape_is_refused_naming_it_not_an_internal_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, field: str,
+        command: list[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = trace_file(tmp_path, text)
+    done = CliRunner().invoke(trace_group, [command[0], str(path), *command[1:]])
+    assert done.exit_code == 2, done.output
+    assert "internal error" not in done.stderr
+    assert repr(field) in done.stderr and str(path) in done.stderr

@@ -155,3 +155,31 @@ def test_the_mcp_bridges_shim_token_never_reaches_the_trace(escaped: bool) -> No
     assert token.encode() not in out
     assert json.loads(out)["payload"]["params"]["mcpServers"][0]["env"][1] == {
         "name": TOKEN_ENV, "value": REDACTED}
+
+
+def test_a_pattern_that_could_run_past_a_strings_end_leaves_the_line_valid() -> None:
+    # `\S+` also matches the closing quote of the string it starts in: the trace line must
+    # stay JSON, or `trace show` refuses the whole file.
+    frame = _update('"login password=hunter2"', '"k"')
+    events = _traced(frame, Redactor(patterns=[r"password=\S+"]))
+    assert events[1]["payload"]["params"]["update"]["content"]["text"] == \
+        f"login {REDACTED}"
+    assert events[1]["method"] == "session/update"
+
+
+
+@pytest.mark.parametrize("entry", [
+    '{"value":"Bearer abc123","name":"Authorization"}',
+    '{"name":"authorization","_meta":{"x":1},"value":"Bearer abc123"}',
+    '{"value":"abc123abc","name":"ACP_CONDUCTOR_MCP_TOKEN"}',
+], ids=["value-first", "meta-between", "shim-token-value-first"])
+def test_a_secret_name_value_entry_is_redacted_whatever_the_order_of_its_fields(
+        entry: str) -> None:
+    # JSON objects are unordered: an editor may send a header's value before its name.
+    line = ('{"payload":{"params":{"mcpServers":[{"name":"docs","type":"http",'
+            f'"url":"http://x","headers":[{entry}],"env":[{entry}]}}]}}}}}}').encode()
+    out = Redactor()(line)
+    assert b"abc123" not in out
+    server = json.loads(out)["payload"]["params"]["mcpServers"][0]
+    assert server["headers"][0]["value"] == REDACTED and server["env"][0]["value"] == REDACTED
+    assert server["name"] == "docs"

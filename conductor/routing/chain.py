@@ -238,7 +238,7 @@ class Chain:
                     replies.replies.append(error_response(item.id, ErrorCode.INVALID_REQUEST,
                                                           "Invalid Request", item.reason))
             else:
-                await self._receive_message(hop, item)
+                await self._receive_message(hop, item, batch=True)
         await hop.end_batch(replies)
 
     async def _answer_invalid(self, hop: Hop, item: InvalidMessage) -> None:
@@ -270,9 +270,10 @@ class Chain:
         self._trace_lifecycle(hop.name, "noise", line=text)
 
     async def _receive_message(self, hop: Hop, msg: Message, *,
-                               plain_tried: bool = False) -> None:
-        if self._tracer is not None:
-            self._tracer.message(hop.name, "in", msg, peer=self.topology.addressee(hop, msg))
+                               plain_tried: bool = False, batch: bool = False) -> None:
+        if self._tracer is not None:  # a one-message list: traced as a batch member
+            self._tracer.message(hop.name, "in", [msg] if batch else msg,
+                                 peer=self.topology.addressee(hop, msg))
         if isinstance(msg, Response):
             if await hop.settle(msg) is None:
                 log.warning("%s answered id %s, which is not pending; ignored", hop.name,

@@ -192,7 +192,7 @@ class Topology:
         return self.before(node).name
 
 
-def _trace_out(tracer: TraceSink, hop: str, message: Message, source: str,
+def _trace_out(tracer: TraceSink, hop: str, message: Message | list[Message], source: str,
                origin: tuple[str, Raw] | None) -> None:
     tracer.message(hop, "out", message, peer=source, origin=origin)
 

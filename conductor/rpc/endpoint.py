@@ -55,7 +55,8 @@ if TYPE_CHECKING:
 Reply = Any
 Deliver = Callable[["Outgoing", Response], Awaitable[None]]
 # (message, who speaks, (hop, id) of the request it forwards)
-Observer = Callable[[Message, str, "tuple[str, Raw] | None"], None]
+# A one-message list: a reply that goes out inside a batch's array.
+Observer = Callable[[Message | list[Message], str, "tuple[str, Raw] | None"], None]
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
@@ -182,14 +183,14 @@ class Endpoint:
         Raises:
             anyio.BrokenResourceError: the peer is gone.
         """
+        batch = self._batch_for(message.id) \
+            if self._batches and type(message) is Response else None
         if self.observe is not None:
-            self.observe(message, source, origin)
-        if self._batches and type(message) is Response:
-            batch = self._batch_for(message.id)
-            if batch is not None:
-                batch.replies.append(message)
-                await self._flush_if_complete(batch)
-                return
+            self.observe(message if batch is None else [message], source, origin)
+        if batch is not None:
+            batch.replies.append(message)
+            await self._flush_if_complete(batch)
+            return
         turn = self._turn
         if turn.busy:
             async with turn:  # one writer per connection, FIFO

@@ -14,15 +14,14 @@ if TYPE_CHECKING:
 REDACTED = "[redacted]"
 
 _AUTH_JSON_KEY = re.compile(rb'("(?i:authorization)"\s*:\s*)"(?:[^"\\]|\\.)*"')
-_AUTH_NAME_VALUE = re.compile(
-    rb'("name"\s*:\s*"(?i:authorization)"\s*,\s*"value"\s*:\s*)"(?:[^"\\]|\\.)*"')
 _AUTH_HEADER_TEXT = re.compile(
     rb'((?i:authorization)\s*:\s*)(?:(?i:bearer|basic|token)\s+)?[^\s"\\,}]+')
 # The MCP bridge's shim token, handed to the agent in an MCP server's `env` (bridge.TOKEN_ENV;
 # spelt out here: tracing sits below the bridge).
 _SHIM_TOKEN = b"ACP_CONDUCTOR_MCP_TOKEN"
-_SHIM_NAME_VALUE = re.compile(
-    rb'("name"\s*:\s*"ACP_CONDUCTOR_MCP_TOKEN"\s*,\s*"value"\s*:\s*)"(?:[^"\\]|\\.)*"')
+_SECRET_NAMES = ("authorization", _SHIM_TOKEN.decode().lower())
+# A `{"name": ..., "value": ...}` entry (an MCP header, an env entry) that may hold one.
+_NAMED_SECRET = re.compile(rb'"name"\s*:\s*"(?i:authorization|ACP_CONDUCTOR_MCP_TOKEN)"')
 # A JSON string in a line without backslashes: nothing inside it can be a quote.
 _RAW_STRING = re.compile(rb'"[^"]*"')
 _MIN_SECRET = 4  # shorter values would blank out ordinary text
@@ -71,10 +70,10 @@ class Redactor:
         # characters), and these regexes match whole JSON strings or stop at a backslash.
         if b"authorization" in line.lower():  # cheap test first: the regexes cost ~10x more
             line = _AUTH_JSON_KEY.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
-            line = _AUTH_NAME_VALUE.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
             line = _AUTH_HEADER_TEXT.sub(rb"\1" + REDACTED.encode(), line)
-        if _SHIM_TOKEN in line:
-            line = _SHIM_NAME_VALUE.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
+        if (b"authorization" in line.lower() or _SHIM_TOKEN in line) and \
+                _NAMED_SECRET.search(line):
+            line = _redact_named_values(line)
         return line
 
     def _mentions_secret(self, line: bytes) -> bool:
@@ -85,13 +84,15 @@ class Redactor:
             any(pattern.search(line) for pattern in self._patterns)
 
     def _redact_raw_string(self, match: re.Match[bytes]) -> bytes:
-        text = match[0]
+        # Inside the quotes only: a pattern such as `password=\S+` must not eat the closing
+        # one (the line would stop being JSON), and it sees what the decoded path sees.
+        text = match[0][1:-1]
         for form in self._secrets:
             if form in text:
                 text = text.replace(form, REDACTED.encode())
         for pattern in self._patterns:
             text = pattern.sub(REDACTED.encode(), text)
-        return text
+        return b'"' + text + b'"'
 
     def _redact_text(self, text: str) -> str:
         if text in self._clean:
@@ -139,3 +140,29 @@ class Redactor:
                     elif isinstance(value, (dict, list)):
                         stack.append(value)
         return root
+
+
+def _redact_named_values(line: bytes) -> bytes:
+    """The `value` of every `{"name": "Authorization" | shim token, "value": ...}` entry
+    redacted, whatever the order of the entry's fields (JSON objects are unordered: `value`
+    may come first, `_meta` between them).
+
+    Raises:
+        ValueError: the line cannot be decoded, so it cannot be checked.
+    """
+    try:
+        root = msgspec.json.decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        raise ValueError("not decodable, so not checked for secrets") from None
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            name = node.get("name")
+            if isinstance(name, str) and name.lower() in _SECRET_NAMES and \
+                    isinstance(node.get("value"), str):
+                node["value"] = REDACTED
+            stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, (dict, list)))
+    return msgspec.json.encode(root)

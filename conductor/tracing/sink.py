@@ -9,6 +9,7 @@ plain `write` to a regular file; measured in docs/tracing.md).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import deque
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
     from conductor.jsonrpc.message import Message
+
+log = logging.getLogger("acp_conductor.trace")
 
 T = TypeVar("T")
 Direction = Literal["in", "out"]  # in: component -> conductor; out: conductor -> component
@@ -82,6 +85,7 @@ class JsonlTraceSink:
         from conductor.output import open_output
 
         self._fd = open_output(path, option="--trace")
+        self._path = os.fsdecode(path)
         self._buffer = bytearray()
         self._last_flush = time.monotonic()
         self._filled: anyio.Event | None = None  # set when the buffer stops being empty
@@ -242,16 +246,27 @@ class JsonlTraceSink:
 
     def flush(self) -> None:
         data, self._buffer = self._buffer, bytearray()
-        with memoryview(data) as view:
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
+        try:
+            with memoryview(data) as view:
+                while view:
+                    written = os.write(self._fd, view)
+                    view = view[written:]
+        except OSError as e:
+            # Called from routing tasks: a full disk must not take the session down with
+            # the trace. Say so once; a trace with holes in it would mislead.
+            log.error("cannot write the trace %s: %s; tracing stopped (the chain goes on)",
+                      self._path, e.strerror or e)
+            self._closed = True
+            os.close(self._fd)
+            return
         self._last_flush = time.monotonic()
 
     def close(self) -> None:
         if self._closed:
             return
         self.flush()
+        if self._closed:  # the flush failed, and closed it
+            return
         self._closed = True
         os.close(self._fd)
 

@@ -31,7 +31,8 @@ class Trace:
 # What the readers below rely on, by event type: a file from another version or tool that
 # lacks one is refused naming the line and field, not shown as an internal KeyError.
 _REQUIRED: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
-    "message": (("hop", (str,)), ("dir", (str,))),
+    "message": (("hop", (str,)), ("dir", (str,)), ("flow", (int, type(None)))),
+    "lifecycle": (("component", (str,)), ("event", (str,))),
 }
 
 
@@ -82,6 +83,11 @@ def load_trace(path: str | Path) -> Trace:
             continue
         if event.get("type") == "trace":
             header = event
+            if not isinstance(header.get("time", 0), (int, float)) or \
+                    isinstance(header.get("time"), bool):
+                raise ConfigError(f"line {number}: a header without a valid 'time' (not a "
+                                  "trace this acp-conductor wrote)", file=str(path),
+                                  hint="pass a file written by --trace")
             if header.get("version") != TRACE_FORMAT_VERSION:
                 raise ConfigError(
                     f"trace format version {header.get('version')!r}; this acp-conductor "
@@ -213,6 +219,18 @@ def select(trace: Trace, *, session: str | None = None, method: str | None = Non
     return out
 
 
+# What a component wrote (stderr, methods, ids, error messages) is shown, never obeyed: an
+# ESC or BEL in it would reach the reader's terminal (clear it, retitle it, write its
+# clipboard). Each control character becomes one visible one, so styles keep their places.
+_CONTROL = {**{c: 0x2400 + c for c in range(0x20)}, 0x7F: 0x2421,
+            **{c: 0xFFFD for c in range(0x80, 0xA0)}}
+
+
+def _shown(text: Text) -> Text:
+    text.plain = text.plain.translate(_CONTROL)
+    return text
+
+
 def _arrow(lanes: list[str], src: str, dst: str, style: str) -> Text:
     width = LANE_WIDTH * len(lanes)
     cells = [" "] * width
@@ -248,7 +266,7 @@ def render(trace: Trace, events: list[dict[str, Any]], console: Console) -> None
     head = Text(" " * 10)
     for name in lanes:
         head.append(name[:LANE_WIDTH - 1].center(LANE_WIDTH), style="bold")
-    console.print(head)
+    console.print(_shown(head))
     for event in events:
         offset = Text(f"{(event['time'] - start) * 1000:9.1f} ", style="dim")
         if event.get("type") == "message":
@@ -274,7 +292,7 @@ def render(trace: Trace, events: list[dict[str, Any]], console: Console) -> None
                 err = payload.get("error") if isinstance(payload, dict) else None
                 err = err if isinstance(err, dict) else {}
                 label.append(f"  {err.get('code')}: {err.get('message')}", style="bold red")
-            console.print(row + label, overflow="ellipsis", no_wrap=True, crop=False)
+            console.print(_shown(row + label), overflow="ellipsis", no_wrap=True, crop=False)
         else:
             name, what = event.get("component", "?"), event.get("event", "?")
             style = "red" if what in ("error", "noise") or (
@@ -284,7 +302,7 @@ def render(trace: Trace, events: list[dict[str, Any]], console: Console) -> None
                       if k not in ("seq", "time", "type", "component", "event")}
             label = Text(f" {name} {what} " + " ".join(f"{k}={v}" for k, v in detail.items()),
                          style=style if what != "stderr" else "dim")
-            console.print(offset + _marker(lanes, name, style) + label, no_wrap=True,
+            console.print(_shown(offset + _marker(lanes, name, style) + label), no_wrap=True,
                           overflow="ellipsis", crop=False)
 
 
@@ -307,8 +325,8 @@ def render_pending(trace: Trace, items: list[Pending], console: Console) -> None
             head.append(f" [{first['session']}]", style="dim")
         sender = first["hop"] if first["dir"] == "in" else "the conductor"
         head.append(f"  from {sender} at +{first['time'] - start:.3f}s")
-        console.print(head)
-        console.print(Text("  path: " + " → ".join(item.path)))
+        console.print(_shown(head))
+        console.print(_shown(Text("  path: " + " → ".join(item.path))))
         where = Text("  stopped at: ", style="bold")
         where.append(item.holder, style="bold yellow")
         waited = end - stopped["time"]
@@ -318,13 +336,14 @@ def render_pending(trace: Trace, items: list[Pending], console: Console) -> None
         else:
             where.append(f" (received from {stopped['hop']} at +{stopped['time'] - start:.3f}s,"
                          f" neither forwarded nor answered in the {waited:.3f}s after)")
-        console.print(where)
+        console.print(_shown(where))
         if item.answer is not None:
             err = (item.answer.get("payload") or {}).get("error") \
                 if isinstance(item.answer.get("payload"), dict) else None
             if isinstance(err, dict):
-                console.print(Text(f"  {sender} got an error from {item.answer.get('from')}: "
-                                   f"{err.get('code')}: {err.get('message')}", style="red"))
+                console.print(_shown(Text(f"  {sender} got an error from {item.answer.get('from')}"
+                                          f": {err.get('code')}: {err.get('message')}",
+                                          style="red")))
             else:
-                console.print(Text(f"  {sender} got an answer from {item.answer.get('from')}",
-                                   style="dim"))
+                console.print(_shown(Text(f"  {sender} got an answer from "
+                                          f"{item.answer.get('from')}", style="dim")))
