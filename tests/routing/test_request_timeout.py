@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from conductor.jsonrpc.message import Request
     from conductor.transport.base import Incoming
 
+# What must fire fires at this; it also bounds the initialize the chain starts with, which a
+# loaded machine's event loop must never miss (0.1 s once did, under a full suite).
+TIMEOUT = 0.5
+
 
 class CountingClient(TestClient):
     """Counts every answer that arrives, by id: each request must get exactly one."""
@@ -53,15 +57,15 @@ async def test_a_request_the_agent_never_answers_gets_a_timeout_naming_it_and_is
     agent = ScriptedAgent({"session/new": hang})
     client = CountingClient()
     async with open_test_chain([], agent, client=client, initialize=False,
-                               timeouts=Timeouts(request=0.1)) as client:
+                               timeouts=Timeouts(request=TIMEOUT)) as client:
         with anyio.fail_after(5):
             await client.initialize(2)  # $/cancel_request is in v2's stable protocol
             answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
             await agent.wait_for("$/cancel_request")
     error = error_of(answer)
     assert error["code"] == ErrorCode.REQUEST_TIMEOUT
-    assert error["message"] == "agent did not answer session/new within 0.1s"
-    assert error["data"] == {"component": "agent", "method": "session/new", "timeout": 0.1}
+    assert error["message"] == f"agent did not answer session/new within {TIMEOUT:g}s"
+    assert error["data"] == {"component": "agent", "method": "session/new", "timeout": TIMEOUT}
     asked = next(m for m in agent.received if m.method == "session/new")
     assert agent.received_params("$/cancel_request") == [
         {"requestId": int(bytes(asked.id))}]
@@ -73,7 +77,7 @@ async def test_a_v1_agent_is_not_sent_a_cancel_request_for_a_request_it_never_an
     # v1's stable protocol has no $/cancel_request, and SDK agents print a traceback for a
     # method they do not know (issue 10.13): the request is answered for it, nothing more.
     agent = ScriptedAgent({"session/new": hang})
-    async with open_test_chain([], agent, timeouts=Timeouts(request=0.1)) as client:
+    async with open_test_chain([], agent, timeouts=Timeouts(request=TIMEOUT)) as client:
         with anyio.fail_after(5):
             answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
             await anyio.wait_all_tasks_blocked()  # the cancel would be written by now
@@ -110,12 +114,12 @@ async def test_behind_a_proxy_the_timeout_names_the_agent_that_holds_the_request
 async def test_a_proxy_that_holds_a_request_itself_is_the_one_named() -> None:
     holding = Holding()
     holding.rename("holder")
-    async with open_test_chain([holding], timeouts=Timeouts(request=0.1)) as client:
+    async with open_test_chain([holding], timeouts=Timeouts(request=TIMEOUT)) as client:
         with anyio.fail_after(5):
             answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
     error = error_of(answer)
     assert error["code"] == ErrorCode.REQUEST_TIMEOUT
-    assert error["message"] == "holder did not answer session/new within 0.1s"
+    assert error["message"] == f"holder did not answer session/new within {TIMEOUT:g}s"
 
 
 async def test_a_turn_past_prompt_timeout_is_answered_and_the_agent_gets_only_session_cancel(
@@ -158,7 +162,7 @@ async def test_request_timeout_leaves_turns_and_requests_to_the_editor_alone() -
     agent = ScriptedAgent({"session/prompt": prompt, "session/new": new_session})
     client = TestClient({"session/request_permission": permission})
     async with open_test_chain([], agent, client=client,
-                               timeouts=Timeouts(request=0.1)) as client:
+                               timeouts=Timeouts(request=TIMEOUT)) as client:
         with anyio.fail_after(5):
             sid = await client.new_session()
             async with anyio.create_task_group() as tg:
@@ -208,7 +212,7 @@ async def test_a_v1_agent_behind_a_version_adapter_is_not_sent_a_cancel_request(
     # The agent's protocol is the one its own initialize named, not the editor's.
     agent = ScriptedAgent({"session/new": hang})
     async with open_test_chain([Downgrading()], agent, initialize=False,
-                               timeouts=Timeouts(request=0.1)) as client:
+                               timeouts=Timeouts(request=TIMEOUT)) as client:
         with anyio.fail_after(5):
             assert (await client.initialize(2) or {}).get("protocolVersion") == 2  # type: ignore[union-attr]
             answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
