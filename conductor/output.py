@@ -31,7 +31,10 @@ def open_output(path: str | os.PathLike[str], *, option: str, append: bool = Fal
         ConfigError: `path` is a symbolic link (refused, never followed) or cannot be
             opened; `option` (e.g. "--trace") names what gave the path.
     """
-    flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
+    # O_NONBLOCK: opening a FIFO nobody reads would otherwise wait for a reader, for ever
+    # (it is cleared once open: writes block as usual).
+    flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | \
+        (os.O_APPEND if append else os.O_TRUNC)
     try:
         try:
             fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
@@ -45,8 +48,14 @@ def open_output(path: str | os.PathLike[str], *, option: str, append: bool = Fal
                               field=option,
                               hint="give the path of a regular file, e.g. the link's target"
                               ) from None
+        if e.errno == errno.ENXIO and _is_fifo(path):
+            raise ConfigError(f"{os.fsdecode(path)} is a named pipe that nothing reads",
+                              field=option,
+                              hint="start its reader first, or give the path of a file"
+                              ) from None
         raise ConfigError(f"cannot write {os.fsdecode(path)}: {e.strerror or e}",
                           field=option) from None
+    os.set_blocking(fd, True)
     try:
         if (created or not append) and stat.S_ISREG(os.fstat(fd).st_mode):
             os.fchmod(fd, mode)  # exact: a umask of 077 must not narrow an asked-for 0644
@@ -55,6 +64,13 @@ def open_output(path: str | os.PathLike[str], *, option: str, append: bool = Fal
         raise ConfigError(f"cannot set the mode of {os.fsdecode(path)} to {mode:o}: "
                           f"{e.strerror or e}", field=option) from None
     return fd
+
+
+def _is_fifo(path: str | os.PathLike[str]) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def make_private_dir(path: Path) -> None:

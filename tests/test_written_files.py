@@ -116,3 +116,32 @@ async def test_a_transcript_never_writes_through_a_symlink(
     assert await anyio.Path(victim).read_text(encoding="utf-8") == "precious\n"
     warnings = [r.getMessage() for r in caplog.records if "transcript" in r.getMessage()]
     assert len(warnings) == 1 and "symbolic link" in warnings[0], warnings
+
+
+def test_a_trace_into_a_named_pipe_nothing_reads_is_refused_not_waited_on(tmp_path: Path) -> None:
+    # Opening a FIFO for writing waits for a reader: `--trace` given one with none hung the
+    # conductor before it served anything.
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    done = run("--trace", str(fifo), "run", "--chain", DEMO, "hi", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"{fifo} is a named pipe that nothing reads" in done.stderr
+    assert "start its reader first" in done.stderr
+
+
+def test_a_trace_into_a_named_pipe_with_a_reader_is_written_there(tmp_path: Path) -> None:
+    from conductor.output import open_output
+
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        fd = open_output(fifo, option="--trace")
+        try:
+            assert os.get_blocking(fd)  # written as any file is, once open
+            os.write(fd, b'{"t": 1}\n')
+        finally:
+            os.close(fd)
+        assert os.read(reader, 100) == b'{"t": 1}\n'
+    finally:
+        os.close(reader)
