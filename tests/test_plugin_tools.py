@@ -179,10 +179,15 @@ async def test_a_tool_handler_sees_its_session_and_asks_the_editor() -> None:
             conn = await agent.open_mcp(sid)
             result = await agent.mcp(conn, "tools/call", {"name": "confirm",
                                                           "arguments": {"what": "deploy"}})
+            await agent.mcp(conn, "tools/call", {"name": "confirm",
+                                                 "arguments": {"what": "roll back"}})
     assert result["content"][0]["text"] == "yes"
     assert asked[0]["sessionId"] == sid
     assert asked[0]["toolCall"]["title"] == "Do deploy?"
-    assert client.agent_text(sid) == "asking about deploy"
+    assert client.agent_text(sid) == "asking about deployasking about roll back"
+    # Each question is a tool call of its own to the editor, which keys its prompt by id.
+    first, second = (a["toolCall"]["toolCallId"] for a in asked)
+    assert first != second and first.startswith("docs-permission-")
 
 
 async def test_cancelling_an_in_flight_tool_call_cancels_the_handler() -> None:

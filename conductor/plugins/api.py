@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextvars
 import enum
 import inspect
+import itertools
 import logging
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -616,7 +617,8 @@ class ToolContext:
             raise RuntimeError("this MCP connection has no ACP session yet")
         answer = await self.request(acp.SESSION_REQUEST_PERMISSION, {
             "sessionId": sid,
-            "toolCall": {"toolCallId": tool_call_id or f"{self.server_name}-permission",
+            "toolCall": {"toolCallId": tool_call_id
+                         or f"{self.server_name}-permission-{next(_QUESTIONS)}",
                          "title": title, "kind": kind},
             "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
                         {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]})
@@ -625,6 +627,8 @@ class ToolContext:
 
 
 _tool_context: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("acp_tool_context")
+# Ids of the questions tools ask: an editor keys a permission prompt by its tool call's id.
+_QUESTIONS = itertools.count(1)
 
 
 def tool_context() -> ToolContext:
