@@ -259,6 +259,21 @@ def with_legacy_proxy_meta(params: Raw | UnsetType) -> Raw:
     return Raw(_encoder.encode(obj))
 
 
+def without_legacy_proxy_meta(params: Raw | UnsetType) -> Raw | UnsetType:
+    """initialize params for what is not a proxy: the legacy `_meta.proxy` marker removed
+    (and `_meta` with it when nothing else is in it). Unmarked params are returned as is."""
+    if not is_legacy_proxy_initialize(params):
+        return params
+    obj = _object(params)
+    meta = _object(obj["_meta"])
+    del meta["proxy"]
+    if meta:
+        obj["_meta"] = Raw(_encoder.encode(meta))
+    else:
+        del obj["_meta"]
+    return Raw(_encoder.encode(obj))
+
+
 def append_to_list(payload: Raw | UnsetType, key: str, items: list[Raw]) -> Raw:
     """Append to a list under `key` (created when missing); nothing else changes."""
     obj = _object(payload)

@@ -617,3 +617,27 @@ async def test_a_cancel_an_in_process_proxy_sends_is_traced_to_the_proxy_after_i
     assert sent == {"client": "permissions", "permissions": "redact",
                     "redact": "transcript", "transcript": "agent"}
     assert len(agent.received_params("$/cancel_request")) == 1
+
+
+@pytest.mark.parametrize("line", [
+    b'{"jsonrpc":"2.0","id":"c","method":"$/cancel_request","params":{"requestId":1}}\n',
+    b'{"jsonrpc":"2.0","id":"c","method":"_proxy/successor","params":'
+    b'{"method":"$/cancel_request","params":{"requestId":1}}}\n'])
+async def test_a_stand_alone_proxy_answers_a_cancel_sent_as_a_request(line: bytes) -> None:
+    # `$/cancel_request` is a notification; sent with an id, nobody else would answer it.
+    from conductor.plugins.host import serve_proxy
+    from conductor.transport.memory import memory_pipe
+
+    to_proxy, proxy_in = memory_pipe()
+    proxy_out, from_proxy = memory_pipe()
+    with anyio.fail_after(5):
+        async with to_proxy, proxy_in, proxy_out, from_proxy, anyio.create_task_group() as tg:
+            tg.start_soon(serve_proxy, Passthrough(), proxy_in, proxy_out)
+            await to_proxy.send(line)
+            out = b""
+            while not out.endswith(b"\n"):
+                out += await from_proxy.receive()
+            tg.cancel_scope.cancel()
+    answer = json.loads(out)
+    assert (answer["id"], answer["error"]["code"]) == ("c", -32600)
+    assert "notification" in answer["error"]["data"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import sys
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -13,6 +15,8 @@ from conductor.cli.context import global_options, globals_of, handle_errors
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from anyio.abc import TaskStatus
 
     from conductor.plugins.api import Proxy
 
@@ -74,9 +78,12 @@ def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = N
     Stdout is claimed before `load` imports any user code, so a stray `print` lands in the
     log instead of corrupting the wire; the wire keeps the real stdout.
     """
+    import anyio
+
     from conductor.cli import loop
     from conductor.cli.logs import ProxyFormatter
     from conductor.plugins.host import serve_proxy
+    from conductor.supervise.signals import EXIT_SIGNAL, stop_signals, stopping
     from conductor.transport.claim import claim_stdout
     from conductor.transport.stdio import FdReceiveStream, FdSendStream
 
@@ -86,10 +93,27 @@ def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = N
     proxy = load()
     _take_requested(proxy)
 
-    async def serve() -> None:
-        await serve_proxy(proxy, FdReceiveStream(0), FdSendStream(wire_fd),
-                          max_frame_bytes=max_frame_bytes)
-    loop.run(serve)
+    async def serve() -> signal.Signals | None:
+        # A stop signal (the conductor's TERM after its grace, `kill`) ends it as EOF does:
+        # sessions closed, chain_stopped run, instead of dying with the hooks unrun.
+        received: list[signal.Signals] = []
+        async with anyio.create_task_group() as tg:
+            async def watch(*, task_status: TaskStatus[None]) -> None:
+                with anyio.open_signal_receiver(*stop_signals()) as signals:
+                    task_status.started()
+                    async for signum in signals:
+                        received.append(signal.Signals(signum))
+                        break
+                stopping()
+                tg.cancel_scope.cancel()
+            await tg.start(watch)
+            await serve_proxy(proxy, FdReceiveStream(0), FdSendStream(wire_fd),
+                              max_frame_bytes=max_frame_bytes)
+            tg.cancel_scope.cancel()
+        return received[0] if received else None
+    stopped_by = loop.run(serve)
+    if stopped_by is not None:
+        sys.exit(EXIT_SIGNAL[stopped_by])
 
 
 def _take_requested(proxy: Proxy[Any]) -> None:

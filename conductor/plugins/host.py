@@ -348,7 +348,8 @@ class ProxyHost:
             return
         method = msg.method
         if method == acp.CANCEL_REQUEST:
-            await self.endpoint.cancel_inbound(msg.params)
+            if not await self._cancel_not_request(msg, method):
+                await self.endpoint.cancel_inbound(msg.params)
             return
         source = Side.PREDECESSOR
         dialect = acp.SUCCESSOR_METHODS.get(method)
@@ -361,7 +362,8 @@ class ProxyHost:
                                                             "Invalid params", str(e)))
                 return
             if env.method == acp.CANCEL_REQUEST:
-                await self.endpoint.cancel_inbound(env.params)
+                if not await self._cancel_not_request(msg, env.method):
+                    await self.endpoint.cancel_inbound(env.params)
                 return
             source = Side.SUCCESSOR
             msg = Request(id=msg.id, method=env.method, params=env.params) \
@@ -375,6 +377,16 @@ class ProxyHost:
         elif method == acp.INITIALIZE and acp.is_legacy_proxy_initialize(msg.params):
             self._dialect = Dialect.LEGACY
         await self._route(source, msg)
+
+    async def _cancel_not_request(self, msg: Call, method: str) -> bool:
+        """A cancel sent with an id is refused, as the router does: nobody else would
+        answer it, and its sender would wait for ever."""
+        if not isinstance(msg, Request):
+            return False
+        await self.endpoint.send(error_response(
+            msg.id, ErrorCode.INVALID_REQUEST, "Invalid Request",
+            f"`{method}` is a notification: send it without an id"))
+        return True
 
     def watch_inline(self, msg: Notification, from_successor: bool) -> None:
         """`msg` is on its way past this proxy, or through it: its watcher sees it now."""

@@ -5,7 +5,8 @@ the conductor learns from the agent's answer (protocol.md §3).
   `initialize` (`_proxy/initialize` in proxy mode; the spelling tells our client's dialect).
 - The raw `protocolVersion` decides v1 or v2 before anything else; a bad one is answered.
 - On its way down, `initialize` becomes `_proxy/initialize` (in the proxy's dialect) for a
-  proxy and stays `initialize` for the agent. A proxy that answers method-not-found is
+  proxy and stays plain `initialize` for the agent (a legacy proxy's `_meta.proxy`
+  marker removed). A proxy that answers method-not-found is
   asked again in the legacy dialect (`initialize` + `_meta.proxy`), once.
 - A v2 client requires the agent to answer protocol version 2.
 - The agent's answer tells which MCP transports it supports (for injection and bridging);
@@ -132,6 +133,9 @@ class Handshake:
             elif not hop.dialect_forced and is_request:
                 out.hooks.append(self._legacy_fallback(params, target, resend))
         elif target.role in (Role.AGENT, Role.SUCCESSOR):
+            # A legacy proxy forwards the marker it was initialized with: the agent (or
+            # whatever our successor is) must get plain initialize, not be told it is a proxy.
+            out.params = acp.without_legacy_proxy_meta(params)
             try:
                 version = acp.protocol_version(params)
             except ProtocolVersionError:

@@ -61,6 +61,20 @@ async def test_a_legacy_proxy_is_initialized_again_in_its_dialect_after_method_n
     assert first_init["params"]["_meta"]["proxy"] is True
 
 
+async def test_the_agent_behind_a_legacy_proxy_is_not_told_it_is_a_proxy(
+        tmp_path: Path) -> None:
+    # A legacy proxy forwards the initialize it was given, `_meta.proxy: true` included;
+    # the agent must get plain initialize (protocol.md §3), or it may act as a proxy.
+    record = tmp_path / "agent.jsonl"
+    async with open_conductor("agent", proxy_cmd("--dialect", "legacy"),
+                              agent_cmd("--record", str(record))) as c:
+        await c.initialize()
+    init = json.loads(record.read_text(encoding="utf-8").splitlines()[0])
+    assert init["method"] == "initialize"
+    assert "proxy" not in init["params"].get("_meta", {})
+    assert init["params"]["clientInfo"] == {"name": "wire-client", "version": "0"}
+
+
 async def test_the_chain_file_dialect_key_forces_the_legacy_handshake(tmp_path: Path) -> None:
     record = tmp_path / "legacy.jsonl"
     chain = write_chain(tmp_path, f"""
