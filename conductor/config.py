@@ -20,7 +20,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from conductor.acp import Dialect  # noqa: TC001 (pydantic resolves the annotations)
 from conductor.errors import ChainShapeError, ConductorError, ConfigError
@@ -37,6 +37,20 @@ if TYPE_CHECKING:
 
 # pydantic reads this from a dataclass: a misspelt key is an error, not ignored.
 _STRICT: dict[str, Any] = {"extra": "forbid"}
+
+
+class _Exact:
+    """pydantic metadata: the field takes a value of its own type only, as msgspec's strict
+    path does: not `"yes"` or `1` for true, not `true` for 1, nor `"30"` for 30.0 (pydantic's
+    lax mode would, and hide the mistake). msgspec ignores it; an int is still a float."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        return {**handler(source), "strict": True}
+
+
+Bool = Annotated[bool, _Exact()]
+Int = Annotated[int, _Exact()]
+Float = Annotated[float, _Exact()]
 
 
 _NAME = r"[A-Za-z0-9_.:-]+"  # a component's name
@@ -81,15 +95,15 @@ class ComponentSpec:
     headers: dict[str, str] = field(default_factory=dict)  # sent to `url`; values expand ${VAR}
     options: dict[str, Any] | None = None  # validated by the plugin's options model
     env: dict[str, str] = field(default_factory=dict)
-    inherit_env: bool = True
+    inherit_env: Bool = True
     cwd: str | None = None
     dialect: Dialect | None = None
-    shutdown_grace: float | None = None
+    shutdown_grace: Float | None = None
     secret_env: list[str] = field(default_factory=list)  # env names whose values traces redact
     # -- reliability (docs/reliability.md) --
     restart: Literal["never", "on-failure"] = "never"  # start it again when it exits unexpectedly
-    max_restarts: int = 5        # restarts in a row; the failure after them gives it up
-    optional: bool = False       # a proxy the chain goes on without when it fails for good
+    max_restarts: Int = 5        # restarts in a row; the failure after them gives it up
+    optional: Bool = False       # a proxy the chain goes on without when it fails for good
 
     def __post_init__(self) -> None:
         if self.name is not None and not re.fullmatch(_NAME, self.name):
@@ -168,7 +182,7 @@ class McpServerSpec:
     url: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     provider: str | None = None  # acp: the proxy offering it
-    required: bool = False       # refuse the session when the agent cannot take it
+    required: Bool = False       # refuse the session when the agent cannot take it
 
     def __post_init__(self) -> None:
         if not self.name.strip():
@@ -205,14 +219,14 @@ class SettingsSpec:
 
     __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
 
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    shutdown_grace: float = 3.0
+    max_frame_bytes: Int = DEFAULT_MAX_FRAME_BYTES
+    shutdown_grace: Float = 3.0
     redact: list[str] = field(default_factory=list)  # regexes whose matches traces redact
     mcp_bridge: Literal["auto", "http", "stdio", "off"] = "auto"  # acp servers, agent without
     # -- reliability (docs/reliability.md); all off by default --
-    session_idle_expiry: float | None = None  # seconds without a turn: a session is released
-    request_timeout: float | None = None  # seconds a request toward the agent may go unanswered
-    prompt_timeout: float | None = None   # the same for session/prompt, a whole turn
+    session_idle_expiry: Float | None = None  # seconds without a turn: a session is released
+    request_timeout: Float | None = None  # seconds a request toward the agent may go unanswered
+    prompt_timeout: Float | None = None   # the same for session/prompt, a whole turn
 
     def __post_init__(self) -> None:
         if self.max_frame_bytes < 1024:

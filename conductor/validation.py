@@ -46,6 +46,9 @@ _HINTS = {
     "missing": "add it",
     "string_type": "write a string",
     "list_type": "write a list",
+    "bool_type": "write true or false, without quotes",
+    "int_type": "write a whole number, without quotes",
+    "float_type": "write a number, without quotes",
 }
 # A model-level check names its field by starting its message with `field: `.
 _FIELD_PREFIX = re.compile(r"^([a-z_]+): ")

@@ -122,3 +122,25 @@ def test_a_remote_components_url_expands_variables_as_its_headers_do(
     monkeypatch.delenv("AGENT_HOST")
     assert "c.toml: agent.url: environment variable AGENT_HOST is not set" in problem(
         tmp_path, '[agent]\nurl = "wss://${AGENT_HOST}/acp"\n')
+
+
+@pytest.mark.parametrize(("table", "line", "field"), [
+    ("[[proxy]]\ncommand = 'p'", 'optional = "yes"', "proxy[0].optional"),
+    ("[agent]\ncommand = 'a'", "inherit_env = 0", "agent.inherit_env"),
+    ("[agent]\ncommand = 'a'", "max_restarts = true", "agent.max_restarts"),
+    ("[agent]\ncommand = 'a'", "shutdown_grace = true", "agent.shutdown_grace"),
+    ("[agent]\ncommand = 'a'", 'shutdown_grace = "3"', "agent.shutdown_grace"),
+    ("[conductor]", "max_frame_bytes = 70000.0", "conductor.max_frame_bytes"),
+    ("[conductor]", 'request_timeout = "30"', "conductor.request_timeout"),
+    ("[[mcp_server]]\nname = 'm'\ncommand = 'sh'", 'required = "no"', "mcp_server[0].required"),
+])
+def test_a_value_of_the_wrong_type_is_refused_not_coerced(
+        tmp_path: Path, table: str, line: str, field: str) -> None:
+    # `optional = "yes"` is not the boolean true, nor `max_restarts = true` the number 1:
+    # taking them as such hides the mistake (and the fast path, msgspec, refuses them).
+    chain = f"{table}\n{line}\n"
+    if "[agent]" not in table:
+        chain += "[agent]\ncommand = 'a'\n"
+    message = problem(tmp_path, chain)
+    assert f"c.toml: {field}:" in message
+    assert "without quotes" in message
