@@ -307,10 +307,34 @@ def config_error_from_validation(error: ValidationError, file: str | None) -> Co
 
 
 def _shape_problems(error: ValidationError, file: str | None) -> list[ConductorError]:
-    from conductor.validation import problems
+    from conductor.validation import Problem, problems
 
-    return [ConfigError(p.message, file=file, field=p.field, hint=p.hint)
-            for p in problems(error, ChainConfig)]
+    found = problems(error, ChainConfig)  # one for each of error.errors(), in order
+    for i, item in enumerate(error.errors()):
+        brackets = _brackets(item["type"], tuple(item["loc"]), item["input"])
+        if brackets:  # said in TOML's terms, not pydantic's ("an instance of ComponentSpec")
+            found[i] = Problem(found[i].field, *brackets)
+    return [ConfigError(p.message, file=file, field=p.field, hint=p.hint) for p in found]
+
+
+def _brackets(kind: str, loc: tuple[str | int, ...], value: object) -> tuple[str, str] | None:
+    """What to write, for a section that is not the kind of table it should be: the usual
+    mistake is its brackets (`[[agent]]`, `[proxy]`)."""
+    if not loc or loc[0] not in _SECTIONS:
+        return None
+    section = str(loc[0])
+    listed = section in ("proxy", "mcp_server")
+    if kind == "list_type" and loc == (section,) and listed:
+        return ("should be a list of tables",
+                f"write [[{section}]], with double brackets, for each one")
+    entry = len(loc) == 2 and isinstance(loc[1], int) if listed else len(loc) == 1
+    if kind != "dataclass_type" or not entry:
+        return None
+    if not listed and isinstance(value, list):
+        return ("should be one table, not a list of them",
+                f"write [{section}], with single brackets")
+    return "should be a table", (f"write [[{section}]]" if listed else f"write [{section}]") \
+        + " and its keys below it"
 
 
 def parse_chain(data: dict[str, Any], *, file: str | None = None,

@@ -144,3 +144,34 @@ def test_a_value_of_the_wrong_type_is_refused_not_coerced(
     message = problem(tmp_path, chain)
     assert f"c.toml: {field}:" in message
     assert "without quotes" in message
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[[agent]]\ncommand = 'a'\n", "c.toml: agent: should be one table, not a list of "
+                                   "them (hint: write [agent], with single brackets)"),
+    ("[conductor]\n[[proxy]]\ncommand = 'p'\n[agent]\ncommand = 'a'\n", None),
+    ("[proxy]\ncommand = 'p'\n[agent]\ncommand = 'a'\n",
+     "c.toml: proxy: should be a list of tables (hint: write [[proxy]], with double "
+     "brackets, for each one)"),
+    ("[agent]\ncommand = 'a'\n[mcp_server]\nname = 'm'\ncommand = 'sh'\n",
+     "c.toml: mcp_server: should be a list of tables (hint: write [[mcp_server]], with "
+     "double brackets, for each one)"),
+    ("conductor = 3\n[agent]\ncommand = 'a'\n",
+     "c.toml: conductor: should be a table (hint: write [conductor] and its keys below "
+     "it)"),
+    ("proxy = ['p']\n[agent]\ncommand = 'a'\n",
+     "c.toml: proxy[0]: should be a table (hint: write [[proxy]] and its keys below "
+     "it)"),
+])
+def test_a_table_written_with_the_wrong_brackets_is_told_which_to_write(
+        tmp_path: Path, text: str, expected: str | None) -> None:
+    # Not "Input should be a dictionary or an instance of ComponentSpec": the reader wrote
+    # TOML, and the fix is in its brackets.
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    if expected is None:  # the right brackets: read as it is
+        read_chain(path)
+        return
+    with pytest.raises(ConfigError) as e:
+        read_chain(path)
+    assert str(e.value) == f"{path}: {expected.removeprefix('c.toml: ')}"
