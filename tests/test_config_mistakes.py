@@ -175,3 +175,17 @@ def test_a_table_written_with_the_wrong_brackets_is_told_which_to_write(
     with pytest.raises(ConfigError) as e:
         read_chain(path)
     assert str(e.value) == f"{path}: {expected.removeprefix('c.toml: ')}"
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    ("3", "agent.command: Input should be a valid string or a valid list "
+          "(hint: write a string or a list)"),
+    ('["python", 1]', "agent.command[1]: Input should be a valid string "
+                      "(hint: write a string)"),
+])
+def test_a_command_of_the_wrong_type_is_one_problem_about_what_it_is(
+        tmp_path: Path, command: str, expected: str) -> None:
+    # `command` is a string or a list: a number is not "2 problems" that contradict each
+    # other, and a list whose item is wrong is not told it should have been a string.
+    message = problem(tmp_path, f"[agent]\ncommand = {command}\n")
+    assert message == f"{tmp_path / 'c.toml'}: {expected}"
