@@ -54,7 +54,8 @@ Float = Annotated[float, _Exact()]
 
 
 _NAME = r"[A-Za-z0-9_.:-]+"  # a component's name
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# A default may name variables itself (`${XDG_CONFIG:-${HOME}/.config}`), one level deep.
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-((?:[^$}]|\$(?!\{)|\$\{[^}]*\})*))?\}")
 
 
 def variables(text: str) -> list[tuple[str, str | None]]:
@@ -75,7 +76,7 @@ def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) 
         if name in environ:
             return environ[name]
         if default is not None:
-            return default
+            return expand(default, environ, where=where, file=file)
         raise ConfigError(f"environment variable {name} is not set", file=file, field=where,
                           hint=f"export {name}, or write ${{{name}:-default}}")
     return _VAR.sub(sub, text)

@@ -4,11 +4,13 @@ failure that does not say which key caused it)."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from typing import TYPE_CHECKING
 
 import pytest
 
+from conductor.config import expand
 from conductor.errors import ConfigError
 from conductor.plan import plan_chain, read_chain
 
@@ -189,3 +191,18 @@ def test_a_command_of_the_wrong_type_is_one_problem_about_what_it_is(
     # other, and a list whose item is wrong is not told it should have been a string.
     message = problem(tmp_path, f"[agent]\ncommand = {command}\n")
     assert message == f"{tmp_path / 'c.toml'}: {expected}"
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"HOME": "/home/me"}, "/home/me/.config/agent"),
+    ({"HOME": "/home/me", "AGENT_CONFIG": "/etc/agent"}, "/etc/agent"),
+])
+def test_a_default_may_itself_name_a_variable(
+        monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], expected: str) -> None:
+    # `${AGENT_CONFIG:-${HOME}/.config/agent}`, as a shell reads it: not a literal
+    # "${HOME" with a stray "}" after it.
+    monkeypatch.delenv("AGENT_CONFIG", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert expand("${AGENT_CONFIG:-${HOME}/.config/agent}", dict(os.environ),
+                  where="agent.command", file="c.toml") == expected
