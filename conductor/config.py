@@ -579,7 +579,7 @@ def load_chain(path: str | os.PathLike[str]) -> ChainConfig:
     path = chain_path(path)
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is no error
     except FileNotFoundError:
         raise ConfigError(
             "file not found", file=file,
