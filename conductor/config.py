@@ -133,11 +133,12 @@ class ComponentSpec:
             raise ValueError(f"{given[1]}: give exactly one of command, use, plugin, url "
                              f"(got {', '.join(given)})")
         if self.command is not None and self.options is not None:
-            raise ValueError("options are for plugin proxies (use/plugin); pass a command "
-                             "its settings on its command line or env")
-        if self.in_process and (self.env or self.cwd or self.dialect):
-            raise ValueError("env, cwd and dialect are for command components; an in-process "
-                             "plugin shares the conductor's")
+            raise ValueError("options: options are for plugin proxies (use/plugin); pass a "
+                             "command its settings on its command line or env")
+        extra = _given(self, "env", "cwd", "dialect")
+        if self.in_process and extra:
+            raise ValueError(f"{extra}: env, cwd and dialect are for command components; an "
+                             "in-process plugin shares the conductor's")
         if self.url is not None:
             if self.env or self.cwd or self.secret_env or not self.inherit_env:
                 raise ValueError("url: env, cwd, inherit_env and secret_env are for command "
@@ -193,9 +194,10 @@ class McpServerSpec:
             if not self.provider:
                 raise ValueError("provider: an acp MCP server needs `provider`, the name of "
                                  "the proxy that offers it")
-            if self.command or self.args or self.env or self.url or self.headers:
-                raise ValueError("an acp MCP server is offered by its provider: it takes no "
-                                 "command, args, env, url or headers")
+            extra = _given(self, "command", "args", "env", "url", "headers")
+            if extra:
+                raise ValueError(f"{extra}: an acp MCP server is offered by its provider: it "
+                                 "takes no command, args, env, url or headers")
             return
         if self.provider:
             raise ValueError("provider: only acp MCP servers have a provider")
@@ -204,14 +206,22 @@ class McpServerSpec:
                 raise ValueError('type: a server reached at `url` needs type = "http" (or '
                                  '"sse"); without `type` it is a stdio one')
             if not self.command:
-                raise ValueError("a stdio MCP server needs `command`")
-            if self.url or self.headers:
-                raise ValueError("`url` and `headers` are for http/sse servers; set type")
+                raise ValueError("command: a stdio MCP server needs `command`")
+            extra = _given(self, "url", "headers")
+            if extra:
+                raise ValueError(f"{extra}: `url` and `headers` are for http/sse servers; "
+                                 "set type")
         else:
             if not self.url:
-                raise ValueError(f"an {self.type} MCP server needs `url`")
-            if self.command or self.args or self.env:
-                raise ValueError("`command`, `args` and `env` are for stdio servers")
+                raise ValueError(f"url: an {self.type} MCP server needs `url`")
+            extra = _given(self, "command", "args", "env")
+            if extra:
+                raise ValueError(f"{extra}: `command`, `args` and `env` are for stdio servers")
+
+
+def _given(spec: object, *keys: str) -> str | None:
+    """The first of `keys` the table sets: the field a rule between fields names."""
+    return next((key for key in keys if getattr(spec, key)), None)
 
 
 @dataclass

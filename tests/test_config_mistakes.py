@@ -206,3 +206,27 @@ def test_a_default_may_itself_name_a_variable(
         monkeypatch.setenv(name, value)
     assert expand("${AGENT_CONFIG:-${HOME}/.config/agent}", dict(os.environ),
                   where="agent.command", file="c.toml") == expected
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("[[proxy]]\ncommand = 'p'\noptions = { level = 1 }", "proxy[0].options"),
+    ("[[proxy]]\nuse = 'redact'\ncwd = 'work'", "proxy[0].cwd"),
+    ("[[proxy]]\nuse = 'redact'\ndialect = 'spec'", "proxy[0].dialect"),
+    ("[[mcp_server]]\nname = 'm'\nargs = ['-v']", "mcp_server[0].command"),
+    ("[[mcp_server]]\nname = 'm'\ntype = 'http'", "mcp_server[0].url"),
+    ("[[mcp_server]]\nname = 'm'\ncommand = 'sh'\nheaders = { A = 'b' }",
+     "mcp_server[0].headers"),
+    ("[[mcp_server]]\nname = 'm'\ntype = 'sse'\nurl = 'http://h/'\nenv = { A = 'b' }",
+     "mcp_server[0].env"),
+    ("[[proxy]]\nname = 't'\nuse = 'redact'\n[[mcp_server]]\nname = 'm'\ntype = 'acp'\n"
+     "provider = 't'\nargs = ['-v']", "mcp_server[1].args"),
+])
+def test_a_key_that_does_not_fit_its_entry_is_named_by_its_key_path(
+        tmp_path: Path, text: str, field: str) -> None:
+    # "proxy[0]: options are for plugin proxies" leaves the reader to find the key; the
+    # error names it, as every other problem does.
+    text += "\n[agent]\ncommand = 'a'\n"
+    if "mcp_server[1]" in field:
+        text = "[[mcp_server]]\nname = 'first'\ncommand = 'sh'\n" + text
+    message = problem(tmp_path, text)
+    assert f"c.toml: {field}:" in message
