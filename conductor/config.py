@@ -775,13 +775,16 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
             command = os.path.normpath(os.path.join(config.base_dir, command))
             resolved = command if os.access(command, os.X_OK) else None
             missing = f"{relative} ({relative_to_chain(config.base_dir)})"
-        else:
-            resolved = shutil.which(command) if not os.path.isabs(command) else command
+        else:  # which() checks an absolute path as it is, and looks a bare name up in PATH
+            resolved = shutil.which(command)
             missing = command
         if resolved is None:
+            # The program alone: `command = "mcp-files --root src"` is one file's name.
+            hint = "give the program alone in `command`, and its arguments in `args`" \
+                if " " in command.strip() and not spec.args else \
+                "ACP wants an absolute path; give one, or fix PATH"
             raise ConfigError(f"command not found: {missing}", file=config.source,
-                              field=f"{where}.command",
-                              hint="ACP wants an absolute path; give one, or fix PATH")
+                              field=f"{where}.command", hint=hint)
         return McpServer(spec.name, "stdio", command=resolved,
                          args=tuple(x(a, "args") for a in spec.args),
                          env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items()),

@@ -230,3 +230,31 @@ def test_a_key_that_does_not_fit_its_entry_is_named_by_its_key_path(
         text = "[[mcp_server]]\nname = 'first'\ncommand = 'sh'\n" + text
     message = problem(tmp_path, text)
     assert f"c.toml: {field}:" in message
+
+
+def test_an_mcp_server_whose_absolute_command_does_not_exist_is_a_config_error(
+        tmp_path: Path) -> None:
+    # Like a bare name not on PATH or a relative path that is not there: the agent would
+    # be given a server it cannot start, and say so (if at all) far from the chain file.
+    message = problem(tmp_path, f"""
+        [agent]
+        command = "agent"
+        [[mcp_server]]
+        name = "files"
+        command = "{tmp_path}/bin/mcp-files"
+    """)
+    assert f"c.toml: mcp_server[0].command: command not found: {tmp_path}/bin/mcp-files" \
+        in message
+
+
+def test_an_mcp_server_command_with_its_arguments_in_it_is_told_to_use_args(
+        tmp_path: Path) -> None:
+    message = problem(tmp_path, """
+        [agent]
+        command = "agent"
+        [[mcp_server]]
+        name = "files"
+        command = "sh -c true"
+    """)
+    assert "c.toml: mcp_server[0].command: command not found: sh -c true" in message
+    assert "args" in message
