@@ -20,7 +20,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from conductor.acp import Dialect  # noqa: TC001 (pydantic resolves the annotations)
 from conductor.errors import ChainShapeError, ConductorError, ConfigError
@@ -39,8 +39,23 @@ if TYPE_CHECKING:
 _STRICT: dict[str, Any] = {"extra": "forbid"}
 
 
+class _Exact:
+    """pydantic metadata: the field takes a value of its own type only, as msgspec's strict
+    path does: not `"yes"` or `1` for true, not `true` for 1, nor `"30"` for 30.0 (pydantic's
+    lax mode would, and hide the mistake). msgspec ignores it; an int is still a float."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        return {**handler(source), "strict": True}
+
+
+Bool = Annotated[bool, _Exact()]
+Int = Annotated[int, _Exact()]
+Float = Annotated[float, _Exact()]
+
+
 _NAME = r"[A-Za-z0-9_.:-]+"  # a component's name
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# A default may name variables itself (`${XDG_CONFIG:-${HOME}/.config}`), one level deep.
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-((?:[^$}]|\$(?!\{)|\$\{[^}]*\})*))?\}")
 
 
 def variables(text: str) -> list[tuple[str, str | None]]:
@@ -61,7 +76,7 @@ def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) 
         if name in environ:
             return environ[name]
         if default is not None:
-            return default
+            return expand(default, environ, where=where, file=file)
         raise ConfigError(f"environment variable {name} is not set", file=file, field=where,
                           hint=f"export {name}, or write ${{{name}:-default}}")
     return _VAR.sub(sub, text)
@@ -81,15 +96,15 @@ class ComponentSpec:
     headers: dict[str, str] = field(default_factory=dict)  # sent to `url`; values expand ${VAR}
     options: dict[str, Any] | None = None  # validated by the plugin's options model
     env: dict[str, str] = field(default_factory=dict)
-    inherit_env: bool = True
+    inherit_env: Bool = True
     cwd: str | None = None
     dialect: Dialect | None = None
-    shutdown_grace: float | None = None
+    shutdown_grace: Float | None = None
     secret_env: list[str] = field(default_factory=list)  # env names whose values traces redact
     # -- reliability (docs/reliability.md) --
     restart: Literal["never", "on-failure"] = "never"  # start it again when it exits unexpectedly
-    max_restarts: int = 5        # restarts in a row; the failure after them gives it up
-    optional: bool = False       # a proxy the chain goes on without when it fails for good
+    max_restarts: Int = 5        # restarts in a row; the failure after them gives it up
+    optional: Bool = False       # a proxy the chain goes on without when it fails for good
 
     def __post_init__(self) -> None:
         if self.name is not None and not re.fullmatch(_NAME, self.name):
@@ -118,11 +133,12 @@ class ComponentSpec:
             raise ValueError(f"{given[1]}: give exactly one of command, use, plugin, url "
                              f"(got {', '.join(given)})")
         if self.command is not None and self.options is not None:
-            raise ValueError("options are for plugin proxies (use/plugin); pass a command "
-                             "its settings on its command line or env")
-        if self.in_process and (self.env or self.cwd or self.dialect):
-            raise ValueError("env, cwd and dialect are for command components; an in-process "
-                             "plugin shares the conductor's")
+            raise ValueError("options: options are for plugin proxies (use/plugin); pass a "
+                             "command its settings on its command line or env")
+        extra = _given(self, "env", "cwd", "dialect")
+        if self.in_process and extra:
+            raise ValueError(f"{extra}: env, cwd and dialect are for command components; an "
+                             "in-process plugin shares the conductor's")
         if self.url is not None:
             if self.env or self.cwd or self.secret_env or not self.inherit_env:
                 raise ValueError("url: env, cwd, inherit_env and secret_env are for command "
@@ -168,7 +184,7 @@ class McpServerSpec:
     url: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     provider: str | None = None  # acp: the proxy offering it
-    required: bool = False       # refuse the session when the agent cannot take it
+    required: Bool = False       # refuse the session when the agent cannot take it
 
     def __post_init__(self) -> None:
         if not self.name.strip():
@@ -178,9 +194,10 @@ class McpServerSpec:
             if not self.provider:
                 raise ValueError("provider: an acp MCP server needs `provider`, the name of "
                                  "the proxy that offers it")
-            if self.command or self.args or self.env or self.url or self.headers:
-                raise ValueError("an acp MCP server is offered by its provider: it takes no "
-                                 "command, args, env, url or headers")
+            extra = _given(self, "command", "args", "env", "url", "headers")
+            if extra:
+                raise ValueError(f"{extra}: an acp MCP server is offered by its provider: it "
+                                 "takes no command, args, env, url or headers")
             return
         if self.provider:
             raise ValueError("provider: only acp MCP servers have a provider")
@@ -189,14 +206,22 @@ class McpServerSpec:
                 raise ValueError('type: a server reached at `url` needs type = "http" (or '
                                  '"sse"); without `type` it is a stdio one')
             if not self.command:
-                raise ValueError("a stdio MCP server needs `command`")
-            if self.url or self.headers:
-                raise ValueError("`url` and `headers` are for http/sse servers; set type")
+                raise ValueError("command: a stdio MCP server needs `command`")
+            extra = _given(self, "url", "headers")
+            if extra:
+                raise ValueError(f"{extra}: `url` and `headers` are for http/sse servers; "
+                                 "set type")
         else:
             if not self.url:
-                raise ValueError(f"an {self.type} MCP server needs `url`")
-            if self.command or self.args or self.env:
-                raise ValueError("`command`, `args` and `env` are for stdio servers")
+                raise ValueError(f"url: an {self.type} MCP server needs `url`")
+            extra = _given(self, "command", "args", "env")
+            if extra:
+                raise ValueError(f"{extra}: `command`, `args` and `env` are for stdio servers")
+
+
+def _given(spec: object, *keys: str) -> str | None:
+    """The first of `keys` the table sets: the field a rule between fields names."""
+    return next((key for key in keys if getattr(spec, key)), None)
 
 
 @dataclass
@@ -205,14 +230,14 @@ class SettingsSpec:
 
     __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
 
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    shutdown_grace: float = 3.0
+    max_frame_bytes: Int = DEFAULT_MAX_FRAME_BYTES
+    shutdown_grace: Float = 3.0
     redact: list[str] = field(default_factory=list)  # regexes whose matches traces redact
     mcp_bridge: Literal["auto", "http", "stdio", "off"] = "auto"  # acp servers, agent without
     # -- reliability (docs/reliability.md); all off by default --
-    session_idle_expiry: float | None = None  # seconds without a turn: a session is released
-    request_timeout: float | None = None  # seconds a request toward the agent may go unanswered
-    prompt_timeout: float | None = None   # the same for session/prompt, a whole turn
+    session_idle_expiry: Float | None = None  # seconds without a turn: a session is released
+    request_timeout: Float | None = None  # seconds a request toward the agent may go unanswered
+    prompt_timeout: Float | None = None   # the same for session/prompt, a whole turn
 
     def __post_init__(self) -> None:
         if self.max_frame_bytes < 1024:
@@ -293,10 +318,34 @@ def config_error_from_validation(error: ValidationError, file: str | None) -> Co
 
 
 def _shape_problems(error: ValidationError, file: str | None) -> list[ConductorError]:
-    from conductor.validation import problems
+    from conductor.validation import Problem, problems
 
-    return [ConfigError(p.message, file=file, field=p.field, hint=p.hint)
-            for p in problems(error, ChainConfig)]
+    found = problems(error, ChainConfig)  # one for each of error.errors(), in order
+    for i, item in enumerate(error.errors()):
+        brackets = _brackets(item["type"], tuple(item["loc"]), item["input"])
+        if brackets:  # said in TOML's terms, not pydantic's ("an instance of ComponentSpec")
+            found[i] = Problem(found[i].field, *brackets)
+    return [ConfigError(p.message, file=file, field=p.field, hint=p.hint) for p in found]
+
+
+def _brackets(kind: str, loc: tuple[str | int, ...], value: object) -> tuple[str, str] | None:
+    """What to write, for a section that is not the kind of table it should be: the usual
+    mistake is its brackets (`[[agent]]`, `[proxy]`)."""
+    if not loc or loc[0] not in _SECTIONS:
+        return None
+    section = str(loc[0])
+    listed = section in ("proxy", "mcp_server")
+    if kind == "list_type" and loc == (section,) and listed:
+        return ("should be a list of tables",
+                f"write [[{section}]], with double brackets, for each one")
+    entry = len(loc) == 2 and isinstance(loc[1], int) if listed else len(loc) == 1
+    if kind != "dataclass_type" or not entry:
+        return None
+    if not listed and isinstance(value, list):
+        return ("should be one table, not a list of them",
+                f"write [{section}], with single brackets")
+    return "should be a table", (f"write [[{section}]]" if listed else f"write [{section}]") \
+        + " and its keys below it"
 
 
 def parse_chain(data: dict[str, Any], *, file: str | None = None,
@@ -540,7 +589,7 @@ def load_chain(path: str | os.PathLike[str]) -> ChainConfig:
     path = chain_path(path)
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is no error
     except FileNotFoundError:
         raise ConfigError(
             "file not found", file=file,
@@ -726,13 +775,16 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
             command = os.path.normpath(os.path.join(config.base_dir, command))
             resolved = command if os.access(command, os.X_OK) else None
             missing = f"{relative} ({relative_to_chain(config.base_dir)})"
-        else:
-            resolved = shutil.which(command) if not os.path.isabs(command) else command
+        else:  # which() checks an absolute path as it is, and looks a bare name up in PATH
+            resolved = shutil.which(command)
             missing = command
         if resolved is None:
+            # The program alone: `command = "mcp-files --root src"` is one file's name.
+            hint = "give the program alone in `command`, and its arguments in `args`" \
+                if " " in command.strip() and not spec.args else \
+                "ACP wants an absolute path; give one, or fix PATH"
             raise ConfigError(f"command not found: {missing}", file=config.source,
-                              field=f"{where}.command",
-                              hint="ACP wants an absolute path; give one, or fix PATH")
+                              field=f"{where}.command", hint=hint)
         return McpServer(spec.name, "stdio", command=resolved,
                          args=tuple(x(a, "args") for a in spec.args),
                          env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items()),

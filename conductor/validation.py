@@ -46,6 +46,9 @@ _HINTS = {
     "missing": "add it",
     "string_type": "write a string",
     "list_type": "write a list",
+    "bool_type": "write true or false, without quotes",
+    "int_type": "write a whole number, without quotes",
+    "float_type": "write a number, without quotes",
 }
 # A model-level check names its field by starting its message with `field: `.
 _FIELD_PREFIX = re.compile(r"^([a-z_]+): ")
@@ -101,13 +104,18 @@ def keys_at(model: type, loc: Sequence[str | int]) -> list[str]:
     return sorted({key for m in models for key in _fields(m)})
 
 
+def _branch(part: str | int) -> bool:
+    """A union branch's name in a pydantic error location (`str`, `list[str]`), not a key."""
+    return isinstance(part, str) and (part in ("str", "list[str]") or "[" in part)
+
+
 def key_path(loc: Sequence[str | int], prefix: str = "") -> str:
     """`proxy[0].options.rules[1].action`: list items in brackets, keys dotted."""
     out = prefix
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("str", "list[str]") or "[" in part:
+        elif _branch(part):
             continue  # union branch names from pydantic, not keys
         else:
             out += f".{part}" if out else part
@@ -118,7 +126,7 @@ def problems(error: ValidationError, model: type, *, prefix: str = "",
              unknown: str = "unknown key {key!r}") -> list[Problem]:
     """Every problem `error` names, with a key path below `prefix` and a hint."""
     out: list[Problem] = []
-    for item in error.errors():
+    for item in _one_per_union(error):
         loc = tuple(item["loc"])
         where = key_path(loc, prefix)
         if item["type"] in _UNKNOWN:
@@ -134,5 +142,33 @@ def problems(error: ValidationError, model: type, *, prefix: str = "",
         if named:
             where = f"{where}.{named.group(1)}" if where else named.group(1)
             message = message[named.end():]
-        out.append(Problem(where, message, _HINTS.get(item["type"])))
+        out.append(Problem(where, message, item.get("hint") or _HINTS.get(item["type"])))
     return out
+
+
+def _one_per_union(error: ValidationError) -> list[dict[str, Any]]:
+    """`error`'s items, a union's said once: pydantic names every branch a value missed
+    (`command = 3`: not a string, not a list). When a branch took the value's type and
+    only its contents are wrong (`["python", 1]`), what that branch says is the problem;
+    when none did, one item says what the value may be."""
+    items: list[dict[str, Any]] = [dict(item) for item in error.errors()]
+    unions: dict[tuple[str | int, ...], list[dict[str, Any]]] = {}
+    for item in items:
+        loc = tuple(item["loc"])
+        at = next((i for i, part in enumerate(loc) if _branch(part)), None)
+        if at is not None:
+            unions.setdefault(loc[:at], []).append(item)
+    drop: set[int] = set()
+    for where, branches in unions.items():
+        missed = [b for b in branches if len(b["loc"]) == len(where) + 1]
+        if len(missed) < len({b["loc"][len(where)] for b in branches}):
+            drop.update(id(b) for b in missed)  # a branch fitted; its own problems stand
+            continue
+        hints = [_HINTS.get(b["type"]) for b in missed]
+        missed[0]["msg"] = " or ".join(
+            [missed[0]["msg"], *(b["msg"].removeprefix("Input should be ") for b in missed[1:])])
+        if all(hints):
+            missed[0]["hint"] = " or ".join(
+                [str(hints[0]), *(str(h).removeprefix("write ") for h in hints[1:])])
+        drop.update(id(b) for b in missed[1:])
+    return [item for item in items if id(item) not in drop]

@@ -248,3 +248,11 @@ def test_a_chain_file_that_is_not_utf8_is_a_config_error_naming_the_byte(tmp_pat
     with pytest.raises(ConfigError, match="not UTF-8") as raised:
         read_chain(str(path))
     assert "line 2" in str(raised.value)
+
+
+def test_a_chain_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    # Windows editors (Notepad) save UTF-8 with a BOM; it was "Invalid statement (at line
+    # 1, column 1)", naming nothing a user can see.
+    path = tmp_path / "bom.toml"
+    path.write_bytes('\ufeff[agent]\ncommand = "agent"\n'.encode())
+    assert read_chain(str(path)).agent is not None

@@ -4,11 +4,13 @@ failure that does not say which key caused it)."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from typing import TYPE_CHECKING
 
 import pytest
 
+from conductor.config import expand
 from conductor.errors import ConfigError
 from conductor.plan import plan_chain, read_chain
 
@@ -122,3 +124,137 @@ def test_a_remote_components_url_expands_variables_as_its_headers_do(
     monkeypatch.delenv("AGENT_HOST")
     assert "c.toml: agent.url: environment variable AGENT_HOST is not set" in problem(
         tmp_path, '[agent]\nurl = "wss://${AGENT_HOST}/acp"\n')
+
+
+@pytest.mark.parametrize(("table", "line", "field"), [
+    ("[[proxy]]\ncommand = 'p'", 'optional = "yes"', "proxy[0].optional"),
+    ("[agent]\ncommand = 'a'", "inherit_env = 0", "agent.inherit_env"),
+    ("[agent]\ncommand = 'a'", "max_restarts = true", "agent.max_restarts"),
+    ("[agent]\ncommand = 'a'", "shutdown_grace = true", "agent.shutdown_grace"),
+    ("[agent]\ncommand = 'a'", 'shutdown_grace = "3"', "agent.shutdown_grace"),
+    ("[conductor]", "max_frame_bytes = 70000.0", "conductor.max_frame_bytes"),
+    ("[conductor]", 'request_timeout = "30"', "conductor.request_timeout"),
+    ("[[mcp_server]]\nname = 'm'\ncommand = 'sh'", 'required = "no"', "mcp_server[0].required"),
+])
+def test_a_value_of_the_wrong_type_is_refused_not_coerced(
+        tmp_path: Path, table: str, line: str, field: str) -> None:
+    # `optional = "yes"` is not the boolean true, nor `max_restarts = true` the number 1:
+    # taking them as such hides the mistake (and the fast path, msgspec, refuses them).
+    chain = f"{table}\n{line}\n"
+    if "[agent]" not in table:
+        chain += "[agent]\ncommand = 'a'\n"
+    message = problem(tmp_path, chain)
+    assert f"c.toml: {field}:" in message
+    assert "without quotes" in message
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[[agent]]\ncommand = 'a'\n", "c.toml: agent: should be one table, not a list of "
+                                   "them (hint: write [agent], with single brackets)"),
+    ("[conductor]\n[[proxy]]\ncommand = 'p'\n[agent]\ncommand = 'a'\n", None),
+    ("[proxy]\ncommand = 'p'\n[agent]\ncommand = 'a'\n",
+     "c.toml: proxy: should be a list of tables (hint: write [[proxy]], with double "
+     "brackets, for each one)"),
+    ("[agent]\ncommand = 'a'\n[mcp_server]\nname = 'm'\ncommand = 'sh'\n",
+     "c.toml: mcp_server: should be a list of tables (hint: write [[mcp_server]], with "
+     "double brackets, for each one)"),
+    ("conductor = 3\n[agent]\ncommand = 'a'\n",
+     "c.toml: conductor: should be a table (hint: write [conductor] and its keys below "
+     "it)"),
+    ("proxy = ['p']\n[agent]\ncommand = 'a'\n",
+     "c.toml: proxy[0]: should be a table (hint: write [[proxy]] and its keys below "
+     "it)"),
+])
+def test_a_table_written_with_the_wrong_brackets_is_told_which_to_write(
+        tmp_path: Path, text: str, expected: str | None) -> None:
+    # Not "Input should be a dictionary or an instance of ComponentSpec": the reader wrote
+    # TOML, and the fix is in its brackets.
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    if expected is None:  # the right brackets: read as it is
+        read_chain(path)
+        return
+    with pytest.raises(ConfigError) as e:
+        read_chain(path)
+    assert str(e.value) == f"{path}: {expected.removeprefix('c.toml: ')}"
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    ("3", "agent.command: Input should be a valid string or a valid list "
+          "(hint: write a string or a list)"),
+    ('["python", 1]', "agent.command[1]: Input should be a valid string "
+                      "(hint: write a string)"),
+])
+def test_a_command_of_the_wrong_type_is_one_problem_about_what_it_is(
+        tmp_path: Path, command: str, expected: str) -> None:
+    # `command` is a string or a list: a number is not "2 problems" that contradict each
+    # other, and a list whose item is wrong is not told it should have been a string.
+    message = problem(tmp_path, f"[agent]\ncommand = {command}\n")
+    assert message == f"{tmp_path / 'c.toml'}: {expected}"
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"HOME": "/home/me"}, "/home/me/.config/agent"),
+    ({"HOME": "/home/me", "AGENT_CONFIG": "/etc/agent"}, "/etc/agent"),
+])
+def test_a_default_may_itself_name_a_variable(
+        monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], expected: str) -> None:
+    # `${AGENT_CONFIG:-${HOME}/.config/agent}`, as a shell reads it: not a literal
+    # "${HOME" with a stray "}" after it.
+    monkeypatch.delenv("AGENT_CONFIG", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert expand("${AGENT_CONFIG:-${HOME}/.config/agent}", dict(os.environ),
+                  where="agent.command", file="c.toml") == expected
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("[[proxy]]\ncommand = 'p'\noptions = { level = 1 }", "proxy[0].options"),
+    ("[[proxy]]\nuse = 'redact'\ncwd = 'work'", "proxy[0].cwd"),
+    ("[[proxy]]\nuse = 'redact'\ndialect = 'spec'", "proxy[0].dialect"),
+    ("[[mcp_server]]\nname = 'm'\nargs = ['-v']", "mcp_server[0].command"),
+    ("[[mcp_server]]\nname = 'm'\ntype = 'http'", "mcp_server[0].url"),
+    ("[[mcp_server]]\nname = 'm'\ncommand = 'sh'\nheaders = { A = 'b' }",
+     "mcp_server[0].headers"),
+    ("[[mcp_server]]\nname = 'm'\ntype = 'sse'\nurl = 'http://h/'\nenv = { A = 'b' }",
+     "mcp_server[0].env"),
+    ("[[proxy]]\nname = 't'\nuse = 'redact'\n[[mcp_server]]\nname = 'm'\ntype = 'acp'\n"
+     "provider = 't'\nargs = ['-v']", "mcp_server[1].args"),
+])
+def test_a_key_that_does_not_fit_its_entry_is_named_by_its_key_path(
+        tmp_path: Path, text: str, field: str) -> None:
+    # "proxy[0]: options are for plugin proxies" leaves the reader to find the key; the
+    # error names it, as every other problem does.
+    text += "\n[agent]\ncommand = 'a'\n"
+    if "mcp_server[1]" in field:
+        text = "[[mcp_server]]\nname = 'first'\ncommand = 'sh'\n" + text
+    message = problem(tmp_path, text)
+    assert f"c.toml: {field}:" in message
+
+
+def test_an_mcp_server_whose_absolute_command_does_not_exist_is_a_config_error(
+        tmp_path: Path) -> None:
+    # Like a bare name not on PATH or a relative path that is not there: the agent would
+    # be given a server it cannot start, and say so (if at all) far from the chain file.
+    message = problem(tmp_path, f"""
+        [agent]
+        command = "agent"
+        [[mcp_server]]
+        name = "files"
+        command = "{tmp_path}/bin/mcp-files"
+    """)
+    assert f"c.toml: mcp_server[0].command: command not found: {tmp_path}/bin/mcp-files" \
+        in message
+
+
+def test_an_mcp_server_command_with_its_arguments_in_it_is_told_to_use_args(
+        tmp_path: Path) -> None:
+    message = problem(tmp_path, """
+        [agent]
+        command = "agent"
+        [[mcp_server]]
+        name = "files"
+        command = "sh -c true"
+    """)
+    assert "c.toml: mcp_server[0].command: command not found: sh -c true" in message
+    assert "args" in message

@@ -143,3 +143,10 @@ def test_a_program_path_that_is_not_executable_or_a_folder_says_which_and_the_fi
     found = findings(tmp_path, '[agent]\nname = "a"\ncommand = ["./folder"]\n', {})
     assert found["a"].status == "fail"
     assert "is a directory" in found["a"].detail
+
+
+def test_a_variable_named_in_a_default_is_looked_up_when_the_default_is_used(
+        tmp_path: Path) -> None:
+    chain = '[agent]\ncommand = "true"\ncwd = "${WORK:-${HOME}/work}"\n'
+    assert findings(tmp_path, chain, {"PATH": "/bin"})["${HOME}"].status == "fail"
+    assert "${HOME}" not in findings(tmp_path, chain, {"PATH": "/bin", "WORK": "/w"})

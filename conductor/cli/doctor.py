@@ -152,6 +152,7 @@ def _variable_findings(config: ChainConfig, environ: dict[str, str]) -> list[Fin
             elif default is not None:
                 out.append(Finding("ok", f"${{{name}}}", f"not set; {where} uses its "
                                                          f"default {default!r}"))
+                texts.append((where, default))  # then its own `${VAR}`s are needed
             else:
                 out.append(Finding("fail", f"${{{name}}}",
                                    f"not set, and {where} needs it: the chain will not start; "
