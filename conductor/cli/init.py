@@ -253,12 +253,12 @@ def proxy_files(name: str) -> dict[str, str]:
 @click.option("--agent-command", metavar="CMD", help="Any other ACP agent's command line.")
 @click.option("--proxy", "proxy_name", metavar="NAME",
               help="Write a proxy package NAME instead (entry point, module, tests).")
-@click.option("-o", "--output", type=click.Path(path_type=Path),
+@click.option("-o", "--output", "output_text", type=click.Path(),
               help="Where to write: a file [default: chain.toml], or with --proxy a new "
                    "directory [default: NAME].")
 @handle_errors
 def init_command(agent: str | None, agent_command: str | None, proxy_name: str | None,
-                 output: Path | None) -> None:
+                 output_text: str | None) -> None:
     """Start a chain file for an agent, or a proxy package. Never overwrites anything.
 
     \b
@@ -266,6 +266,10 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
     acp-conductor init --agent-command "my-agent --acp" -o mine.toml
     acp-conductor init --proxy guard                   ./guard: a proxy package
     """
+    if output_text == "":  # Path("") is "." and would be refused as existing
+        raise ConfigError("the path is empty", field="--output",
+                          hint="give a file name, e.g. -o chain.toml")
+    output = Path(output_text) if output_text is not None else None
     if proxy_name is not None:
         if agent or agent_command:
             raise click.UsageError("--proxy writes a proxy package; it takes no agent")
@@ -289,8 +293,12 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
     if (agent is None) == (agent_command is None):
         raise click.UsageError("give --agent (" + ", ".join(sorted(AGENTS)) +
                                ") or --agent-command CMD")
+    if agent_command is not None and not agent_command.strip():
+        raise ConfigError("the command is empty", field="--agent-command",
+                          hint='give the agent\'s command line, e.g. "my-agent --acp"')
     chosen = AGENTS[agent] if agent else KnownAgent(
-        f"`{agent_command}`", json.dumps(agent_command), (),
+        # one line: the title goes in a comment line, which a newline would end
+        f"`{' '.join(str(agent_command).split())}`", json.dumps(agent_command), (),
         "give the agent what it needs in your environment")
     file = output or Path("chain.toml")
     _refuse_existing(file)
