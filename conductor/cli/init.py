@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,9 @@ def chain_text(name: str, agent: KnownAgent, file: Path) -> str:
     secrets = ", ".join(json.dumps(s) for s in agent.secrets)
     login = textwrap.fill(f"Credentials: {agent.login}.", width=92, initial_indent="# ",
                           subsequent_indent="# ")
-    return CHAIN.format(title=agent.title, file=file, absolute=file.resolve(), name=name,
+    # shell-quoted: the comment's commands are for pasting into a terminal
+    return CHAIN.format(title=agent.title, file=shlex.quote(str(file)),
+                        absolute=shlex.quote(str(file.resolve())), name=name,
                         command=agent.command, secrets=secrets, login=login)
 
 
@@ -287,7 +290,7 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
                                   field="--output", hint="give --output a new directory in an "
                                                          "existing, writable folder") from None
             _write_new(path, text)
-        click.echo(f"wrote {root}/: pip install -e '{root}[test]', then use = "
+        click.echo(f"wrote {root}/: pip install -e {shlex.quote(f'{root}[test]')}, then use = "
                    f'"{proxy_name}" in a chain (see {root}/README.md)')
         return
     if (agent is None) == (agent_command is None):
@@ -303,4 +306,4 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
     file = output or Path("chain.toml")
     _refuse_existing(file)
     _write_new(file, chain_text(agent or "agent", chosen, file))
-    click.echo(f"wrote {file}: try `acp-conductor check --chain {file}`")
+    click.echo(f"wrote {file}: try `acp-conductor check --chain {shlex.quote(str(file))}`")

@@ -146,3 +146,24 @@ def test_an_agent_command_over_several_lines_still_makes_a_chain_that_loads(
     assert result.exit_code == 0, result.output
     agent = read_chain("chain.toml").agent
     assert agent is not None and agent.command == "my-agent\n  --acp"
+
+
+@pytest.mark.parametrize("output", ["my chain.toml", "it's.toml"])
+def test_the_commands_init_suggests_work_when_pasted_for_a_path_with_spaces_or_quotes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str) -> None:
+    import shlex
+
+    from click.testing import CliRunner
+
+    from conductor.cli.app import main
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["init", "--agent", "demo", "-o", output])
+    assert result.exit_code == 0, result.output
+    suggested = re.search(r"`(acp-conductor check [^`]*)`", result.stdout)
+    assert suggested is not None and shlex.split(suggested.group(1))[-1] == output
+    written = (tmp_path / output).read_text(encoding="utf-8")
+    for command in re.findall(r"^#   (acp-conductor .*?)  ", written, re.M):
+        assert output in shlex.split(command), command
+    editor = re.search(r"starts `(acp-conductor --chain [^`]*)`", written)
+    assert editor is not None and shlex.split(editor.group(1))[-1] == str(tmp_path / output)
