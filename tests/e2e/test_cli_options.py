@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import selectors
 import subprocess
 from typing import TYPE_CHECKING
@@ -43,6 +44,18 @@ def test_every_subcommand_that_runs_a_chain_takes_every_global_option() -> None:
     assert {"agent", "proxy", "run", "check", "call", "serve", "doctor"} <= set(runs_a_chain)
     for name, command in runs_a_chain.items():
         assert GLOBAL <= options_of(command), (name, GLOBAL - options_of(command))
+
+
+def test_the_help_names_exactly_the_subcommands_that_take_global_options_after_them() -> None:
+    # It said "Global options may also follow the subcommand", and `proxies --log-level
+    # debug` (or chains, init, trace) was then refused with "No such option".
+    ctx = click.Context(main)
+    taking = {name for name in main.list_commands(ctx)
+              if (command := main.get_command(ctx, name)) is not None
+              and GLOBAL <= options_of(command)}
+    said = re.search(r"Global options may also follow (.*?)\.", " ".join(main.help.split()))
+    assert said is not None
+    assert set(re.findall(r"[a-z][a-z-]+", said.group(1))) - {"and"} == taking
 
 
 def test_trace_given_after_run_writes_the_trace(tmp_path: Path) -> None:
