@@ -88,7 +88,12 @@ def errors_reported(options: Globals | None, *,
         except ConductorError as e:
             fail(e)
     try:
-        yield
+        try:
+            yield
+        except BaseExceptionGroup as group:
+            # Out of a task group, one error comes wrapped: report it as itself (its exit
+            # code and message), not as "internal error: ExceptionGroup ...".
+            raise _sole(group) from None
     except ConductorError as e:
         fail(e)
     except passthrough:
@@ -100,3 +105,11 @@ def errors_reported(options: Globals | None, *,
         say(f"acp-conductor: internal error: {type(e).__name__}: {e} "
             "(run with --log-level debug for details)")
         sys.exit(ExitCode.FAILED)
+
+
+def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error inside `group` (through nested groups), or `group` if it holds more."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
