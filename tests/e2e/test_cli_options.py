@@ -15,6 +15,7 @@ import subprocess
 from typing import TYPE_CHECKING
 
 import click
+import pytest
 
 from conductor.cli.app import main
 from tests.conftest import child_env, conductor_argv
@@ -113,3 +114,22 @@ def test_a_chain_started_by_an_editor_says_nothing_about_terminals() -> None:
                           stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
                           check=False)
     assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+
+
+@pytest.mark.parametrize(("args", "code"), [
+    (("chains",), 141), (("proxies",), 141), (("doctor",), 141),
+    (("check", "--chain", "demo"), 0)])
+def test_a_reader_that_goes_away_ends_the_command_quietly(args: tuple[str, ...],
+                                                         code: int) -> None:
+    # `acp-conductor proxies | head -c1`, `check ... | grep -q ok`: writing to the closed
+    # pipe was reported as "internal error: BrokenPipeError", exit 1. A listing now ends as
+    # a Unix tool cut off by SIGPIPE does (141, silent); check keeps its verdict, as run does.
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the command writes anything
+    try:
+        done = subprocess.run(conductor_argv(*args), env=child_env(), stdin=subprocess.DEVNULL,
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+                              check=False)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (code, "")
