@@ -110,6 +110,21 @@ def test_params_nested_too_deeply_or_with_a_non_json_number_are_a_usage_error(
     assert "internal error" not in done.stderr
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    (("_ext/echo", '{"x": "\\ud800"}'), "PARAMS: PARAMS is not UTF-8"),
+    (("_ext/\udcff", "{}"), "METHOD: METHOD is not UTF-8")])
+def test_params_or_a_method_that_are_not_utf8_are_a_usage_error_not_an_internal_one(
+        chain: Path, args: tuple[str, str], said: str) -> None:
+    # json.loads accepts a lone surrogate escape, and a non-UTF-8 byte in argv arrives as
+    # one: neither can be encoded to send, which surfaced as an internal error (exit 1).
+    argv = [a.encode("utf-8", "surrogateescape") for a in conductor_argv("call", "--chain",
+                                                                         str(chain), *args)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=60)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert said in done.stderr
+    assert "internal error" not in done.stderr
+
+
 def test_the_call_example_in_writing_a_proxy_prints_what_it_says(tmp_path: Path) -> None:
     files = doc_files("writing-a-proxy.md")
     for name in ("upper.py", "upper.toml"):

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from conductor.cli import entry
 from conductor.cli.app import main as with_click
+from conductor.errors import ConfigError
 from tests.conftest import child_env, conductor_argv
 
 if TYPE_CHECKING:
@@ -151,3 +152,22 @@ def test_a_bad_agent_command_is_reported_as_click_reports_it(
 def test_agent_mode_answers_initialize_without_importing_click() -> None:
     agent = shlex.join([sys.executable, "-m", "conductor", "demo-agent"])
     assert "click" not in initialize_importing("agent", agent)
+
+
+@pytest.mark.parametrize(("raised", "code", "said"), [
+    (ExceptionGroup("in a task group", [ConfigError("bad", field="--x")]), 2,
+     "acp-conductor: error: --x: bad"),
+    (ExceptionGroup("outer", [ExceptionGroup("inner", [ValueError("the real cause")])]), 1,
+     "acp-conductor: internal error: ValueError: the real cause")])
+def test_an_error_raised_in_a_task_group_is_reported_as_itself(
+        capsys: pytest.CaptureFixture[str], raised: BaseException, code: int,
+        said: str) -> None:
+    # An error out of a task group arrives wrapped: it was reported as "internal error:
+    # ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception)", exit 1, even
+    # for a ConductorError with its own exit code and message.
+    from conductor.cli.guard import errors_reported
+
+    with pytest.raises(SystemExit) as exited, errors_reported(None):
+        raise raised
+    assert exited.value.code == code
+    assert said in capsys.readouterr().err

@@ -148,6 +148,40 @@ def test_the_proxies_command_lists_installed_proxies_with_a_description() -> Non
     assert "Scrub secrets" in lines["redact"]
 
 
+def test_a_plugin_that_calls_sys_exit_on_import_is_a_load_error_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `sys.exit("needs X")` at import is a common way for a module to refuse: SystemExit is
+    # no Exception, and escaped every loader (the conductor exited with the plugin's text).
+    (tmp_path / "quits.py").write_text('import sys\nsys.exit("quits needs X")\n',
+                                       encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for ref in ("quits:P", str(tmp_path / "quits.py")):
+        with pytest.raises(PluginNotFoundError, match=r"quits.*SystemExit: quits needs X"):
+            find_plugin(ref)
+
+
+def test_the_proxies_command_lists_the_others_when_a_plugin_exits_on_import(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from conductor.cli.app import main
+
+    (tmp_path / "quits.py").write_text('import sys\nsys.exit("quits needs X")\n',
+                                       encoding="utf-8")
+    info = tmp_path / "quits-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: quits\nVersion: 0.1\n",
+                                   encoding="utf-8")
+    (info / "entry_points.txt").write_text("[acp_conductor.proxies]\nquits = quits:P\n",
+                                           encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(main, ["proxies"])
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()}
+    assert BUILT_INS <= set(lines)
+    assert "cannot load" in lines["quits"] and "quits needs X" in lines["quits"]
+
+
 def test_serve_proxy_rejects_bad_options_before_serving() -> None:
     done = subprocess.run(conductor_argv("serve-proxy", "redact", "--options",
                                          '{"patterns": ["("]}'),

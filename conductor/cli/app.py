@@ -63,7 +63,8 @@ def main(ctx: click.Context) -> None:
     Try it in a terminal:   acp-conductor run --chain demo "hello"
 
     stdout carries JSON-RPC only; logs and each component's stderr (prefixed with
-    its name) go to stderr or --log-file. Global options may also follow the subcommand.
+    its name) go to stderr or --log-file. Global options may also follow agent, call,
+    check, doctor, proxy, run, serve and serve-proxy.
     """
     if ctx.invoked_subcommand is not None:
         return

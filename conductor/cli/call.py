@@ -58,6 +58,16 @@ def call_command(ctx: click.Context, method: str, params: str | None, open_sessi
                           hint="quote it for the shell: '{\"x\": 1}'") from None
     except RecursionError:
         raise ConfigError("PARAMS is nested too deeply to send", field="PARAMS") from None
+    # A lone surrogate (a "\ud800" escape, or a non-UTF-8 byte in argv) cannot go out
+    # as UTF-8: refused here, not as an internal error from the encoder mid-call.
+    for field, given in (("METHOD", method), ("PARAMS", value)):
+        try:
+            json.dumps(given, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{field} is not UTF-8 (it has a lone surrogate)",
+                              field=field) from None
+        except RecursionError:
+            raise ConfigError(f"{field} is nested too deeply to send", field=field) from None
     if open_session and not (value is None or isinstance(value, dict)):
         raise ConfigError("with --session, PARAMS must be a JSON object (sessionId is added "
                           "to it)", field="PARAMS")

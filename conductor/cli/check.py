@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 import msgspec
@@ -82,6 +82,22 @@ def _line(c: ComponentReport) -> str:
     return f"{cells['name']}: {', '.join(parts)}"
 
 
+def _show(report: CheckReport, path: str, *, as_json: bool, out: TextIO) -> None:
+    if as_json:
+        click.echo(msgspec.json.encode({"chain": path, **report.to_json()}).decode(), file=out)
+    elif out.isatty():
+        from rich.console import Console
+
+        Console(file=out).print(_table(report, path))
+    else:  # a CI log or a pipe: one plain line per component, nothing wrapped
+        click.echo(f"{path}: {'ok' if report.ok else 'FAILED'}", file=out)
+        for c in report.components:
+            click.echo(_line(c), file=out)
+    if report.mode == "proxy" and not as_json:
+        click.echo("(a chain of proxies: checked as a proxy, with a stand-in agent as its "
+                   "successor)", file=out)
+
+
 @click.command("check")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
@@ -104,19 +120,10 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
     with options.trace_sink(config) as tracer:
         report = loop.run(run_flushed, tracer,
                            functools.partial(check_chain, config, timeout=timeout, tracer=tracer))
-    if as_json:
-        click.echo(msgspec.json.encode({"chain": path, **report.to_json()}).decode(), file=out)
-    elif out.isatty():
-        from rich.console import Console
-
-        Console(file=out).print(_table(report, path))
-    else:  # a CI log or a pipe: one plain line per component, nothing wrapped
-        click.echo(f"{path}: {'ok' if report.ok else 'FAILED'}", file=out)
-        for c in report.components:
-            click.echo(_line(c), file=out)
-    if report.mode == "proxy" and not as_json:
-        click.echo("(a chain of proxies: checked as a proxy, with a stand-in agent as its "
-                   "successor)", file=out)
+    try:
+        _show(report, path, as_json=as_json, out=out)
+    except BrokenPipeError:
+        pass  # the reader went away (`| grep -q ok`): the exit code still says it, as in run
     if not report.ok:
         from rich.console import Console
         from rich.text import Text

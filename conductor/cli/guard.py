@@ -8,6 +8,7 @@ without importing click (cli/entry.py); the click commands use the same (cli/con
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -88,15 +89,51 @@ def errors_reported(options: Globals | None, *,
         except ConductorError as e:
             fail(e)
     try:
-        yield
+        try:
+            yield
+        except BaseExceptionGroup as group:
+            # Out of a task group, one error comes wrapped: report it as itself (its exit
+            # code and message), not as "internal error: ExceptionGroup ...".
+            raise _sole(group) from None
     except ConductorError as e:
         fail(e)
     except passthrough:
         raise
     except KeyboardInterrupt:
         sys.exit(ExitCode.SIGINT)
+    except BrokenPipeError as e:
+        if not _stdout_reader_gone():
+            _internal_error(e)
+        # `acp-conductor chains | head -1`: end as a Unix tool cut off by SIGPIPE does,
+        # silently, with nothing left to flush into the dead pipe at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        sys.exit(128 + 13)  # 13: SIGPIPE (docs/configuration.md)
     except Exception as e:  # the last line of defence: a message, not a traceback
-        log.debug("internal error", exc_info=True)
-        say(f"acp-conductor: internal error: {type(e).__name__}: {e} "
-            "(run with --log-level debug for details)")
-        sys.exit(ExitCode.FAILED)
+        _internal_error(e)
+
+
+def _internal_error(e: Exception) -> NoReturn:
+    log.debug("internal error", exc_info=e)
+    say(f"acp-conductor: internal error: {type(e).__name__}: {e} "
+        "(run with --log-level debug for details)")
+    sys.exit(ExitCode.FAILED)
+
+
+def _stdout_reader_gone() -> bool:
+    """Is fd 1 a pipe whose reader has closed it? (False where poll() is missing.)"""
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(1, select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error inside `group` (through nested groups), or `group` if it holds more."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error

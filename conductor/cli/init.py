@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,9 @@ def chain_text(name: str, agent: KnownAgent, file: Path) -> str:
     secrets = ", ".join(json.dumps(s) for s in agent.secrets)
     login = textwrap.fill(f"Credentials: {agent.login}.", width=92, initial_indent="# ",
                           subsequent_indent="# ")
-    return CHAIN.format(title=agent.title, file=file, absolute=file.resolve(), name=name,
+    # shell-quoted: the comment's commands are for pasting into a terminal
+    return CHAIN.format(title=agent.title, file=shlex.quote(str(file)),
+                        absolute=shlex.quote(str(file.resolve())), name=name,
                         command=agent.command, secrets=secrets, login=login)
 
 
@@ -253,12 +256,12 @@ def proxy_files(name: str) -> dict[str, str]:
 @click.option("--agent-command", metavar="CMD", help="Any other ACP agent's command line.")
 @click.option("--proxy", "proxy_name", metavar="NAME",
               help="Write a proxy package NAME instead (entry point, module, tests).")
-@click.option("-o", "--output", type=click.Path(path_type=Path),
+@click.option("-o", "--output", "output_text", type=click.Path(),
               help="Where to write: a file [default: chain.toml], or with --proxy a new "
                    "directory [default: NAME].")
 @handle_errors
 def init_command(agent: str | None, agent_command: str | None, proxy_name: str | None,
-                 output: Path | None) -> None:
+                 output_text: str | None) -> None:
     """Start a chain file for an agent, or a proxy package. Never overwrites anything.
 
     \b
@@ -266,6 +269,10 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
     acp-conductor init --agent-command "my-agent --acp" -o mine.toml
     acp-conductor init --proxy guard                   ./guard: a proxy package
     """
+    if output_text == "":  # Path("") is "." and would be refused as existing
+        raise ConfigError("the path is empty", field="--output",
+                          hint="give a file name, e.g. -o chain.toml")
+    output = Path(output_text) if output_text is not None else None
     if proxy_name is not None:
         if agent or agent_command:
             raise click.UsageError("--proxy writes a proxy package; it takes no agent")
@@ -283,16 +290,20 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
                                   field="--output", hint="give --output a new directory in an "
                                                          "existing, writable folder") from None
             _write_new(path, text)
-        click.echo(f"wrote {root}/: pip install -e '{root}[test]', then use = "
+        click.echo(f"wrote {root}/: pip install -e {shlex.quote(f'{root}[test]')}, then use = "
                    f'"{proxy_name}" in a chain (see {root}/README.md)')
         return
     if (agent is None) == (agent_command is None):
         raise click.UsageError("give --agent (" + ", ".join(sorted(AGENTS)) +
                                ") or --agent-command CMD")
+    if agent_command is not None and not agent_command.strip():
+        raise ConfigError("the command is empty", field="--agent-command",
+                          hint='give the agent\'s command line, e.g. "my-agent --acp"')
     chosen = AGENTS[agent] if agent else KnownAgent(
-        f"`{agent_command}`", json.dumps(agent_command), (),
+        # one line: the title goes in a comment line, which a newline would end
+        f"`{' '.join(str(agent_command).split())}`", json.dumps(agent_command), (),
         "give the agent what it needs in your environment")
     file = output or Path("chain.toml")
     _refuse_existing(file)
     _write_new(file, chain_text(agent or "agent", chosen, file))
-    click.echo(f"wrote {file}: try `acp-conductor check --chain {file}`")
+    click.echo(f"wrote {file}: try `acp-conductor check --chain {shlex.quote(str(file))}`")

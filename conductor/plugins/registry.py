@@ -88,7 +88,8 @@ def find_plugin(ref: str, *, base_dir: str | None = None) -> type[Proxy[Any]]:
                 "`package.module:Class`, or `path/to/file.py:Class`")
         try:
             obj = ep.load()
-        except Exception as e:  # the plugin's own code: whatever it raises names it
+        except (Exception, SystemExit) as e:  # the plugin's own code: whatever it raises
+            # names it (SystemExit too: `sys.exit("needs X")` is a module refusing to load)
             raise PluginNotFoundError(f"proxy {ref!r} ({ep.value}) cannot be loaded"
                                       f"{_where(e)}: {type(e).__name__}: {e}") from e
     return validate_plugin(ref, obj)
@@ -101,7 +102,7 @@ def _from_module(ref: str, module_name: str, attr: str) -> object:
         if e.name is None or not (module_name + ".").startswith(e.name + "."):
             raise _import_failed(ref, e) from e  # found, but what it imports is not
         raise PluginNotFoundError(f"cannot import {module_name!r} for plugin {ref!r}: {e}") from e
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise _import_failed(ref, e) from e
     try:
         return getattr(module, attr)
@@ -120,7 +121,7 @@ def _from_file(ref: str, path: Path, attr: str | None) -> object:
     sys.modules[name] = module  # dataclasses and pydantic look their module up by name
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         sys.modules.pop(name, None)
         raise _import_failed(ref, e) from e
     if attr:
@@ -134,7 +135,7 @@ def _from_file(ref: str, path: Path, attr: str | None) -> object:
     return candidates[0]
 
 
-def _import_failed(ref: str, error: Exception) -> PluginNotFoundError:
+def _import_failed(ref: str, error: BaseException) -> PluginNotFoundError:
     """The plugin's own code raised while it was imported (a syntax error, a missing
     dependency, a misused `@on`): one line naming the plugin, where, and what."""
     return PluginNotFoundError(

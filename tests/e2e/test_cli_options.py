@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import selectors
 import subprocess
 from typing import TYPE_CHECKING
 
 import click
+import pytest
 
 from conductor.cli.app import main
 from tests.conftest import child_env, conductor_argv
@@ -43,6 +45,18 @@ def test_every_subcommand_that_runs_a_chain_takes_every_global_option() -> None:
     assert {"agent", "proxy", "run", "check", "call", "serve", "doctor"} <= set(runs_a_chain)
     for name, command in runs_a_chain.items():
         assert GLOBAL <= options_of(command), (name, GLOBAL - options_of(command))
+
+
+def test_the_help_names_exactly_the_subcommands_that_take_global_options_after_them() -> None:
+    # It said "Global options may also follow the subcommand", and `proxies --log-level
+    # debug` (or chains, init, trace) was then refused with "No such option".
+    ctx = click.Context(main)
+    taking = {name for name in main.list_commands(ctx)
+              if (command := main.get_command(ctx, name)) is not None
+              and GLOBAL <= options_of(command)}
+    said = re.search(r"Global options may also follow (.*?)\.", " ".join(main.help.split()))
+    assert said is not None
+    assert set(re.findall(r"[a-z][a-z-]+", said.group(1))) - {"and"} == taking
 
 
 def test_trace_given_after_run_writes_the_trace(tmp_path: Path) -> None:
@@ -100,3 +114,22 @@ def test_a_chain_started_by_an_editor_says_nothing_about_terminals() -> None:
                           stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
                           check=False)
     assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+
+
+@pytest.mark.parametrize(("args", "code"), [
+    (("chains",), 141), (("proxies",), 141), (("doctor",), 141),
+    (("check", "--chain", "demo"), 0)])
+def test_a_reader_that_goes_away_ends_the_command_quietly(args: tuple[str, ...],
+                                                         code: int) -> None:
+    # `acp-conductor proxies | head -c1`, `check ... | grep -q ok`: writing to the closed
+    # pipe was reported as "internal error: BrokenPipeError", exit 1. A listing now ends as
+    # a Unix tool cut off by SIGPIPE does (141, silent); check keeps its verdict, as run does.
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the command writes anything
+    try:
+        done = subprocess.run(conductor_argv(*args), env=child_env(), stdin=subprocess.DEVNULL,
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+                              check=False)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (code, "")

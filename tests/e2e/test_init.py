@@ -110,3 +110,60 @@ def test_init_into_a_folder_that_is_missing_or_a_file_is_a_usage_error_naming_th
     assert args[-1].split("/")[0] in result.stderr
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
     assert (tmp_path / "a-file").read_text(encoding="utf-8") == "mine\n"
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--agent-command", ""], "--agent-command: the command is empty"),
+    (["--agent-command", "  "], "--agent-command: the command is empty"),
+    (["--agent", "demo", "-o", ""], "--output: the path is empty"),
+    (["--proxy", "shout", "-o", ""], "--output: the path is empty")])
+def test_an_empty_agent_command_or_output_is_refused_by_name_and_nothing_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], said: str) -> None:
+    # An empty command wrote a chain that `check` then refused; an empty -o is "." and was
+    # refused as ". already exists", which says nothing about what was wrong.
+    from click.testing import CliRunner
+
+    from conductor.cli.app import main
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["init", *args])
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr and result.stdout == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_agent_command_over_several_lines_still_makes_a_chain_that_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The command is also shown in the file's first comment line: a newline in it left the
+    # rest of that line outside the comment, and the file was not TOML.
+    from click.testing import CliRunner
+
+    from conductor.cli.app import main
+    from conductor.plan import read_chain
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["init", "--agent-command", "my-agent\n  --acp"])
+    assert result.exit_code == 0, result.output
+    agent = read_chain("chain.toml").agent
+    assert agent is not None and agent.command == "my-agent\n  --acp"
+
+
+@pytest.mark.parametrize("output", ["my chain.toml", "it's.toml"])
+def test_the_commands_init_suggests_work_when_pasted_for_a_path_with_spaces_or_quotes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str) -> None:
+    import shlex
+
+    from click.testing import CliRunner
+
+    from conductor.cli.app import main
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["init", "--agent", "demo", "-o", output])
+    assert result.exit_code == 0, result.output
+    suggested = re.search(r"`(acp-conductor check [^`]*)`", result.stdout)
+    assert suggested is not None and shlex.split(suggested.group(1))[-1] == output
+    written = (tmp_path / output).read_text(encoding="utf-8")
+    for command in re.findall(r"^#   (acp-conductor .*?)  ", written, re.M):
+        assert output in shlex.split(command), command
+    editor = re.search(r"starts `(acp-conductor --chain [^`]*)`", written)
+    assert editor is not None and shlex.split(editor.group(1))[-1] == str(tmp_path / output)
