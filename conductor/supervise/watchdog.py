@@ -13,12 +13,14 @@ the editor's pipes open.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import logging
 import math
 import os
 import signal
+import time
 from pathlib import Path
 
 log = logging.getLogger("acp_conductor.supervise")
@@ -60,6 +62,26 @@ class Watchdog:
                 self._close()
         self._start()  # tells the new one every group, this line's included
 
+    def retire(self) -> None:
+        """At exit, with nothing left to watch: end the watchdog now and reap it. Left to
+        see our exit, it would end a moment after us, an orphan whose zombie waits for
+        whoever reaps orphans: pid 1, which is slow in some VMs and never reaps in a
+        container whose pid 1 is not an init; meanwhile a client tracking our descendants
+        (acpx) waits on it. With a group still listed it is left running: that is when
+        it must outlive us."""
+        if self._pid is None or self._fd is None or self._groups:
+            return
+        pid, fd = self._pid, self._fd
+        self._fd = self._pid = None
+        os.close(fd)  # EOF: with nothing listed it exits at once
+        for _ in range(100):  # bounded (0.5 s): a stuck one is left to end on its own
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    return
+            except ChildProcessError:
+                return
+            time.sleep(0.005)
+
     def _start(self) -> None:
         read, write = os.pipe()  # both close-on-exec: no component inherits the write end
         os.set_blocking(write, False)  # never stall the event loop on it
@@ -73,6 +95,7 @@ class Watchdog:
                 setpgroup=0, setsigmask=(), setsigdef=(signal.SIGPIPE,))
             self._fd = write
             os.write(write, "".join(f"+ {g} {t}\n" for g, t in self._groups.items()).encode())
+            atexit.register(self.retire)  # (once per start: it returns at once when done)
         except OSError as e:
             log.warning("cannot start the process watchdog (%s): if this conductor is "
                         "killed, what it started may keep running", e)

@@ -292,6 +292,45 @@ command = {json.dumps(conductor_argv("--chain", str(inner)))}
     await wait_all_gone(tree)
 
 
+# -- a conductor that ends cleanly ----------------------------------------------------------
+
+# Run a conductor as the child of a subreaper that never reaps on its own: any process the
+# conductor leaves behind, running or a zombie, is then re-parented here and found by
+# waitpid. (A VM's pid 1 may take seconds to reap an orphan; a container's may never.)
+SUBREAPER = """
+import ctypes, json, os, subprocess, sys
+PR_SET_CHILD_SUBREAPER = 36
+assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+init = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                   "params": {"protocolVersion": 1, "clientCapabilities": {}}}) + "\\n"
+done = subprocess.run(sys.argv[1:], input=init.encode(), capture_output=True, timeout=60)
+left = []
+while True:
+    try:
+        pid, status = os.waitpid(-1, 0)
+    except ChildProcessError:
+        break
+    left.append(pid)
+print(json.dumps({"code": done.returncode, "answered": b'"result"' in done.stdout,
+                  "left": left}))
+"""
+
+
+def test_a_conductor_that_ends_cleanly_leaves_no_process_not_even_its_watchdog_s_zombie(
+        ) -> None:
+    import subprocess
+
+    from tests.conftest import child_env, conductor_argv
+
+    argv = conductor_argv(*chain_args(1))
+    done = subprocess.run([sys.executable, "-c", SUBREAPER, *argv], capture_output=True,
+                          text=True, env=child_env(), timeout=90, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["code"] == 0 and report["answered"], report
+    assert report["left"] == []  # everything it started was reaped by it before it left
+
+
 # -- a conductor killed with SIGKILL ----------------------------------------------------------
 
 async def test_a_sigkilled_conductor_takes_every_process_it_started_with_it(
