@@ -19,9 +19,12 @@ import functools
 import logging
 import math
 import os
+import select
 import signal
 import time
 from pathlib import Path
+
+from conductor.supervise import _linux
 
 log = logging.getLogger("acp_conductor.supervise")
 
@@ -74,13 +77,25 @@ class Watchdog:
         pid, fd = self._pid, self._fd
         self._fd = self._pid = None
         os.close(fd)  # EOF: with nothing listed it exits at once
-        for _ in range(100):  # bounded (0.5 s): a stuck one is left to end on its own
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0]:
+        deadline = time.monotonic() + 0.5  # bounded: a stuck one is left to end on its own
+        exited = _linux.open_pidfd(pid)  # readable at its exit; elsewhere, poll
+        try:
+            while True:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        return
+                except ChildProcessError:
                     return
-            except ChildProcessError:
-                return
-            time.sleep(0.005)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                if exited is not None:
+                    select.select([exited], [], [], left)
+                else:
+                    time.sleep(min(0.002, left))
+        finally:
+            if exited is not None:
+                os.close(exited)
 
     def _start(self) -> None:
         read, write = os.pipe()  # both close-on-exec: no component inherits the write end
