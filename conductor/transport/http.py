@@ -629,7 +629,7 @@ class AcpEndpoint:
             return
         if _header(scope, CONNECTION_ID) is None and isinstance(item, Request) \
                 and item.method in _OPENS:
-            await self._initialize(scope, send, owner, item, cors)
+            await self._initialize(scope, receive, send, owner, item, cors)
             return
         client = self._client_of(scope, owner)
         if isinstance(item, Request | Notification):
@@ -652,8 +652,8 @@ class AcpEndpoint:
             raise Refusal(404, "the connection has ended") from None
         await _json(send, 202, None, cors)
 
-    async def _initialize(self, scope: Scope, send: Send, owner: int, request: Request,
-                          cors: list[tuple[str, str]]) -> None:
+    async def _initialize(self, scope: Scope, receive: Receive, send: Send, owner: int,
+                          request: Request, cors: list[tuple[str, str]]) -> None:
         self._check_room()
         client = HttpClient(_peer(scope), owner, max_frame_bytes=self.max_frame_bytes,
                             timeout=self.send_timeout)
@@ -663,9 +663,27 @@ class AcpEndpoint:
             await client.deliver(request)
         except anyio.BrokenResourceError:
             pass
-        with anyio.move_on_after(INITIALIZE_TIMEOUT):
-            await client.initialized.wait()
+        gave_up = False
+        async with anyio.create_task_group() as tg:
+            async def watch_hang_up() -> None:
+                # The answer carries the connection id: a client gone before it can never
+                # use the connection, which would hold a place until it idled out.
+                nonlocal gave_up
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                gave_up = True
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_hang_up)
+            with anyio.move_on_after(INITIALIZE_TIMEOUT):
+                await client.initialized.wait()
+            tg.cancel_scope.cancel()
         answer = client.initialize_answer
+        if gave_up:
+            log.info("%s hung up before its initialize was answered: its chain stops",
+                     client.peer)
+            client.end()
+            return
         if answer is None:
             client.end()
             await _json(send, 504, {"error": "the chain did not answer initialize"}, cors)

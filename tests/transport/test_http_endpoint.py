@@ -238,6 +238,27 @@ async def test_connections_over_the_limit_are_refused() -> None:
     assert refused.value.response.status_code == 503
 
 
+async def test_a_client_that_hangs_up_before_its_initialize_is_answered_frees_its_place(
+        tmp_path: Any) -> None:
+    # The answer carries the connection id: a client gone before it can never use (or end)
+    # the connection, which held one of the places until the initialize timed out (120 s).
+    ready = tmp_path / "ready"
+    agent = ["sh", "-c", f'[ -e {ready} ] && exec "$0" -m conductor.demo_agent; cat >/dev/null',
+             sys.executable]
+    # (a short grace: the first chain's initialize, owed at its EOF, is never answered)
+    chain = parse_chain({"conductor": {"shutdown_grace": 0.3}, "agent": {"command": agent}},
+                        file="<test>")
+    async with open_listener(chain, max_connections=1) as (_, url), \
+            httpx.AsyncClient() as client:
+        with anyio.fail_after(20):
+            with pytest.raises(httpx.ReadTimeout):  # its agent never answers: give up
+                await client.post(url, json=INIT, headers=AUTH, timeout=0.5)
+            ready.touch()  # the next connection's agent answers
+            while (second := await initialize(client, url)).status_code == 503:  # noqa: ASYNC110
+                await anyio.sleep(0.05)  # (the place frees once the first chain stopped)
+    assert second.status_code == 200 and second.json()["result"]["protocolVersion"] == 1
+
+
 async def test_an_idle_connection_is_closed_and_its_stream_ends() -> None:
     async with open_listener(idle_timeout=0.5) as (_, url), httpx.AsyncClient() as client:
         with anyio.fail_after(15):
