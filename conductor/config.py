@@ -318,10 +318,10 @@ def config_error_from_validation(error: ValidationError, file: str | None) -> Co
 
 
 def _shape_problems(error: ValidationError, file: str | None) -> list[ConductorError]:
-    from conductor.validation import Problem, problems
+    from conductor.validation import Problem, one_per_union, problems
 
-    found = problems(error, ChainConfig)  # one for each of error.errors(), in order
-    for i, item in enumerate(error.errors()):
+    found = problems(error, ChainConfig)  # one for each of one_per_union(error), in order
+    for i, item in enumerate(one_per_union(error)):
         brackets = _brackets(item["type"], tuple(item["loc"]), item["input"])
         if brackets:  # said in TOML's terms, not pydantic's ("an instance of ComponentSpec")
             found[i] = Problem(found[i].field, *brackets)

@@ -124,9 +124,10 @@ def key_path(loc: Sequence[str | int], prefix: str = "") -> str:
 
 def problems(error: ValidationError, model: type, *, prefix: str = "",
              unknown: str = "unknown key {key!r}") -> list[Problem]:
-    """Every problem `error` names, with a key path below `prefix` and a hint."""
+    """Every problem `error` names, with a key path below `prefix` and a hint: one for
+    each of `one_per_union(error)`, in order."""
     out: list[Problem] = []
-    for item in _one_per_union(error):
+    for item in one_per_union(error):
         loc = tuple(item["loc"])
         where = key_path(loc, prefix)
         if item["type"] in _UNKNOWN:
@@ -146,7 +147,7 @@ def problems(error: ValidationError, model: type, *, prefix: str = "",
     return out
 
 
-def _one_per_union(error: ValidationError) -> list[dict[str, Any]]:
+def one_per_union(error: ValidationError) -> list[dict[str, Any]]:
     """`error`'s items, a union's said once: pydantic names every branch a value missed
     (`command = 3`: not a string, not a list). When a branch took the value's type and
     only its contents are wrong (`["python", 1]`), what that branch says is the problem;

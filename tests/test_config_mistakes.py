@@ -193,6 +193,20 @@ def test_a_command_of_the_wrong_type_is_one_problem_about_what_it_is(
     assert message == f"{tmp_path / 'c.toml'}: {expected}"
 
 
+def test_a_wrong_type_for_a_union_key_and_wrong_brackets_are_both_told(
+        tmp_path: Path) -> None:
+    # The union's two pydantic errors are said as one: the bracket advice must still land
+    # on the section it is about (it was an IndexError, "internal error", before).
+    path = tmp_path / "c.toml"
+    path.write_text("[[proxy]]\ncommand = 3\n[[agent]]\ncommand = 'a'\n")
+    with pytest.raises(ConfigError) as e:
+        read_chain(path)
+    message = str(e.value)
+    assert "proxy[0].command: Input should be a valid string or a valid list" in message
+    assert "agent: should be one table, not a list of them (hint: write [agent], with " \
+           "single brackets)" in message
+
+
 @pytest.mark.parametrize(("environ", "expected"), [
     ({"HOME": "/home/me"}, "/home/me/.config/agent"),
     ({"HOME": "/home/me", "AGENT_CONFIG": "/etc/agent"}, "/etc/agent"),
