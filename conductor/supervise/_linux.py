@@ -88,20 +88,27 @@ def group_has_live_members(pgid: int) -> bool | None:
     """Whether process group `pgid` has a member that has not exited (a zombie has: it
     only waits for its reaper, which for orphans is pid 1, and pid 1 may be slow to reap
     or, in a container where it is the conductor, never do it). None: /proc unreadable."""
+    members = live_group_members(pgid)
+    return None if members is None else bool(members)
+
+
+def live_group_members(pgid: int) -> list[int] | None:
+    """The members of process group `pgid` that have not exited, from a scan of /proc
+    (see `group_has_live_members`). None: /proc unreadable."""
     try:
         entries = os.listdir("/proc")
     except OSError:
         return None
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue  # gone meanwhile
-        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
+    return [int(entry) for entry in entries if entry.isdigit() and runs_in_group(int(entry), pgid)]
+
+
+def runs_in_group(pid: int, pgid: int) -> bool:
+    """`pid` is in process group `pgid` and has not exited (one small read of /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False  # gone
+    # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X")

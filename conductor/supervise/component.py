@@ -151,6 +151,7 @@ class _Control:
     def __init__(self, component: Component) -> None:
         self._component = component
         self._pgid = component.pid  # a group leader: its pid names its group
+        self._members: list[int] = []  # running members the last scan of /proc found
 
     async def close_input(self) -> None:
         try:
@@ -171,11 +172,18 @@ class _Control:
     async def group_running(self) -> bool:
         if not self.signal_group(0):
             return False
-        # Someone is in the group: /proc tells a running member from a zombie (in a worker
-        # thread, as a scan of /proc on a busy host is not instant). Unreadable: running.
-        live = await anyio.to_thread.run_sync(_linux.group_has_live_members, self._pgid,
-                                              abandon_on_cancel=True)
-        return live is not False
+        # Someone is in the group: /proc tells a running member from a zombie. Asked every
+        # GONE_POLL while a stop waits, so the members a scan found are looked at first
+        # (a read each); the whole of /proc is scanned again, in a worker thread as it is
+        # not instant on a busy host, only once none of them runs. Unreadable: running.
+        if any(_linux.runs_in_group(pid, self._pgid) for pid in self._members):
+            return True
+        members = await anyio.to_thread.run_sync(_linux.live_group_members, self._pgid,
+                                                 abandon_on_cancel=True)
+        if members is None:
+            return True
+        self._members = members
+        return bool(members)
 
     async def find_strays(self) -> list[int]:
         return await _scan(self._component.spec.token)

@@ -77,6 +77,10 @@ def test_a_process_group_of_zombies_has_no_live_members() -> None:
         assert exited([pid])
         os.killpg(pid, 0)  # the kernel still counts the group...
         assert _linux.group_has_live_members(pid) is False  # ...but nobody in it runs
+        assert not _linux.runs_in_group(pid, pid)
         assert _linux.group_has_live_members(os.getpgid(0)) is True
+        assert os.getpid() in (_linux.live_group_members(os.getpgid(0)) or [])
+        assert _linux.runs_in_group(os.getpid(), os.getpgid(0))
+        assert not _linux.runs_in_group(os.getpid(), pid)  # running, but in another group
     finally:
         os.waitpid(pid, 0)
