@@ -331,6 +331,31 @@ async def test_transcripts_of_more_sessions_than_stay_open_are_each_complete_and
                                                "prompt", "agent_text", "stop"]
 
 
+async def test_the_agents_text_of_a_turn_cut_short_by_the_end_of_the_chain_is_recorded(
+        tmp_path: Path) -> None:
+    # The Markdown gets the agent's text when the next event comes: at the end of a chain
+    # stopped mid-turn none comes, and the last words were only in the JSONL.
+    agent = ScriptedAgent({"session/new": {"sessionId": "s1"}})
+    streamed = anyio.Event()
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        await agent.notify("session/update", {"sessionId": "s1", "update": {
+            "sessionUpdate": "agent_message_chunk", "content": {"type": "text",
+                                                                "text": "last words"}}})
+        streamed.set()
+        await anyio.sleep_forever()
+    agent.replies["session/prompt"] = prompt
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent) as client, anyio.create_task_group() as tg:
+        with anyio.fail_after(10):
+            sid = await client.new_session("/tmp")
+            tg.start_soon(client.prompt, sid, "go")
+            await streamed.wait()
+            await anyio.wait_all_tasks_blocked()  # the update has reached the transcript
+            tg.cancel_scope.cancel()
+    markdown = (tmp_path / f"{file_stem('s1')}.md").read_text(encoding="utf-8")
+    assert markdown.endswith("## User\n\ngo\n\n**Agent:** last words\n\n")
+
 # --- redact ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("replacement", [r"\g<0>", "\\", r"\1", "<$0>"])

@@ -141,6 +141,14 @@ class Transcript(Proxy[TranscriptOptions]):
         self._append(session, markdown, event)
 
     async def session_closed(self, session: SessionScope) -> None:
+        # The agent's text waits in chunks for the next event to be written out: a session
+        # ending mid-turn (closed, the chain stopping) has no next event.
+        pending = "".join(session.state.pop("transcript_agent_text", ()))
+        if pending and not session.owned:
+            try:
+                _write_all(self._files(session)[0], f"**Agent:** {pending}\n\n".encode())
+            except (OSError, ConfigError):
+                pass  # warned of already, with the chunks' own lines
         self._close(session)
 
     async def chain_stopped(self) -> None:
