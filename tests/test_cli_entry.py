@@ -158,7 +158,9 @@ def test_agent_mode_answers_initialize_without_importing_click() -> None:
     (ExceptionGroup("in a task group", [ConfigError("bad", field="--x")]), 2,
      "acp-conductor: error: --x: bad"),
     (ExceptionGroup("outer", [ExceptionGroup("inner", [ValueError("the real cause")])]), 1,
-     "acp-conductor: internal error: ValueError: the real cause")])
+     "acp-conductor: internal error: ValueError: the real cause"),
+    # Ctrl-C while something else failed: the user's stop wins, without a traceback
+    (BaseExceptionGroup("both", [ValueError("meanwhile"), KeyboardInterrupt()]), 130, "")])
 def test_an_error_raised_in_a_task_group_is_reported_as_itself(
         capsys: pytest.CaptureFixture[str], raised: BaseException, code: int,
         said: str) -> None:

@@ -93,8 +93,10 @@ def errors_reported(options: Globals | None, *,
             yield
         except BaseExceptionGroup as group:
             # Out of a task group, one error comes wrapped: report it as itself (its exit
-            # code and message), not as "internal error: ExceptionGroup ...".
-            raise _sole(group) from None
+            # code and message), not as "internal error: ExceptionGroup ...". A Ctrl-C
+            # among several is the user's: it wins, as it would alone.
+            interrupted, _ = group.split(KeyboardInterrupt)
+            raise (KeyboardInterrupt() if interrupted is not None else _sole(group)) from None
     except ConductorError as e:
         fail(e)
     except passthrough:
