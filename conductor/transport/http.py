@@ -668,9 +668,11 @@ class AcpEndpoint:
             async def watch_hang_up() -> None:
                 # The answer carries the connection id: a client gone before it can never
                 # use the connection, which would hold a place until it idled out.
+                # The body has been read: what comes next is the hang-up (ASGI); anything
+                # else, from a server that says more, ends the watch, not the request.
                 nonlocal gave_up
-                while (await receive())["type"] != "http.disconnect":
-                    pass
+                if (await receive())["type"] != "http.disconnect":
+                    return
                 gave_up = True
                 tg.cancel_scope.cancel()
 
