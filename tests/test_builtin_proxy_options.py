@@ -80,6 +80,16 @@ def test_context_rejects_absolute_or_empty_file_patterns_when_options_are_read(
         ContextOptions(files=["AGENTS.md", pattern])
 
 
+def test_context_says_which_pattern_matched_no_file(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "AGENTS.md").write_text("rules", encoding="utf-8")
+    with caplog.at_level(logging.INFO):
+        pieces = context(files=["AGENT.md", "AGENTS.md"]).collect(str(tmp_path))
+    assert pieces == [("AGENTS.md", "rules")]
+    assert f"no file matches AGENT.md in {tmp_path}" in caplog.text
+    assert "no file matches AGENTS.md" not in caplog.text
+
+
 def test_context_skips_an_unreadable_file_with_a_warning_naming_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "a.md").write_text("alpha", encoding="utf-8")

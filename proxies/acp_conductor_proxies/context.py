@@ -62,7 +62,10 @@ class Context(Proxy[ContextOptions]):
             base = Path(cwd)
             real_base = Path(os.path.realpath(cwd))
             for pattern in self.options.files:
-                for path in sorted(base.glob(pattern)):
+                found = sorted(base.glob(pattern))
+                if not found:  # a typo (`AGENT.md`) would otherwise pass unnoticed
+                    self.log.info("no file matches %s in %s", pattern, cwd)
+                for path in found:
                     label = str(path.relative_to(base))
                     try:
                         if path in seen or not path.is_file():
