@@ -502,10 +502,9 @@ class Chain:
         forward.inbound = Inbound(target=hop, target_id=outgoing.ident)
         origin.track_inbound(msg.id, forward.inbound)
         if self._deadlines is not None and downward:
-            prompt = method == acp.SESSION_PROMPT
-            self._deadlines.add(hop, outgoing, prompt=prompt,
+            self._deadlines.add(hop, outgoing, prompt=method == acp.SESSION_PROMPT,
                                 after=len(self.topology.nodes) - 1 - target.index,
-                                session_id=acp.get_str(params, "sessionId") if prompt else None)
+                                session_id=forward.turn)
         try:
             await self._send(hop, request, source=source.name, origin=(origin.name, msg.id))
         except BaseException:
@@ -517,8 +516,7 @@ class Chain:
                 del hop.pending[outgoing.ident]
                 origin.untrack_inbound(msg.id, forward.inbound)
                 with anyio.CancelScope(shield=True):
-                    await self._cancel_held(hop, outgoing.ident, acp.get_str(
-                        params, "sessionId") if method == acp.SESSION_PROMPT else None)
+                    await self._cancel_held(hop, outgoing.ident, forward.turn)
                     # No answer will run its hooks: they see it cancelled, so the records
                     # they keep end with it (a prompt's session is idle again, a setup's
                     # declared MCP servers are forgotten).
