@@ -3,6 +3,7 @@ opened hook failed leaves no scope behind."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -13,6 +14,8 @@ from conductor.plugins import Proxy, ProxyContext, SessionScope, on
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from conductor.jsonrpc.message import Message
     from conductor.transport.base import Incoming
 
@@ -229,10 +232,11 @@ class ForwardsReleased(Proxy):
         return await ctx.forward()
 
 
-async def test_a_prompt_cancelled_while_the_router_forwards_it_leaves_nothing_pending() -> None:
-    # A handler's forward is routed in the handler's task: a cancel landing while the
-    # router waits to write the request to a busy agent must not cut the routing in half
-    # (the id allocated on the agent's hop, never written, pending for ever).
+@asynccontextmanager
+async def prompt_cancelled_while_routed() -> AsyncIterator[tuple[Any, str, list[Any]]]:
+    """A prompt cancelled while the router waits to write it to a busy agent, its forward
+    routed in the handler's task: (the chain, the session, the prompt's answer), once the
+    agent has caught up, while the chain still runs."""
     forwards, reading = ForwardsReleased(), anyio.Event()
 
     class StallingAgent(ScriptedAgent):
@@ -242,6 +246,7 @@ async def test_a_prompt_cancelled_while_the_router_forwards_it_leaves_nothing_pe
             await super().deliver(item)
 
     agent = StallingAgent()
+    answers: list[Any] = []
     async with open_test_chain([forwards, Floods()], agent) as client:
         chain = forwards.chain_status.__self__  # type: ignore[union-attr]
         with anyio.fail_after(5):
@@ -250,9 +255,8 @@ async def test_a_prompt_cancelled_while_the_router_forwards_it_leaves_nothing_pe
             await anyio.wait_all_tasks_blocked()  # the agent's connection is full
             async with anyio.create_task_group() as tg:
                 async def prompt() -> None:
-                    answer = await client.request("session/prompt", {
-                        "sessionId": sid, "prompt": []}, ident=99)
-                    assert answer.is_error and answer.error_value()["code"] == -32800
+                    answers.append(await client.request("session/prompt", {
+                        "sessionId": sid, "prompt": []}, ident=99))
                 tg.start_soon(prompt)
                 await anyio.wait_all_tasks_blocked()  # routed, waiting for the agent's pipe
                 await client.cancel(99)
@@ -260,9 +264,18 @@ async def test_a_prompt_cancelled_while_the_router_forwards_it_leaves_nothing_pe
                 reading.set()
             await agent.wait_for("_ext/note", 300)
             await anyio.wait_all_tasks_blocked()
-            hops = chain.topology.hops()
-            assert [(h.name, h.pending, h.inbound) for h in hops] == \
-                [(h.name, {}, {}) for h in hops]
+            yield chain, sid, answers
+
+
+async def test_a_prompt_cancelled_while_the_router_forwards_it_leaves_nothing_pending() -> None:
+    # A handler's forward is routed in the handler's task: a cancel landing while the
+    # router waits to write the request to a busy agent must not cut the routing in half
+    # (the id allocated on the agent's hop, never written, pending for ever).
+    async with prompt_cancelled_while_routed() as (chain, _, [answer]):
+        assert answer.is_error and answer.error_value()["code"] == -32800
+        hops = chain.topology.hops()
+        assert [(h.name, h.pending, h.inbound) for h in hops] == \
+            [(h.name, {}, {}) for h in hops]
 
 
 class ForwardsAfterShieldedWork(Proxy):
@@ -356,34 +369,9 @@ async def test_a_chain_stopped_mid_turn_does_not_wait_for_an_agent_that_never_an
 async def test_a_prompt_cancelled_while_the_router_forwards_it_leaves_its_session_idle() -> None:
     # The turn the router forgot (see above) is over: its session must not stay
     # "prompting" for ever, which idle expiry never ends and the status tool shows.
-    forwards, reading = ForwardsReleased(), anyio.Event()
-
-    class StallingAgent(ScriptedAgent):
-        async def deliver(self, item: Any) -> None:
-            if getattr(item, "method", None) == "_ext/note":
-                await reading.wait()
-            await super().deliver(item)
-
-    agent = StallingAgent()
-    async with open_test_chain([forwards, Floods()], agent) as client:
-        chain = forwards.chain_status.__self__  # type: ignore[union-attr]
-        with anyio.fail_after(5):
-            sid = await client.new_session()
-            await client.notify("_ext/flood", {})
-            await anyio.wait_all_tasks_blocked()  # the agent's connection is full
-            async with anyio.create_task_group() as tg:
-                async def prompt() -> None:
-                    await client.request("session/prompt", {"sessionId": sid, "prompt": []},
-                                         ident=99)
-                tg.start_soon(prompt)
-                await anyio.wait_all_tasks_blocked()  # routed, waiting for the agent's pipe
-                await client.cancel(99)
-                await anyio.wait_all_tasks_blocked()
-                reading.set()
-            await agent.wait_for("_ext/note", 300)
-            await anyio.wait_all_tasks_blocked()
-            assert [(s["sessionId"], s["state"]) for s in chain.status()["sessions"]] == \
-                [(sid, "idle")]
+    async with prompt_cancelled_while_routed() as (chain, sid, _):
+        assert [(s["sessionId"], s["state"]) for s in chain.status()["sessions"]] == \
+            [(sid, "idle")]
 
 
 class TimesOutItself(Proxy):
