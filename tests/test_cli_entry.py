@@ -75,6 +75,21 @@ BAD_CHAINS = {
 }
 
 
+def both_paths_fail_alike(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+                          capsys: pytest.CaptureFixture[str]) -> str:
+    """Run `argv` through click and through the click-free entry: both must exit 2 with the
+    same stderr and nothing on stdout. Returns that stderr."""
+    clicked = CliRunner().invoke(with_click, argv)
+    monkeypatch.setattr(sys, "argv", ["acp-conductor", *argv])
+    with pytest.raises(SystemExit) as exited:
+        entry.main()
+    fast = capsys.readouterr()
+    assert exited.value.code == clicked.exit_code == 2
+    assert fast.out == clicked.stdout == ""
+    assert fast.err == clicked.stderr
+    return fast.err
+
+
 @pytest.mark.parametrize("case", sorted(BAD_CHAINS))
 def test_a_bad_chain_file_is_reported_as_click_reports_it(
         case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -82,16 +97,8 @@ def test_a_bad_chain_file_is_reported_as_click_reports_it(
     path = tmp_path / "chain.toml"
     if BAD_CHAINS[case] is not None:
         path.write_text(BAD_CHAINS[case], encoding="utf-8")
-    clicked = CliRunner().invoke(with_click, ["--chain", str(path)])
-
-    monkeypatch.setattr(sys, "argv", ["acp-conductor", "--chain", str(path)])
-    with pytest.raises(SystemExit) as exited:
-        entry.main()
-    fast = capsys.readouterr()
-    assert exited.value.code == clicked.exit_code == 2
-    assert fast.out == clicked.stdout == ""
-    assert fast.err == clicked.stderr
-    assert fast.err.startswith(f"acp-conductor: error: {path}")
+    err = both_paths_fail_alike(["--chain", str(path)], monkeypatch, capsys)
+    assert err.startswith(f"acp-conductor: error: {path}")
 
 
 def initialize_importing(*args: str) -> set[str]:
@@ -138,15 +145,7 @@ def test_only_a_plain_agent_command_line_skips_click(argv: list[str],
 def test_a_bad_agent_command_is_reported_as_click_reports_it(
         commands: list[str], monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    clicked = CliRunner().invoke(with_click, ["agent", *commands])
-    monkeypatch.setattr(sys, "argv", ["acp-conductor", "agent", *commands])
-    with pytest.raises(SystemExit) as exited:
-        entry.main()
-    fast = capsys.readouterr()
-    assert exited.value.code == clicked.exit_code == 2
-    assert fast.out == clicked.stdout == ""
-    assert fast.err == clicked.stderr
-    assert "command is empty" in fast.err
+    assert "command is empty" in both_paths_fail_alike(["agent", *commands], monkeypatch, capsys)
 
 
 def test_agent_mode_answers_initialize_without_importing_click() -> None:
