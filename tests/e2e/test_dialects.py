@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.conftest import REPO, conductor_argv
-from tests.wire_client import ConductorProcess, agent_cmd, open_conductor, proxy_cmd
+from tests.wire_client import ConductorProcess, Json, agent_cmd, open_conductor, proxy_cmd
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -179,13 +179,19 @@ async def test_a_proxy_with_no_components_passes_everything_through_unchanged() 
         assert note["params"] == {"sessionId": "s"}
 
 
+
+async def initialized_as_proxy(c: ConductorProcess) -> Json:
+    """Initialize a conductor in proxy mode as its outer conductor would, answering the
+    initialize it sends on through us for its successor; its answer to ours."""
+    await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
+                  "params": {"protocolVersion": 1}})
+    wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
+    await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
+    return await c.response(0)
+
 async def test_as_a_proxy_the_conductor_refuses_a_second_proxy_initialize() -> None:
     async with open_conductor("proxy", proxy_cmd()) as c:
-        await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
-                      "params": {"protocolVersion": 1}})
-        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
-        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
-        assert (await c.response(0))["result"] == {"protocolVersion": 1}
+        assert (await initialized_as_proxy(c))["result"] == {"protocolVersion": 1}
         again = await c.request("_proxy/initialize", {"protocolVersion": 1}, ident=1)
         assert again["error"]["code"] == -32600
         assert "only sent by the conductor" in again["error"]["data"]
@@ -204,11 +210,7 @@ async def test_as_a_proxy_the_conductor_answers_a_legacy_predecessor_in_the_lega
 
 async def test_a_malformed_successor_envelope_is_answered_with_invalid_params() -> None:
     async with open_conductor("proxy", proxy_cmd()) as c:
-        await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
-                      "params": {"protocolVersion": 1}})
-        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
-        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
-        await c.response(0)
+        await initialized_as_proxy(c)
         await c.send({"jsonrpc": "2.0", "id": "bad", "method": "_proxy/successor",
                       "params": {"params": {}}})
         answer = await c.response("bad")
@@ -262,11 +264,7 @@ shutdown_grace = 60
 command = {json.dumps(proxy_cmd())}
 """)
     async with open_conductor("proxy", "--chain", chain) as c:
-        await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
-                      "params": {"protocolVersion": 1}})
-        wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
-        await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
-        await c.response(0)
+        await initialized_as_proxy(c)
         await c.send({"jsonrpc": "2.0", "id": "q", "method": "session/prompt",
                       "params": {"sessionId": "s", "prompt": []}})
         await c.read_until(lambda m: m.get("method") == "_proxy/successor")  # never answered
