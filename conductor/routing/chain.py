@@ -79,7 +79,13 @@ class Forward:
     hook: ResponseHook | None = None
     timed_out: bool = False  # the conductor answered it (request_timeout)
     inbound: Inbound | None = None  # how the origin tracks it (for its cancel)
-    turn: str | None = None  # a prompt's session id: how an agent is told to stop it
+    # A prompt's params (else UNSET), whose session id tells an agent which turn to stop:
+    # read only when one is stopped, not for every prompt on its way.
+    prompt: Raw | UnsetType = UNSET
+
+    @property
+    def turn(self) -> str | None:
+        return None if self.prompt is UNSET else acp.get_str(self.prompt, "sessionId")
 
 
 class Chain:
@@ -489,8 +495,8 @@ class Chain:
                 out = Notification(method=out_method, params=out_params)
             await self._send(hop, out, source=source.name)
             return
-        forward = Forward(origin, msg.id, hop, chain_hooks(hooks), turn=acp.get_str(
-            params, "sessionId") if method == acp.SESSION_PROMPT else None)
+        forward = Forward(origin, msg.id, hop, chain_hooks(hooks),
+                          prompt=params if method == acp.SESSION_PROMPT else UNSET)
         if wrap:
             outgoing, request = hop.open_request(
                 out_method, out_params, deliver=self._answered, context=forward,
