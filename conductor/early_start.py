@@ -21,14 +21,16 @@ from __future__ import annotations
 import logging
 import os
 import select
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from conductor import acp
 from conductor.errors import ComponentStartError, ConfigError
 from conductor.jsonrpc.framing import FrameDecoder
 from conductor.jsonrpc.message import ParseError, Request, decode
 from conductor.plan import plan_chain
+from conductor.record import Record
 from conductor.supervise.spawn import LaunchSpec, Started, start_process, stop_together
 
 if TYPE_CHECKING:
@@ -47,15 +49,14 @@ FIRST_READ = 65536  # one read: an initialize is a few hundred bytes
 MAX_OPENINGS = 256
 
 
-@dataclass
-class EarlyStart:
+class EarlyStart(Record):
     """The chain's plan (None: it has plugins or remote components, and is planned once
     the event loop runs), what was read from stdin before serving it, and the processes
     already started for it (each served once, by `take`)."""
 
     plan: Plan | None = None
     unread: bytes = b""
-    started: list[tuple[LaunchSpec, Started]] = field(default_factory=list)
+    started: list[tuple[LaunchSpec, Started]] = msgspec.field(default_factory=list)
 
     def take(self, launch: LaunchSpec) -> tuple[LaunchSpec, Started] | None:
         """The process started for `launch`, once, with the spec it was started from (its

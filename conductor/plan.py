@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import sys
 from contextlib import contextmanager, redirect_stdout
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 
 import msgspec
@@ -28,6 +27,7 @@ from conductor.config import (
     remote_url,
 )
 from conductor.errors import ChainShapeError, ConductorError, ConfigError, PluginError
+from conductor.record import Record
 from conductor.routing.roles import Role
 from conductor.supervise.spawn import LaunchSpec
 
@@ -56,8 +56,7 @@ def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig
     )
 
 
-@dataclass(frozen=True)
-class RemoteSpec:
+class RemoteSpec(Record, frozen=True):
     """A component reached over the network (`url = ...`), with its headers resolved."""
 
     name: str

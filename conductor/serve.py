@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 
 from conductor.bridge import McpBridge
 from conductor.config import ChainConfig, ComponentSpec, mcp_servers
@@ -26,6 +26,7 @@ from conductor.errors import (
     ComponentStoppedError,
 )
 from conductor.plan import RemoteSpec, ask_providers, is_plugin, plan_chain
+from conductor.record import Record
 from conductor.routing.chain import Chain
 from conductor.routing.mcp import McpInjection
 from conductor.routing.roles import Role
@@ -52,8 +53,7 @@ stderr_log = logging.getLogger("acp_conductor.stderr")
 RELAY_WAIT = 0.5  # at shutdown, how long in-process proxies get to relay a failure answer
 
 
-@dataclass
-class RunOptions:
+class RunOptions(Record):
     mode: str = "agent"                   # "agent": we are the editor's agent; "proxy": a proxy
     max_frame_bytes: int | None = None    # overrides the chain file
     tracer: TraceSink | None = None
@@ -63,11 +63,10 @@ class RunOptions:
     on_dropped: Callable[[str], None] | None = None  # a component's message refused unread
 
 
-@dataclass
-class _Outcome:
+class _Outcome(Record):
     fatal: ComponentError | None = None
     signal: int | None = None
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[str] = msgspec.field(default_factory=list)
 
 
 async def serve_chain(

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import sys
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -37,6 +36,7 @@ from conductor.jsonrpc.message import (
     payload,
     raw,
 )
+from conductor.record import Record
 from conductor.routing.mcp import (
     McpRefusedError,
     McpSupport,
@@ -66,8 +66,7 @@ TOKEN_ENV: Final = "ACP_CONDUCTOR_MCP_TOKEN"
 SOCKET_ENV: Final = "ACP_CONDUCTOR_MCP_SOCKET"
 
 
-@dataclass(slots=True, eq=False)
-class BridgedServer:
+class BridgedServer(Record, eq=False):
     """One `acp` server as the agent sees it through the bridge."""
 
     server_id: str

@@ -11,10 +11,10 @@ import logging
 import os
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
 from conductor.errors import ConductorError, ConfigError, ExitCode
+from conductor.record import Record
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -27,8 +27,7 @@ log = logging.getLogger("acp_conductor")
 LEVELS = ("debug", "info", "warning", "error")
 
 
-@dataclass
-class Globals:
+class Globals(Record):
     """The global options as finally given (group and subcommand merged)."""
 
     chain_file: str | None = None

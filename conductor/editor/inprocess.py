@@ -4,10 +4,10 @@ runs exactly the code an editor's conductor process runs."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 
 from conductor.errors import ConductorError
 from conductor.serve import RunOptions, serve_chain
@@ -26,7 +26,7 @@ class InProcessChain:
     def __init__(self, config: ChainConfig, options: RunOptions) -> None:
         self._config = config
         # The editor side watches signals itself (a Ctrl-C cancels the turn first).
-        self._options = replace(options, handle_signals=False)
+        self._options = msgspec.structs.replace(options, handle_signals=False)
         self.to_conductor, self._conductor_in = memory_pipe()
         self._conductor_out, self.from_conductor = memory_pipe()
         self.code: int | None = None

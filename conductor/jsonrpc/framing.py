@@ -3,22 +3,22 @@ top-level keys, read as it is skipped."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 
 from conductor.jsonrpc.head import Head, HeadScanner
+from conductor.record import Record
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class OversizedFrame:
+class OversizedFrame(Record, frozen=True):
     """A frame that exceeded the limit and was skipped; `head` is its first bytes, `top` its
     top-level id and method as scanned over all of its bytes."""
 
     size: int
     limit: int
     head: bytes
-    top: Head = field(default_factory=lambda: Head(None, False, False), compare=False)
+    top: Head = msgspec.field(default_factory=lambda: Head(None, False, False))
 
 
 class FrameDecoder:

@@ -14,14 +14,14 @@ conductor.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import msgspec
 from msgspec import Raw
 
+from conductor.record import Record
 
-@dataclass(frozen=True, slots=True)
-class Head:
+
+class Head(Record, frozen=True):
     id: Raw | None        # the top-level id, when it was within the bytes seen and usable
     has_method: bool      # a top-level "method" key was seen: a request or notification
     id_known: bool        # the id was seen, or the object closed without one

@@ -12,7 +12,6 @@ JSON-RPC), or a `Batch` of those.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 import msgspec
@@ -20,6 +19,7 @@ from msgspec import UNSET, Raw, UnsetType
 
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.head import Head, read_head
+from conductor.record import Record
 
 JsonValue = Any  # JSON-compatible Python value; the one loose public type
 T = TypeVar("T")
@@ -208,8 +208,7 @@ class _VersionProbe(msgspec.Struct):
     jsonrpc: Raw | UnsetType = UNSET
 
 
-@dataclass(frozen=True, slots=True)
-class InvalidMessage:
+class InvalidMessage(Record, frozen=True):
     """A frame that is JSON but not a JSON-RPC message. `id` is set when one was readable."""
 
     reason: str
@@ -217,8 +216,7 @@ class InvalidMessage:
     call_shaped: bool  # a request or call-shaped junk: deserves a -32600 answer
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
+class Batch(Record, frozen=True):
     """A JSON array frame: each item decoded on its own."""
 
     items: list[Message | InvalidMessage]

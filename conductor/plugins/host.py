@@ -21,7 +21,6 @@ import functools
 import logging
 from collections import deque
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -49,6 +48,7 @@ from conductor.plugins.api import (
     Side,
     WatchContext,
 )
+from conductor.record import Record
 from conductor.routing.sessions import Lifecycle, Step, lifecycle
 from conductor.routing.topology import Hop
 from conductor.rpc.endpoint import Endpoint, Inbound, Outgoing
@@ -152,8 +152,7 @@ class HostRequest:
         await self._endpoint.cancel(self.outgoing)
 
 
-@dataclass(slots=True)
-class _Sent:
+class _Sent(Record):
     """What the host needs back with an answer (the context of its Outgoing)."""
 
     rule: Lifecycle | None       # the session lifecycle step this request takes

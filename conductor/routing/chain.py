@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
@@ -32,6 +31,7 @@ from conductor.jsonrpc.message import (
     error_response,
     payload,
 )
+from conductor.record import Record
 from conductor.routing.deadlines import Deadlines, Expired, Timeouts
 from conductor.routing.handshake import Handshake, ResponseHook, chain_hooks
 from conductor.routing.mcp import McpRefusedError, McpSupport, for_agent
@@ -69,8 +69,7 @@ Starter = Callable[[], Awaitable[list[ComponentLink]]]
 _PlainRoute = tuple[Hop, tuple[Passes, ...], bool, str, tuple[Watch, ...]]
 
 
-@dataclass(slots=True)
-class Forward:
+class Forward(Record):
     """Where the answer to a forwarded request goes: the context of its `Outgoing`."""
 
     origin: Hop        # the hop the request came from ...

@@ -23,8 +23,9 @@ import heapq
 import itertools
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
+
+from conductor.record import Record
 
 if TYPE_CHECKING:
     from conductor.routing.topology import Hop
@@ -33,8 +34,7 @@ if TYPE_CHECKING:
 STAGGER: Final = 1.0  # seconds more per component after the one holding the request
 
 
-@dataclass(frozen=True, slots=True)
-class Timeouts:
+class Timeouts(Record, frozen=True):
     """The chain's timers (`[conductor]` settings; None: off)."""
 
     request: float | None = None         # every request toward the agent but session/prompt
@@ -46,8 +46,7 @@ class Timeouts:
         return self.request is not None or self.prompt is not None
 
 
-@dataclass(frozen=True, slots=True)
-class Expired:
+class Expired(Record, frozen=True):
     """A request whose deadline passed while it was still pending."""
 
     hop: Hop

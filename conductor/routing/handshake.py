@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
@@ -27,6 +27,7 @@ from conductor.acp import Dialect
 from conductor.errors import ProtocolVersionError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Request, Response, error_response
+from conductor.record import Record
 from conductor.routing.mcp import advertise_acp
 from conductor.routing.roles import Role
 
@@ -43,13 +44,12 @@ Reply = Callable[[Response], Awaitable[None]]
 Resend = Callable[[str, Raw], Awaitable[None]]  # (method, params) to the same target
 
 
-@dataclass(slots=True)
-class Initialize:
+class Initialize(Record):
     """What the initialize going to one target becomes."""
 
     method: str
     params: Raw | UnsetType
-    hooks: list[ResponseHook] = field(default_factory=list)
+    hooks: list[ResponseHook] = msgspec.field(default_factory=list)
 
 
 class Handshake:

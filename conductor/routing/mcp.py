@@ -11,7 +11,6 @@ can take; injection, MCP-over-ACP routing and the bridge all read it.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
@@ -19,6 +18,7 @@ from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
 from conductor.jsonrpc.message import as_object
+from conductor.record import Record
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -35,8 +35,7 @@ class McpRefusedError(Exception):
         self.reason = reason
 
 
-@dataclass(slots=True)
-class McpSupport:
+class McpSupport(Record):
     """Which MCP transports the agent takes, from its initialize answer."""
 
     version: int = 1
@@ -69,8 +68,7 @@ class McpSupport:
         return None if self.transports is None else transport in self.transports
 
 
-@dataclass(frozen=True, slots=True)
-class McpServer:
+class McpServer(Record, frozen=True):
     """One declaration, already resolved (absolute command, expanded variables)."""
 
     name: str

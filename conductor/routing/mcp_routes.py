@@ -27,14 +27,15 @@ import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+import msgspec
 from msgspec import Raw, UnsetType
 
 from conductor import acp
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Request, Response, error_response, raw
+from conductor.record import Record
 from conductor.routing.mcp import acp_declarations
 
 if TYPE_CHECKING:
@@ -56,17 +57,15 @@ Originator = Callable[["Node", "Node", str, Raw, bool], Awaitable[None]]
 Replier = Callable[["Hop", Response], Awaitable[None]]
 
 
-@dataclass(slots=True, eq=False)
-class Declaration:
+class Declaration(Record, eq=False):
     server_id: str
     name: str
     provider: Node
-    sessions: set[str] = field(default_factory=set)
+    sessions: set[str] = msgspec.field(default_factory=set)
     pending: int = 0     # setup requests carrying it whose answer has not arrived
 
 
-@dataclass(slots=True, eq=False)
-class Connection:
+class Connection(Record, eq=False):
     ident: str           # the conductor's connectionId: what the connector uses
     provider_ident: str  # the provider's own
     server_id: str

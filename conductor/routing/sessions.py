@@ -22,12 +22,13 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
+from conductor.record import Record
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Response
@@ -42,8 +43,7 @@ class Step(enum.Enum):
     PROMPT = "prompt"                  # a turn, until its answer
 
 
-@dataclass(frozen=True, slots=True)
-class Lifecycle:
+class Lifecycle(Record, frozen=True):
     """What one request does to a session."""
 
     step: Step
@@ -99,14 +99,13 @@ class SessionState(enum.StrEnum):
     PROMPTING = "prompting"
 
 
-@dataclass(slots=True)
-class SessionRecord:
+class SessionRecord(Record):
     session_id: str
     opened_by: str          # "client", or the name of the proxy that opened it downstream
     served_by: str          # the component that answered the setup request
     how: str                # session/new, session/load, session/resume, session/fork
     state: SessionState = SessionState.IDLE
-    opened_at: float = field(default_factory=time.time)
+    opened_at: float = msgspec.field(default_factory=time.time)
     prompts: int = 0
     idle_since: float = 0.0          # the table's clock: when its last turn ended (or it opened)
     ended: CloseReason | None = None  # set once it is released

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from conductor import acp
 from conductor.jsonrpc.message import Message, Notification, Response
+from conductor.record import Record
 from conductor.routing.roles import Role
 from conductor.routing.sessions import CloseReason
 from conductor.rpc.endpoint import Endpoint
@@ -62,16 +62,14 @@ class Hop(Endpoint):
             self.observe = functools.partial(_trace_out, tracer, name)
 
 
-@dataclass(eq=False, slots=True)
-class Node:
+class Node(Record, eq=False):
     index: int
     name: str
     role: Role
     hop: Hop
 
 
-@dataclass(frozen=True, slots=True)
-class ComponentLink:
+class ComponentLink(Record, frozen=True):
     """What the start-up callback hands the router for each started component."""
 
     name: str

@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
@@ -40,6 +40,7 @@ from conductor.jsonrpc.message import (
     int_id,
     payload,
 )
+from conductor.record import Record
 from conductor.rpc.failure import cancelled_response, failure_response, raise_for_error
 
 log = logging.getLogger("acp_conductor.rpc")
@@ -85,8 +86,7 @@ class Outgoing:
         return int_id(self.ident)
 
 
-@dataclass(slots=True)
-class Inbound:
+class Inbound(Record):
     """A request that arrived on this connection and is not answered yet."""
 
     scope: anyio.CancelScope | None = None   # a handler runs for it here
@@ -96,12 +96,11 @@ class Inbound:
     on_cancel: Callable[[], Awaitable[None]] | None = None
 
 
-@dataclass(slots=True)
-class _BatchReplies:
+class _BatchReplies(Record):
     """Answers owed for one batch that arrived; sent as one array when complete."""
 
     wanted: list[Raw]
-    replies: list[Message] = field(default_factory=list)
+    replies: list[Message] = msgspec.field(default_factory=list)
     intake_open: bool = True
 
     @property

@@ -12,10 +12,12 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from conductor.errors import ComponentStartError
+from conductor.record import Record
 from conductor.supervise import _linux
 from conductor.supervise.watchdog import WATCHDOG, tag
 
@@ -27,8 +29,7 @@ if TYPE_CHECKING:
 TOKEN_PREFIX = "ACP_CONDUCTOR_COMPONENT_"
 
 
-@dataclass(frozen=True, slots=True)
-class LaunchSpec:
+class LaunchSpec(Record, frozen=True):
     """Everything needed to start one process. Built from config by the composition root."""
 
     name: str
@@ -40,15 +41,14 @@ class LaunchSpec:
     # its process group, so shutdown can still find them. Its value is the conductor's
     # `tag()`, by which the watchdog finds them if the conductor is killed. (os.urandom, not
     # `secrets`: the same bytes, without ~5 ms of hashlib/OpenSSL imports at start-up.)
-    token: str = field(default_factory=lambda: os.urandom(8).hex())
+    token: str = msgspec.field(default_factory=lambda: os.urandom(8).hex())
 
     def environment(self) -> dict[str, str]:
         return {**(os.environ if self.env is None else self.env),
                 f"{TOKEN_PREFIX}{self.token}": tag()}
 
 
-@dataclass(slots=True)
-class Started:
+class Started(Record):
     """A process just started, and our ends of its three pipes (raw fds, ours to close)."""
 
     popen: subprocess.Popen[bytes]

@@ -14,7 +14,6 @@ import os
 import time
 from collections import deque
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import anyio
@@ -22,6 +21,7 @@ import msgspec
 from msgspec import UNSET, Raw
 
 from conductor import acp
+from conductor.record import Record
 from conductor.tracing.redact import REDACTED, Redactor
 
 if TYPE_CHECKING:
@@ -57,8 +57,7 @@ class TraceSink(Protocol):
 
 # -- the JSONL sink ---------------------------------------------------------------------------
 
-@dataclass(slots=True)
-class _Flow:
+class _Flow(Record):
     """One logical request as it crosses hops (same object on every hop it is seen on)."""
 
     number: int

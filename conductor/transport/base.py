@@ -13,7 +13,6 @@ level found, so their sender can still be answered (`Endpoint.refuse_unread`).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from conductor.jsonrpc.head import read_head
@@ -25,13 +24,13 @@ from conductor.jsonrpc.message import (
     UnreadableFrame,
     decode,
 )
+from conductor.record import Record
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.head import Head
 
 
-@dataclass(frozen=True, slots=True)
-class NotJson:
+class NotJson(Record, frozen=True):
     """A line that is not JSON (or not UTF-8): `reason` says why, `head` its first bytes,
     `top` what a scan of its top level found (its id, whether it has a method): a broken
     answer still fails the request it answers, so nobody waits for it."""
@@ -46,8 +45,7 @@ class NotJson:
         return cls(reason, bytes(data[:500]), read_head(data) if shaped else None)
 
 
-@dataclass(frozen=True, slots=True)
-class Unreadable:
+class Unreadable(Record, frozen=True):
     """A frame that is not UTF-8 or nested too deeply to decode: refused, never routed.
     `code` is the JSON-RPC error to answer with; `head` what its top level showed."""
 
@@ -56,8 +54,7 @@ class Unreadable:
     head: Head
 
 
-@dataclass(frozen=True, slots=True)
-class Oversized:
+class Oversized(Record, frozen=True):
     """A frame over the size limit, skipped without being buffered. `head` is what could be
     read of its top-level `id` and `method` while it went by."""
 
