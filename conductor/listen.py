@@ -12,17 +12,18 @@ import ipaddress
 import logging
 import signal
 import socket
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
+from msgspec import field
 
 from conductor.config import trace_redactor
 from conductor.errors import ConfigError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Batch, Request, error_response
 from conductor.plan import plan_chain
+from conductor.record import Record
 from conductor.serve import RunOptions, serve_connection
 from conductor.supervise.signals import EXIT_SIGNAL, first_stop_signal
 from conductor.tracing.sink import open_trace_sink
@@ -40,8 +41,7 @@ log = logging.getLogger("acp_conductor.remote")
 MIN_TOKEN_CHARS = 16
 
 
-@dataclass
-class ListenSettings:
+class ListenSettings(Record):
     host: str = "127.0.0.1"
     port: int = 8765
     tokens: tuple[str, ...] = ()          # empty: no authentication (loopback only)

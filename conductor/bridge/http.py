@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import socket
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -22,6 +21,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from conductor.bridge.relay import Relay
+from conductor.record import Record
 from conductor.transport.http import lifespan
 
 if TYPE_CHECKING:
@@ -39,8 +39,7 @@ IDLE_TIMEOUT: Final = 30 * 60.0   # an agent-side session with no request for th
 PREFIX: Final = "/mcp/"
 
 
-@dataclass(slots=True, eq=False)
-class _Session:
+class _Session(Record, eq=False):
     server: BridgedServer
     transport: StreamableHTTPServerTransport
     relay: Relay

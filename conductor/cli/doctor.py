@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +22,7 @@ import click
 
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.errors import ConductorError
+from conductor.record import Record
 
 if TYPE_CHECKING:
     from conductor.config import ChainConfig, ComponentSpec
@@ -34,8 +34,7 @@ NODE_PROGRAMS = {"npx", "node", "npm", "pnpm", "pnpx", "yarn"}
 NODE_MIN = 18
 
 
-@dataclass(frozen=True, slots=True)
-class Finding:
+class Finding(Record, frozen=True):
     status: str  # "ok", "warn" or "fail"
     subject: str
     detail: str

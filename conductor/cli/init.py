@@ -9,17 +9,16 @@ import json
 import re
 import shlex
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from conductor.cli.context import handle_errors
 from conductor.errors import ConfigError
+from conductor.record import Record
 
 
-@dataclass(frozen=True)
-class KnownAgent:
+class KnownAgent(Record, frozen=True):
     title: str
     command: str                 # TOML for the `command` value
     secrets: tuple[str, ...]     # API key variables the agent may read

@@ -9,7 +9,6 @@ to ask).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,7 @@ from conductor.editor.client import EditorHandler, open_client_connection
 from conductor.editor.inprocess import InProcessChain
 from conductor.errors import ConnectionClosedError, ExplainedCode, RpcError
 from conductor.jsonrpc.codes import ErrorCode
+from conductor.record import Record
 from conductor.serve import RunOptions
 
 if TYPE_CHECKING:
@@ -41,8 +41,7 @@ class CallExit(ExplainedCode):
     TIMEOUT = 124, "no answer within --timeout; nothing on stdout"
 
 
-@dataclass
-class CallOptions:
+class CallOptions(Record):
     method: str
     params: JsonValue = None
     notify: bool = False            # a notification: nothing to wait for
@@ -54,8 +53,7 @@ class CallOptions:
     on_notification: Callable[[str, JsonValue], None] | None = None
 
 
-@dataclass
-class CallOutcome:
+class CallOutcome(Record):
     code: CallExit
     answer: Response | None = None  # the answer to the request (RESULT and ERROR)
     reason: str | None = None       # why there is none, for the user

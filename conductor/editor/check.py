@@ -8,17 +8,18 @@ component itself said, not what the chain as a whole returned to the editor.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
+from msgspec import field
 
 from conductor import acp
 from conductor.editor.client import EditorHandler, open_client_connection
 from conductor.editor.inprocess import InProcessChain
 from conductor.errors import ConnectionClosedError, RpcError
 from conductor.jsonrpc.message import Notification, Request, Response
+from conductor.record import Record
 from conductor.serve import RunOptions
 from conductor.tracing.sink import FanoutTraceSink
 
@@ -32,8 +33,7 @@ if TYPE_CHECKING:
 _INITIALIZE = {acp.INITIALIZE, *acp.PROXY_INITIALIZE_METHODS}
 
 
-@dataclass
-class ComponentReport:
+class ComponentReport(Record):
     name: str
     role: str = "?"
     argv: list[str] = field(default_factory=list)
@@ -122,8 +122,7 @@ class _Recorder:
         return waiting[-1] if waiting else None
 
 
-@dataclass
-class CheckReport:
+class CheckReport(Record):
     ok: bool
     components: list[ComponentReport]
     reason: str | None = None

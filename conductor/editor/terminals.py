@@ -11,14 +11,15 @@ import os
 import secrets
 import signal
 import subprocess
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from msgspec import field
 
 from conductor.editor.sandbox import NOT_FOUND, Sandbox
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
+from conductor.record import Record
 from conductor.supervise.component import sweep_strays
 from conductor.supervise.spawn import TOKEN_PREFIX
 
@@ -36,8 +37,7 @@ TERMINAL_STRAY_GRACE = 1.0  # how long a terminal's strays get between SIGTERM a
 OUTPUT_GRACE = 0.5  # after the command exits, for the end of an output pipe a child may hold
 
 
-@dataclass
-class _Terminal:
+class _Terminal(Record):
     process: Process
     limit: int
     token: str  # in its environment: finds what left its process group (setsid, daemons)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
+from msgspec import field
 
 from conductor.editor.client import ClientConnection, open_client_connection
 from conductor.editor.inprocess import InProcessChain
@@ -30,6 +30,7 @@ from conductor.errors import (
     RpcError,
 )
 from conductor.jsonrpc.codes import ErrorCode
+from conductor.record import Record
 from conductor.serve import RunOptions
 
 if TYPE_CHECKING:
@@ -78,8 +79,7 @@ STOP_REASON_EXIT = {"end_turn": RunExit.END_TURN, "refusal": RunExit.REFUSAL,
 CLOSE_WAIT = 5.0
 
 
-@dataclass
-class TurnOptions:
+class TurnOptions(Record):
     """What `run` was told to do."""
 
     prompts: list[str]     # one turn each, in one session, in order
@@ -102,8 +102,7 @@ def _package_version() -> str:
         return "0"
 
 
-@dataclass
-class _Turn:
+class _Turn(Record):
     trigger: str | None = None     # "timeout" | "interrupt" | "terminate" | "policy"
     result: dict[str, Any] | None = None
     error: RpcError | None = None

@@ -25,10 +25,10 @@ import itertools
 import logging
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
-from msgspec import UNSET, Raw, UnsetType
+from msgspec import UNSET, Raw, UnsetType, field
 
 from conductor import acp
 from conductor.jsonrpc.message import (
@@ -38,6 +38,7 @@ from conductor.jsonrpc.message import (
     Response,
     payload,
 )
+from conductor.record import Record
 from conductor.routing.sessions import CloseReason
 from conductor.rpc.failure import raise_for_error
 from conductor.spelling import did_you_mean
@@ -301,6 +302,7 @@ class Proxy(Generic[OptionsT]):
                 if o.declare or o.declared_name in self.mcp_requested]
 
 
+# A dataclass, not a Record: `instance` caches what `build` made on the frozen offer.
 @dataclass(frozen=True)
 class McpOffer:
     """An MCP server a proxy offers, with how it is declared.
@@ -330,8 +332,7 @@ class McpOffer:
         return self.server
 
 
-@dataclass(frozen=True)
-class SessionSetup:
+class SessionSetup(Record, frozen=True):
     """A session setup request on its way downstream, as `session_mcp_servers` sees it."""
 
     method: str              # session/new, session/load, session/resume, session/fork
@@ -391,8 +392,7 @@ class ProxyHost(Protocol):
         ...
 
 
-@dataclass(eq=False)
-class SessionScope:
+class SessionScope(Record, eq=False):
     """One session as a proxy sees it: its state, its own handlers, and who opened it."""
 
     session_id: str
@@ -401,7 +401,7 @@ class SessionScope:
     setup: JsonValue = None           # the decoded params of the setup request
     state: dict[str, Any] = field(default_factory=dict)
     handlers: dict[tuple[Side, str], Handler] = field(default_factory=dict)
-    host: ProxyHost | None = field(default=None, repr=False)
+    host: ProxyHost | None = None
     closed_reason: CloseReason | None = None  # set when the session ends (session_closed)
 
     @property

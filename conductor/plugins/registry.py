@@ -11,13 +11,13 @@ import importlib.util
 import inspect
 import sys
 import traceback
-from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conductor.errors import ConfigError, PluginError, PluginNotFoundError, PluginValidationError
 from conductor.plugins.api import Proxy
+from conductor.record import Record
 from conductor.spelling import did_you_mean
 
 if TYPE_CHECKING:
@@ -26,8 +26,7 @@ if TYPE_CHECKING:
 GROUP = "acp_conductor.proxies"
 
 
-@dataclass(frozen=True, slots=True)
-class InstalledProxy:
+class InstalledProxy(Record, frozen=True):
     name: str
     value: str          # "package.module:attr"
     distribution: str | None

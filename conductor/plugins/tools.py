@@ -26,7 +26,6 @@ import itertools
 import logging
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -34,7 +33,7 @@ import mcp_types
 import msgspec
 from mcp.server.lowlevel import Server
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
-from msgspec import UNSET, Raw, UnsetType
+from msgspec import UNSET, Raw, UnsetType, field
 
 from conductor import acp
 from conductor.errors import PluginError, RpcError
@@ -48,6 +47,7 @@ from conductor.plugins.api import (
     ToolContext,
     _tool_context,
 )
+from conductor.record import Record
 from conductor.routing.mcp import McpSupport
 from conductor.rpc.endpoint import Inbound
 
@@ -100,8 +100,7 @@ def made(offer: McpOffer) -> Server[Any]:
                           f"{type(e).__name__}: {e}") from e
 
 
-@dataclass(slots=True, eq=False)
-class _Declared:
+class _Declared(Record, eq=False):
     server_id: str
     offer: McpOffer
     key: str                      # stable within a session: the server's name (+ a number)
@@ -109,8 +108,7 @@ class _Declared:
     pending: bool = True          # its setup request is unanswered
 
 
-@dataclass(slots=True)
-class _Waiter:
+class _Waiter(Record):
     done: anyio.Event = field(default_factory=anyio.Event)
     result: Any = None
     error: mcp_types.ErrorData | None = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +10,7 @@ import msgspec
 from rich.text import Text
 
 from conductor.errors import ConfigError
+from conductor.record import Record
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -20,8 +20,7 @@ KIND_STYLE = {"request": "cyan", "response": "green", "notification": "dim",
               "error": "bold red"}
 
 
-@dataclass
-class Trace:
+class Trace(Record):
     header: dict[str, Any]
     events: list[dict[str, Any]]
     lanes: list[str]
@@ -125,8 +124,7 @@ def pair(events: list[dict[str, Any]]) -> None:
                 request["ms"] = event["ms"] = ms
 
 
-@dataclass
-class Pending:
+class Pending(Record):
     """A request that some component never answered, and where it stopped."""
 
     flow: Any

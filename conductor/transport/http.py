@@ -25,7 +25,6 @@ import hmac
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -46,6 +45,7 @@ from conductor.jsonrpc.message import (
     error_response,
     raw,
 )
+from conductor.record import Record
 from conductor.transport.base import NotJson, Oversized, Unreadable, decode_whole
 from conductor.transport.websocket import allowed_send_time, stalled, text_of
 
@@ -87,8 +87,7 @@ class Refusal(Exception):
         super().__init__(reason)
 
 
-@dataclass(frozen=True)
-class Gate:
+class Gate(Record, frozen=True):
     """Who may connect: bearer tokens (empty: no authentication), the browser origins
     allowed (a request without `Origin` is not from a browser page), and how many
     connections may be open at once."""
