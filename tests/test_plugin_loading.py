@@ -29,6 +29,62 @@ def test_built_in_proxies_are_found_through_the_entry_point_group() -> None:
     assert find_plugin("redact").__name__ == "Redact"
 
 
+def test_a_named_proxy_is_found_without_importing_importlib_metadata() -> None:
+    # ≈ 15 ms of every start-up of a chain that names its proxies (plugins/entry_points.py)
+    code = ("import sys; from conductor.plugins.registry import find_plugin; "
+            "find_plugin('passthrough'); print('importlib.metadata' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
+                          text=True, timeout=30, check=True)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_the_quick_lookup_finds_every_installed_proxy_as_importlib_metadata_does() -> None:
+    from importlib.metadata import entry_points
+
+    from conductor.plugins import entry_points as quick
+    from conductor.plugins.registry import GROUP
+
+    for ep in entry_points(group=GROUP):
+        found = quick.find(GROUP, ep.name)
+        assert found is not None and found.value == ep.value, ep.name
+        assert found.load() is ep.load()
+    assert quick.find(GROUP, "no-such-proxy") is None
+
+
+def _dist(root: Path, project: str, entries: str) -> None:
+    info = root / f"{project}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project}\nVersion: 1.0\n",
+                                   encoding="utf-8")
+    (info / "entry_points.txt").write_text(f"[acp_conductor.proxies]\n{entries}\n",
+                                           encoding="utf-8")
+
+
+def test_a_name_two_projects_register_is_left_to_importlib_metadata(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conductor.plugins import entry_points as quick
+
+    _dist(tmp_path, "one", "twin = one_mod:P")
+    _dist(tmp_path, "two", "twin = two_mod:P")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert quick.find("acp_conductor.proxies", "twin") is None
+
+
+def test_an_older_install_of_the_same_project_later_on_the_path_is_shadowed_as_importlib_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import entry_points
+
+    from conductor.plugins import entry_points as quick
+
+    _dist(tmp_path / "new", "shadowed_proj", "shade = new_mod:P")
+    _dist(tmp_path / "old", "Shadowed.Proj", "shade = old_mod:P")
+    monkeypatch.syspath_prepend(str(tmp_path / "old"))
+    monkeypatch.syspath_prepend(str(tmp_path / "new"))
+    found = quick.find("acp_conductor.proxies", "shade")
+    (expected,) = entry_points(group="acp_conductor.proxies", name="shade")
+    assert found is not None and found.value == expected.value == "new_mod:P"
+
+
 def test_bad_options_in_a_chain_file_name_the_proxy_the_file_and_the_field(tmp_path: Path) -> None:
     chain = tmp_path / "chain.toml"
     chain.write_text(textwrap.dedent("""
