@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+__version__ = "0.1.0"  # the package's version (pyproject.toml reads it from here)
+
 _EXPORTS = {
     # running a chain
     "serve_chain": "conductor.serve",

@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
 from msgspec import field
 
+from conductor import __version__
 from conductor.editor.client import ClientConnection, open_client_connection
 from conductor.editor.inprocess import InProcessChain
 from conductor.editor.policy import RunEditor, RunEvents
@@ -93,13 +93,6 @@ class TurnOptions(Record):
     tracer: TraceSink | None = None
     max_frame_bytes: int | None = None
     handle_signals: bool = True
-
-
-def _package_version() -> str:
-    try:
-        return version("acp-conductor")
-    except PackageNotFoundError:
-        return "0"
 
 
 class _Turn(Record):
@@ -287,7 +280,7 @@ async def _talk(conn: ClientConnection, editor: RunEditor, options: TurnOptions,
                                       "writeTextFile": options.allow_write},
                                "terminal": options.allow_terminal},
         "clientInfo": {"name": "acp-conductor-run", "title": "acp-conductor run",
-                       "version": _package_version()}})
+                       "version": __version__}})
     if not isinstance(init, dict):
         raise RpcError(ErrorCode.INVALID_PARAMS,
                        f"the agent answered initialize with {init!r:.200}, not an object")
