@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, NoReturn
 
 from conductor.errors import ConductorError, ConfigError, ExitCode
@@ -51,6 +51,8 @@ class Globals(Record):
                    ) -> AbstractContextManager[JsonlTraceSink | None]:
         """The `--trace` file for a run of `config`'s chain (None without --trace), hiding
         its secrets unless --trace-unredacted."""
+        if self.trace is None:  # the usual case: before the early start, import nothing
+            return nullcontext(None)
         from conductor.config import trace_redactor
         from conductor.tracing.sink import open_trace_sink
 

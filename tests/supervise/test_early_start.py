@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 import anyio
@@ -366,3 +367,42 @@ def test_an_agent_started_early_that_a_plugin_made_stale_is_stopped_before_its_r
     assert stderr.index(stale) < stderr.index("started agent (pid")
     assert "the chain stopped before serving it" not in stderr
     assert [a["id"] for a in answers] == [0, 1]
+
+
+SPY_ON_THE_SPAWN = """
+import sys
+import conductor.early_start as early
+
+OUT = sys.argv[2]
+
+def spy(spec):  # (stdout is the wire, claimed by now: the answer goes to a file)
+    with open(OUT, "w") as out:
+        out.write(repr(sorted(m for m in sys.modules if m in WATCHED)))
+    raise SystemExit(0)
+
+WATCHED = {"anyio", "asyncio", "conductor.tracing.sink", "conductor.routing.chain",
+           "importlib.metadata", "pydantic"}
+early.start_process = spy
+sys.argv = ["acp-conductor", "--chain", sys.argv[1]]
+from conductor.cli.entry import main
+main()
+"""
+
+
+@pytest.mark.parametrize("chain", ["commands", "plugin"])
+def test_nothing_the_event_loop_or_the_router_needs_is_imported_before_the_early_spawn(
+        chain: str, tmp_path: Path) -> None:
+    # What is imported before it delays every component's start (docs/performance.md).
+    path = tmp_path / "chain.toml"
+    plugin = '[[proxy]]\nname = "p"\nuse = "passthrough"\n\n' if chain == "plugin" else ""
+    path.write_text(f'{plugin}[agent]\ncommand = "{agent_cmd()}"\n', encoding="utf-8")
+    seen = tmp_path / "imported"
+    stdin = waiting_pipe(INIT)
+    try:
+        done = subprocess.run([sys.executable, "-c", SPY_ON_THE_SPAWN, str(path), str(seen)],
+                              stdin=stdin, env=child_env(), capture_output=True, timeout=30,
+                              check=False)
+    finally:
+        os.close(stdin)
+    assert seen.exists(), done.stderr.decode()
+    assert seen.read_text() == "[]"
