@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import weakref
 from typing import TYPE_CHECKING
 
 import anyio
@@ -322,6 +323,44 @@ async def test_the_per_session_handler_counts_only_its_sessions_updates_and_clos
             await client.call("session/close", {"sessionId": two})
     assert counts == {"session-1": 1, "session-2": 3}
     assert watcher.opened == []
+
+
+class KeepsItsOwnAttributes(Proxy):
+    """Keeps per-session data as attributes of the scope, and the open scopes in a WeakSet:
+    what a plugin could do while `SessionScope` was a plain (unslotted) dataclass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: weakref.WeakSet[SessionScope] = weakref.WeakSet()
+        self.seen: list[tuple[str, int]] = []
+
+    async def session_opened(self, session: SessionScope) -> None:
+        session.chunks = 0  # type: ignore[attr-defined]
+        self.live.add(session)
+
+    @on("session/update", source="successor")
+    async def update(self, ctx: ProxyContext, message: Message) -> None:
+        assert ctx.session is not None and ctx.session in self.live
+        ctx.session.chunks += 1  # type: ignore[attr-defined]
+        self.seen.append((ctx.session.session_id, ctx.session.chunks))  # type: ignore[attr-defined]
+        await ctx.forward()
+
+
+async def test_a_plugin_may_keep_its_own_attributes_on_a_session_scope_and_refer_to_it_weakly(
+) -> None:
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        sid = message.params_value()["sessionId"]
+        for word in ("a", "b"):
+            await agent.notify("session/update", update(sid, word))
+        return {"stopReason": "end_turn"}
+
+    proxy = KeepsItsOwnAttributes()
+    async with open_test_chain([proxy], ScriptedAgent({"session/prompt": prompt})) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            await client.prompt(sid, "x")
+            await client.wait_for("session/update", 2)
+    assert proxy.seen == [(sid, 1), (sid, 2)]
 
 
 class Judge(Proxy):

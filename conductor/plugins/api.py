@@ -392,7 +392,9 @@ class ProxyHost(Protocol):
         ...
 
 
-class SessionScope(Record, eq=False):
+# `dict` and `weakref`: as when it was a plain dataclass, a plugin may set attributes of its
+# own on a scope and hold it weakly (public API; `state` is only the documented way).
+class SessionScope(Record, eq=False, dict=True, weakref=True):
     """One session as a proxy sees it: its state, its own handlers, and who opened it."""
 
     session_id: str
