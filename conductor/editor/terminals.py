@@ -61,8 +61,20 @@ class _Terminal(Record):
         if code is None or not self.done.is_set():
             return None
         if code < 0:
-            return {"exitCode": None, "signal": signal.Signals(-code).name}
+            return {"exitCode": None, "signal": _signal_name(-code)}
         return {"exitCode": code, "signal": None}
+
+
+def _signal_name(number: int) -> str:
+    """The conventional name: `signal.Signals` knows SIGRTMIN and SIGRTMAX but none of the
+    real-time signals between them, which a command may still die of."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        low = getattr(signal, "SIGRTMIN", None)
+        if low is not None and low < number <= signal.SIGRTMAX:
+            return f"SIGRTMIN+{number - low}"
+        return f"SIG{number}"
 
 
 class Terminals:

@@ -356,6 +356,26 @@ async def test_a_released_terminal_is_gone_and_its_id_unknown(root: Path) -> Non
             await ed.aclose()
 
 
+async def test_a_terminal_killed_by_a_real_time_signal_reports_its_exit_with_the_signal(
+        root: Path) -> None:
+    # Python's signal.Signals names only SIGRTMIN and SIGRTMAX: any signal between them
+    # made terminal/output and terminal/wait_for_exit fail as internal errors, every time.
+    async with anyio.create_task_group() as tg:
+        ed, _ = editor(root, spawn=await spawner(tg), allow_terminal=True)
+        try:
+            with anyio.fail_after(10):
+                created = await ed.handle_request("terminal/create", {
+                    "command": "sh", "args": ["-c", f"kill -{signal.SIGRTMIN + 6} $$"]})
+                tid = created["terminalId"]
+                status = await ed.handle_request("terminal/wait_for_exit",
+                                                 {"terminalId": tid})
+                assert status == {"exitCode": None, "signal": "SIGRTMIN+6"}
+                output = await ed.handle_request("terminal/output", {"terminalId": tid})
+                assert output["exitStatus"] == status
+        finally:
+            await ed.aclose()
+
+
 # -- a real run: SIGTERM -------------------------------------------------------------------
 
 def chain_with_a_lingering_agent(tmp_path: Path) -> Path:
