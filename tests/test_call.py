@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -136,3 +137,28 @@ def test_the_call_example_in_writing_a_proxy_prints_what_it_says(tmp_path: Path)
                           text=True, env=child_env(), timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"prompts": 0}
+
+
+@pytest.mark.parametrize("answer", ["[1, 2]", '"sid"', "7"])
+async def test_a_session_new_answered_with_no_object_is_a_setup_failure_naming_it(
+        tmp_path: Path, answer: str) -> None:
+    # `(opened or {}).get` raised AttributeError on a list or a string: an internal error
+    # (exit 1) instead of the documented setup failure (exit 3).
+    (tmp_path / "answers.py").write_text(textwrap.dedent(f"""
+        from conductor.plugins import Proxy, on
+
+        class Answers(Proxy):
+            @on("session/new")
+            async def new(self, ctx, message):
+                await ctx.forward()
+                return {answer}
+        """), encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[[proxy]]\nplugin = "{tmp_path / "answers.py"}:Answers"\n'
+                     '[agent]\ncommand = ["${PYTHON}", "-m", "conductor.demo_agent"]\n',
+                     encoding="utf-8")
+    outcome = await call_chain(load_chain(str(chain)), CallOptions("_ext/echo", {},
+                                                                   session=True, timeout=20))
+    assert outcome.code is CallExit.COMPONENT
+    assert outcome.reason is not None and "session/new" in outcome.reason
+    assert "sessionId" in outcome.reason

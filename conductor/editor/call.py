@@ -105,7 +105,7 @@ async def call_chain(config: ChainConfig, options: CallOptions) -> CallOutcome:
                         step = "session/new"
                         opened = await conn.request("session/new", {
                             "cwd": str(options.cwd.resolve()), "mcpServers": []})
-                        sid = (opened or {}).get("sessionId")
+                        sid = opened.get("sessionId") if isinstance(opened, dict) else None
                         if not isinstance(sid, str):
                             raise RpcError(ErrorCode.INVALID_PARAMS,
                                            f"session/new answered without a sessionId: "
