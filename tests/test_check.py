@@ -188,3 +188,23 @@ def test_check_on_a_terminal_draws_a_table() -> None:
     text = re.sub(r"\x1b\[[0-9;]*m", "", seen.decode("utf-8", "replace"))  # no colours
     assert re.search(r"[┃│] name +[┃│] role", text), text
     assert "demo-agent" in text
+
+
+@pytest.mark.parametrize("result", [
+    {"protocolVersion": 1, "agentCapabilities": ["loadSession"]},
+    {"protocolVersion": 1, "agentCapabilities": "all", "authMethods": 5},
+    {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": 5}])
+def test_a_malformed_initialize_answer_is_still_reported_not_an_internal_error(
+        result: dict[str, object]) -> None:
+    # check is where a broken agent gets diagnosed: capabilities that are not an object, or
+    # authMethods that are not a list, raised AttributeError / TypeError (exit 1,
+    # "internal error") instead of a report.
+    from conductor.cli.check import _line
+    from conductor.editor.check import ComponentReport
+
+    report = ComponentReport("agent", "agent", result=result)
+    summary = report.summary()
+    assert summary["capabilities"] == {}
+    assert summary["mcpTransports"][0] == "stdio"
+    assert isinstance(summary["authMethods"], list)
+    assert _line(report).startswith("agent: agent, ")

@@ -47,13 +47,17 @@ class ComponentReport(Record):
 
     def summary(self) -> dict[str, Any]:
         result = self.result or {}
+        # As the component sent them: a broken one is what check is run to diagnose.
         caps = result.get("agentCapabilities") or result.get("capabilities") or {}
+        if not isinstance(caps, dict):
+            caps = {}
+        auth = result.get("authMethods")
         return {"name": self.name, "role": self.role, "command": self.argv, "pid": self.pid,
                 "protocolVersion": result.get("protocolVersion"),
                 "agentInfo": result.get("agentInfo") or result.get("info"),
                 "capabilities": caps, "mcpTransports": mcp_transports(caps),
                 "authMethods": [m.get("id", m.get("name")) if isinstance(m, dict) else m
-                                for m in result.get("authMethods") or []],
+                                for m in (auth if isinstance(auth, list) else [])],
                 "error": self.error, "exitCode": self.exit_code, "bypassed": self.bypassed}
 
 
