@@ -3,6 +3,7 @@ first that does not end with end_turn; the session closed at the end; the prompt
 
 from __future__ import annotations
 
+import io
 import textwrap
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from conductor.cli.run import read_prompt_file
 from conductor.config import load_chain
+from conductor.editor.render import QuietEvents
 from conductor.editor.turn import RunExit, TurnOptions, run_turns
 from conductor.errors import ConfigError
 from tests.conftest import BIN
@@ -37,6 +39,9 @@ class Recorded:
 
     def notice(self, text: str) -> None:
         self.records.append({"type": "notice", "message": text})
+
+    def prompting(self, number: int) -> None:
+        pass
 
     def turn(self, record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -239,3 +244,32 @@ async def test_a_turn_given_up_on_after_its_cancel_went_unanswered_is_still_repo
         1, 2, "timeout", None)
     result = events.records[-1]
     assert result["turns"] == [{k: v for k, v in turn.items() if k != "type"}]
+
+
+async def test_quiet_prints_only_the_turns_answer_not_the_history_a_loaded_session_replays(
+        tmp_path: Path) -> None:
+    # session/load replays the conversation as session/updates (agent_message_chunk
+    # included) before the turn: they were counted as the turn's answer, so
+    # `run --session-id X --format quiet` printed the old conversation too.
+    (tmp_path / "replay.py").write_text(textwrap.dedent("""
+        from conductor.plugins import Proxy, on
+
+        class Replay(Proxy):
+            @on("session/load")
+            async def load(self, ctx, message):
+                sid = message.params_value()["sessionId"]
+                await ctx.notify("session/update", {"sessionId": sid, "update": {
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": "OLD ANSWER\\n"}}},
+                    to="predecessor")
+                return await ctx.forward()
+        """), encoding="utf-8")
+    config = demo_chain(tmp_path, f'[[proxy]]\nplugin = "{tmp_path / "replay.py"}:Replay"')
+    out, err = io.StringIO(), io.StringIO()
+    code = await run_turns(config, TurnOptions(prompts=["hello"], cwd=tmp_path,
+                                               session_id="old-7", handle_signals=False),
+                           QuietEvents(out, err))
+    assert code == RunExit.END_TURN, err.getvalue()
+    _, fresh = await run(demo_chain(tmp_path), tmp_path, "hello")
+    assert out.getvalue() == fresh.said().rstrip("\n") + "\n"
+    assert "OLD ANSWER" not in out.getvalue()

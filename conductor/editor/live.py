@@ -126,6 +126,9 @@ class RichEvents:
     def notice(self, text: str) -> None:
         self.err.print(f"[yellow]{escape(text)}[/yellow]")
 
+    def prompting(self, number: int) -> None:
+        pass
+
     def turn(self, record: dict[str, Any]) -> None:
         if record["of"] > 1:
             self._commit_text()

@@ -144,6 +144,9 @@ class JsonEvents:
     def notice(self, text: str) -> None:
         self._emit({"type": "notice", "message": text})
 
+    def prompting(self, number: int) -> None:
+        pass  # a replayed history is `update` lines before the first turn's, as it came
+
     def turn(self, record: dict[str, Any]) -> None:
         if record["of"] > 1:  # a single turn's report is the result line
             self._emit(record)
@@ -219,6 +222,9 @@ class PlainEvents:
     def notice(self, text: str) -> None:
         self._line(f"[notice] {text}")
 
+    def prompting(self, number: int) -> None:
+        pass
+
     def _end_text(self) -> None:
         if self._text_open:
             self.out.write("\n")
@@ -276,6 +282,9 @@ class QuietEvents:
     def notice(self, text: str) -> None:
         self.err.write(f"acp-conductor: {text}\n")
         self.err.flush()
+
+    def prompting(self, number: int) -> None:
+        self._text = []  # a loaded session's replayed history is not this turn's answer
 
     def turn(self, record: dict[str, Any]) -> None:
         self.answer, self._text = "".join(self._text), []

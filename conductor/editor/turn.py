@@ -357,6 +357,7 @@ async def _prompt(conn: ClientConnection, editor: RunEditor, options: TurnOption
     violations = len(editor.violations)
     turn.step = "session/prompt"
     turn.prompted = True
+    events.prompting(number)
     turn.result = None
     report: dict[str, Any] = {"type": "turn", "turn": number, "of": len(options.prompts)}
     given_up = False
