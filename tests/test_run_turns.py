@@ -273,3 +273,15 @@ async def test_quiet_prints_only_the_turns_answer_not_the_history_a_loaded_sessi
     _, fresh = await run(demo_chain(tmp_path), tmp_path, "hello")
     assert out.getvalue() == fresh.said().rstrip("\n") + "\n"
     assert "OLD ANSWER" not in out.getvalue()
+
+
+async def test_a_result_line_has_every_documented_field_even_when_no_session_was_opened(
+        tmp_path: Path) -> None:
+    # docs/run.md lists `sessionId` among the result's fields; a run that failed before
+    # session/new answered left the key out rather than null.
+    code, events = await run(answering_with(tmp_path, '"x"', "initialize"), tmp_path, "one")
+    assert code == RunExit.FAILED
+    result = events.records[-1]
+    assert {"sessionId", "stopReason", "usage", "exitCode", "exitReason", "cancelledBy",
+            "violations", "dropped", "durationMs", "prompts", "turns"} <= result.keys()
+    assert result["sessionId"] is None

@@ -141,7 +141,7 @@ async def run_turns(config: ChainConfig, options: TurnOptions, events: RunEvents
                                               max_frame_bytes=options.max_frame_bytes,
                                               tracer=options.tracer, on_dropped=on_dropped))
     turn = _Turn()
-    record: dict[str, Any] = {"type": "result"}
+    record: dict[str, Any] = {"type": "result", "sessionId": None}  # null until one opens
 
     async with anyio.create_task_group() as tg:
 
