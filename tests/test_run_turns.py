@@ -285,3 +285,17 @@ async def test_a_result_line_has_every_documented_field_even_when_no_session_was
     assert {"sessionId", "stopReason", "usage", "exitCode", "exitReason", "cancelledBy",
             "violations", "dropped", "durationMs", "prompts", "turns"} <= result.keys()
     assert result["sessionId"] is None
+
+
+async def test_an_agent_answering_a_protocol_version_run_does_not_speak_ends_the_run_saying_so(
+        tmp_path: Path) -> None:
+    # run asks for v1; an agent that answers 2 speaks another protocol (v2: no stopReason
+    # in the prompt's answer, no fs/terminal methods). ACP says the client should then
+    # disconnect; run went on, and the turn "failed" for an unknown stop reason, or worse.
+    config = answering_with(tmp_path, '{"protocolVersion": 2, "agentCapabilities": {}}',
+                            "initialize")
+    code, events = await run(config, tmp_path, "one")
+    assert code == RunExit.FAILED
+    result = events.records[-1]
+    assert result["turns"] == [] and events.of("session") == []
+    assert "protocolVersion 2" in result["error"]["message"]

@@ -284,6 +284,13 @@ async def _talk(conn: ClientConnection, editor: RunEditor, options: TurnOptions,
     if not isinstance(init, dict):
         raise RpcError(ErrorCode.INVALID_PARAMS,
                        f"the agent answered initialize with {init!r:.200}, not an object")
+    version = init.get("protocolVersion")
+    if isinstance(version, int) and not isinstance(version, bool) and version != 1:
+        # ACP: the client disconnects from a version it does not speak (v2 answers a
+        # prompt without a stopReason, and has no fs/terminal methods).
+        raise RpcError(ErrorCode.INVALID_PARAMS,
+                       f"the agent answered initialize with protocolVersion {version}; "
+                       "run speaks ACP protocol version 1")
     caps = init.get("agentCapabilities")
     if not isinstance(caps, dict):
         caps = {}
