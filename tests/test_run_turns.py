@@ -11,7 +11,7 @@ import pytest
 
 from conductor.cli.run import read_prompt_file
 from conductor.config import load_chain
-from conductor.editor.render import QuietEvents
+from conductor.editor.render import PlainEvents, QuietEvents
 from conductor.editor.turn import RunExit, TurnOptions, run_turns
 from conductor.errors import ConfigError
 from tests.conftest import BIN
@@ -299,3 +299,43 @@ async def test_an_agent_answering_a_protocol_version_run_does_not_speak_ends_the
     result = events.records[-1]
     assert result["turns"] == [] and events.of("session") == []
     assert "protocolVersion 2" in result["error"]["message"]
+
+
+@pytest.mark.parametrize("info", ['"demo 1.0"', "[1]", "7"])
+async def test_an_agent_info_that_is_not_an_object_is_shown_not_a_crash_of_the_plain_view(
+        tmp_path: Path, info: str) -> None:
+    # The plain view read agentInfo with .get: an agent sending a string there crashed the
+    # run (internal error, no result line, the turn never sent) in every CI log.
+    config = answering_with(
+        tmp_path, f'{{"protocolVersion": 1, "agentCapabilities": {{}}, "agentInfo": {info}}}',
+        "initialize")
+    out, err = io.StringIO(), io.StringIO()
+    code = await run_turns(config, TurnOptions(prompts=["hello"], cwd=tmp_path,
+                                               handle_signals=False), PlainEvents(out, err))
+    assert code == RunExit.END_TURN, err.getvalue()
+    assert "[session] demo-session-1 (new)" in err.getvalue()
+    assert "You said: hello" in out.getvalue()
+
+
+def test_the_plain_and_live_views_show_a_malformed_plan_and_tool_call_without_failing() -> None:
+    # Plan entries that are not objects, or a status that is a list, raised in the view:
+    # the rest of the update (and in the live view, every later refresh) was lost.
+    from rich.console import Console
+
+    from conductor.editor.live import RichEvents
+
+    updates: list[dict[str, Any]] = [
+        {"sessionUpdate": "plan", "entries": ["step one", {"content": "two", "status": [1]},
+                                             {"content": "three", "status": "completed"}]},
+        {"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "grep", "kind": ["x"],
+         "status": {"a": 1}}]
+    out, err = io.StringIO(), io.StringIO()
+    plain = PlainEvents(out, err)
+    for update in updates:
+        plain.update("s", update)
+    assert err.getvalue().splitlines() == ["[plan]", "  [ ] two", "  [x] three",
+                                           "[tool] other: grep (pending)"]
+    rich = RichEvents(Console(file=io.StringIO()), Console(file=io.StringIO()))
+    for update in updates:
+        rich.update("s", update)
+    rich.live.stop()

@@ -21,6 +21,8 @@ from conductor.editor.render import (
     _read_choice,
     _Tools,
     _usage_line,
+    agent_info,
+    plan_entries,
 )
 
 
@@ -80,7 +82,7 @@ class RichEvents:
         self.live.refresh()
 
     def session(self, record: dict[str, Any]) -> None:
-        info = record.get("agentInfo") or {}
+        info = agent_info(record)
         self.err.print(f"[dim]session {escape(str(record.get('sessionId')))} "
                        f"({record.get('how')}), agent {escape(str(info.get('name', '?')))}[/dim]")
 
@@ -104,7 +106,7 @@ class RichEvents:
             elif ident not in self.open_tools:
                 self.open_tools.append(ident)
         elif kind == "plan":
-            self.plan = [e for e in update.get("entries") or [] if isinstance(e, dict)]
+            self.plan = plan_entries(update)
         elif kind == "usage_update":
             self.usage = update
         self._refresh()

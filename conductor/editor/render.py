@@ -56,9 +56,23 @@ class _Tools:
         ident = str(update.get("toolCallId"))
         call = self.calls.setdefault(ident, {"toolCallId": ident, "status": "pending"})
         for key in ("title", "kind", "status"):
-            if update.get(key) is not None:
+            # Only strings: a list here (a broken agent) is no key to look a mark up by.
+            if isinstance(update.get(key), str):
                 call[key] = update[key]
         return call
+
+
+def agent_info(record: dict[str, Any]) -> dict[str, Any]:
+    """The session record's agentInfo, as an object (anything else an agent sent: none)."""
+    info = record.get("agentInfo")
+    return info if isinstance(info, dict) else {}
+
+
+def plan_entries(update: dict[str, Any]) -> list[dict[str, Any]]:
+    """A plan update's entries that can be shown: objects, with a string status."""
+    entries = update.get("entries")
+    return [{**e, "status": e.get("status") if isinstance(e.get("status"), str) else "pending"}
+            for e in (entries if isinstance(entries, list) else []) if isinstance(e, dict)]
 
 
 
@@ -176,7 +190,7 @@ class PlainEvents:
         self.err.flush()
 
     def session(self, record: dict[str, Any]) -> None:
-        info = record.get("agentInfo") or {}
+        info = agent_info(record)
         self._line(f"[session] {record.get('sessionId')} ({record.get('how')}) with "
                    f"{info.get('name', 'the agent')} {info.get('version', '')}".rstrip())
 
@@ -200,8 +214,8 @@ class PlainEvents:
             self._line(f"[tool] {call.get('kind', 'other')}: {title} ({call['status']})")
         elif kind == "plan":
             self._line("[plan]")
-            for entry in update.get("entries") or []:
-                mark = PLAN_MARK.get(entry.get("status", "pending"), "[ ]")
+            for entry in plan_entries(update):
+                mark = PLAN_MARK.get(entry["status"], "[ ]")
                 self._line(f"  {mark} {entry.get('content', '')}")
         elif kind == "usage_update":
             line = _usage_line(update)
