@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from conductor.config import parse_chain
+from conductor.errors import ExitCode
 from conductor.jsonrpc.message import Request, raw
 from conductor.serve import RunOptions, serve_connection
 from conductor.supervise.component import Component
@@ -16,6 +17,7 @@ from conductor.transport.memory import message_pipe
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     import pytest
 
@@ -69,3 +71,59 @@ async def test_a_component_restarted_again_and_again_keeps_no_more_per_run(
     # error); what matters is that the count stops growing with the runs.
     settled = alive[RUNS // 2]
     assert alive[RUNS // 2:] == [settled] * (RUNS - RUNS // 2), alive
+
+
+# Answers the first initialize, then crashes; every later start reads and never answers.
+_ONCE_THEN_DEAF = """
+import json, os, sys
+flag = sys.argv[1]
+if os.path.exists(flag):
+    for _ in sys.stdin:
+        pass
+    raise SystemExit(0)
+open(flag, "w").close()
+request = json.loads(sys.stdin.readline())
+print(json.dumps({"jsonrpc": "2.0", "id": request["id"],
+                  "result": {"protocolVersion": 1, "agentCapabilities": {}}}), flush=True)
+raise SystemExit(3)
+"""
+
+
+async def test_a_restart_that_never_comes_back_is_given_up_however_long_its_reattach_waits(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Each restarted agent is wedged: its re-attach waits out its timeout, and fails. A wait
+    # longer than STABLE (here the timeout 0.4 s against 0.1 s; in real life a 120 s
+    # request_timeout against 60 s) must not make a run that never served count as healthy:
+    # the count would start again at every restart, and the loop never give up.
+    monkeypatch.setattr("conductor.supervise.restart.STABLE", 0.1)
+    monkeypatch.setattr("conductor.supervise.restart.FIRST", 0.0)
+    monkeypatch.setattr("conductor.routing.recovery.REATTACH_TIMEOUT", 0.4)
+    config = parse_chain({"agent": {
+        "command": [sys.executable, "-c", _ONCE_THEN_DEAF, str(tmp_path / "started")],
+        "restart": "on-failure", "max_restarts": 2}}, file="<test>")
+    to_chain, chain_reads = message_pipe()
+    from_chain, editor_reads = message_pipe(1 << 16)
+    spawned: list[str] = []
+
+    class Tracer:
+        def message(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def lifecycle(self, component: str, event: str, **fields: object) -> None:
+            if event == "spawned":
+                spawned.append(component)
+
+    async def ignore(item: object) -> None:
+        pass
+
+    await to_chain.send(Request(id=raw(1), method="initialize",
+                                params=raw({"protocolVersion": 1})))
+    with anyio.fail_after(15):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(editor_reads.serve, ignore)
+            code = await serve_connection(config, from_chain, chain_reads,
+                                          RunOptions(tracer=Tracer(), handle_signals=False))
+            await to_chain.aclose()
+            tg.cancel_scope.cancel()
+    assert code == ExitCode.COMPONENT
+    assert spawned == ["agent"] * 3  # the first start, then max_restarts restarts
