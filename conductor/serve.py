@@ -162,10 +162,16 @@ async def serve_connection(
                 time the client reads them (`run` ends on them)."""
                 ran_for = 0.0 if serving_since is None \
                     else anyio.current_time() - serving_since
-                delay = backoff.failed(ran_for) \
-                    if spec.restart == "on-failure" and not stop.is_set() else None
-                if delay is None and not optional:
-                    failed(error)
+                restarts = spec.restart == "on-failure" and not stop.is_set()
+                delay = backoff.failed(ran_for) if restarts else None
+                if delay is None:
+                    if restarts:
+                        log.warning("%s: not restarted again: it failed %d times in a row "
+                                    "(max_restarts = %d)", launch.name, backoff.failures,
+                                    spec.max_restarts)
+                    chain.recovery.given_up(launch.name, error)
+                    if not optional:
+                        failed(error)
                 return delay
 
             first = True

@@ -7,10 +7,11 @@ import sys
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 
 from conductor.config import parse_chain
 from conductor.errors import ExitCode
-from conductor.jsonrpc.message import Request, raw
+from conductor.jsonrpc.message import Request, Response, raw
 from conductor.serve import RunOptions, serve_connection
 from conductor.supervise.component import Component
 from conductor.transport.memory import message_pipe
@@ -127,3 +128,74 @@ async def test_a_restart_that_never_comes_back_is_given_up_however_long_its_reat
             tg.cancel_scope.cancel()
     assert code == ExitCode.COMPONENT
     assert spawned == ["agent"] * 3  # the first start, then max_restarts restarts
+
+
+# Answers the first initialize, then crashes; every later start refuses initialize.
+_ONCE_THEN_REFUSES = """
+import json, os, sys
+flag = sys.argv[1]
+again = os.path.exists(flag)
+open(flag, "w").close()
+request = json.loads(sys.stdin.readline())
+answer = {"error": {"code": -32603, "message": "no backend"}} if again \\
+    else {"result": {"protocolVersion": 1, "agentCapabilities": {}}}
+print(json.dumps({"jsonrpc": "2.0", "id": request["id"], **answer}), flush=True)
+if again:
+    sys.stdin.read()
+raise SystemExit(3)
+"""
+
+
+async def test_once_a_component_is_given_up_a_request_to_it_is_not_told_to_try_again(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # While its restarts run, a request to it is answered "being restarted, send this again
+    # shortly" (data.restarting). Once it is given up, that is false: the chain is ending.
+    monkeypatch.setattr("conductor.supervise.restart.FIRST", 0.0)
+    config = parse_chain({"agent": {
+        "command": [sys.executable, "-c", _ONCE_THEN_REFUSES, str(tmp_path / "started")],
+        "restart": "on-failure", "max_restarts": 1}}, file="<test>")
+    to_chain, chain_reads = message_pipe()
+    from_chain, editor_reads = message_pipe(1 << 16)
+    given_up = anyio.Event()
+    answers: dict[int, Response] = {}
+    answered = anyio.Event()
+
+    class GivenUp(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.ERROR:
+                given_up.set()
+
+    handler = GivenUp()
+    logging.getLogger("acp_conductor").addHandler(handler)
+
+    async def editor() -> None:
+        await to_chain.send(Request(id=raw(1), method="initialize",
+                                    params=raw({"protocolVersion": 1})))
+        await given_up.wait()
+        await to_chain.send(Request(id=raw(2), method="session/new",
+                                    params=raw({"cwd": "/", "mcpServers": []})))
+
+    async def keep(item: object) -> None:
+        if isinstance(item, Response):
+            answers[int(msgspec.json.decode(item.id))] = item
+            if 2 in answers:
+                answered.set()
+
+    try:
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(editor)
+                tg.start_soon(editor_reads.serve, keep)
+                code = await serve_connection(config, from_chain, chain_reads,
+                                              RunOptions(handle_signals=False))
+                await answered.wait()
+                await to_chain.aclose()
+                tg.cancel_scope.cancel()
+    finally:
+        logging.getLogger("acp_conductor").removeHandler(handler)
+    assert code == ExitCode.COMPONENT
+    error = answers[2].error_value()
+    assert error["data"]["component"] == "agent", error
+    assert "restarting" not in error["data"], error
+    assert "send this again" not in error["message"], error
+    assert "no backend" in error["message"], error
