@@ -329,7 +329,10 @@ async def serve_connection(
                     raise
                 if tracer is not None:  # a restart that could not even be spawned
                     tracer.lifecycle(launch.name, "error", message=str(e))
-                return e, decide(e)
+                delay = decide(e)
+                if delay is not None:
+                    chain.recovery.restarting(launch.name, e)
+                return e, delay
             finally:
                 if run is not None and done.is_set():  # (else shutdown still waits on it)
                     components.remove(run)

@@ -1,4 +1,5 @@
-"""What the supervisor keeps per run of a component that keeps crashing."""
+"""A component that keeps crashing: what the supervisor keeps per run, when it gives the
+component up, and what a request sent to it meanwhile is told."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     import pytest
+
+    from conductor.supervise.restart import Backoff
 
 RUNS = 8
 
@@ -199,3 +202,63 @@ async def test_once_a_component_is_given_up_a_request_to_it_is_not_told_to_try_a
     assert "restarting" not in error["data"], error
     assert "send this again" not in error["message"], error
     assert "no backend" in error["message"], error
+
+
+async def test_while_a_component_waits_for_its_next_restart_a_request_is_told_its_latest_failure(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Start 1 crashes; restart 1 refuses initialize. During the wait before restart 2, a
+    # request is answered with why restart 1 failed, not with the first crash's status.
+    config = parse_chain({"agent": {
+        "command": [sys.executable, "-c", _ONCE_THEN_REFUSES, str(tmp_path / "started")],
+        "restart": "on-failure", "max_restarts": 3}}, file="<test>")
+    # Restart 1 at once; the wait before restart 2 outlasts the exchange below (the editor
+    # then closes its input, and the chain stops without waiting it out).
+    monkeypatch.setattr("conductor.supervise.restart.Backoff.failed",
+                        lambda self, ran_for: _first_then_long(self))
+    to_chain, chain_reads = message_pipe()
+    from_chain, editor_reads = message_pipe(1 << 16)
+    waiting = anyio.Event()
+    answered = anyio.Event()
+    answers: dict[int, Response] = {}
+
+    class Waiting(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "restart 2 of" in record.getMessage():
+                waiting.set()
+
+    handler = Waiting()
+    logging.getLogger("acp_conductor").addHandler(handler)
+
+    async def editor() -> None:
+        await to_chain.send(Request(id=raw(1), method="initialize",
+                                    params=raw({"protocolVersion": 1})))
+        await waiting.wait()
+        await to_chain.send(Request(id=raw(2), method="session/new",
+                                    params=raw({"cwd": "/", "mcpServers": []})))
+        await answered.wait()
+        await to_chain.aclose()
+
+    async def keep(item: object) -> None:
+        if isinstance(item, Response):
+            answers[int(msgspec.json.decode(item.id))] = item
+            if 2 in answers:
+                answered.set()
+
+    try:
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(editor)
+                tg.start_soon(editor_reads.serve, keep)
+                await serve_connection(config, from_chain, chain_reads,
+                                       RunOptions(handle_signals=False))
+                tg.cancel_scope.cancel()
+    finally:
+        logging.getLogger("acp_conductor").removeHandler(handler)
+    error = answers[2].error_value()
+    assert error["data"] == {"component": "agent", "restarting": True}, error
+    assert "no backend" in error["message"], error
+
+
+def _first_then_long(backoff: Backoff) -> float | None:
+    backoff.failures += 1
+    return 0.0 if backoff.failures == 1 else 60.0
