@@ -145,24 +145,43 @@ async def serve_connection(
             # by another (docs/reliability.md).
             backoff = Backoff(spec.max_restarts)
             optional = role is Role.PROXY and spec.optional
-            began = 0.0
+            # Since when this run has served: from its spawn for the first start, whose
+            # handshake is the editor's; a restart's only once it is re-attached. A restart
+            # that never came back never served, however long its re-attach waited: counted
+            # from its spawn, a wait longer than STABLE (a request_timeout of 120 s) would
+            # make it healthy, start the count again each time, and never give it up.
+            serving_since: float | None = None
+
+            def serving() -> None:
+                nonlocal serving_since
+                serving_since = anyio.current_time()
 
             def decide(error: ComponentError) -> float | None:
                 """The run failed: how long until the next start (None: no more). Decided
                 before its answers go out, so that a final failure is the outcome by the
                 time the client reads them (`run` ends on them)."""
-                delay = backoff.failed(anyio.current_time() - began) \
-                    if spec.restart == "on-failure" and not stop.is_set() else None
-                if delay is None and not optional:
-                    failed(error)
+                ran_for = 0.0 if serving_since is None \
+                    else anyio.current_time() - serving_since
+                restarts = spec.restart == "on-failure" and not stop.is_set()
+                delay = backoff.failed(ran_for) if restarts else None
+                if delay is None:
+                    if restarts:
+                        log.warning("%s: not restarted again: it failed %d times in a row "
+                                    "(max_restarts = %d)", launch.name, backoff.failures,
+                                    spec.max_restarts)
+                    chain.recovery.given_up(launch.name, error)
+                    if not optional:
+                        failed(error)
                 return delay
 
             first = True
             while True:
-                began = anyio.current_time()
+                serving_since = None
+                if first:
+                    serving()
                 # At the first start a ComponentStartError propagates to the starter.
                 error, delay = await run_once(role, spec, launch, task_status, decide,
-                                              first=first)
+                                              serving, first=first)
                 first = False
                 if error is None:
                     return  # stopped with the chain
@@ -190,10 +209,12 @@ async def serve_connection(
 
         async def run_once(role: Role, spec: ComponentSpec, launch: LaunchSpec,
                            task_status: TaskStatus[tuple[Component, Hop]],
-                           decide: Callable[[ComponentError], float | None], *, first: bool
+                           decide: Callable[[ComponentError], float | None],
+                           serving: Callable[[], None], *, first: bool
                            ) -> tuple[ComponentError | None, float | None]:
             """Start the component once and serve it until it exits or the chain stops:
-            (the error it failed with, or None when stopped; the wait before a restart)."""
+            (the error it failed with, or None when stopped; the wait before a restart).
+            `serving` is called once a restart is re-attached."""
             def on_stderr(name: str, line: str) -> None:
                 stderr_log.info("%s", line, extra={"component": name})
                 if tracer is not None:
@@ -288,6 +309,7 @@ async def serve_connection(
                         with attaching:
                             try:
                                 await chain.reattach(launch.name, hop)
+                                serving()
                             except ComponentError as e:  # it came back broken, or not at all
                                 if not outcome:
                                     await failing(hop, e)
@@ -307,7 +329,10 @@ async def serve_connection(
                     raise
                 if tracer is not None:  # a restart that could not even be spawned
                     tracer.lifecycle(launch.name, "error", message=str(e))
-                return e, decide(e)
+                delay = decide(e)
+                if delay is not None:
+                    chain.recovery.restarting(launch.name, e)
+                return e, delay
             finally:
                 if run is not None and done.is_set():  # (else shutdown still waits on it)
                     components.remove(run)

@@ -882,6 +882,7 @@ class Chain:
         """`hop`'s component failed (`fail_hop` answered what it owed) and is being
         restarted: what is sent to it meanwhile is answered so."""
         hop.failure = ComponentRestartingError(hop.name, error.reason)
+        self.recovery.restarting(hop.name, error)
 
     async def reattach(self, name: str, hop: Hop) -> None:
         """The restarted `name` is on `hop`: see `Recovery.reattach`.

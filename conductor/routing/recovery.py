@@ -24,13 +24,14 @@ import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
-from conductor.errors import ComponentStartError
+from conductor.errors import ComponentRestartingError, ComponentStartError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Notification, Request, Response, error_response, payload
 from conductor.routing.roles import Role
 from conductor.routing.sessions import CloseReason
 
 if TYPE_CHECKING:
+    from conductor.errors import ComponentError
     from conductor.jsonrpc.message import Call
     from conductor.routing.chain import Chain
     from conductor.routing.topology import Hop, Node
@@ -223,6 +224,22 @@ class Recovery:
                 while len(self.lost) > MAX_LOST:
                     del self.lost[next(iter(self.lost))]
             await chain.end_sessions(list(lost), CloseReason.LOST)
+
+    def restarting(self, name: str, error: ComponentError) -> None:
+        """`name` failed and is started again after a wait: what is sent to it meanwhile
+        is answered with why, `error`. The node still points at the hop of its last run that
+        came back; a restart that did not come back (or could not be spawned) never
+        replaced it, and would leave an older failure's reason there."""
+        node = self._chain.topology.named(name)
+        if node is not None and node.hop.failure is not None:
+            node.hop.failure = ComponentRestartingError(name, error.reason)
+
+    def given_up(self, name: str, error: ComponentError) -> None:
+        """`name` is not restarted again: what is sent to it from now on is answered with
+        `error`, its last failure, no longer "being restarted, send this again shortly"."""
+        node = self._chain.topology.named(name)
+        if node is not None and isinstance(node.hop.failure, ComponentRestartingError):
+            node.hop.failure = error
 
     # -- optional proxies ----------------------------------------------------------------------
 

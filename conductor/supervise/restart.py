@@ -1,10 +1,10 @@
 """When a failed component is started again (`restart = "on-failure"`), and when not.
 
 Bounded back-off: the first restart waits `FIRST` seconds, each consecutive failure twice as
-long up to `CAP`; a run that lasted `STABLE` seconds or more counts as healthy and starts
+long up to `CAP`; a run that served `STABLE` seconds or more counts as healthy and starts
 the count again. It is restarted at most `max_restarts` times in a row: the failure after
 that gives it up.
-No clock here: the caller says how long the run lasted.
+No clock here: the caller says how long the run served (a restart: since it was re-attached).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What the supervisor keeps per run of a component that keeps crashing."""
+"""A component that keeps crashing: what the supervisor keeps per run, when it gives the
+component up, and what a request sent to it meanwhile is told."""
 
 from __future__ import annotations
 
@@ -7,17 +8,22 @@ import sys
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 
 from conductor.config import parse_chain
-from conductor.jsonrpc.message import Request, raw
+from conductor.errors import ExitCode
+from conductor.jsonrpc.message import Request, Response, raw
 from conductor.serve import RunOptions, serve_connection
 from conductor.supervise.component import Component
 from conductor.transport.memory import message_pipe
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     import pytest
+
+    from conductor.supervise.restart import Backoff
 
 RUNS = 8
 
@@ -69,3 +75,190 @@ async def test_a_component_restarted_again_and_again_keeps_no_more_per_run(
     # error); what matters is that the count stops growing with the runs.
     settled = alive[RUNS // 2]
     assert alive[RUNS // 2:] == [settled] * (RUNS - RUNS // 2), alive
+
+
+# Answers the first initialize, then crashes; every later start reads and never answers.
+_ONCE_THEN_DEAF = """
+import json, os, sys
+flag = sys.argv[1]
+if os.path.exists(flag):
+    for _ in sys.stdin:
+        pass
+    raise SystemExit(0)
+open(flag, "w").close()
+request = json.loads(sys.stdin.readline())
+print(json.dumps({"jsonrpc": "2.0", "id": request["id"],
+                  "result": {"protocolVersion": 1, "agentCapabilities": {}}}), flush=True)
+raise SystemExit(3)
+"""
+
+
+async def test_a_restart_that_never_comes_back_is_given_up_however_long_its_reattach_waits(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Each restarted agent is wedged: its re-attach waits out its timeout, and fails. A wait
+    # longer than STABLE (here the timeout 0.4 s against 0.1 s; in real life a 120 s
+    # request_timeout against 60 s) must not make a run that never served count as healthy:
+    # the count would start again at every restart, and the loop never give up.
+    monkeypatch.setattr("conductor.supervise.restart.STABLE", 0.1)
+    monkeypatch.setattr("conductor.supervise.restart.FIRST", 0.0)
+    monkeypatch.setattr("conductor.routing.recovery.REATTACH_TIMEOUT", 0.4)
+    config = parse_chain({"agent": {
+        "command": [sys.executable, "-c", _ONCE_THEN_DEAF, str(tmp_path / "started")],
+        "restart": "on-failure", "max_restarts": 2}}, file="<test>")
+    to_chain, chain_reads = message_pipe()
+    from_chain, editor_reads = message_pipe(1 << 16)
+    spawned: list[str] = []
+
+    class Tracer:
+        def message(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def lifecycle(self, component: str, event: str, **fields: object) -> None:
+            if event == "spawned":
+                spawned.append(component)
+
+    async def ignore(item: object) -> None:
+        pass
+
+    await to_chain.send(Request(id=raw(1), method="initialize",
+                                params=raw({"protocolVersion": 1})))
+    with anyio.fail_after(15):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(editor_reads.serve, ignore)
+            code = await serve_connection(config, from_chain, chain_reads,
+                                          RunOptions(tracer=Tracer(), handle_signals=False))
+            await to_chain.aclose()
+            tg.cancel_scope.cancel()
+    assert code == ExitCode.COMPONENT
+    assert spawned == ["agent"] * 3  # the first start, then max_restarts restarts
+
+
+# Answers the first initialize, then crashes; every later start refuses initialize.
+_ONCE_THEN_REFUSES = """
+import json, os, sys
+flag = sys.argv[1]
+again = os.path.exists(flag)
+open(flag, "w").close()
+request = json.loads(sys.stdin.readline())
+answer = {"error": {"code": -32603, "message": "no backend"}} if again \\
+    else {"result": {"protocolVersion": 1, "agentCapabilities": {}}}
+print(json.dumps({"jsonrpc": "2.0", "id": request["id"], **answer}), flush=True)
+if again:
+    sys.stdin.read()
+raise SystemExit(3)
+"""
+
+
+async def test_once_a_component_is_given_up_a_request_to_it_is_not_told_to_try_again(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # While its restarts run, a request to it is answered "being restarted, send this again
+    # shortly" (data.restarting). Once it is given up, that is false: the chain is ending.
+    monkeypatch.setattr("conductor.supervise.restart.FIRST", 0.0)
+    config = parse_chain({"agent": {
+        "command": [sys.executable, "-c", _ONCE_THEN_REFUSES, str(tmp_path / "started")],
+        "restart": "on-failure", "max_restarts": 1}}, file="<test>")
+    to_chain, chain_reads = message_pipe()
+    from_chain, editor_reads = message_pipe(1 << 16)
+    given_up = anyio.Event()
+    answers: dict[int, Response] = {}
+    answered = anyio.Event()
+
+    class GivenUp(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.ERROR:
+                given_up.set()
+
+    handler = GivenUp()
+    logging.getLogger("acp_conductor").addHandler(handler)
+
+    async def editor() -> None:
+        await to_chain.send(Request(id=raw(1), method="initialize",
+                                    params=raw({"protocolVersion": 1})))
+        await given_up.wait()
+        await to_chain.send(Request(id=raw(2), method="session/new",
+                                    params=raw({"cwd": "/", "mcpServers": []})))
+
+    async def keep(item: object) -> None:
+        if isinstance(item, Response):
+            answers[int(msgspec.json.decode(item.id))] = item
+            if 2 in answers:
+                answered.set()
+
+    try:
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(editor)
+                tg.start_soon(editor_reads.serve, keep)
+                code = await serve_connection(config, from_chain, chain_reads,
+                                              RunOptions(handle_signals=False))
+                await answered.wait()
+                await to_chain.aclose()
+                tg.cancel_scope.cancel()
+    finally:
+        logging.getLogger("acp_conductor").removeHandler(handler)
+    assert code == ExitCode.COMPONENT
+    error = answers[2].error_value()
+    assert error["data"]["component"] == "agent", error
+    assert "restarting" not in error["data"], error
+    assert "send this again" not in error["message"], error
+    assert "no backend" in error["message"], error
+
+
+async def test_while_a_component_waits_for_its_next_restart_a_request_is_told_its_latest_failure(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Start 1 crashes; restart 1 refuses initialize. During the wait before restart 2, a
+    # request is answered with why restart 1 failed, not with the first crash's status.
+    config = parse_chain({"agent": {
+        "command": [sys.executable, "-c", _ONCE_THEN_REFUSES, str(tmp_path / "started")],
+        "restart": "on-failure", "max_restarts": 3}}, file="<test>")
+    # Restart 1 at once; the wait before restart 2 outlasts the exchange below (the editor
+    # then closes its input, and the chain stops without waiting it out).
+    monkeypatch.setattr("conductor.supervise.restart.Backoff.failed",
+                        lambda self, ran_for: _first_then_long(self))
+    to_chain, chain_reads = message_pipe()
+    from_chain, editor_reads = message_pipe(1 << 16)
+    waiting = anyio.Event()
+    answered = anyio.Event()
+    answers: dict[int, Response] = {}
+
+    class Waiting(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "restart 2 of" in record.getMessage():
+                waiting.set()
+
+    handler = Waiting()
+    logging.getLogger("acp_conductor").addHandler(handler)
+
+    async def editor() -> None:
+        await to_chain.send(Request(id=raw(1), method="initialize",
+                                    params=raw({"protocolVersion": 1})))
+        await waiting.wait()
+        await to_chain.send(Request(id=raw(2), method="session/new",
+                                    params=raw({"cwd": "/", "mcpServers": []})))
+        await answered.wait()
+        await to_chain.aclose()
+
+    async def keep(item: object) -> None:
+        if isinstance(item, Response):
+            answers[int(msgspec.json.decode(item.id))] = item
+            if 2 in answers:
+                answered.set()
+
+    try:
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(editor)
+                tg.start_soon(editor_reads.serve, keep)
+                await serve_connection(config, from_chain, chain_reads,
+                                       RunOptions(handle_signals=False))
+                tg.cancel_scope.cancel()
+    finally:
+        logging.getLogger("acp_conductor").removeHandler(handler)
+    error = answers[2].error_value()
+    assert error["data"] == {"component": "agent", "restarting": True}, error
+    assert "no backend" in error["message"], error
+
+
+def _first_then_long(backoff: Backoff) -> float | None:
+    backoff.failures += 1
+    return 0.0 if backoff.failures == 1 else 60.0
