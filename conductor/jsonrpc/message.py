@@ -11,6 +11,7 @@ JSON-RPC), or a `Batch` of those.
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any, Final, Literal, TypeVar
 
@@ -253,11 +254,45 @@ class UnreadableFrame(ParseError):
 def decode(frame: bytes | bytearray) -> Message | InvalidMessage | Batch:
     """Decode one frame.
 
-    Payloads reference `frame` without copying it; it must not change afterwards.
+    Payloads reference `frame` without copying it; it must not change afterwards. A frame
+    msgspec refuses only for a lone surrogate escape (`"\\ud83d"` without its other half)
+    is decoded with each such escape read as U+FFFD (docs/design.md).
     Raises:
         UnreadableFrame: the frame is not UTF-8, or is nested too deeply to decode.
         ParseError: the frame is not JSON.
     """
+    try:
+        return _decode(frame)
+    except UnreadableFrame:
+        raise
+    except ParseError:
+        mended = _mend_lone_surrogates(frame)
+        if mended is None:
+            raise
+        return _decode(mended)
+
+
+# A JSON string escape: an escaped backslash (kept, so `\\ud800` is no escape), a
+# surrogate pair (kept), or a lone half of one (replaced).
+_ESCAPE: Final = re.compile(rb"(\\\\)|(\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                            rb"|\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _mend_lone_surrogates(frame: bytes | bytearray) -> bytes | None:
+    """`frame` with every lone surrogate escape written `\\ufffd`; None if it has none.
+
+    JavaScript's `JSON.stringify` and Python's `json.dumps` write such an escape for a
+    string cut between the halves of a surrogate pair (or read with `surrogateescape`);
+    msgspec refuses the whole frame for it, which would lose a streamed update for one
+    character. Only called for a frame msgspec refused, so the common path scans nothing.
+    """
+    if b"\\u" not in frame:
+        return None
+    mended = _ESCAPE.sub(lambda m: m.group(0) if m.lastindex else b"\\ufffd", frame)
+    return None if mended == frame else mended
+
+
+def _decode(frame: bytes | bytearray) -> Message | InvalidMessage | Batch:
     if not frame.isascii():  # most frames are ASCII: only the others need checking
         _check_utf8(frame)
     try:

@@ -278,3 +278,30 @@ def test_a_huge_payload_prints_its_start_and_how_much_was_left_out() -> None:
     assert len(shown) < 300
     assert shown.startswith("Request(id=1, method='_ext/big', params={\"text\":\"xxx")
     assert shown.endswith(f"…(+{len(big) - 160} bytes))")
+
+
+@pytest.mark.parametrize(("text", "seen"), [
+    (rb"x\ud83dy", "x\ufffdy"),          # a high half alone (a string cut inside an emoji)
+    (rb"\ude00 and more", "\ufffd and more"),  # a low half alone (surrogateescape)
+    (rb"\ud83d\ude00 \ud83d", "\U0001f600 \ufffd"),  # a pair is kept, the lone half is not
+])
+def test_a_lone_surrogate_escape_is_read_as_a_replacement_character_not_a_lost_message(
+        text: bytes, seen: str) -> None:
+    frame = b'{"jsonrpc":"2.0","method":"session/update","params":{"text":"' + text + b'"}}'
+    with pytest.raises(msgspec.DecodeError):
+        msgspec.json.decode(frame)  # what made the whole frame "not JSON"
+    message = decode(frame)
+    assert isinstance(message, Notification)
+    assert message.params_value() == {"text": seen}
+
+
+def test_an_escaped_backslash_before_u_is_no_surrogate_and_stays_as_it_was() -> None:
+    frame = rb'{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"\\ud800","b":"\ud800"}}'
+    message = decode(frame)
+    assert isinstance(message, Request)
+    assert message.params_value() == {"a": "\\ud800", "b": "\ufffd"}
+
+
+def test_a_frame_that_is_not_json_for_another_reason_is_still_a_parse_error() -> None:
+    with pytest.raises(ParseError):
+        decode(rb'{"jsonrpc":"2.0","method":"m","params":{"a":"\ud800"')  # cut short
