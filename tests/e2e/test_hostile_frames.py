@@ -162,8 +162,8 @@ for line in sys.stdin:
     ident = json.dumps(msg.get("id"))
     if msg.get("method") == "initialize":
         out = '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":1}}' % ident
-    elif msg.get("method") == "session/new":  # a lone surrogate escape: not JSON to a decoder
-        out = '{"jsonrpc":"2.0","id":%s,"result":{"sessionId":"\\ud800"}}' % ident
+    elif msg.get("method") == "session/new":  # a trailing comma: not JSON to a decoder
+        out = '{"jsonrpc":"2.0","id":%s,"result":{"sessionId":"s1",}}' % ident
     else:
         continue
     sys.stdout.write(out + "\n")
