@@ -558,7 +558,7 @@ class Chain:
                 sid = acp.get_str(answer.result, "sessionId") if not answer.is_error else None
                 if sid is None and not answer.is_error:
                     sid = acp.get_str(params, "sessionId")  # load / resume name it
-                routes.setup_answered(declared, sid)
+                await routes.setup_answered(declared, sid)
                 return answer
             hooks.append(bind)
         if target.role not in (Role.AGENT, Role.SUCCESSOR):

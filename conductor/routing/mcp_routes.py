@@ -119,18 +119,30 @@ class McpRoutes:
             self._trace(source.name, "mcp-declared", serverId=server_id, name=name)
         return fresh
 
-    def setup_answered(self, server_ids: list[str], session_id: str | None) -> None:
+    async def setup_answered(self, server_ids: list[str], session_id: str | None) -> None:
         """The setup request that carried `server_ids` was answered (opening `session_id`,
-        or nothing: then declarations no session holds are released)."""
+        or nothing: then declarations no session holds are released).
+
+        Agents may connect before they answer the setup: such a connection has no session
+        yet. It takes the session now, or it would outlive it (never told, never freed,
+        routed to a provider that closed it); when the setup failed, it ends now."""
         for server_id in server_ids:
             decl = self.declarations.get(server_id)
             if decl is None:
                 continue
             decl.pending = max(0, decl.pending - 1)
+            early = [c for c in self.connections.values()
+                     if c.server_id == server_id and c.session is None]
             if session_id is not None:
                 decl.sessions.add(session_id)
+                if len(decl.sessions) == 1:
+                    for conn in early:
+                        conn.session = session_id
             elif not decl.sessions and not decl.pending:
                 self._release(decl)
+                for conn in early:
+                    self._drop(conn, "its session setup failed")
+                    await self._tell_both(conn)
 
     def _release(self, decl: Declaration) -> None:
         self.declarations.pop(decl.server_id, None)
@@ -230,8 +242,11 @@ class McpRoutes:
                     answer.id, ErrorCode.INVALID_PARAMS,
                     f"Invalid params: serverId {decl.server_id!r} was released while "
                     "connecting (its session closed)", {"serverId": decl.server_id})
+            bound = session
+            if bound is None and len(decl.sessions) == 1:
+                bound = next(iter(decl.sessions))  # its setup was answered meanwhile
             conn = Connection(f"mcp-{next(self._ids)}", provider_ident, decl.server_id,
-                              decl.provider, connector, session)
+                              decl.provider, connector, bound)
             stale = self._by_provider.get((decl.provider.name, provider_ident))
             if stale is not None:  # the provider reused an id it gave before
                 self._drop(stale, "its connectionId was given again")
@@ -239,7 +254,7 @@ class McpRoutes:
             self._by_provider[(decl.provider.name, provider_ident)] = conn
             self._trace(connector.name, "mcp-connected", connectionId=conn.ident,
                         providerConnectionId=provider_ident, serverId=decl.server_id,
-                        name=decl.name, provider=decl.provider.name, session=session)
+                        name=decl.name, provider=decl.provider.name, session=bound)
             return answer.with_result(acp.set_key(answer.result, "connectionId",
                                                   raw(conn.ident)))
         return connected

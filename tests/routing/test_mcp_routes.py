@@ -485,3 +485,61 @@ async def test_a_connect_answered_after_its_session_closed_is_refused_and_ended_
     assert disconnect["params"] == {"connectionId": "late"}
     await h.frame("client", {"id": disconnect["id"], "result": {}})
     assert h.chain.mcp_routes.connections == {}
+
+
+async def test_a_connection_opened_before_its_session_new_is_answered_ends_with_that_session(
+        ) -> None:
+    # Agents may connect before they answer session/new (docs/mcp.md): the connection has
+    # no session yet when it opens, and must still end when the session does, or the
+    # router keeps it (toward the limit) and routes the agent's messages to a provider
+    # that closed it.
+    h = Harness()
+    await h.start()
+    await h.frame("client", {"id": 1, "method": "session/new", "params": {
+        "cwd": "/", "mcpServers": [acp_server("tools", "ed-1")]}})
+    at_proxy = h.out["proxy"].take()
+    await h.frame("proxy", {"id": "p1", "method": "_proxy/successor", "params": {
+        "method": "session/new", "params": at_proxy["params"]}})
+    at_agent = h.out["agent"].take()
+    conn = await connect_through(h, "ed-1", "client", "c1")  # session/new still unanswered
+    await h.frame("agent", {"id": at_agent["id"], "result": {"sessionId": "s1"}})
+    h.out["proxy"].take()
+    await h.frame("proxy", {"id": at_proxy["id"], "result": {"sessionId": "s1"}})
+    h.out["client"].take()
+    await h.frame("client", {"id": 50, "method": "session/close", "params": {"sessionId": "s1"}})
+    at_proxy = h.out["proxy"].take()
+    await h.frame("proxy", {"id": "pc", "method": "_proxy/successor", "params": {
+        "method": "session/close", "params": {"sessionId": "s1"}}})
+    at_agent = h.out["agent"].take()
+    await h.frame("agent", {"id": at_agent["id"], "result": {}})
+    disconnect = h.out["client"].take()
+    assert disconnect["method"] == "mcp/disconnect"
+    assert disconnect["params"] == {"connectionId": "c1"}
+    assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": "mcp/disconnect",
+                                     "params": {"connectionId": conn}}
+    assert h.chain.mcp_routes.connections == {}
+    assert h.chain.mcp_routes.declarations == {}
+    await h.frame("client", {"id": disconnect["id"], "result": {}})
+    await h.frame("proxy", {"id": at_proxy["id"], "result": {}})
+
+
+async def test_a_connection_opened_during_a_session_new_that_fails_ends_at_both_ends() -> None:
+    h = Harness()
+    await h.start()
+    await h.frame("client", {"id": 1, "method": "session/new", "params": {
+        "cwd": "/", "mcpServers": [acp_server("tools", "ed-1")]}})
+    at_proxy = h.out["proxy"].take()
+    await h.frame("proxy", {"id": "p1", "method": "_proxy/successor", "params": {
+        "method": "session/new", "params": at_proxy["params"]}})
+    at_agent = h.out["agent"].take()
+    conn = await connect_through(h, "ed-1", "client", "c1")
+    await h.frame("agent", {"id": at_agent["id"], "error": {"code": -32000, "message": "no"}})
+    h.out["proxy"].take()
+    await h.frame("proxy", {"id": at_proxy["id"], "error": {"code": -32000, "message": "no"}})
+    [disconnect] = [f for f in h.out["client"].sent if f.get("method") == "mcp/disconnect"]
+    assert [f["error"]["code"] for f in h.out["client"].sent if "error" in f] == [-32000]
+    assert disconnect["params"] == {"connectionId": "c1"}
+    assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": "mcp/disconnect",
+                                     "params": {"connectionId": conn}}
+    assert h.chain.mcp_routes.connections == {}
+    assert h.chain.mcp_routes.declarations == {}
