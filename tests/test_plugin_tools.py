@@ -600,3 +600,103 @@ async def test_a_message_crossing_the_proxys_own_disconnect_is_refused_not_passe
             assert refused["id"] == 3 and refused["error"]["code"] == -32602
             assert "proxy docs" in refused["error"]["message"]
             assert "no database" in refused["error"]["message"]
+
+
+async def test_an_mcp_cancel_inside_mcp_message_cancels_the_call_it_names_on_its_own_hop(
+        ) -> None:
+    # An agent tunnelling its MCP client sends the client's `notifications/cancelled` as
+    # an mcp/message notification, naming the request by the id it used (the outer id on
+    # its hop). Ids are per hop: passed on verbatim, it named nothing at the server, or
+    # whichever other call had that number there.
+    started = {"A": anyio.Event(), "B": anyio.Event()}
+    release = anyio.Event()
+    cancelled: list[str] = []
+    server = MCPServer("waits")
+
+    @server.tool()
+    async def wait(tag: str) -> str:
+        started[tag].set()
+        try:
+            await release.wait()
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(tag)
+            raise
+        return tag
+
+    agent = McpAgent()
+    async with open_test_chain([Docs(server)], agent) as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            answers: dict[str, Response] = {}
+            answered = {"A": anyio.Event(), "B": anyio.Event()}
+
+            async def call(tag: str, ident: int) -> None:
+                answers[tag] = await agent.request("mcp/message", {
+                    "connectionId": conn, "method": "tools/call",
+                    "params": {"name": "wait", "arguments": {"tag": tag}}}, ident=ident)
+                answered[tag].set()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, "A", 900)  # the server's request 2 on this connection
+                await started["A"].wait()
+                tg.start_soon(call, "B", 2)
+                await started["B"].wait()
+                await agent.notify("mcp/message", {
+                    "connectionId": conn, "method": "notifications/cancelled",
+                    "params": {"requestId": 2, "reason": "the user gave up"}})
+                await answered["B"].wait()
+                release.set()
+    assert cancelled == ["B"]
+    assert answers["B"].error_code() == -32800
+    assert answers["A"].result_value()["content"][0]["text"] == "A"
+
+
+async def test_a_server_abandoning_its_own_request_cancels_it_at_the_agent() -> None:
+    # The SDK sends `notifications/cancelled` under its own id for a request it gives up
+    # on (here: the tool call that elicits is cancelled). That id means nothing past the
+    # proxy: the agent must get `$/cancel_request` for the request it was asked.
+    class Color(BaseModel):
+        color: str
+
+    server = MCPServer("asker")
+    asking, gave_up = anyio.Event(), anyio.Event()
+
+    @server.tool()
+    async def pick(ctx: Context) -> str:
+        answer = await ctx.elicit("Which color?", Color)
+        return answer.action
+
+    async def never(agent: ScriptedAgent, msg: Request) -> JsonValue:
+        asking.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            gave_up.set()
+
+    agent = McpAgent()
+    agent.replies["mcp/message"] = never
+    async with open_test_chain([Docs(server)], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            entry = agent.servers[sid][0]
+            conn = str((await agent.call("mcp/connect", {"serverId": entry["serverId"]}))
+                       ["connectionId"])
+            await agent.mcp(conn, "initialize", {**INIT, "capabilities": {"elicitation": {}}})
+            await agent.notify("mcp/message", {"connectionId": conn,
+                                               "method": "notifications/initialized"})
+            answers: list[Response] = []
+
+            async def call() -> None:
+                answers.append(await agent.request("mcp/message", {
+                    "connectionId": conn, "method": "tools/call",
+                    "params": {"name": "pick", "arguments": {}}}, ident=800))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await asking.wait()
+                await agent.cancel(800)
+                await gave_up.wait()
+    assert answers[0].error_code() == -32800
+    [elicit] = [m for m in agent.received if m.method == "mcp/message"
+                and isinstance(m, Request)]
+    [cancel] = agent.received_params("$/cancel_request")
+    assert cancel == {"requestId": json.loads(bytes(elicit.id))}
+    assert not [p for p in agent.mcp_notifications("notifications/cancelled")]

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
     from conductor.jsonrpc.message import Call, JsonValue
-    from conductor.plugins.host import ProxyHost
+    from conductor.plugins.host import HostRequest, ProxyHost
 
 log = logging.getLogger("acp_conductor.plugins.tools")
 
@@ -355,6 +355,11 @@ class _Connection:
         self.closing = False                   # ended by the connector or the session
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Waiter] = {}
+        # The server's own requests relayed to the connector, by the server's id: its
+        # `notifications/cancelled` names them so, which means nothing past this proxy.
+        # None: not sent yet (a cancel then waits for the send).
+        self._relayed: dict[Any, HostRequest | None] = {}
+        self._cancel_early: set[Any] = set()
         to_server, self._server_in = anyio.create_memory_object_stream[
             SessionMessage | Exception](STREAM_BUFFER)
         self._server_out, from_server = anyio.create_memory_object_stream[SessionMessage](
@@ -474,7 +479,10 @@ class _Connection:
                         waiter.result = message.result
                     waiter.done.set()
                 elif isinstance(message, mcp_types.JSONRPCRequest):
+                    self._relayed[message.id] = None
                     tg.start_soon(self._relay_request, message)
+                elif message.method == "notifications/cancelled":
+                    await self._cancel_relayed((message.params or {}).get("requestId"))
                 else:
                     await self._host.notify(acp.MCP_MESSAGE, self._envelope(
                         message.method, message.params), self.side)
@@ -485,11 +493,25 @@ class _Connection:
             body["params"] = params
         return payload(body)
 
+    async def _cancel_relayed(self, request_id: Any) -> None:
+        """The server gave up a request it made: cancel it where it was relayed (the
+        connector's `$/cancel_request`, under the id it was asked with)."""
+        if request_id not in self._relayed:
+            return  # answered meanwhile: nothing to cancel
+        pending = self._relayed[request_id]
+        if pending is None:
+            self._cancel_early.add(request_id)
+        else:
+            await pending.cancel()
+
     async def _relay_request(self, message: mcp_types.JSONRPCRequest) -> None:
         """A request of the server's own (elicitation, sampling, roots): ask the connector."""
         try:
             pending = await self._host.start_request(
                 acp.MCP_MESSAGE, self._envelope(message.method, message.params), self.side)
+            self._relayed[message.id] = pending
+            if message.id in self._cancel_early:
+                await pending.cancel()
             answer = await pending.wait()
         except Exception as e:  # the connector is gone: the server gets an error
             reply: mcp_types.JSONRPCMessage = mcp_types.JSONRPCError(
@@ -513,6 +535,9 @@ class _Connection:
                 reply = mcp_types.JSONRPCResponse(jsonrpc="2.0", id=message.id,
                                                   result=result if isinstance(result, dict)
                                                   else {})
+        finally:
+            self._relayed.pop(message.id, None)
+            self._cancel_early.discard(message.id)
         try:
             await self._to_server.send(SessionMessage(reply))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):

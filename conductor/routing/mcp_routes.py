@@ -34,7 +34,7 @@ from msgspec import Raw, UnsetType
 
 from conductor import acp
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.message import Request, Response, error_response, raw
+from conductor.jsonrpc.message import Notification, Request, Response, error_response, raw
 from conductor.record import Record
 from conductor.routing.mcp import acp_declarations
 
@@ -48,6 +48,7 @@ log = logging.getLogger("acp_conductor.mcp")
 
 MAX_DECLARATIONS: Final = 4096
 MAX_CONNECTIONS: Final = 1024
+MCP_CANCELLED: Final = "notifications/cancelled"
 
 # (origin hop, message, method, params, source, target, hook): the chain's direct forward
 Forwarder = Callable[["Hop", "Call", str, "Raw | UnsetType", "Node", "Node",
@@ -171,6 +172,10 @@ class McpRoutes:
         if conn is None:
             await self._refuse(origin, msg, "connectionId", ident, source)
             return
+        if method == acp.MCP_MESSAGE and isinstance(msg, Notification) \
+                and acp.get_str(params, "method") == MCP_CANCELLED:
+            await self._cancel(origin, params, source)
+            return
         to_provider = source is conn.connector
         target = conn.provider if to_provider else conn.connector
         out_id = conn.provider_ident if to_provider else conn.ident
@@ -178,6 +183,19 @@ class McpRoutes:
         if method == acp.MCP_DISCONNECT:
             self._drop(conn, f"{source.name} disconnected")
         await self._forward(origin, msg, method, out_params, source, target, None)
+
+    async def _cancel(self, origin: Hop, params: Raw | UnsetType, source: Node) -> None:
+        """An MCP `notifications/cancelled` names the request by its sender's id, which is
+        the outer id on the sender's hop (ids are per hop): passed on verbatim, it would
+        name nothing at the other end, or another request that has that number there. It
+        crosses as `$/cancel_request` for that request, which each end knows how to take
+        (an in-process server gets its own `notifications/cancelled`)."""
+        inner = acp.get_raw(params, "params")
+        request_id = acp.get_raw(inner, "requestId") if inner is not None else None
+        if request_id is None or not await origin.cancel_inbound(
+                Raw(b'{"requestId":' + bytes(request_id) + b"}")):
+            log.debug("%s cancelled an MCP request that is not open (answered meanwhile, "
+                      "or never sent): dropped", source.name)
 
     def _find(self, ident: str, source: Node) -> Connection | None:
         conn = self.connections.get(ident)
