@@ -543,3 +543,25 @@ async def test_a_connection_opened_during_a_session_new_that_fails_ends_at_both_
                                      "params": {"connectionId": conn}}
     assert h.chain.mcp_routes.connections == {}
     assert h.chain.mcp_routes.declarations == {}
+
+
+async def test_a_refused_session_setup_leaves_no_declaration_behind() -> None:
+    # Each one left held ("pending") could never be released nor evicted: after enough
+    # refusals, every new serverId was over the limit and not routable.
+    h = Harness(agent_caps={}, servers=[McpServer("tools", "acp", provider="proxy",
+                                                  required=True)])
+    await h.start()
+    await session_new_refused(h, [], [acp_server("tools", "px-1")])
+    assert h.chain.mcp_routes.declarations == {}
+
+
+async def test_a_session_setup_for_an_agent_that_is_gone_leaves_no_declaration_behind(
+        ) -> None:
+    h = Harness()
+    await h.start()
+    await h.chain.fail_hop(h.hops["agent"], ComponentExitedError("agent", 1))
+    await h.frame("proxy", {"id": "p9", "method": "_proxy/successor", "params": {
+        "method": "session/new", "params": {"cwd": "/", "mcpServers": [
+            acp_server("tools", "px-1")]}}})
+    assert h.out["proxy"].take()["error"]["code"] == -33001
+    assert h.chain.mcp_routes.declarations == {}
