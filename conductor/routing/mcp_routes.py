@@ -313,6 +313,12 @@ class McpRoutes:
                 decl.sessions -= closed
                 if not decl.sessions and not decl.pending:
                     self._release(decl)
+                    # A connection to a server several sessions declared belongs to none
+                    # of them alone: it ends with the last of them.
+                    for conn in [c for c in self.connections.values()
+                                 if c.server_id == decl.server_id]:
+                        self._drop(conn, "the sessions that declared its server closed")
+                        await self._tell_both(conn)
 
     async def hop_failed(self, node: Node) -> None:
         """`node`'s component is gone: its connections end, its declarations go."""

@@ -565,3 +565,31 @@ async def test_a_session_setup_for_an_agent_that_is_gone_leaves_no_declaration_b
             acp_server("tools", "px-1")]}}})
     assert h.out["proxy"].take()["error"]["code"] == -33001
     assert h.chain.mcp_routes.declarations == {}
+
+
+async def test_a_connection_to_a_server_of_two_sessions_ends_when_both_have_closed() -> None:
+    h = Harness()
+    await h.start()
+    await h.new_session("s1", [acp_server("tools", "ed-1")], [])
+    await h.new_session("s2", [acp_server("tools", "ed-1")], [])  # the editor's, in both
+    conn = await connect_through(h, "ed-1", "client", "c1")
+
+    async def close(sid: str) -> None:
+        await h.frame("client", {"id": 50, "method": "session/close",
+                                 "params": {"sessionId": sid}})
+        at_proxy = h.out["proxy"].take()
+        await h.frame("proxy", {"id": "pc", "method": "_proxy/successor", "params": {
+            "method": "session/close", "params": {"sessionId": sid}}})
+        await h.frame("agent", {"id": h.out["agent"].take()["id"], "result": {}})
+        await h.frame("proxy", {"id": at_proxy["id"], "result": {}})
+
+    await close("s1")
+    assert list(h.chain.mcp_routes.connections) == [conn]  # s2 still has the server
+    h.out["client"].sent.clear()
+    await close("s2")
+    [disconnect] = [f for f in h.out["client"].sent if f.get("method") == "mcp/disconnect"]
+    assert disconnect["params"] == {"connectionId": "c1"}
+    assert {"jsonrpc": "2.0", "method": "mcp/disconnect",
+            "params": {"connectionId": conn}} in h.out["agent"].sent
+    assert h.chain.mcp_routes.connections == {}
+    assert h.chain.mcp_routes.declarations == {}
