@@ -508,3 +508,34 @@ async def test_a_shim_that_leaves_while_the_bridge_connects_is_disconnected_at_t
             assert json.loads(await _served(env[SOCKET_ENV], str(hello["server"]),
                                             str(hello["token"]))) == {"ok": True}
             await provider.disconnected.wait()
+
+
+async def test_an_agent_cancel_naming_no_open_request_is_not_passed_on() -> None:
+    # Its requestId is the agent's MCP id: past the relay it would be read as an id of the
+    # bridge's own connection to the router, shared by every bridged session, and could
+    # cancel someone else's call there.
+    sent: list[object] = []
+
+    class Sink:
+        async def send(self, item: object) -> None:
+            sent.append(item)
+
+        async def aclose(self) -> None:
+            return None
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        return None
+
+    async def close_agent() -> None:
+        return None
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            relay = Relay(Endpoint("mcp-bridge", Sink()), tg, "c1", "srv", to_agent,
+                          close_agent)
+            await relay.from_agent({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                    "params": {"requestId": 1}})
+            await relay.from_agent({"jsonrpc": "2.0", "method": "notifications/progress",
+                                    "params": {"progressToken": 1, "progress": 1}})
+    assert [json.loads(bytes(m.params))["method"] for m in sent  # type: ignore[attr-defined]
+            ] == ["notifications/progress"]
