@@ -18,7 +18,15 @@ from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
 from conductor.errors import RpcError
-from conductor.jsonrpc.message import Message, Request, Response, encode, payload, raw
+from conductor.jsonrpc.message import (
+    Message,
+    Notification,
+    Request,
+    Response,
+    encode,
+    payload,
+    raw,
+)
 from conductor.plugins import McpOffer, Proxy, SessionSetup, tool_context
 from conductor.plugins.host import open_inprocess_proxy
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
@@ -700,3 +708,47 @@ async def test_a_server_abandoning_its_own_request_cancels_it_at_the_agent() -> 
     [cancel] = agent.received_params("$/cancel_request")
     assert cancel == {"requestId": json.loads(bytes(elicit.id))}
     assert not [p for p in agent.mcp_notifications("notifications/cancelled")]
+
+
+async def test_an_mcp_cancel_reaching_a_proxy_names_the_call_by_its_outer_id() -> None:
+    # At the proxy's own wire (as when it runs stand-alone): the inner cancel names the
+    # call by the id of the mcp/message that carried it. The server numbers its calls
+    # itself, so passed on verbatim it named nothing there (or another call).
+    started, release, cancelled = anyio.Event(), anyio.Event(), []
+    to_router, from_proxy = anyio.create_memory_object_stream[Message](16)
+
+    async def next_from_proxy() -> dict[str, Any]:
+        return dict(json.loads(encode(await from_proxy.receive())))
+
+    def successor(method: str, params: JsonValue, ident: int | None = None) -> Message:
+        body = payload({"method": method, "params": params})
+        if ident is None:
+            return Notification(method="_proxy/successor", params=body)
+        return Request(id=raw(ident), method="_proxy/successor", params=body)
+
+    with anyio.fail_after(5):
+        async with to_router, from_proxy, open_inprocess_proxy(
+                Docs(docs_server(started, release, cancelled)), to_router.send) as proxy:
+            await proxy.send(Request(id=raw(1), method="session/new",
+                                     params=payload({"cwd": "/", "mcpServers": []})))
+            setup = await next_from_proxy()
+            [entry] = setup["params"]["params"]["mcpServers"]
+            await proxy.send(Response(id=raw(setup["id"]), result=payload({"sessionId": "s1"})))
+            await next_from_proxy()
+            await proxy.send(successor("mcp/connect", {"serverId": entry["serverId"]}, 2))
+            ident = (await next_from_proxy())["result"]["connectionId"]
+            await proxy.send(successor("mcp/message", {
+                "connectionId": ident, "method": "initialize", "params": INIT}, 3))
+            assert "result" in await next_from_proxy()
+            await proxy.send(successor("mcp/message", {
+                "connectionId": ident, "method": "notifications/initialized"}))
+            await proxy.send(successor("mcp/message", {
+                "connectionId": ident, "method": "tools/call",
+                "params": {"name": "slow", "arguments": {}}}, 77))
+            await started.wait()
+            await proxy.send(successor("mcp/message", {
+                "connectionId": ident, "method": "notifications/cancelled",
+                "params": {"requestId": 77}}))
+            answer = await next_from_proxy()
+    assert answer["id"] == 77 and answer["error"]["code"] == -32800
+    assert cancelled == ["slow"]

@@ -38,7 +38,7 @@ from msgspec import UNSET, Raw, UnsetType, field
 from conductor import acp
 from conductor.errors import PluginError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.message import Notification, Request, error_response, payload
+from conductor.jsonrpc.message import Notification, Request, error_response, id_key, payload
 from conductor.plugins.api import (
     McpOffer,
     Proxy,
@@ -287,12 +287,24 @@ class ToolServers:
                 log.warning("%s (dropped)", text)
             return
         if isinstance(msg, Notification):
-            await conn.notify_server(inner, inner_params)
+            if inner == _CANCELLED:
+                await conn.cancel_call(inner_params)
+            else:
+                await conn.notify_server(inner, inner_params)
             return
         inbound = Inbound()
+        try:
+            key: Any = id_key(msg.id)
+        except ValueError:
+            key = None  # (an id the endpoint answers anyway; no cancel can name it)
 
         async def call(request: Request) -> JsonValue:
-            return await conn.call(inner, inner_params, inbound)
+            conn.calls[key] = inbound
+            try:
+                return await conn.call(inner, inner_params, inbound)
+            finally:
+                if conn.calls.get(key) is inbound:
+                    del conn.calls[key]
         host.task_group.start_soon(host.endpoint.answer, msg, call, inbound)
 
     def _connector(self, source: Side) -> Any:
@@ -360,6 +372,9 @@ class _Connection:
         # None: not sent yet (a cancel then waits for the send).
         self._relayed: dict[Any, HostRequest | None] = {}
         self._cancel_early: set[Any] = set()
+        # The connector's calls in flight, by the id of the mcp/message that carried each:
+        # what its `notifications/cancelled` names them by (the server's ids are its own).
+        self.calls: dict[Any, Inbound] = {}
         to_server, self._server_in = anyio.create_memory_object_stream[
             SessionMessage | Exception](STREAM_BUFFER)
         self._server_out, from_server = anyio.create_memory_object_stream[SessionMessage](
@@ -452,6 +467,17 @@ class _Connection:
         if waiter.error is not None:
             raise RpcError(waiter.error.code, waiter.error.message, waiter.error.data)
         return waiter.result
+
+    async def cancel_call(self, params: dict[str, Any] | None) -> None:
+        """The connector's MCP cancel: it names its call by the outer id, never passed on
+        as is (the server would read it as one of its own ids)."""
+        requested = (params or {}).get("requestId")
+        try:
+            inbound = self.calls.get(id_key(payload(requested)))
+        except ValueError:
+            inbound = None
+        if inbound is not None and inbound.on_cancel is not None:
+            await inbound.on_cancel()
 
     async def notify_server(self, method: str, params: dict[str, Any] | None) -> None:
         message = _message({"jsonrpc": "2.0", "method": method,
@@ -549,6 +575,9 @@ def _leaf(error: BaseException) -> BaseException:
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]
     return error
+
+
+_CANCELLED: Final = "notifications/cancelled"
 
 
 def _message(body: dict[str, Any]) -> mcp_types.JSONRPCMessage:
