@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import sys
 from typing import TYPE_CHECKING, Any
@@ -454,3 +455,87 @@ async def test_malformed_provider_messages_reach_the_agent_as_errors_not_as_a_cr
     [refusal] = [m for m in sent if isinstance(m, Response)]
     assert json.loads(bytes(refusal.id)) == 9
     assert refusal.error_value()["code"] == -32602
+
+
+
+async def _served(path: str, key: str, token: str) -> bytes:
+    """A shim's whole hello: what the bridge answers one that stays."""
+    return await _hello(path, json.dumps({"server": key, "token": token}).encode() + b"\n")
+
+
+async def test_a_shim_that_leaves_before_its_refusal_does_not_stop_the_bridge() -> None:
+    # The bridge runs in the chain's task group: a broken pipe writing a refusal to a shim
+    # that already left (killed by its agent) took the whole conductor down.
+    refused = anyio.Event()
+    async with open_mcp_bridge("stdio") as bridge:
+        provider = _Provider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        log_refusal = bridge.refused
+
+        def refusing(how: str, detail: str) -> None:
+            log_refusal(how, detail)
+            refused.set()
+        bridge.refused = refusing  # type: ignore[method-assign]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as gone:  # no await: gone
+            gone.connect(env[SOCKET_ENV])  # before the bridge reads a byte
+            gone.sendall(b'{"server": "nope", "token": "' + env[TOKEN_ENV].encode() + b'"}\n')
+        with anyio.fail_after(10):
+            await refused.wait()
+            answer = await _served(env[SOCKET_ENV], entry["args"][3],  # type: ignore[index]
+                                   env[TOKEN_ENV])
+            await provider.disconnected.wait()  # (that shim's session is over)
+    assert json.loads(answer) == {"ok": True}
+
+
+async def test_a_shim_that_leaves_while_the_bridge_connects_is_disconnected_at_the_provider(
+        ) -> None:
+    async with open_mcp_bridge("stdio") as bridge:
+        provider = _SlowProvider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        hello = {"server": entry["args"][3], "token": env[TOKEN_ENV]}  # type: ignore[index]
+        with anyio.fail_after(10):
+            async with await anyio.connect_unix(env[SOCKET_ENV]) as stream:
+                await stream.send(json.dumps(hello).encode() + b"\n")
+                await provider.asked.wait()
+            provider.release.set()  # connected, for a shim that is gone
+            await provider.disconnected.wait()
+            assert bridge.relays == {}
+            provider.disconnected = anyio.Event()
+            assert json.loads(await _served(env[SOCKET_ENV], str(hello["server"]),
+                                            str(hello["token"]))) == {"ok": True}
+            await provider.disconnected.wait()
+
+
+async def test_an_agent_cancel_naming_no_open_request_is_not_passed_on() -> None:
+    # Its requestId is the agent's MCP id: past the relay it would be read as an id of the
+    # bridge's own connection to the router, shared by every bridged session, and could
+    # cancel someone else's call there.
+    sent: list[object] = []
+
+    class Sink:
+        async def send(self, item: object) -> None:
+            sent.append(item)
+
+        async def aclose(self) -> None:
+            return None
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        return None
+
+    async def close_agent() -> None:
+        return None
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            relay = Relay(Endpoint("mcp-bridge", Sink()), tg, "c1", "srv", to_agent,
+                          close_agent)
+            await relay.from_agent({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                    "params": {"requestId": 1}})
+            await relay.from_agent({"jsonrpc": "2.0", "method": "notifications/progress",
+                                    "params": {"progressToken": 1, "progress": 1}})
+    assert [json.loads(bytes(m.params))["method"] for m in sent  # type: ignore[attr-defined]
+            ] == ["notifications/progress"]

@@ -18,7 +18,15 @@ from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
 from conductor.errors import RpcError
-from conductor.jsonrpc.message import Message, Request, Response, encode, payload, raw
+from conductor.jsonrpc.message import (
+    Message,
+    Notification,
+    Request,
+    Response,
+    encode,
+    payload,
+    raw,
+)
 from conductor.plugins import McpOffer, Proxy, SessionSetup, tool_context
 from conductor.plugins.host import open_inprocess_proxy
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
@@ -600,3 +608,147 @@ async def test_a_message_crossing_the_proxys_own_disconnect_is_refused_not_passe
             assert refused["id"] == 3 and refused["error"]["code"] == -32602
             assert "proxy docs" in refused["error"]["message"]
             assert "no database" in refused["error"]["message"]
+
+
+async def test_an_mcp_cancel_inside_mcp_message_cancels_the_call_it_names_on_its_own_hop(
+        ) -> None:
+    # An agent tunnelling its MCP client sends the client's `notifications/cancelled` as
+    # an mcp/message notification, naming the request by the id it used (the outer id on
+    # its hop). Ids are per hop: passed on verbatim, it named nothing at the server, or
+    # whichever other call had that number there.
+    started = {"A": anyio.Event(), "B": anyio.Event()}
+    release = anyio.Event()
+    cancelled: list[str] = []
+    server = MCPServer("waits")
+
+    @server.tool()
+    async def wait(tag: str) -> str:
+        started[tag].set()
+        try:
+            await release.wait()
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(tag)
+            raise
+        return tag
+
+    agent = McpAgent()
+    async with open_test_chain([Docs(server)], agent) as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            answers: dict[str, Response] = {}
+            answered = {"A": anyio.Event(), "B": anyio.Event()}
+
+            async def call(tag: str, ident: int) -> None:
+                answers[tag] = await agent.request("mcp/message", {
+                    "connectionId": conn, "method": "tools/call",
+                    "params": {"name": "wait", "arguments": {"tag": tag}}}, ident=ident)
+                answered[tag].set()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, "A", 900)  # the server's request 2 on this connection
+                await started["A"].wait()
+                tg.start_soon(call, "B", 2)
+                await started["B"].wait()
+                await agent.notify("mcp/message", {
+                    "connectionId": conn, "method": "notifications/cancelled",
+                    "params": {"requestId": 2, "reason": "the user gave up"}})
+                await answered["B"].wait()
+                release.set()
+    assert cancelled == ["B"]
+    assert answers["B"].error_code() == -32800
+    assert answers["A"].result_value()["content"][0]["text"] == "A"
+
+
+async def test_a_server_abandoning_its_own_request_cancels_it_at_the_agent() -> None:
+    # The SDK sends `notifications/cancelled` under its own id for a request it gives up
+    # on (here: the tool call that elicits is cancelled). That id means nothing past the
+    # proxy: the agent must get `$/cancel_request` for the request it was asked.
+    class Color(BaseModel):
+        color: str
+
+    server = MCPServer("asker")
+    asking, gave_up = anyio.Event(), anyio.Event()
+
+    @server.tool()
+    async def pick(ctx: Context) -> str:
+        answer = await ctx.elicit("Which color?", Color)
+        return answer.action
+
+    async def never(agent: ScriptedAgent, msg: Request) -> JsonValue:
+        asking.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            gave_up.set()
+
+    agent = McpAgent()
+    agent.replies["mcp/message"] = never
+    async with open_test_chain([Docs(server)], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            entry = agent.servers[sid][0]
+            conn = str((await agent.call("mcp/connect", {"serverId": entry["serverId"]}))
+                       ["connectionId"])
+            await agent.mcp(conn, "initialize", {**INIT, "capabilities": {"elicitation": {}}})
+            await agent.notify("mcp/message", {"connectionId": conn,
+                                               "method": "notifications/initialized"})
+            answers: list[Response] = []
+
+            async def call() -> None:
+                answers.append(await agent.request("mcp/message", {
+                    "connectionId": conn, "method": "tools/call",
+                    "params": {"name": "pick", "arguments": {}}}, ident=800))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await asking.wait()
+                await agent.cancel(800)
+                await gave_up.wait()
+    assert answers[0].error_code() == -32800
+    [elicit] = [m for m in agent.received if m.method == "mcp/message"
+                and isinstance(m, Request)]
+    [cancel] = agent.received_params("$/cancel_request")
+    assert cancel == {"requestId": json.loads(bytes(elicit.id))}
+    assert not [p for p in agent.mcp_notifications("notifications/cancelled")]
+
+
+async def test_an_mcp_cancel_reaching_a_proxy_names_the_call_by_its_outer_id() -> None:
+    # At the proxy's own wire (as when it runs stand-alone): the inner cancel names the
+    # call by the id of the mcp/message that carried it. The server numbers its calls
+    # itself, so passed on verbatim it named nothing there (or another call).
+    started, release, cancelled = anyio.Event(), anyio.Event(), []
+    to_router, from_proxy = anyio.create_memory_object_stream[Message](16)
+
+    async def next_from_proxy() -> dict[str, Any]:
+        return dict(json.loads(encode(await from_proxy.receive())))
+
+    def successor(method: str, params: JsonValue, ident: int | None = None) -> Message:
+        body = payload({"method": method, "params": params})
+        if ident is None:
+            return Notification(method="_proxy/successor", params=body)
+        return Request(id=raw(ident), method="_proxy/successor", params=body)
+
+    with anyio.fail_after(5):
+        async with to_router, from_proxy, open_inprocess_proxy(
+                Docs(docs_server(started, release, cancelled)), to_router.send) as proxy:
+            await proxy.send(Request(id=raw(1), method="session/new",
+                                     params=payload({"cwd": "/", "mcpServers": []})))
+            setup = await next_from_proxy()
+            [entry] = setup["params"]["params"]["mcpServers"]
+            await proxy.send(Response(id=raw(setup["id"]), result=payload({"sessionId": "s1"})))
+            await next_from_proxy()
+            await proxy.send(successor("mcp/connect", {"serverId": entry["serverId"]}, 2))
+            ident = (await next_from_proxy())["result"]["connectionId"]
+            await proxy.send(successor("mcp/message", {
+                "connectionId": ident, "method": "initialize", "params": INIT}, 3))
+            assert "result" in await next_from_proxy()
+            await proxy.send(successor("mcp/message", {
+                "connectionId": ident, "method": "notifications/initialized"}))
+            await proxy.send(successor("mcp/message", {
+                "connectionId": ident, "method": "tools/call",
+                "params": {"name": "slow", "arguments": {}}}, 77))
+            await started.wait()
+            await proxy.send(successor("mcp/message", {
+                "connectionId": ident, "method": "notifications/cancelled",
+                "params": {"requestId": 77}}))
+            answer = await next_from_proxy()
+    assert answer["id"] == 77 and answer["error"]["code"] == -32800
+    assert cancelled == ["slow"]

@@ -63,11 +63,15 @@ class Relay:
             return
         params = message.get("params")
         if "id" not in message:
-            if method == "notifications/cancelled" and isinstance(params, dict):
-                outgoing = self._outgoing.get(_key(params.get("requestId")))
+            if method == "notifications/cancelled":
+                # Its requestId is the agent's MCP id: only the relay can map it. Passed on,
+                # it would name a request of the bridge's connection (shared by every
+                # bridged session) to the router.
+                requested = params.get("requestId") if isinstance(params, dict) else None
+                outgoing = self._outgoing.get(_key(requested))
                 if outgoing is not None:
                     await self.endpoint.cancel(outgoing)
-                    return
+                return  # else: answered meanwhile, nothing to cancel
             await self.endpoint.notify(acp.MCP_MESSAGE, self._envelope(method, params))
             return
         ident = message["id"]

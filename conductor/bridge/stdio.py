@@ -64,7 +64,8 @@ class SocketBridge:
             # RecursionError: valid JSON nested too deeply for the decoder (a 4 KB line of
             # `[`), which must end this connection and not the bridge's task group.
             except (TimeoutError, ValueError, RecursionError, anyio.IncompleteRead,
-                    anyio.EndOfStream, anyio.DelimiterNotFound) as e:
+                    anyio.EndOfStream, anyio.DelimiterNotFound, anyio.BrokenResourceError
+                    ) as e:
                 bridge.refused("stdio", f"a shim sent no usable hello ({type(e).__name__})")
                 return
             server = bridge.by_key.get(str(hello.get("server"))) \
@@ -73,17 +74,16 @@ class SocketBridge:
             if server is None or not server.check(token if isinstance(token, str) else None):
                 bridge.refused("stdio", "a shim named an unknown server" if server is None
                                else "a shim presented a wrong token")
-                await _say(stream, {"error": "refused: unknown server or wrong token"})
+                await _say_last(stream, {"error": "refused: unknown server or wrong token"})
                 return
             if self.open >= MAX_SHIMS:
-                await _say(stream, {"error": f"too many MCP sessions ({MAX_SHIMS} open)"})
+                await _say_last(stream, {"error": f"too many MCP sessions ({MAX_SHIMS} open)"})
                 return
             try:
                 connection_id = await bridge.connect(server)
             except Exception as e:
-                await _say(stream, {"error": f"cannot connect to {server.name}: {e}"})
+                await _say_last(stream, {"error": f"cannot connect to {server.name}: {e}"})
                 return
-            await _say(stream, {"ok": True})
             lock = anyio.Lock()
 
             async def to_agent(body: dict[str, Any]) -> None:
@@ -98,6 +98,10 @@ class SocketBridge:
             bridge.relays[connection_id] = relay
             self.open += 1
             try:
+                try:
+                    await _say(stream, {"ok": True})
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return  # the shim left while we connected: the provider is told below
                 while True:
                     try:
                         line = await reader.receive_until(b"\n", DEFAULT_MAX_FRAME_BYTES)
@@ -136,3 +140,12 @@ class SocketBridge:
 
 async def _say(stream: SocketStream, body: Any) -> None:
     await stream.send(json.dumps(body, separators=(",", ":")).encode() + b"\n")
+
+
+async def _say_last(stream: SocketStream, body: Any) -> None:
+    """A refusal: a shim that already left cannot read it, and must not take the bridge
+    (its task group is the chain's) down with a broken pipe."""
+    try:
+        await _say(stream, body)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        log.debug("a refused shim left before its answer")

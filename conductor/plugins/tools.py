@@ -38,7 +38,7 @@ from msgspec import UNSET, Raw, UnsetType, field
 from conductor import acp
 from conductor.errors import PluginError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.message import Notification, Request, error_response, payload
+from conductor.jsonrpc.message import Notification, Request, error_response, id_key, payload
 from conductor.plugins.api import (
     McpOffer,
     Proxy,
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
     from conductor.jsonrpc.message import Call, JsonValue
-    from conductor.plugins.host import ProxyHost
+    from conductor.plugins.host import HostRequest, ProxyHost
 
 log = logging.getLogger("acp_conductor.plugins.tools")
 
@@ -287,12 +287,24 @@ class ToolServers:
                 log.warning("%s (dropped)", text)
             return
         if isinstance(msg, Notification):
-            await conn.notify_server(inner, inner_params)
+            if inner == _CANCELLED:
+                await conn.cancel_call(inner_params)
+            else:
+                await conn.notify_server(inner, inner_params)
             return
         inbound = Inbound()
+        try:
+            key: Any = id_key(msg.id)
+        except ValueError:
+            key = None  # (an id the endpoint answers anyway; no cancel can name it)
 
         async def call(request: Request) -> JsonValue:
-            return await conn.call(inner, inner_params, inbound)
+            conn.calls[key] = inbound
+            try:
+                return await conn.call(inner, inner_params, inbound)
+            finally:
+                if conn.calls.get(key) is inbound:
+                    del conn.calls[key]
         host.task_group.start_soon(host.endpoint.answer, msg, call, inbound)
 
     def _connector(self, source: Side) -> Any:
@@ -355,6 +367,14 @@ class _Connection:
         self.closing = False                   # ended by the connector or the session
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Waiter] = {}
+        # The server's own requests relayed to the connector, by the server's id: its
+        # `notifications/cancelled` names them so, which means nothing past this proxy.
+        # None: not sent yet (a cancel then waits for the send).
+        self._relayed: dict[Any, HostRequest | None] = {}
+        self._cancel_early: set[Any] = set()
+        # The connector's calls in flight, by the id of the mcp/message that carried each:
+        # what its `notifications/cancelled` names them by (the server's ids are its own).
+        self.calls: dict[Any, Inbound] = {}
         to_server, self._server_in = anyio.create_memory_object_stream[
             SessionMessage | Exception](STREAM_BUFFER)
         self._server_out, from_server = anyio.create_memory_object_stream[SessionMessage](
@@ -448,6 +468,17 @@ class _Connection:
             raise RpcError(waiter.error.code, waiter.error.message, waiter.error.data)
         return waiter.result
 
+    async def cancel_call(self, params: dict[str, Any] | None) -> None:
+        """The connector's MCP cancel: it names its call by the outer id, never passed on
+        as is (the server would read it as one of its own ids)."""
+        requested = (params or {}).get("requestId")
+        try:
+            inbound = self.calls.get(id_key(payload(requested)))
+        except ValueError:
+            inbound = None
+        if inbound is not None and inbound.on_cancel is not None:
+            await inbound.on_cancel()
+
     async def notify_server(self, method: str, params: dict[str, Any] | None) -> None:
         message = _message({"jsonrpc": "2.0", "method": method,
                             **({"params": params} if params is not None else {})})
@@ -474,7 +505,10 @@ class _Connection:
                         waiter.result = message.result
                     waiter.done.set()
                 elif isinstance(message, mcp_types.JSONRPCRequest):
+                    self._relayed[message.id] = None
                     tg.start_soon(self._relay_request, message)
+                elif message.method == "notifications/cancelled":
+                    await self._cancel_relayed((message.params or {}).get("requestId"))
                 else:
                     await self._host.notify(acp.MCP_MESSAGE, self._envelope(
                         message.method, message.params), self.side)
@@ -485,11 +519,25 @@ class _Connection:
             body["params"] = params
         return payload(body)
 
+    async def _cancel_relayed(self, request_id: Any) -> None:
+        """The server gave up a request it made: cancel it where it was relayed (the
+        connector's `$/cancel_request`, under the id it was asked with)."""
+        if request_id not in self._relayed:
+            return  # answered meanwhile: nothing to cancel
+        pending = self._relayed[request_id]
+        if pending is None:
+            self._cancel_early.add(request_id)
+        else:
+            await pending.cancel()
+
     async def _relay_request(self, message: mcp_types.JSONRPCRequest) -> None:
         """A request of the server's own (elicitation, sampling, roots): ask the connector."""
         try:
             pending = await self._host.start_request(
                 acp.MCP_MESSAGE, self._envelope(message.method, message.params), self.side)
+            self._relayed[message.id] = pending
+            if message.id in self._cancel_early:
+                await pending.cancel()
             answer = await pending.wait()
         except Exception as e:  # the connector is gone: the server gets an error
             reply: mcp_types.JSONRPCMessage = mcp_types.JSONRPCError(
@@ -513,6 +561,9 @@ class _Connection:
                 reply = mcp_types.JSONRPCResponse(jsonrpc="2.0", id=message.id,
                                                   result=result if isinstance(result, dict)
                                                   else {})
+        finally:
+            self._relayed.pop(message.id, None)
+            self._cancel_early.discard(message.id)
         try:
             await self._to_server.send(SessionMessage(reply))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -524,6 +575,9 @@ def _leaf(error: BaseException) -> BaseException:
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]
     return error
+
+
+_CANCELLED: Final = "notifications/cancelled"
 
 
 def _message(body: dict[str, Any]) -> mcp_types.JSONRPCMessage:

@@ -550,6 +550,17 @@ class Chain:
         Raises:
             McpRefusedError: a required server cannot reach the agent.
         """
+        out = params
+        if target.role in (Role.AGENT, Role.SUCCESSOR):
+            if self._mcp is not None:
+                out = self._mcp.apply(out)
+            if target.role is Role.AGENT:
+                out = await for_agent(out, self.mcp_support, self._bridge,
+                                      self._required_acp)
+        # Learnt only for a request that goes on (not refused above, nor answered at once
+        # for a component that is gone): its answer is what releases them.
+        if target.hop.failure is not None:
+            return out
         declared = self.mcp_routes.learn(params, source)
         if declared:
             routes = self.mcp_routes
@@ -558,17 +569,10 @@ class Chain:
                 sid = acp.get_str(answer.result, "sessionId") if not answer.is_error else None
                 if sid is None and not answer.is_error:
                     sid = acp.get_str(params, "sessionId")  # load / resume name it
-                routes.setup_answered(declared, sid)
+                await routes.setup_answered(declared, sid)
                 return answer
             hooks.append(bind)
-        if target.role not in (Role.AGENT, Role.SUCCESSOR):
-            return params
-        if self._mcp is not None:
-            params = self._mcp.apply(params)
-        if target.role is Role.AGENT:
-            params = await for_agent(params, self.mcp_support, self._bridge,
-                                     self._required_acp)
-        return params
+        return out
 
     async def _forward_direct(self, origin: Hop, msg: Call, method: str,
                               params: Raw | UnsetType, source: Node, target: Node,

@@ -34,7 +34,7 @@ from msgspec import Raw, UnsetType
 
 from conductor import acp
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.message import Request, Response, error_response, raw
+from conductor.jsonrpc.message import Notification, Request, Response, error_response, raw
 from conductor.record import Record
 from conductor.routing.mcp import acp_declarations
 
@@ -48,6 +48,7 @@ log = logging.getLogger("acp_conductor.mcp")
 
 MAX_DECLARATIONS: Final = 4096
 MAX_CONNECTIONS: Final = 1024
+MCP_CANCELLED: Final = "notifications/cancelled"
 
 # (origin hop, message, method, params, source, target, hook): the chain's direct forward
 Forwarder = Callable[["Hop", "Call", str, "Raw | UnsetType", "Node", "Node",
@@ -119,18 +120,30 @@ class McpRoutes:
             self._trace(source.name, "mcp-declared", serverId=server_id, name=name)
         return fresh
 
-    def setup_answered(self, server_ids: list[str], session_id: str | None) -> None:
+    async def setup_answered(self, server_ids: list[str], session_id: str | None) -> None:
         """The setup request that carried `server_ids` was answered (opening `session_id`,
-        or nothing: then declarations no session holds are released)."""
+        or nothing: then declarations no session holds are released).
+
+        Agents may connect before they answer the setup: such a connection has no session
+        yet. It takes the session now, or it would outlive it (never told, never freed,
+        routed to a provider that closed it); when the setup failed, it ends now."""
         for server_id in server_ids:
             decl = self.declarations.get(server_id)
             if decl is None:
                 continue
             decl.pending = max(0, decl.pending - 1)
+            early = [c for c in self.connections.values()
+                     if c.server_id == server_id and c.session is None]
             if session_id is not None:
                 decl.sessions.add(session_id)
+                if len(decl.sessions) == 1:
+                    for conn in early:
+                        conn.session = session_id
             elif not decl.sessions and not decl.pending:
                 self._release(decl)
+                for conn in early:
+                    self._drop(conn, "its session setup failed")
+                    await self._tell_both(conn)
 
     def _release(self, decl: Declaration) -> None:
         self.declarations.pop(decl.server_id, None)
@@ -159,6 +172,10 @@ class McpRoutes:
         if conn is None:
             await self._refuse(origin, msg, "connectionId", ident, source)
             return
+        if method == acp.MCP_MESSAGE and isinstance(msg, Notification) \
+                and acp.get_str(params, "method") == MCP_CANCELLED:
+            await self._cancel(origin, params, source)
+            return
         to_provider = source is conn.connector
         target = conn.provider if to_provider else conn.connector
         out_id = conn.provider_ident if to_provider else conn.ident
@@ -166,6 +183,19 @@ class McpRoutes:
         if method == acp.MCP_DISCONNECT:
             self._drop(conn, f"{source.name} disconnected")
         await self._forward(origin, msg, method, out_params, source, target, None)
+
+    async def _cancel(self, origin: Hop, params: Raw | UnsetType, source: Node) -> None:
+        """An MCP `notifications/cancelled` names the request by its sender's id, which is
+        the outer id on the sender's hop (ids are per hop): passed on verbatim, it would
+        name nothing at the other end, or another request that has that number there. It
+        crosses as `$/cancel_request` for that request, which each end knows how to take
+        (an in-process server gets its own `notifications/cancelled`)."""
+        inner = acp.get_raw(params, "params")
+        request_id = acp.get_raw(inner, "requestId") if inner is not None else None
+        if request_id is None or not await origin.cancel_inbound(
+                Raw(b'{"requestId":' + bytes(request_id) + b"}")):
+            log.debug("%s cancelled an MCP request that is not open (answered meanwhile, "
+                      "or never sent): dropped", source.name)
 
     def _find(self, ident: str, source: Node) -> Connection | None:
         conn = self.connections.get(ident)
@@ -230,8 +260,11 @@ class McpRoutes:
                     answer.id, ErrorCode.INVALID_PARAMS,
                     f"Invalid params: serverId {decl.server_id!r} was released while "
                     "connecting (its session closed)", {"serverId": decl.server_id})
+            bound = session
+            if bound is None and len(decl.sessions) == 1:
+                bound = next(iter(decl.sessions))  # its setup was answered meanwhile
             conn = Connection(f"mcp-{next(self._ids)}", provider_ident, decl.server_id,
-                              decl.provider, connector, session)
+                              decl.provider, connector, bound)
             stale = self._by_provider.get((decl.provider.name, provider_ident))
             if stale is not None:  # the provider reused an id it gave before
                 self._drop(stale, "its connectionId was given again")
@@ -239,7 +272,7 @@ class McpRoutes:
             self._by_provider[(decl.provider.name, provider_ident)] = conn
             self._trace(connector.name, "mcp-connected", connectionId=conn.ident,
                         providerConnectionId=provider_ident, serverId=decl.server_id,
-                        name=decl.name, provider=decl.provider.name, session=session)
+                        name=decl.name, provider=decl.provider.name, session=bound)
             return answer.with_result(acp.set_key(answer.result, "connectionId",
                                                   raw(conn.ident)))
         return connected
@@ -280,6 +313,12 @@ class McpRoutes:
                 decl.sessions -= closed
                 if not decl.sessions and not decl.pending:
                     self._release(decl)
+                    # A connection to a server several sessions declared belongs to none
+                    # of them alone: it ends with the last of them.
+                    for conn in [c for c in self.connections.values()
+                                 if c.server_id == decl.server_id]:
+                        self._drop(conn, "the sessions that declared its server closed")
+                        await self._tell_both(conn)
 
     async def hop_failed(self, node: Node) -> None:
         """`node`'s component is gone: its connections end, its declarations go."""

@@ -485,3 +485,111 @@ async def test_a_connect_answered_after_its_session_closed_is_refused_and_ended_
     assert disconnect["params"] == {"connectionId": "late"}
     await h.frame("client", {"id": disconnect["id"], "result": {}})
     assert h.chain.mcp_routes.connections == {}
+
+
+async def test_a_connection_opened_before_its_session_new_is_answered_ends_with_that_session(
+        ) -> None:
+    # Agents may connect before they answer session/new (docs/mcp.md): the connection has
+    # no session yet when it opens, and must still end when the session does, or the
+    # router keeps it (toward the limit) and routes the agent's messages to a provider
+    # that closed it.
+    h = Harness()
+    await h.start()
+    await h.frame("client", {"id": 1, "method": "session/new", "params": {
+        "cwd": "/", "mcpServers": [acp_server("tools", "ed-1")]}})
+    at_proxy = h.out["proxy"].take()
+    await h.frame("proxy", {"id": "p1", "method": "_proxy/successor", "params": {
+        "method": "session/new", "params": at_proxy["params"]}})
+    at_agent = h.out["agent"].take()
+    conn = await connect_through(h, "ed-1", "client", "c1")  # session/new still unanswered
+    await h.frame("agent", {"id": at_agent["id"], "result": {"sessionId": "s1"}})
+    h.out["proxy"].take()
+    await h.frame("proxy", {"id": at_proxy["id"], "result": {"sessionId": "s1"}})
+    h.out["client"].take()
+    await h.frame("client", {"id": 50, "method": "session/close", "params": {"sessionId": "s1"}})
+    at_proxy = h.out["proxy"].take()
+    await h.frame("proxy", {"id": "pc", "method": "_proxy/successor", "params": {
+        "method": "session/close", "params": {"sessionId": "s1"}}})
+    at_agent = h.out["agent"].take()
+    await h.frame("agent", {"id": at_agent["id"], "result": {}})
+    disconnect = h.out["client"].take()
+    assert disconnect["method"] == "mcp/disconnect"
+    assert disconnect["params"] == {"connectionId": "c1"}
+    assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": "mcp/disconnect",
+                                     "params": {"connectionId": conn}}
+    assert h.chain.mcp_routes.connections == {}
+    assert h.chain.mcp_routes.declarations == {}
+    await h.frame("client", {"id": disconnect["id"], "result": {}})
+    await h.frame("proxy", {"id": at_proxy["id"], "result": {}})
+
+
+async def test_a_connection_opened_during_a_session_new_that_fails_ends_at_both_ends() -> None:
+    h = Harness()
+    await h.start()
+    await h.frame("client", {"id": 1, "method": "session/new", "params": {
+        "cwd": "/", "mcpServers": [acp_server("tools", "ed-1")]}})
+    at_proxy = h.out["proxy"].take()
+    await h.frame("proxy", {"id": "p1", "method": "_proxy/successor", "params": {
+        "method": "session/new", "params": at_proxy["params"]}})
+    at_agent = h.out["agent"].take()
+    conn = await connect_through(h, "ed-1", "client", "c1")
+    await h.frame("agent", {"id": at_agent["id"], "error": {"code": -32000, "message": "no"}})
+    h.out["proxy"].take()
+    await h.frame("proxy", {"id": at_proxy["id"], "error": {"code": -32000, "message": "no"}})
+    [disconnect] = [f for f in h.out["client"].sent if f.get("method") == "mcp/disconnect"]
+    assert [f["error"]["code"] for f in h.out["client"].sent if "error" in f] == [-32000]
+    assert disconnect["params"] == {"connectionId": "c1"}
+    assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": "mcp/disconnect",
+                                     "params": {"connectionId": conn}}
+    assert h.chain.mcp_routes.connections == {}
+    assert h.chain.mcp_routes.declarations == {}
+
+
+async def test_a_refused_session_setup_leaves_no_declaration_behind() -> None:
+    # Each one left held ("pending") could never be released nor evicted: after enough
+    # refusals, every new serverId was over the limit and not routable.
+    h = Harness(agent_caps={}, servers=[McpServer("tools", "acp", provider="proxy",
+                                                  required=True)])
+    await h.start()
+    await session_new_refused(h, [], [acp_server("tools", "px-1")])
+    assert h.chain.mcp_routes.declarations == {}
+
+
+async def test_a_session_setup_for_an_agent_that_is_gone_leaves_no_declaration_behind(
+        ) -> None:
+    h = Harness()
+    await h.start()
+    await h.chain.fail_hop(h.hops["agent"], ComponentExitedError("agent", 1))
+    await h.frame("proxy", {"id": "p9", "method": "_proxy/successor", "params": {
+        "method": "session/new", "params": {"cwd": "/", "mcpServers": [
+            acp_server("tools", "px-1")]}}})
+    assert h.out["proxy"].take()["error"]["code"] == -33001
+    assert h.chain.mcp_routes.declarations == {}
+
+
+async def test_a_connection_to_a_server_of_two_sessions_ends_when_both_have_closed() -> None:
+    h = Harness()
+    await h.start()
+    await h.new_session("s1", [acp_server("tools", "ed-1")], [])
+    await h.new_session("s2", [acp_server("tools", "ed-1")], [])  # the editor's, in both
+    conn = await connect_through(h, "ed-1", "client", "c1")
+
+    async def close(sid: str) -> None:
+        await h.frame("client", {"id": 50, "method": "session/close",
+                                 "params": {"sessionId": sid}})
+        at_proxy = h.out["proxy"].take()
+        await h.frame("proxy", {"id": "pc", "method": "_proxy/successor", "params": {
+            "method": "session/close", "params": {"sessionId": sid}}})
+        await h.frame("agent", {"id": h.out["agent"].take()["id"], "result": {}})
+        await h.frame("proxy", {"id": at_proxy["id"], "result": {}})
+
+    await close("s1")
+    assert list(h.chain.mcp_routes.connections) == [conn]  # s2 still has the server
+    h.out["client"].sent.clear()
+    await close("s2")
+    [disconnect] = [f for f in h.out["client"].sent if f.get("method") == "mcp/disconnect"]
+    assert disconnect["params"] == {"connectionId": "c1"}
+    assert {"jsonrpc": "2.0", "method": "mcp/disconnect",
+            "params": {"connectionId": conn}} in h.out["agent"].sent
+    assert h.chain.mcp_routes.connections == {}
+    assert h.chain.mcp_routes.declarations == {}
