@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 import anyio
 
 from acp_conductor_proxies.session_tools import SessionTools, SessionToolsOptions
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
+from tests.conftest import child_env
 from tests.test_plugin_tools import McpAgent
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from conductor.jsonrpc.message import JsonValue, Request
 
 
@@ -195,3 +201,27 @@ async def test_text_streamed_outside_a_turn_is_kept_for_no_more_sessions_than_re
             await client.prompt(sid, "hello")  # the updates above have all gone through
     assert len(proxy._lines) == 2
     assert len(proxy._streamed) <= 2
+
+
+SDK_SPY = """
+import atexit, runpy, sys
+out = sys.argv[1]
+atexit.register(lambda: open(out, "w").write(repr(sorted(
+    m for m in ("mcp", "mcp_types") if m in sys.modules))))
+sys.argv = ["acp-conductor", "--chain", "tools"]
+runpy.run_module("conductor", run_name="__main__")
+"""
+
+
+def test_the_tools_chain_answers_initialize_without_importing_the_mcp_sdk(
+        tmp_path: Path) -> None:
+    # The SDK's import is ≈ 0.65 s of CPU: made at the agent's first connect, not before
+    # the editor hears from the chain (session-tools offers its server with `build`).
+    seen = tmp_path / "imported"
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {}}}
+    done = subprocess.run([sys.executable, "-c", SDK_SPY, str(seen)],
+                          input=json.dumps(init).encode() + b"\n", env=child_env(),
+                          capture_output=True, timeout=30, check=False)
+    assert json.loads(done.stdout.splitlines()[0])["result"]["protocolVersion"] == 1, done
+    assert seen.read_text() == "[]"
