@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     import pytest
 
+    from conductor.config import ChainConfig
     from conductor.supervise.restart import Backoff
 
 RUNS = 8
@@ -149,34 +150,30 @@ raise SystemExit(3)
 """
 
 
-async def test_once_a_component_is_given_up_a_request_to_it_is_not_told_to_try_again(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # While its restarts run, a request to it is answered "being restarted, send this again
-    # shortly" (data.restarting). Once it is given up, that is false: the chain is ending.
-    monkeypatch.setattr("conductor.supervise.restart.FIRST", 0.0)
-    config = parse_chain({"agent": {
-        "command": [sys.executable, "-c", _ONCE_THEN_REFUSES, str(tmp_path / "started")],
-        "restart": "on-failure", "max_restarts": 1}}, file="<test>")
+async def _session_new_once_logged(config: ChainConfig,
+                                   logged: Callable[[logging.LogRecord], bool],
+                                   ) -> tuple[int, Response]:
+    """Serve `config` to an editor that initializes, waits for a log record `logged`
+    accepts, then asks for a session: the chain's exit code, and that answer."""
     to_chain, chain_reads = message_pipe()
     from_chain, editor_reads = message_pipe(1 << 16)
-    given_up = anyio.Event()
-    answers: dict[int, Response] = {}
+    seen = anyio.Event()
     answered = anyio.Event()
+    answers: dict[int, Response] = {}
 
-    class GivenUp(logging.Handler):
+    class Watch(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if record.levelno >= logging.ERROR:
-                given_up.set()
-
-    handler = GivenUp()
-    logging.getLogger("acp_conductor").addHandler(handler)
+            if logged(record):
+                seen.set()
 
     async def editor() -> None:
         await to_chain.send(Request(id=raw(1), method="initialize",
                                     params=raw({"protocolVersion": 1})))
-        await given_up.wait()
+        await seen.wait()
         await to_chain.send(Request(id=raw(2), method="session/new",
                                     params=raw({"cwd": "/", "mcpServers": []})))
+        await answered.wait()
+        await to_chain.aclose()
 
     async def keep(item: object) -> None:
         if isinstance(item, Response):
@@ -184,6 +181,8 @@ async def test_once_a_component_is_given_up_a_request_to_it_is_not_told_to_try_a
             if 2 in answers:
                 answered.set()
 
+    handler = Watch()
+    logging.getLogger("acp_conductor").addHandler(handler)
     try:
         with anyio.fail_after(15):
             async with anyio.create_task_group() as tg:
@@ -192,12 +191,24 @@ async def test_once_a_component_is_given_up_a_request_to_it_is_not_told_to_try_a
                 code = await serve_connection(config, from_chain, chain_reads,
                                               RunOptions(handle_signals=False))
                 await answered.wait()
-                await to_chain.aclose()
                 tg.cancel_scope.cancel()
     finally:
         logging.getLogger("acp_conductor").removeHandler(handler)
+    return code, answers[2]
+
+
+async def test_once_a_component_is_given_up_a_request_to_it_is_not_told_to_try_again(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # While its restarts run, a request to it is answered "being restarted, send this again
+    # shortly" (data.restarting). Once it is given up, that is false: the chain is ending.
+    monkeypatch.setattr("conductor.supervise.restart.FIRST", 0.0)
+    config = parse_chain({"agent": {
+        "command": [sys.executable, "-c", _ONCE_THEN_REFUSES, str(tmp_path / "started")],
+        "restart": "on-failure", "max_restarts": 1}}, file="<test>")
+    code, answer = await _session_new_once_logged(
+        config, lambda record: record.levelno >= logging.ERROR)  # the give-up
     assert code == ExitCode.COMPONENT
-    error = answers[2].error_value()
+    error = answer.error_value()
     assert error["data"]["component"] == "agent", error
     assert "restarting" not in error["data"], error
     assert "send this again" not in error["message"], error
@@ -215,46 +226,9 @@ async def test_while_a_component_waits_for_its_next_restart_a_request_is_told_it
     # then closes its input, and the chain stops without waiting it out).
     monkeypatch.setattr("conductor.supervise.restart.Backoff.failed",
                         lambda self, ran_for: _first_then_long(self))
-    to_chain, chain_reads = message_pipe()
-    from_chain, editor_reads = message_pipe(1 << 16)
-    waiting = anyio.Event()
-    answered = anyio.Event()
-    answers: dict[int, Response] = {}
-
-    class Waiting(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if "restart 2 of" in record.getMessage():
-                waiting.set()
-
-    handler = Waiting()
-    logging.getLogger("acp_conductor").addHandler(handler)
-
-    async def editor() -> None:
-        await to_chain.send(Request(id=raw(1), method="initialize",
-                                    params=raw({"protocolVersion": 1})))
-        await waiting.wait()
-        await to_chain.send(Request(id=raw(2), method="session/new",
-                                    params=raw({"cwd": "/", "mcpServers": []})))
-        await answered.wait()
-        await to_chain.aclose()
-
-    async def keep(item: object) -> None:
-        if isinstance(item, Response):
-            answers[int(msgspec.json.decode(item.id))] = item
-            if 2 in answers:
-                answered.set()
-
-    try:
-        with anyio.fail_after(15):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(editor)
-                tg.start_soon(editor_reads.serve, keep)
-                await serve_connection(config, from_chain, chain_reads,
-                                       RunOptions(handle_signals=False))
-                tg.cancel_scope.cancel()
-    finally:
-        logging.getLogger("acp_conductor").removeHandler(handler)
-    error = answers[2].error_value()
+    _, answer = await _session_new_once_logged(
+        config, lambda record: "restart 2 of" in record.getMessage())
+    error = answer.error_value()
     assert error["data"] == {"component": "agent", "restarting": True}, error
     assert "no backend" in error["message"], error
 
