@@ -97,6 +97,17 @@ class Harness:
         assert self.out["client"].take()["result"] == {"sessionId": sid}
         return at_agent
 
+    async def close_session(self, sid: str) -> None:
+        """session/close from the client through the proxy to the agent, answered at each
+        hop; what the router sent besides (mcp/disconnect) stays in the outboxes."""
+        await self.frame("client", {"id": 50, "method": "session/close",
+                                    "params": {"sessionId": sid}})
+        at_proxy = self.out["proxy"].take()
+        await self.frame("proxy", {"id": "pc", "method": "_proxy/successor", "params": {
+            "method": "session/close", "params": {"sessionId": sid}}})
+        await self.frame("agent", {"id": self.out["agent"].take()["id"], "result": {}})
+        await self.frame("proxy", {"id": at_proxy["id"], "result": {}})
+
     async def agent_asks(self, method: str, params: Frame) -> int:
         ident = self.next_id() + 1000
         await self.frame("agent", {"id": ident, "method": method, "params": params})
@@ -259,12 +270,7 @@ async def test_closing_a_session_ends_its_connections_at_both_ends_and_frees_its
     await h.new_session("s2", [], [acp_server("p", "px-2")])
     conn = await connect_through(h, "ed-1", "client", "c1")
     other = await connect_through(h, "px-2", "proxy", "c2")
-    await h.frame("client", {"id": 50, "method": "session/close", "params": {"sessionId": "s1"}})
-    at_proxy = h.out["proxy"].take()
-    await h.frame("proxy", {"id": "pc", "method": "_proxy/successor", "params": {
-        "method": "session/close", "params": {"sessionId": "s1"}}})
-    at_agent = h.out["agent"].take()
-    await h.frame("agent", {"id": at_agent["id"], "result": {}})
+    await h.close_session("s1")
     # the editor (provider) is asked to disconnect; the agent is told
     disconnect = h.out["client"].take()
     assert disconnect["method"] == "mcp/disconnect"
@@ -274,7 +280,6 @@ async def test_closing_a_session_ends_its_connections_at_both_ends_and_frees_its
     assert list(h.chain.mcp_routes.connections) == [other]
     assert sorted(h.chain.mcp_routes.declarations) == ["px-2"]
     await h.frame("client", {"id": disconnect["id"], "result": {}})
-    await h.frame("proxy", {"id": at_proxy["id"], "result": {}})
 
 
 async def test_a_failed_session_setup_releases_what_it_declared() -> None:
@@ -466,13 +471,7 @@ async def test_a_connect_answered_after_its_session_closed_is_refused_and_ended_
     ident = await h.agent_asks("mcp/connect", {"serverId": "ed-1"})
     connect = h.out["client"].take()
     assert connect["method"] == "mcp/connect"
-    await h.frame("client", {"id": 50, "method": "session/close", "params": {"sessionId": "s1"}})
-    at_proxy = h.out["proxy"].take()
-    await h.frame("proxy", {"id": "pc", "method": "_proxy/successor", "params": {
-        "method": "session/close", "params": {"sessionId": "s1"}}})
-    at_agent = h.out["agent"].take()
-    await h.frame("agent", {"id": at_agent["id"], "result": {}})
-    await h.frame("proxy", {"id": at_proxy["id"], "result": {}})
+    await h.close_session("s1")
     assert h.chain.mcp_routes.declarations == {}
     h.out["client"].sent.clear()
     await h.frame("client", {"id": connect["id"], "result": {"connectionId": "late"}})
@@ -506,12 +505,7 @@ async def test_a_connection_opened_before_its_session_new_is_answered_ends_with_
     h.out["proxy"].take()
     await h.frame("proxy", {"id": at_proxy["id"], "result": {"sessionId": "s1"}})
     h.out["client"].take()
-    await h.frame("client", {"id": 50, "method": "session/close", "params": {"sessionId": "s1"}})
-    at_proxy = h.out["proxy"].take()
-    await h.frame("proxy", {"id": "pc", "method": "_proxy/successor", "params": {
-        "method": "session/close", "params": {"sessionId": "s1"}}})
-    at_agent = h.out["agent"].take()
-    await h.frame("agent", {"id": at_agent["id"], "result": {}})
+    await h.close_session("s1")
     disconnect = h.out["client"].take()
     assert disconnect["method"] == "mcp/disconnect"
     assert disconnect["params"] == {"connectionId": "c1"}
@@ -520,7 +514,6 @@ async def test_a_connection_opened_before_its_session_new_is_answered_ends_with_
     assert h.chain.mcp_routes.connections == {}
     assert h.chain.mcp_routes.declarations == {}
     await h.frame("client", {"id": disconnect["id"], "result": {}})
-    await h.frame("proxy", {"id": at_proxy["id"], "result": {}})
 
 
 async def test_a_connection_opened_during_a_session_new_that_fails_ends_at_both_ends() -> None:
@@ -573,20 +566,10 @@ async def test_a_connection_to_a_server_of_two_sessions_ends_when_both_have_clos
     await h.new_session("s1", [acp_server("tools", "ed-1")], [])
     await h.new_session("s2", [acp_server("tools", "ed-1")], [])  # the editor's, in both
     conn = await connect_through(h, "ed-1", "client", "c1")
-
-    async def close(sid: str) -> None:
-        await h.frame("client", {"id": 50, "method": "session/close",
-                                 "params": {"sessionId": sid}})
-        at_proxy = h.out["proxy"].take()
-        await h.frame("proxy", {"id": "pc", "method": "_proxy/successor", "params": {
-            "method": "session/close", "params": {"sessionId": sid}}})
-        await h.frame("agent", {"id": h.out["agent"].take()["id"], "result": {}})
-        await h.frame("proxy", {"id": at_proxy["id"], "result": {}})
-
-    await close("s1")
+    await h.close_session("s1")
     assert list(h.chain.mcp_routes.connections) == [conn]  # s2 still has the server
     h.out["client"].sent.clear()
-    await close("s2")
+    await h.close_session("s2")
     [disconnect] = [f for f in h.out["client"].sent if f.get("method") == "mcp/disconnect"]
     assert disconnect["params"] == {"connectionId": "c1"}
     assert {"jsonrpc": "2.0", "method": "mcp/disconnect",
