@@ -64,11 +64,15 @@ class McpAgent(ScriptedAgent):
     async def _mcp_request(self, agent: ScriptedAgent, msg: Request) -> JsonValue:
         return self.answer_mcp[msg.params_value()["method"]]
 
-    async def open_mcp(self, session: str, name: str | None = None) -> str:
+    async def open_mcp(self, session: str, name: str | None = None, *,
+                       capabilities: dict[str, JsonValue] | None = None) -> str:
+        """Connect to a server of `session` (its first, or `name`) and initialize it, as an
+        MCP client with `capabilities` (e.g. elicitation); returns the connectionId."""
         entry = next(s for s in self.servers[session] if name is None or s["name"] == name)
         conn = await self.call("mcp/connect", {"serverId": entry["serverId"]})
         ident = str(conn["connectionId"])
-        await self.mcp(ident, "initialize", INIT)
+        await self.mcp(ident, "initialize",
+                       {**INIT, "capabilities": capabilities} if capabilities else INIT)
         await self.notify("mcp/message", {"connectionId": ident,
                                           "method": "notifications/initialized"})
         return ident
@@ -236,12 +240,7 @@ async def test_a_server_request_is_relayed_to_the_agent_and_answered() -> None:
     async with open_test_chain([Docs(server)], agent) as client:
         with anyio.fail_after(5):
             sid = await client.new_session()
-            entry = agent.servers[sid][0]
-            conn = str((await agent.call("mcp/connect", {"serverId": entry["serverId"]}))
-                       ["connectionId"])
-            await agent.mcp(conn, "initialize", {**INIT, "capabilities": {"elicitation": {}}})
-            await agent.notify("mcp/message", {"connectionId": conn,
-                                               "method": "notifications/initialized"})
+            conn = await agent.open_mcp(sid, capabilities={"elicitation": {}})
             result = await agent.mcp(conn, "tools/call", {"name": "pick", "arguments": {}})
     assert result["content"][0]["text"] == "blue"
     [asked] = [p for p in agent.received_params("mcp/message")
@@ -516,12 +515,7 @@ async def test_an_agent_error_answer_with_a_malformed_code_fails_only_that_reque
     async with open_test_chain([Docs(server)], agent) as client:
         with anyio.fail_after(5):
             sid = await client.new_session()
-            entry = agent.servers[sid][0]
-            conn = str((await agent.call("mcp/connect", {"serverId": entry["serverId"]}))
-                       ["connectionId"])
-            await agent.mcp(conn, "initialize", {**INIT, "capabilities": {"elicitation": {}}})
-            await agent.notify("mcp/message", {"connectionId": conn,
-                                               "method": "notifications/initialized"})
+            conn = await agent.open_mcp(sid, capabilities={"elicitation": {}})
             with pytest.raises(RpcError) as failed:  # the SDK makes it the call's error
                 await agent.mcp(conn, "tools/call", {"name": "pick", "arguments": {}})
             assert str(failed.value).startswith("no color today")
@@ -685,12 +679,7 @@ async def test_a_server_abandoning_its_own_request_cancels_it_at_the_agent() -> 
     async with open_test_chain([Docs(server)], agent) as client:
         with anyio.fail_after(5):
             sid = await client.new_session()
-            entry = agent.servers[sid][0]
-            conn = str((await agent.call("mcp/connect", {"serverId": entry["serverId"]}))
-                       ["connectionId"])
-            await agent.mcp(conn, "initialize", {**INIT, "capabilities": {"elicitation": {}}})
-            await agent.notify("mcp/message", {"connectionId": conn,
-                                               "method": "notifications/initialized"})
+            conn = await agent.open_mcp(sid, capabilities={"elicitation": {}})
             answers: list[Response] = []
 
             async def call() -> None:
