@@ -118,6 +118,17 @@ def acp_server(name: str, server_id: str) -> Frame:
     return {"type": "acp", "name": name, "serverId": server_id}
 
 
+async def disconnected(h: Harness, provider_conn: str, agent_conn: str) -> None:
+    """The editor (the provider here) was asked to disconnect `provider_conn`, and answers;
+    the agent was told that `agent_conn` ended."""
+    disconnect = h.out["client"].take()
+    assert disconnect["method"] == "mcp/disconnect"
+    assert disconnect["params"] == {"connectionId": provider_conn}
+    assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": "mcp/disconnect",
+                                     "params": {"connectionId": agent_conn}}
+    await h.frame("client", {"id": disconnect["id"], "result": {}})
+
+
 async def connect_through(h: Harness, server_id: str, provider: str, answer: str) -> str:
     """The agent connects to `server_id`; `provider` answers connectionId `answer`; returns
     the connectionId the agent got."""
@@ -272,14 +283,9 @@ async def test_closing_a_session_ends_its_connections_at_both_ends_and_frees_its
     other = await connect_through(h, "px-2", "proxy", "c2")
     await h.close_session("s1")
     # the editor (provider) is asked to disconnect; the agent is told
-    disconnect = h.out["client"].take()
-    assert disconnect["method"] == "mcp/disconnect"
-    assert disconnect["params"] == {"connectionId": "c1"}
-    assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": "mcp/disconnect",
-                                     "params": {"connectionId": conn}}
+    await disconnected(h, "c1", conn)
     assert list(h.chain.mcp_routes.connections) == [other]
     assert sorted(h.chain.mcp_routes.declarations) == ["px-2"]
-    await h.frame("client", {"id": disconnect["id"], "result": {}})
 
 
 async def test_a_failed_session_setup_releases_what_it_declared() -> None:
@@ -451,13 +457,9 @@ async def test_an_expired_session_ends_its_connections_like_a_closed_one() -> No
     await h.new_session("s1", [acp_server("tools", "ed-1")], [])
     conn = await connect_through(h, "ed-1", "client", "c1")
     assert await h.chain.expire_idle(0.0) == ["s1"]
-    disconnect = h.out["client"].take()
-    assert disconnect["method"] == "mcp/disconnect"
-    assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": "mcp/disconnect",
-                                     "params": {"connectionId": conn}}
+    await disconnected(h, "c1", conn)
     assert h.chain.mcp_routes.connections == {}
     assert h.chain.mcp_routes.declarations == {}
-    await h.frame("client", {"id": disconnect["id"], "result": {}})
 
 
 async def test_a_connect_answered_after_its_session_closed_is_refused_and_ended_at_the_provider(
@@ -506,14 +508,9 @@ async def test_a_connection_opened_before_its_session_new_is_answered_ends_with_
     await h.frame("proxy", {"id": at_proxy["id"], "result": {"sessionId": "s1"}})
     h.out["client"].take()
     await h.close_session("s1")
-    disconnect = h.out["client"].take()
-    assert disconnect["method"] == "mcp/disconnect"
-    assert disconnect["params"] == {"connectionId": "c1"}
-    assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": "mcp/disconnect",
-                                     "params": {"connectionId": conn}}
+    await disconnected(h, "c1", conn)
     assert h.chain.mcp_routes.connections == {}
     assert h.chain.mcp_routes.declarations == {}
-    await h.frame("client", {"id": disconnect["id"], "result": {}})
 
 
 async def test_a_connection_opened_during_a_session_new_that_fails_ends_at_both_ends() -> None:
