@@ -140,6 +140,29 @@ async def test_a_request_handler_that_forwards_and_returns_none_is_answered_an_e
     assert nothing is None
 
 
+class AnswersNothing(Proxy):
+    """Answers the prompt itself, without forwarding, and forgets to return the result."""
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        return None
+
+
+async def test_a_request_handler_that_returns_none_for_an_acp_method_is_answered_an_error(
+) -> None:
+    # Every ACP method's result is an object: a null answer is a missing `return`, and an
+    # editor reading it as a PromptResponse fails without knowing which proxy to blame.
+    async with open_test_chain([AnswersNothing()]) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            answer = await client.request("session/prompt", {"sessionId": sid, "prompt": []})
+    error = answer.error_value()
+    assert error["code"] == ErrorCode.HANDLER_FAILED
+    assert error["data"] == {"component": "answersnothing", "method": "session/prompt"}
+    assert ("AnswersNothing.prompt answered session/prompt with None, and an ACP answer is "
+            "an object") in error["message"]
+
+
 class BrokenHook(Proxy):
     """Its session_opened hook raises."""
 
