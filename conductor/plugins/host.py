@@ -570,10 +570,12 @@ class ProxyHost:
             await self._install(opened, rule.method, sent.owned, sent.params)
         elif sent.fresh and answer.is_error:  # a refused load or resume opened nothing
             assert rule.session_id is not None
-            await self._remove(rule.session_id, CloseReason.REFUSED)
+            await self.release(rule.session_id, CloseReason.REFUSED)
         closed = rule.closed_by(answer)
         if closed is not None:
-            await self._remove(closed, CloseReason.DELETED if rule.method == acp.SESSION_DELETE
+            # `release`: a session_closed hook's failure is logged, not answered: the session
+            # did end downstream, and an error would tell the editor it is still open.
+            await self.release(closed, CloseReason.DELETED if rule.method == acp.SESSION_DELETE
                                else CloseReason.CLOSED)
 
     async def _install(self, sid: str, how: str, owned: bool,
@@ -620,8 +622,9 @@ class ProxyHost:
         await self._proxy.session_closed(scope)
 
     async def release(self, sid: str, reason: CloseReason) -> None:
-        """The conductor ended a session without a message crossing this proxy (idle expiry,
-        a lost session): drop its scope and tell the plugin. A hook's failure is logged."""
+        """A session ended (closed, refused; or ended by the conductor without a message
+        crossing this proxy: idle expiry, lost): drop its scope and tell the plugin. A
+        hook's failure is logged."""
         try:
             await self._remove(sid, reason)
         except Exception as e:
