@@ -489,6 +489,30 @@ def test_a_handler_for_a_method_that_never_arrives_from_its_side_is_warned_about
     assert warning.filename == __file__
 
 
+@pytest.mark.parametrize(("method", "source", "says"), [
+    ("session/prompt", "successor",
+     "session.on('session/prompt', ...): session/prompt comes from the predecessor (the "
+     "editor side): write session.on('session/prompt', handler, source='predecessor')"),
+    ("session/update", "predecessor",
+     "session.on('session/update', ..., source='predecessor'): session/update comes from "
+     "the successor (the agent side): write session.on('session/update', handler)"),
+    ("session/updte", "successor",
+     "session.on('session/updte', ...): not an ACP method (did you mean 'session/update'?"),
+])
+def test_a_per_session_handler_that_never_arrives_is_warned_about_as_at_on(
+        method: str, source: str, says: str) -> None:
+    # `session.on` defaults to the successor, `@on` to the predecessor: the easy mistake
+    # (a per-session prompt handler) must not be silent where the decorator warns.
+    scope = SessionScope("s-1", "session/new", owned=False)
+
+    async def handler(ctx: ProxyContext, message: Message) -> None:
+        pass
+    with pytest.warns(UserWarning, match="never be called") as caught:
+        scope.on(method, handler, source=source)
+    assert says in str(caught[0].message)
+    assert caught[0].filename == __file__  # at the line that registers it
+
+
 def test_handlers_for_acp_extension_and_wildcard_methods_are_not_warned_about() -> None:
     import warnings
 
