@@ -140,6 +140,29 @@ async def test_a_request_handler_that_forwards_and_returns_none_is_answered_an_e
     assert nothing is None
 
 
+class AnswersNothing(Proxy):
+    """Answers the prompt itself, without forwarding, and forgets to return the result."""
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        return None
+
+
+async def test_a_request_handler_that_returns_none_for_an_acp_method_is_answered_an_error(
+) -> None:
+    # Every ACP method's result is an object: a null answer is a missing `return`, and an
+    # editor reading it as a PromptResponse fails without knowing which proxy to blame.
+    async with open_test_chain([AnswersNothing()]) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            answer = await client.request("session/prompt", {"sessionId": sid, "prompt": []})
+    error = answer.error_value()
+    assert error["code"] == ErrorCode.HANDLER_FAILED
+    assert error["data"] == {"component": "answersnothing", "method": "session/prompt"}
+    assert ("AnswersNothing.prompt answered session/prompt with None, and an ACP answer is "
+            "an object") in error["message"]
+
+
 class BrokenHook(Proxy):
     """Its session_opened hook raises."""
 
@@ -464,6 +487,30 @@ def test_a_handler_for_a_method_that_never_arrives_from_its_side_is_warned_about
     (warning,) = caught
     assert says in str(warning.message) and "never be called" in str(warning.message)
     assert warning.filename == __file__
+
+
+@pytest.mark.parametrize(("method", "source", "says"), [
+    ("session/prompt", "successor",
+     "session.on('session/prompt', ...): session/prompt comes from the predecessor (the "
+     "editor side): write session.on('session/prompt', handler, source='predecessor')"),
+    ("session/update", "predecessor",
+     "session.on('session/update', ..., source='predecessor'): session/update comes from "
+     "the successor (the agent side): write session.on('session/update', handler)"),
+    ("session/updte", "successor",
+     "session.on('session/updte', ...): not an ACP method (did you mean 'session/update'?"),
+])
+def test_a_per_session_handler_that_never_arrives_is_warned_about_as_at_on(
+        method: str, source: str, says: str) -> None:
+    # `session.on` defaults to the successor, `@on` to the predecessor: the easy mistake
+    # (a per-session prompt handler) must not be silent where the decorator warns.
+    scope = SessionScope("s-1", "session/new", owned=False)
+
+    async def handler(ctx: ProxyContext, message: Message) -> None:
+        pass
+    with pytest.warns(UserWarning, match="never be called") as caught:
+        scope.on(method, handler, source=source)
+    assert says in str(caught[0].message)
+    assert caught[0].filename == __file__  # at the line that registers it
 
 
 def test_handlers_for_acp_extension_and_wildcard_methods_are_not_warned_about() -> None:

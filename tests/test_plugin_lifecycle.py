@@ -17,6 +17,8 @@ from conductor.transport.memory import memory_pipe
 if TYPE_CHECKING:
     from pathlib import Path
 
+    import pytest
+
     from conductor.jsonrpc.message import Request
 
 
@@ -147,3 +149,27 @@ async def test_check_blames_a_plugin_whose_chain_started_fails(tmp_path: Path) -
     store = next(c for c in report.components if c.name == "store")
     assert store.error == {"message": "store: chain_started failed: OSError: database is "
                                       "locked"}
+
+
+class FailsToClose(Proxy):
+    """Its session_closed hook cannot write its summary."""
+
+    async def session_closed(self, session: SessionScope) -> None:
+        raise OSError("disk full")
+
+
+async def test_a_failing_session_closed_hook_is_logged_and_the_close_still_succeeds(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The agent closed the session: answering the editor an error would tell it the session
+    # is still open (it is not, anywhere). The hook's failure is the plugin's, and logged,
+    # as it is for an expired or a stopped session.
+    agent = ScriptedAgent(replies={"session/delete": {}})
+    async with open_test_chain([FailsToClose()], agent) as client:
+        with anyio.fail_after(5):
+            one, two = await client.new_session(), await client.new_session()
+            closed = await client.request("session/close", {"sessionId": one})
+            deleted = await client.request("session/delete", {"sessionId": two})
+    assert (closed.result_value(), deleted.result_value()) == ({}, {})
+    assert "proxy failstoclose failed handling session_closed of session-1: OSError: disk " \
+        "full" in caplog.text
+

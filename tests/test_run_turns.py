@@ -14,6 +14,7 @@ from conductor.config import load_chain
 from conductor.editor.render import PlainEvents, QuietEvents
 from conductor.editor.turn import RunExit, TurnOptions, run_turns
 from conductor.errors import ConfigError
+from conductor.jsonrpc.codes import ErrorCode
 from tests.conftest import BIN
 
 if TYPE_CHECKING:
@@ -129,8 +130,7 @@ async def test_a_turn_answered_with_an_error_is_reported_and_ends_the_run_with_e
     assert events.records[-1]["error"]["code"] == failed["error"]["code"]
 
 
-@pytest.mark.parametrize(("answer", "shown"), [("[1, 2]", "[1,2]"), ("None", "null"),
-                                             ("'done'", '"done"')])
+@pytest.mark.parametrize(("answer", "shown"), [("[1, 2]", "[1,2]"), ("'done'", '"done"')])
 async def test_a_prompt_answered_with_something_not_an_object_fails_the_turn_saying_so(
         tmp_path: Path, answer: str, shown: str) -> None:
     # A proxy that returns a set (encoded as a list), or forgets its `return`: `run` used
@@ -151,6 +151,27 @@ async def test_a_prompt_answered_with_something_not_an_object_fails_the_turn_say
     assert failed["error"]["message"] == (f"session/prompt was answered with {shown}, "
                                           "not an object with a stopReason")
     assert events.records[-1]["error"] == failed["error"]
+
+
+async def test_a_prompt_a_proxy_answers_with_none_fails_the_turn_naming_the_proxy(
+        tmp_path: Path) -> None:
+    # A forgotten `return`: the proxy's host answers the failure, naming it, not `null`.
+    (tmp_path / "odd.py").write_text(textwrap.dedent("""
+        from conductor.plugins import Proxy, on
+
+        class Odd(Proxy):
+            @on("session/prompt")
+            async def prompt(self, ctx, message):
+                return None
+        """), encoding="utf-8")
+    config = demo_chain(tmp_path, f'[[proxy]]\nplugin = "{tmp_path / "odd.py"}:Odd"')
+    code, events = await run(config, tmp_path, "one", "two")
+    assert code == RunExit.FAILED
+    (failed,) = events.of("turn")
+    assert failed["exitReason"] == "failed"
+    assert failed["error"]["code"] == ErrorCode.HANDLER_FAILED
+    assert "odd failed handling session/prompt: TypeError: Odd.prompt answered " \
+        "session/prompt with None" in failed["error"]["message"]
 
 
 async def test_run_closes_its_session_at_the_end_and_proxies_see_it_closed(

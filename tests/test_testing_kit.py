@@ -124,6 +124,17 @@ async def test_a_request_nobody_answers_fails_with_what_the_peer_received() -> N
         "\"s-1\"" in str(waited.value)
 
 
+async def test_the_scripted_agent_answers_session_load_with_an_object_as_acp_does() -> None:
+    # LoadSessionResponse is an object: a proxy's handler reading the answer of a load
+    # must meet in its tests what a real agent sends, not null.
+    async with open_test_chain([]) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            loaded = await client.call("session/load", {"sessionId": sid, "cwd": "/",
+                                                        "mcpServers": []})
+    assert loaded == {}
+
+
 async def test_a_wait_for_that_never_comes_fails_with_what_arrived() -> None:
     async with open_test_chain([], client=TestClient(timeout=0.1)) as client:
         with pytest.raises(TimeoutError, match=r"client waited 0.1s for 1 session/update "

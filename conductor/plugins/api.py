@@ -152,8 +152,10 @@ def _register(func: Any, decorator: str, attr: str, method: str, side: Side,
     return func
 
 
-def _never_arrives(method: str, side: Side) -> str | None:
-    """Why `method` never reaches a handler on `side`, or None if it may."""
+def _never_arrives(method: str, side: Side, spelling: str = "@on({method}{source})",
+                   default: Side = Side.PREDECESSOR) -> str | None:
+    """Why `method` never reaches a handler on `side`, or None if it may. `spelling` and
+    `default`: how the registering call is written, and its default side (for the hint)."""
     if method == "*" or method.startswith(("_", "$/")):  # extensions: the proxy's own
         return None
     if method not in acp.AGENT_METHODS | acp.CLIENT_METHODS:
@@ -162,10 +164,13 @@ def _never_arrives(method: str, side: Side) -> str | None:
                 "start with '_')")
     if method in (acp.AGENT_METHODS if side is Side.PREDECESSOR else acp.CLIENT_METHODS):
         return None
-    if side is Side.PREDECESSOR:
-        return (f"{method} comes from the successor (the agent side): write "
-                f"@on({method!r}, source='successor')")
-    return f"{method} comes from the predecessor (the editor side): write @on({method!r})"
+    right = side.other
+    # The source argument only where it is not the call's default (@on: the predecessor).
+    source_arg = "" if right is default else f", source={right.value!r}"
+    where = ("the successor (the agent side)" if right is Side.SUCCESSOR
+             else "the predecessor (the editor side)")
+    return f"{method} comes from {where}: write " \
+        f"{spelling.format(method=repr(method), source=source_arg)}"
 
 
 class Proxy(Generic[OptionsT]):
@@ -413,8 +418,18 @@ class SessionScope(Record, eq=False, dict=True, weakref=True):
 
     def on(self, method: str, handler: Handler, *,
            source: Side | str = Side.SUCCESSOR) -> None:
-        """Handle `method` for this session only (checked before the class's handlers)."""
-        self.handlers[(Side(source), method)] = handler
+        """Handle `method` for this session only (checked before the class's handlers).
+
+        A `method` that is not an ACP method, or never comes from `source`, is a
+        UserWarning here, as it is at `@on`: the handler would never be called."""
+        side = Side(source)
+        problem = _never_arrives(method, side, "session.on({method}, handler{source})",
+                                 Side.SUCCESSOR)
+        if problem is not None:
+            source_arg = "" if side is Side.SUCCESSOR else f", source={side.value!r}"
+            warnings.warn(f"session.on({method!r}, ...{source_arg}): {problem}; as written "
+                          "it would never be called", UserWarning, stacklevel=2)
+        self.handlers[(side, method)] = handler
         if self.host is not None:
             self.host.handlers_changed()
 

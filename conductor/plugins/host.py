@@ -83,6 +83,9 @@ STOP_HOOKS_GRACE: Final = 5.0
 # How long a cancelled handler waits for the far end to answer a request it sent (so its
 # own answer follows what the far end streamed before answering).
 CANCELLED_ANSWER_GRACE: Final = 5.0
+# The ACP requests whose result is always an object (the schemas'), so a handler answering
+# one with None forgot its `return`. Not mcp/message: its result is the inner MCP one.
+_OBJECT_ANSWERS: Final = (acp.AGENT_METHODS | acp.CLIENT_METHODS) - {acp.MCP_MESSAGE}
 # Scopes kept for sessions a proxy never saw set up (see ProxyHost.session_of).
 MAX_STRAY_SCOPES: Final = 1024
 # The `release` of the handler a task runs for (its child tasks inherit it): a wait in the
@@ -474,12 +477,16 @@ class ProxyHost:
         async def run(request: Request) -> object:
             try:
                 reply = await handler(ctx, request)
-                if reply is None and ctx.forwarded:
-                    # The far end's answer was dropped (a missing `return`): answering
-                    # null instead would leave the editor puzzling over an empty result.
+                if reply is None and (ctx.forwarded or request.method in _OBJECT_ANSWERS):
+                    # A missing `return`: a null answer would leave the editor puzzling over
+                    # an empty result (every ACP method's is an object), blaming nobody.
                     name = getattr(handler, "__qualname__", repr(handler))
-                    raise TypeError(f"{name} forwarded {request.method} and returned None: "
-                                    "return the answer (`return await ctx.forward()`)")
+                    if ctx.forwarded:
+                        raise TypeError(f"{name} forwarded {request.method} and returned None: "
+                                        "return the answer (`return await ctx.forward()`)")
+                    raise TypeError(f"{name} answered {request.method} with None, and an ACP "
+                                    "answer is an object: return the result (`{}` for an "
+                                    "empty one) or `await ctx.forward()`")
                 return reply
             except RpcError:
                 raise
@@ -563,10 +570,12 @@ class ProxyHost:
             await self._install(opened, rule.method, sent.owned, sent.params)
         elif sent.fresh and answer.is_error:  # a refused load or resume opened nothing
             assert rule.session_id is not None
-            await self._remove(rule.session_id, CloseReason.REFUSED)
+            await self.release(rule.session_id, CloseReason.REFUSED)
         closed = rule.closed_by(answer)
         if closed is not None:
-            await self._remove(closed, CloseReason.DELETED if rule.method == acp.SESSION_DELETE
+            # `release`: a session_closed hook's failure is logged, not answered: the session
+            # did end downstream, and an error would tell the editor it is still open.
+            await self.release(closed, CloseReason.DELETED if rule.method == acp.SESSION_DELETE
                                else CloseReason.CLOSED)
 
     async def _install(self, sid: str, how: str, owned: bool,
@@ -613,8 +622,9 @@ class ProxyHost:
         await self._proxy.session_closed(scope)
 
     async def release(self, sid: str, reason: CloseReason) -> None:
-        """The conductor ended a session without a message crossing this proxy (idle expiry,
-        a lost session): drop its scope and tell the plugin. A hook's failure is logged."""
+        """A session ended (closed, refused; or ended by the conductor without a message
+        crossing this proxy: idle expiry, lost): drop its scope and tell the plugin. A
+        hook's failure is logged."""
         try:
             await self._remove(sid, reason)
         except Exception as e:

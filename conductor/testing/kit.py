@@ -313,7 +313,7 @@ class ScriptedAgent(TestPeer):
         self.replies: dict[str, Script] = {
             "initialize": self._initialize,
             "session/new": self._new_session,
-            "session/load": None,
+            "session/load": {},
             "session/resume": {},
             "session/close": {},
             "session/prompt": {"stopReason": "end_turn"},
