@@ -1,7 +1,8 @@
 """permissions: a declarative policy for what the agent may do through the editor.
 
 Rules are checked in order, first match wins, else `default`. They judge
-`session/request_permission` (by tool kind, title, paths, command) and the agent's direct
+`session/request_permission` (by tool kind, title, paths, command; v1's `toolCall` and v2's
+`subject` alike) and the agent's direct
 requests to the editor: `fs/read_text_file`, `fs/write_text_file`, `terminal/create`. So a
 `.env` rule also stops a read that goes straight through the editor's filesystem, or a
 `cat .env` in a terminal. A request the policy cannot place (an unknown session, a path
@@ -654,23 +655,23 @@ class Subject:
     """What a request asks to do, in the terms rules speak."""
 
     method: str
-    kind: str | None = None
-    title: str | None = None
+    # A v2 permission request may say what it is about twice (its prompt's title and its
+    # tool call's; a command and the tool call it runs for): rules judge every one.
+    kinds: list[object] = field(default_factory=list)
+    titles: list[str] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)   # as named, for the log
     places: list[Place] = field(default_factory=list)
-    command: Command | None = None
+    commands: list[Command] = field(default_factory=list)
     cwd: str | None = None
 
     def describe(self) -> str:
         parts = [self.method]
-        if self.kind:
-            parts.append(f"kind={self.kind}")
-        if self.title:
-            parts.append(f"title={self.title!r}")
+        if any(self.kinds):
+            parts.append("kind=" + ",".join(str(k) for k in self.kinds if k))
+        parts.extend(f"title={t!r}" for t in self.titles)
         if self.paths:
             parts.append(f"paths={self.paths}")
-        if self.command is not None:
-            parts.append(f"command={self.command.line!r}")
+        parts.extend(f"command={c.line!r}" for c in self.commands)
         return " ".join(parts)
 
 
@@ -678,24 +679,26 @@ def rule_matches(rule: Rule, subject: Subject) -> bool:
     """Deny and ask rules match any spelling of what the request names; an allow rule only
     what it certainly reaches (see docs/proxies.md)."""
     strict = rule.action == "allow"
+    # allow: every kind, title and command the request names must match; deny, ask: one
+    every = all if strict else any
     if rule.kind is not None:
         kinds = [rule.kind] if isinstance(rule.kind, str) else rule.kind
-        if subject.kind not in kinds:
+        if not subject.kinds or not every(k in kinds for k in subject.kinds):
             return False
-    if rule.title is not None and (subject.title is None
-                                   or not fnmatchcase(subject.title, rule.title)):
+    if rule.title is not None and (not subject.titles or not every(
+            fnmatchcase(t, rule.title) for t in subject.titles)):
         return False
     if rule.path is not None:
         if not (_glob_all if strict else _glob_any)(rule.path, subject.places):
             return False
     if rule.command is not None:
-        command = subject.command
-        if command is None:
+        if not subject.commands:
             return False
         if strict:  # every command that will run must be one the rule allows
-            return not command.opaque and bool(command.simple) and all(
-                re.search(rule.command, c) for c in command.simple)
-        return any(re.search(rule.command, c) for c in command.spellings())
+            return all(not c.opaque and bool(c.simple) and all(
+                re.search(rule.command, one) for one in c.simple) for c in subject.commands)
+        return any(re.search(rule.command, one) for c in subject.commands
+                   for one in c.spellings())
     return True
 
 
@@ -786,8 +789,15 @@ class Permissions(Proxy[PermissionsOptions]):
             if isinstance(update, dict) and isinstance(update.get("toolCallId"), str):
                 calls = ctx.session.state.setdefault("permissions.tool_calls", {})
                 known = calls.pop(update["toolCallId"], {})
-                known.update({k: _diffs_only(update[k]) if k == "content" else update[k]
-                              for k in TOOL_CALL_FIELDS if update.get(k) is not None})
+                if update.get("sessionUpdate") == "tool_call_content_chunk":
+                    # v2 streams a tool call's content: one more item, replacing none
+                    chunk = _diffs_only([update.get("content")])
+                    earlier = known.get("content")
+                    known["content"] = [*(earlier if isinstance(earlier, list) else []),
+                                        *(chunk if isinstance(chunk, list) else [])]
+                else:
+                    known.update({k: _diffs_only(update[k]) if k == "content" else update[k]
+                                  for k in TOOL_CALL_FIELDS if update.get(k) is not None})
                 calls[update["toolCallId"]] = known
                 if len(calls) > MAX_TOOL_CALLS:
                     del calls[next(iter(calls))]
@@ -795,15 +805,8 @@ class Permissions(Proxy[PermissionsOptions]):
     @on("session/request_permission", source="successor")
     async def request_permission(self, ctx: ProxyContext, message: Request) -> JsonValue:
         params = _params(message)
-        tool = params.get("toolCall")
-        if isinstance(tool, dict) and ctx.session is not None:
-            # Judge the tool call as the editor will show it: what it announced, with what
-            # this request says on top (the fields it leaves out keep their earlier values).
-            calls = ctx.session.state.get("permissions.tool_calls", {})
-            known = calls.get(tool.get("toolCallId"), {}) \
-                if isinstance(tool.get("toolCallId"), str) else {}
-            params = {**params, "toolCall": {
-                **known, **{k: v for k, v in tool.items() if v is not None}}}
+        if ctx.session is not None:
+            params = _with_known(params, ctx.session.state.get("permissions.tool_calls", {}))
         action, _ = self._judge(ctx, message.method, params)
         if action == "ask":
             return await ctx.forward()
@@ -839,13 +842,45 @@ class Permissions(Proxy[PermissionsOptions]):
         return await ctx.forward()
 
 
+def _with_known(params: dict[str, Any], calls: dict[str, Any]) -> dict[str, Any]:
+    """`params` with each tool call it names as the editor will show it: what the tool
+    call announced, with what this request says on top (the fields it leaves out keep
+    their earlier values). A v2 command subject's `toolCallId` brings its tool call in."""
+    def known(tool: dict[str, Any]) -> dict[str, Any]:
+        key = tool.get("toolCallId")
+        found = calls.get(key, {}) if isinstance(key, str) else {}
+        return {**found, **{k: v for k, v in tool.items() if v is not None}}
+
+    if isinstance(params.get("toolCall"), dict):  # v1
+        params = {**params, "toolCall": known(params["toolCall"])}
+    about = params.get("subject")  # v2
+    if isinstance(about, dict):
+        if isinstance(about.get("toolCall"), dict):
+            params = {**params, "subject": {**about, "toolCall": known(about["toolCall"])}}
+        elif about.get("type") == "command" and isinstance(about.get("toolCallId"), str):
+            params = {**params, "subject": {**about, "toolCall": known(
+                {"toolCallId": about["toolCallId"]})}}
+    return params
+
+
 def _diffs_only(content: object) -> object:
-    """Of a tool call's content, what rules judge: the path of each diff (its texts, which
+    """Of a tool call's content, what rules judge: the paths of each diff (its texts, which
     may be whole files, are not kept)."""
     if not isinstance(content, list):
         return content
-    return [{"type": "diff", "path": c.get("path")} for c in content
-            if isinstance(c, dict) and c.get("type") == "diff"]
+    return [_diff_kept(c) for c in content if isinstance(c, dict) and c.get("type") == "diff"]
+
+
+def _diff_kept(diff: dict[str, Any]) -> dict[str, Any]:
+    kept: dict[str, Any] = {"type": "diff"}
+    if "path" in diff or "changes" not in diff:
+        kept["path"] = diff.get("path")
+    changes = diff.get("changes")
+    if "changes" in diff:
+        kept["changes"] = [{k: c[k] for k in ("path", "oldPath") if k in c}
+                           if isinstance(c, dict) else c for c in changes] \
+            if isinstance(changes, list) else changes
+    return kept
 
 
 def _params(message: Request) -> dict[str, Any]:
@@ -879,7 +914,7 @@ def _session_cwd(ctx: ProxyContext) -> str:
 
 def _file_subject(params: dict[str, Any], cwd: str, subject: Subject, kind: str) -> Subject:
     path = absolute_path(params.get("path"), "path")
-    subject.kind, subject.cwd, subject.paths = kind, cwd, [path]
+    subject.kinds, subject.cwd, subject.paths = [kind], cwd, [path]
     subject.places = [place(path, cwd)]
     return subject
 
@@ -891,7 +926,7 @@ def _terminal_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Sub
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise Unplaceable("args is not a list of strings")
     where = cwd
-    subject.kind, subject.cwd = "execute", cwd
+    subject.kinds, subject.cwd = ["execute"], cwd
     if params.get("cwd") is not None:
         where = absolute_path(params["cwd"], "cwd")
         subject.paths.append(where)
@@ -906,24 +941,75 @@ def _terminal_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Sub
     home = os.path.join(where, homes[-1]) if homes and homes[-1] else None
     # Some editors hand `command` to a shell: a whole command line there is judged as one.
     script = program if not args and any(c.isspace() for c in program) else None
-    subject.command = command_of([program, *args], where, script=script, home=home)
+    command = command_of([program, *args], where, script=script, home=home)
+    subject.commands.append(command)
     # Environment values name files too: BASH_ENV=.env makes bash run it, LD_PRELOAD loads
     # it; and some hold lists (LD_PRELOAD splits at spaces and colons, *PATH at colons).
     for value in strings:
         pieces = [p for p in re.split(r"[:\s]+", value) if p] if re.search(r"[:\s]", value) \
             else []
         for word in [value, *pieces]:
-            subject.command.add_words(_path_words(word, (where,), in_shell=False, home=home),
-                                      (where,))
-    _add_words(subject, subject.command, cwd)
+            command.add_words(_path_words(word, (where,), in_shell=False, home=home),
+                              (where,))
+    _add_words(subject, command, cwd)
     return subject
 
 
 def _permission_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Subject:
-    tool = params.get("toolCall")
-    if not isinstance(tool, dict):
-        tool = {}
-    subject.kind, subject.title, subject.cwd = tool.get("kind"), tool.get("title"), cwd
+    """A permission request in either spelling (the policy does not know which one the
+    editor speaks, so a request that uses both is judged by both): v1 `toolCall`; v2
+    `title` and `subject`, a `tool_call` (`toolCall`) or a `command` (`command`, `cwd`,
+    and the `toolCallId` it runs for, judged with it)."""
+    subject.cwd = cwd
+    if isinstance(params.get("title"), str):
+        subject.titles.append(params["title"])
+    for tool in _tool_calls(params):
+        _add_tool_call(subject, tool, cwd)
+    about = _subject_of(params)
+    if about is not None and about.get("type") == "command":
+        line = about.get("command")
+        if not isinstance(line, str):
+            raise Unplaceable(f"subject.command is not a string: {line!r}")
+        where = absolute_path(about.get("cwd"), "subject.cwd")
+        subject.kinds.append("execute")
+        subject.paths.append(where)
+        subject.places.append(place(where, cwd))
+        command = command_of([line], where, script=line)
+        subject.commands.append(command)
+        _add_words(subject, command, cwd)
+    if not subject.kinds:
+        subject.kinds.append(None)
+    return subject
+
+
+def _subject_of(params: dict[str, Any]) -> dict[str, Any] | None:
+    """A v2 permission request's `subject` (None when it has none). Raises:
+        Unplaceable: a subject this policy does not know (ACP: decline it by policy).
+    """
+    about = params.get("subject")
+    if about is None:
+        return None
+    kind = about.get("type") if isinstance(about, dict) else None
+    if not isinstance(about, dict) or kind not in ("tool_call", "command"):
+        raise Unplaceable(f"the permission subject {kind or about!r:.80} is of a type this "
+                          "policy does not know")
+    return about
+
+
+def _tool_calls(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool calls a permission request names: v1 `toolCall`, v2 `subject.toolCall`.
+    Raises:
+        Unplaceable: see `_subject_of`.
+    """
+    about = _subject_of(params)
+    tools = [params.get("toolCall"), about.get("toolCall") if about is not None else None]
+    return [t for t in tools if isinstance(t, dict)]
+
+
+def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
+    subject.kinds.append(tool.get("kind"))
+    if isinstance(tool.get("title"), str):
+        subject.titles.append(tool["title"])
     for location in tool.get("locations") or []:
         path = absolute_path(location.get("path") if isinstance(location, dict) else None,
                              "toolCall.locations[].path")
@@ -931,20 +1017,22 @@ def _permission_subject(params: dict[str, Any], cwd: str, subject: Subject) -> S
         subject.places.append(place(path, cwd))
     content = tool.get("content")
     for item in content if isinstance(content, list) else []:
-        if isinstance(item, dict) and item.get("type") == "diff":  # the file it changes
-            path = absolute_path(item.get("path"), "toolCall.content[].path")
-            subject.paths.append(path)
-            subject.places.append(place(path, cwd))
+        if isinstance(item, dict) and item.get("type") == "diff":  # the files it changes
+            for value, what in _diff_paths(item):
+                path = absolute_path(value, what)
+                subject.paths.append(path)
+                subject.places.append(place(path, cwd))
     raw = tool.get("rawInput")
     if not isinstance(raw, dict):
         raw = {}
     where = raw.get("cwd") if isinstance(raw.get("cwd"), str) and \
         os.path.isabs(raw["cwd"]) else cwd
     line = raw.get("command")
+    command = None
     if isinstance(line, list) and all(isinstance(w, str) for w in line):
-        subject.command = command_of(line, where)
+        command = command_of(line, where)
     elif isinstance(line, str):  # agents' shell tools take one command line
-        subject.command = command_of([line], where, script=line)
+        command = command_of([line], where, script=line)
     # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
     # a list under paths, file_paths).
     for key, value in raw.items():
@@ -955,9 +1043,31 @@ def _permission_subject(params: dict[str, Any], cwd: str, subject: Subject) -> S
                 subject.paths.append(one)
                 subject.places.append(Placer(cwd).place(one, base=where,
                                                         strict=os.path.isabs(one)))
-    if subject.command is not None:
-        _add_words(subject, subject.command, cwd)
-    return subject
+    if command is not None:
+        subject.commands.append(command)
+        _add_words(subject, command, cwd)
+
+
+def _diff_paths(diff: dict[str, Any]) -> list[tuple[object, str]]:
+    """The files a diff changes, each with where it was found: v1's `path`; v2's
+    `changes[].path` and, for a move or copy, `changes[].oldPath`.
+
+    Raises:
+        Unplaceable: `changes` is not a list of objects.
+    """
+    changes = diff.get("changes")
+    found: list[tuple[object, str]] = []
+    if "path" in diff or changes is None:  # v1 requires it: a diff naming no file is refused
+        found.append((diff.get("path"), "toolCall.content[].path"))
+    if changes is not None:
+        if not isinstance(changes, list) or not all(isinstance(c, dict) for c in changes):
+            raise Unplaceable(f"toolCall.content[].changes is not a list of changes: "
+                              f"{changes!r:.80}")
+        for change in changes:
+            found.append((change.get("path"), "toolCall.content[].changes[].path"))
+            if "oldPath" in change:
+                found.append((change["oldPath"], "toolCall.content[].changes[].oldPath"))
+    return found
 
 
 def _add_words(subject: Subject, command: Command, cwd: str) -> None:

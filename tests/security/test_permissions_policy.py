@@ -99,6 +99,16 @@ class Probe:
             assert "denied by the permissions policy of permissions" in e.message
         return reached
 
+    async def permission_v2(self, subject: object, title: str = "May I?") -> str:
+        """The option an ACP v2 permission request got (its subject says what it is
+        about): `editor` when the editor was asked."""
+        answer = answer_or_raise(await self.agent.request("session/request_permission", {
+            "sessionId": self.sid, "title": title, "subject": subject,
+            "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}))
+        outcome = answer.result_value()["outcome"]
+        return outcome.get("optionId", outcome["outcome"])
+
     async def permission(self, tool_call: dict[str, Any],
                          session: object = SESSION) -> str:
         """The option a permission request got: `editor` when the editor was asked."""
@@ -122,15 +132,16 @@ class ForwardsUpdates(Proxy):
 
 @asynccontextmanager
 async def policy(cwd: Path, options: PermissionsOptions = SHIPPED, *,
-                 before: Sequence[Proxy[Any]] = ()) -> AsyncIterator[Probe]:
+                 before: Sequence[Proxy[Any]] = (), protocol: int = 1) -> AsyncIterator[Probe]:
     agent = ScriptedAgent()
     client = TestClient({
         "terminal/create": {"terminalId": "t1"},
         "session/request_permission": {"outcome": {"outcome": "selected",
                                                    "optionId": "editor"}}})
     async with open_test_chain([*before, Permissions(options)], agent,
-                               client=client) as client:
+                               client=client, initialize=False) as client:
         with anyio.fail_after(10):
+            await client.initialize(protocol)
             yield Probe(agent, client, await client.new_session(str(cwd)))
 
 
@@ -489,6 +500,98 @@ async def test_a_permission_for_an_ordinary_file_follows_the_rules(ws: Path) -> 
             {"path": f"{ws}/ok.txt"}]}) == "yes"          # by the `reads` rule
         assert await probe.permission({"kind": "execute", "rawInput": {
             "command": "ls"}}) == "editor"                # default: ask the editor
+
+
+# -- ACP v2: a permission request says what it is about in `subject` ---------------------
+
+def v2_diff(*changes: dict[str, str]) -> dict[str, Any]:
+    """A v2 diff: its files are in `changes` (v1's `path` is gone)."""
+    return {"type": "diff", "changes": list(changes),
+            "patch": {"format": "git_patch", "text": ""}}
+
+
+@pytest.mark.parametrize("subject", [
+    {"type": "tool_call", "toolCall": {"toolCallId": "c1", "kind": "read", "title": "Read",
+                                       "locations": [{"path": "{ws}/.env"}]}},
+    {"type": "tool_call", "toolCall": {"toolCallId": "c1", "kind": "read", "title": "Read",
+                                       "rawInput": {"file_path": "{ws}/innocent.txt"}}},
+    {"type": "tool_call", "toolCall": {"toolCallId": "c1", "kind": "edit", "title": "Edit",
+                                       "content": [v2_diff({"operation": "modify",
+                                                            "path": "{ws}/.env"})]}},
+    {"type": "tool_call", "toolCall": {"toolCallId": "c1", "kind": "move", "title": "Move",
+                                       "content": [v2_diff({"operation": "move",
+                                                            "oldPath": "{ws}/secrets/k",
+                                                            "path": "{ws}/ok.txt"})]}},
+    {"type": "tool_call", "toolCall": {"toolCallId": "c1", "kind": "edit", "title": "Edit",
+                                       "content": [v2_diff({"operation": "add",
+                                                            "path": "ok.txt"})]}},
+    {"type": "tool_call", "toolCall": {"toolCallId": "c1", "kind": "read", "title": "Read",
+                                       "rawInput": {"command": "rm -rf x"}}},
+    {"type": "command", "command": "rm -rf x", "cwd": "{ws}"},
+    {"type": "command", "command": "cat k", "cwd": "{ws}/secrets"},
+    {"type": "command", "command": "cat .env", "cwd": "{ws}", "toolCallId": "c9"},
+    {"type": "command", "command": "ls", "cwd": "secrets"},
+    {"type": "command", "command": "ls"},
+    # a subject the policy does not know cannot be placed: denied, as ACP lets a client
+    # "decline it according to policy"
+    {"type": "_vendor_thing", "what": "{ws}/.env"}, {"type": "future_kind"}, "tool_call",
+], ids=lambda s: json.dumps(s)[:70])
+async def test_a_v2_permission_request_is_judged_by_its_subject(
+        ws: Path, subject: object) -> None:
+    async with policy(ws, protocol=2) as probe:
+        assert await probe.permission_v2(fill(subject, ws)) == "no"
+        assert probe.client.received_params("session/request_permission") == []
+
+
+async def test_a_v2_permission_request_for_an_ordinary_action_follows_the_rules(
+        ws: Path) -> None:
+    async with policy(ws, protocol=2) as probe:
+        assert await probe.permission_v2({"type": "tool_call", "toolCall": {
+            "toolCallId": "c1", "kind": "read", "title": "Read",
+            "locations": [{"path": f"{ws}/ok.txt"}]}}) == "yes"      # by `reads`
+        assert await probe.permission_v2({"type": "command", "command": "ls",
+                                          "cwd": str(ws)}) == "editor"  # default: ask
+        assert await probe.permission_v2(None) == "editor"
+
+
+async def test_a_request_in_both_spellings_is_judged_by_both(ws: Path) -> None:
+    # The policy does not know which version the editor speaks: a request that names one
+    # file as v1 and another as v2 is judged by both, or the editor would show the other.
+    async with policy(ws) as probe:
+        answer = answer_or_raise(await probe.agent.request("session/request_permission", {
+            "sessionId": probe.sid, "title": "Read",
+            "toolCall": {"toolCallId": "c1", "kind": "read",
+                         "locations": [{"path": f"{ws}/ok.txt"}]},
+            "subject": {"type": "tool_call", "toolCall": {
+                "toolCallId": "c2", "kind": "read", "locations": [{"path": f"{ws}/.env"}]}},
+            "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}))
+        assert answer.result_value()["outcome"] == {"outcome": "selected", "optionId": "no"}
+
+
+@pytest.mark.parametrize("announce", [
+    [{"sessionUpdate": "tool_call_update", "toolCallId": "c1", "kind": "edit",
+      "title": "Edit", "content": [v2_diff({"operation": "modify", "path": "{ws}/.env"})]}],
+    # v2 streams content: a chunk adds to what the tool call shows, it replaces nothing
+    [{"sessionUpdate": "tool_call_update", "toolCallId": "c1", "kind": "edit",
+      "title": "Edit", "content": [v2_diff({"operation": "modify", "path": "{ws}/.env"})]},
+     {"sessionUpdate": "tool_call_content_chunk", "toolCallId": "c1",
+      "content": {"type": "content", "content": {"type": "text", "text": "hi"}}}],
+    [{"sessionUpdate": "tool_call_update", "toolCallId": "c1", "kind": "edit",
+      "title": "Edit"},
+     {"sessionUpdate": "tool_call_content_chunk", "toolCallId": "c1",
+      "content": v2_diff({"operation": "modify", "path": "{ws}/.env"})}],
+], ids=["update", "update-then-text-chunk", "diff-chunk"])
+async def test_a_v2_request_naming_only_its_tool_call_is_judged_by_what_was_announced(
+        ws: Path, announce: list[dict[str, Any]]) -> None:
+    async with policy(ws, DENY_ENV_ELSE_ALLOW, protocol=2) as probe:
+        for update in announce:
+            await probe.agent.notify("session/update", {"sessionId": probe.sid,
+                                                        "update": fill(update, ws)})
+        assert await probe.permission_v2({"type": "tool_call",
+                                          "toolCall": {"toolCallId": "c1"}}) == "no"
+        assert await probe.permission_v2({"type": "command", "command": "true",
+                                          "cwd": str(ws), "toolCallId": "c1"}) == "no"
 
 
 # -- allow rules judge the file reached, not the name it was asked by ---------------------
