@@ -429,7 +429,8 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
             command.opaque = True  # a script file or stdin: unseen
             for word in argv[1:]:  # unless an option this parser missed hid the -c
                 if any(c.isspace() for c in word):
-                    _add_script(command, word, bases, depth + 1)
+                    for script in _scripts_in(word):
+                        _add_script(command, script, bases, depth + 1)
         else:
             # Seen through: what runs is the script's commands, not `sh -c ...` itself
             # (kept for deny and ask rules all the same).
@@ -448,7 +449,8 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
                               f"after {program}")
         if any(c.isspace() for c in word):  # `su -c STR`, `env -S STR`, `watch STR`
             command.opaque = True
-            _add_script(command, word, bases, depth + 1)
+            for script in _scripts_in(word):
+                _add_script(command, script, bases, depth + 1)
         if word.startswith("-") or _ASSIGNMENT.match(word):
             continue
         command.spell(command.unwrapped, argv[i:])
@@ -459,6 +461,22 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
             plain += 1
             if plain >= MAX_WRAPPED_PLAIN:
                 return
+
+
+MAX_CLUSTER = 8  # short options run together before an option's value: `-qcSCRIPT`
+
+
+def _scripts_in(word: str) -> list[str]:
+    """What a word with spaces may hand a wrapper as a command line: itself, or, as an
+    option's value run together with it, what follows `--opt=` (`su --command=STR`,
+    `env --split-string=STR`) or the letters of `-cSTR` and `-qcSTR` (`env -SSTR`)."""
+    scripts = [word]
+    head = re.split(r"\s", word, maxsplit=1)[0]
+    if head.startswith("--") and "=" in head:
+        scripts.append(word.split("=", 1)[1])
+    elif head.startswith("-"):
+        scripts.extend(word[i:] for i in range(2, min(len(head), MAX_CLUSTER + 2)))
+    return scripts
 
 
 def _shell_script(argv: list[str]) -> str | None:

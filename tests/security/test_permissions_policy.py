@@ -376,6 +376,9 @@ RM_RF = [
     ["prlimit", "--nofile=1", "rm", "-rf", "x"], ["numactl", "-C", "0", "rm", "-rf", "x"],
     ["script", "-c", "rm -rf x"], ["sg", "wheel", "-c", "rm -rf x"],
     ["bwrap", "--bind", "/", "/", "rm", "-rf", "x"], ["tmux", "new", "rm -rf x"],
+    # a wrapper's command line given as the value of its option, run together with it
+    ["env", "-Srm -rf x"], ["env", "--split-string=rm -rf x"], ["su", "-crm -rf x"],
+    ["su", "--command=rm -rf x"], ["script", "-qcrm -rf x"],
 ]
 
 
