@@ -622,10 +622,14 @@ def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,
             command.add_words(_path_words(word, dirs, True, command.home), tuple(dirs))
     _add_argv(command, argv, tuple(dirs), in_shell=True, depth=depth)
     words = [w for w in argv if not _ASSIGNMENT.match(w)]
-    if words[:1] in (["cd"], ["pushd"]) and (len(words) > 1 or words[0] == "cd"):
+    if words[:1] in (["cd"], ["pushd"]):
+        # `cd -P DIR`, `cd -- DIR`: options come before the directory
+        rest = list(itertools.dropwhile(lambda w: w.startswith("-") and w != "-", words[1:]))
+        if not rest and words[0] == "pushd":
+            return
         # Later relative paths may be relative to it, or not (it was in a subshell, or
         # failed): both count. A bare `cd` goes home.
-        target = words[1] if len(words) > 1 else "~"
+        target = rest[0] if rest else "~"
         for where in _homes(target, command.home) if target.startswith("~") else [target]:
             if len(dirs) >= MAX_DIRS:
                 raise Unplaceable(f"the command changes directory more than {MAX_DIRS} "

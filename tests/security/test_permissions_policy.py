@@ -288,6 +288,9 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("sh", "-c", "cat ~/k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("sh", "-c", "cd && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("sh", "-c", "cd ~ && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
+    # cd's options are not its directory
+    terminal("sh", "-c", "cd -P secrets && cat k"), terminal("sh", "-c", "cd -- secrets; cat k"),
+    terminal("bash", "-c", "cd -L -P notsecret && cat k"),
     terminal("cat", "~/k", env=[{"name": "HOME", "value": "{ws}/notsecret"}]),
     # the words after a substitution are still the arguments of the command before it
     terminal("bash", "-c", "cat $(true) .env"), terminal("bash", "-c", "cat `true` .env"),
