@@ -1047,8 +1047,11 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
     raw = tool.get("rawInput")
     if not isinstance(raw, dict):
         raw = {}
-    where = raw.get("cwd") if isinstance(raw.get("cwd"), str) and \
-        os.path.isabs(raw["cwd"]) else cwd
+    where = cwd
+    if isinstance(raw.get("cwd"), str) and raw["cwd"]:
+        if "\0" in raw["cwd"]:
+            raise Unplaceable(f"toolCall.rawInput.cwd {raw['cwd']!r} has a NUL byte")
+        where = os.path.join(cwd, raw["cwd"])  # a relative one: to the session's cwd
     line = raw.get("command")
     command = None
     if isinstance(line, list) and all(isinstance(w, str) for w in line):
