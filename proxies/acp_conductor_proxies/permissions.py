@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import glob
 import itertools
+import json
 import os
 import re
 import shlex
 import unicodedata
+from contextlib import suppress
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal
@@ -728,6 +730,7 @@ class Permissions(Proxy[PermissionsOptions]):
     """Allow, deny or ask for tool calls and editor file/terminal access, by declarative rules."""
 
     options_model = PermissionsOptions
+    unreadable = False  # a session/update for no session it could read could not be decoded
 
     def decide(self, subject: Subject) -> tuple[Action, str]:
         for i, rule in enumerate(self.options.rules):
@@ -785,10 +788,13 @@ class Permissions(Proxy[PermissionsOptions]):
 
         return server
 
-    def _judge(self, ctx: ProxyContext, method: str, params: dict[str, Any]) -> tuple[Action,
-                                                                                     str]:
-        """(action, why): a request that cannot be placed is denied before any rule."""
+    def _judge(self, ctx: ProxyContext, method: str, params: dict[str, Any], *,
+               refuse: str | None = None) -> tuple[Action, str]:
+        """(action, why): a request that cannot be placed (or that `refuse` says is
+        unplaceable) is denied before any rule."""
         try:
+            if refuse is not None:
+                raise Unplaceable(refuse)
             subject = _SUBJECTS[method](params, _session_cwd(ctx), Subject(method))
             action, why = self.decide(subject)
             why = f"by {why}"
@@ -805,11 +811,34 @@ class Permissions(Proxy[PermissionsOptions]):
         # Cheap test first: most updates are message chunks, not tool calls. A `\u` escape
         # may spell the key (`"toolCall\u0049d"` is `toolCallId` to the editor): decode then.
         raw = bytes(message.params or b"")
-        if (b'"toolCallId"' in raw or b"\\u" in raw) and ctx.session is not None:
+        if b'"toolCallId"' not in raw and b"\\u" not in raw:
+            return
+        session = ctx.session
+        try:
             params = message.params_value()
+        except ValueError:  # the editor may read what msgspec refuses
+            params = _lenient_value(raw)
+        if session is None:  # found by a decoder that reads what the conductor's refuses
+            sid = params.get("sessionId") if isinstance(params, dict) else \
+                _SESSION_ID.search(raw)
+            sid = sid.group(1).decode() if isinstance(sid, re.Match) else sid
+            session = ctx.session_for(sid) if isinstance(sid, str) else None
+        if params is UNREADABLE:
+            # JavaScript's JSON.parse reads deeper than any decoder here: what this update
+            # announced is unknown, so no later request naming a tool call is judged
+            # without it (in its session, or in every one when it names none readably).
+            if session is not None:
+                session.state["permissions.unreadable"] = True
+            else:
+                self.unreadable = True
+            self.log.warning("a session/update for %s could not be decoded: permission "
+                             "requests naming a tool call are denied from now on",
+                             session.session_id if session else "an unknown session")
+            return
+        if session is not None:
             update = params.get("update") if isinstance(params, dict) else None
             if isinstance(update, dict) and isinstance(update.get("toolCallId"), str):
-                calls = ctx.session.state.setdefault("permissions.tool_calls", {})
+                calls = session.state.setdefault("permissions.tool_calls", {})
                 known = calls.pop(update["toolCallId"], {})
                 if update.get("sessionUpdate") == "tool_call_content_chunk":
                     # v2 streams a tool call's content: one more item, replacing none
@@ -827,9 +856,14 @@ class Permissions(Proxy[PermissionsOptions]):
     @on("session/request_permission", source="successor")
     async def request_permission(self, ctx: ProxyContext, message: Request) -> JsonValue:
         params = _params(message)
+        refuse = None
         if ctx.session is not None:
             params = _with_known(params, ctx.session.state.get("permissions.tool_calls", {}))
-        action, _ = self._judge(ctx, message.method, params)
+            unreadable = self.unreadable or ctx.session.state.get("permissions.unreadable")
+            if unreadable and _names_tool_call(params):
+                refuse = "an earlier session/update could not be decoded, so what its " \
+                    "tool calls announced is unknown"
+        action, _ = self._judge(ctx, message.method, params, refuse=refuse)
         if action == "ask":
             return await ctx.forward()
         wanted = ("allow_once", "allow_always") if action == "allow" else \
@@ -862,6 +896,24 @@ class Permissions(Proxy[PermissionsOptions]):
                            f"denied by the permissions policy of {self.name} ({why})",
                            {"component": self.name, "method": method, "reason": why})
         return await ctx.forward()
+
+
+UNREADABLE = object()
+_SESSION_ID = re.compile(rb'"sessionId"\s*:\s*"([^"\\]*)"')
+
+
+def _lenient_value(raw: bytes) -> object:
+    """`raw` JSON decoded as an editor might: with lone surrogates, which msgspec refuses
+    and JavaScript's JSON.parse reads. UNREADABLE when even that fails (nested too deep)."""
+    with suppress(ValueError, RecursionError):
+        return json.loads(raw)
+    return UNREADABLE
+
+
+def _names_tool_call(params: dict[str, Any]) -> bool:
+    about = params.get("subject")
+    return "toolCall" in params or (isinstance(about, dict) and (
+        "toolCall" in about or about.get("toolCallId") is not None))
 
 
 def _with_known(params: dict[str, Any], calls: dict[str, Any]) -> dict[str, Any]:

@@ -710,6 +710,31 @@ async def test_a_tool_call_announced_with_an_escaped_key_is_remembered_as_the_ed
         assert await probe.permission({}) == "no"
 
 
+@pytest.mark.parametrize("spoil", [
+    # JSON with a lone surrogate: msgspec refuses it, JavaScript's JSON.parse reads it
+    lambda text: text.replace('"title": "Read"', '"title": "Read\\ud800"'),
+    # nested deeper than Python decodes, which a JavaScript editor still reads
+    lambda text: text.replace('"kind": "read"', '"kind": "read", "_meta": {"x": '
+                              + "[" * 3000 + "]" * 3000 + "}"),
+    # ... and with its session named in a way no pattern here finds
+    lambda text: text.replace('"kind": "read"', '"kind": "read", "_meta": {"x": '
+                              + "[" * 3000 + "]" * 3000 + "}").replace(
+                                  '"sessionId"', '"session\\u0049d"'),
+], ids=["lone-surrogate", "deep", "deep-and-escaped-session-id"])
+async def test_a_tool_call_announced_in_json_the_policy_cannot_decode_is_not_forgotten(
+        ws: Path, spoil: Callable[[str], str]) -> None:
+    # The editor may read what the policy's decoder refuses: the request that names the
+    # tool call by id alone must not be judged as if the .env were never announced.
+    async with policy(ws, DENY_ENV_ELSE_ALLOW) as probe:
+        announced = json.dumps({"sessionId": probe.sid, "update": {
+            "sessionUpdate": "tool_call", "toolCallId": "c1", "title": "Read", "kind": "read",
+            "locations": [{"path": f"{ws}/.env"}]}})
+        assert spoil(announced) != announced
+        await probe.agent.notify("session/update", msgspec.Raw(spoil(announced).encode()))
+        assert await probe.permission({}) == "no"
+        assert probe.client.received_methods() == ["session/update"]  # the editor has it
+
+
 @pytest.mark.parametrize("kind", ["read", "think", None])
 async def test_the_shipped_rm_rule_holds_whatever_kind_the_agent_gives_its_tool_call(
         ws: Path, kind: str | None) -> None:
