@@ -72,6 +72,11 @@ WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "com
 SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while",
                             "until", "!", "{", "}", "time", "coproc"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+# Variables through which a shell or the loader runs other code than the command line (a
+# function `ls` bash imports, a startup file, a prompt hook, another `git` on PATH, a
+# preloaded library): no allow rule can see what runs with one set.
+CODE_VARIABLES = re.compile(r"BASH_FUNC_.+|BASH_ENV|ENV|PROMPT_COMMAND|PS[0-4]|SHELLOPTS"
+                            r"|BASHOPTS|PATH|LD_[A-Z_]+|IFS|CDPATH|GLOBIGNORE")
 _OPERATOR_CHARS = frozenset(";&|()<>")
 _OPERATOR = re.compile(r"([;&|()]*?)(&?[<>].*)?")  # (command ends, then a redirection)
 
@@ -381,6 +386,8 @@ def _spelled(argv: list[str]) -> str:
 def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_shell: bool,
               depth: int) -> None:
     while argv and (argv[0] in SHELL_KEYWORDS or _ASSIGNMENT.match(argv[0])):
+        if _ASSIGNMENT.match(argv[0]):
+            _add_variable(command, argv[0], bases, depth)
         if argv[0] == "time" and argv[1:2] and argv[1].startswith("-"):
             break  # `time -p CMD`, `time -f FMT CMD`: judged as a wrapper, options and all
         if argv[0] == "coproc" and len(argv) > 2:
@@ -399,6 +406,27 @@ def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_s
             continue  # a program found on PATH is not a path here
         command.add_words(_path_words(word, bases, in_shell, command.home), bases)
     _look_inside(command, argv, bases, depth)
+
+
+def _add_variable(command: Command, assignment: str, bases: tuple[str, ...],
+                  depth: int) -> None:
+    """A variable the command runs with (`NAME=value`). One that runs code makes the
+    command opaque; a value with spaces may be a command (an imported function's body, a
+    prompt hook), so it is judged as a script too, for deny and ask rules.
+
+    Raises:
+        Unplaceable: values in values nested more than MAX_DEPTH deep.
+    """
+    name, value = assignment.split("=", 1)
+    if CODE_VARIABLES.fullmatch(name):
+        command.opaque = True
+    if any(c.isspace() for c in value):
+        if depth >= MAX_DEPTH:
+            raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
+        before = len(command.simple)
+        _add_script(command, value, bases, depth + 1)
+        command.unwrapped.extend(command.simple[before:])
+        del command.simple[before:]
 
 
 def _add_body(command: Command, argv: list[str], bases: tuple[str, ...], in_shell: bool,
@@ -453,7 +481,10 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
             command.opaque = True
             for script in _scripts_in(word):
                 _add_script(command, script, bases, depth + 1)
-        if word.startswith("-") or _ASSIGNMENT.match(word):
+        if _ASSIGNMENT.match(word):  # `env NAME=value CMD`
+            _add_variable(command, word, bases, depth)
+            continue
+        if word.startswith("-"):
             continue
         command.spell(command.unwrapped, argv[i:])
         inner = os.path.basename(word)
@@ -1017,6 +1048,9 @@ def _terminal_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Sub
     script = program if not args and any(c.isspace() for c in program) else None
     command = command_of([program, *args], where, script=script, home=home)
     subject.commands.append(command)
+    for e in env:
+        if isinstance(e.get("name"), str):
+            _add_variable(command, f"{e['name']}={e['value']}", (where,), 0)
     # Environment values name files too: BASH_ENV=.env makes bash run it, LD_PRELOAD loads
     # it; and some hold lists (LD_PRELOAD splits at spaces and colons, *PATH at colons).
     for value in strings:

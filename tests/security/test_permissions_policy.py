@@ -396,6 +396,25 @@ async def test_the_shipped_rm_rule_holds_against_obvious_variants(ws: Path,
                                        "rawInput": {"command": shlex.join(argv)}}) == "no"
 
 
+@pytest.mark.parametrize("env", [
+    # bash imports a function from the environment: `ls` runs its body
+    {"name": "BASH_FUNC_ls%%", "value": "() { rm -rf x; }"},
+    {"name": "BASH_FUNC_ls()", "value": "() {  rm -Rf x\n}"},
+    {"name": "PROMPT_COMMAND", "value": "rm -rf x"},
+], ids=lambda e: e["name"])
+async def test_a_command_in_a_terminal_environment_value_is_judged(
+        ws: Path, env: dict[str, str]) -> None:
+    async with policy(ws) as probe:
+        assert not await probe.reaches_editor("terminal/create",
+                                              terminal("bash", "-ic", "ls", env=[env]))
+    allow_ls = PermissionsOptions(default="deny", rules=[
+        {"name": "ls", "command": "^ls$", "action": "allow"}])
+    async with policy(ws, allow_ls) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal("bash", "-c", "ls"))
+        assert not await probe.reaches_editor("terminal/create",
+                                              terminal("bash", "-ic", "ls", env=[env]))
+
+
 @pytest.mark.parametrize("argv", [
     ["find", ".", "-name", "*.tmp", "-delete"], ["find", "-delete"],
     ["find", ".", "-exec", "rm", "{}", ";"], ["find", ".", "-execdir", "/bin/rm", "-f", "{}", "+"],
@@ -630,6 +649,9 @@ async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
     (["sudo", "git", "status"], False), (["sh", "-c", "git status 'unclosed"], False),
     (["sh", "-c", "git status;</dev/null rm -rf x"], False),
     (["sh", "-c", "git status <(rm -rf x)"], False),
+    # a variable that runs other code: another git on PATH, a startup file
+    (["sh", "-c", "GIT_PAGER=cat git status"], True), (["sh", "-c", "PATH=. git status"], False),
+    (["sh", "-c", "BASH_ENV=x bash -c 'git status'"], False),
 ])
 async def test_an_allow_command_rule_needs_every_command_that_would_run_to_match(
         ws: Path, argv: list[str], allowed: bool) -> None:
