@@ -358,10 +358,10 @@ class Command:
         into.append(text)
 
 
-def command_of(argv: list[str], cwd: str | None, *, script: str | None = None,
-               home: str | None = None) -> Command:
-    """Parse an argv (and `script`, a command line an editor may hand to a shell);
-    `home` is the HOME its environment sets, if any.
+def command_of(argv: list[str], cwd: str | tuple[str, ...] | None, *,
+               script: str | None = None, home: str | None = None) -> Command:
+    """Parse an argv (and `script`, a command line an editor may hand to a shell), run in
+    `cwd` (or in any one of several); `home` is the HOME its environment sets, if any.
 
     Raises:
         Unplaceable: a NUL byte, too long, too many words, or nested too deep to judge.
@@ -372,7 +372,7 @@ def command_of(argv: list[str], cwd: str | None, *, script: str | None = None,
     if sum(map(len, pieces)) > MAX_COMMAND_CHARS:
         raise Unplaceable(f"the command is longer than {MAX_COMMAND_CHARS} characters")
     command = Command(" ".join(argv), home=home)
-    bases = (cwd,) if cwd else ()
+    bases = (cwd,) if isinstance(cwd, str) else cwd or ()
     _add_argv(command, argv, bases, in_shell=False, depth=0)
     if script is not None:
         _add_script(command, script, bases, depth=0)
@@ -496,6 +496,9 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
                 return
 
 
+# rawInput fields (compared in lower case) that name the directory a tool runs in
+RAW_INPUT_DIRS = frozenset({"cwd", "workdir", "working_dir", "working_directory",
+                            "workingdirectory", "directory", "dir", "dir_path"})
 MAX_CLUSTER = 8  # short options run together before an option's value: `-qcSCRIPT`
 
 
@@ -1133,17 +1136,22 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
     raw = tool.get("rawInput")
     if not isinstance(raw, dict):
         raw = {}
-    where = cwd
-    if isinstance(raw.get("cwd"), str) and raw["cwd"]:
-        if "\0" in raw["cwd"]:
-            raise Unplaceable(f"toolCall.rawInput.cwd {raw['cwd']!r} has a NUL byte")
-        where = os.path.join(cwd, raw["cwd"])  # a relative one: to the session's cwd
+    # Where the tool runs: agents name it differently (Gemini CLI's shell tool `directory`,
+    # later `dir_path`; others `cwd`, `workdir`), a relative one from the session's cwd.
+    # Each one named is judged, the session's cwd when none is.
+    wheres: list[str] = []
+    for key, value in raw.items():
+        if key.lower() in RAW_INPUT_DIRS and isinstance(value, str) and value:
+            if "\0" in value:
+                raise Unplaceable(f"toolCall.rawInput.{key} {value!r} has a NUL byte")
+            wheres.append(os.path.join(cwd, value))
+    wheres = wheres or [cwd]
     line = raw.get("command")
     command = None
     if isinstance(line, list) and all(isinstance(w, str) for w in line):
-        command = command_of(line, where)
+        command = command_of(line, tuple(wheres))
     elif isinstance(line, str):  # agents' shell tools take one command line
-        command = command_of([line], where, script=line)
+        command = command_of([line], tuple(wheres), script=line)
     # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
     # a list under paths, file_paths).
     for key, value in raw.items():
@@ -1152,8 +1160,9 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
         for one in value if isinstance(value, list) else [value]:
             if isinstance(one, str) and one:
                 subject.paths.append(one)
-                subject.places.append(Placer(cwd).place(one, base=where,
-                                                        strict=os.path.isabs(one)))
+                subject.places.extend(Placer(cwd).place(one, base=where,
+                                                        strict=os.path.isabs(one))
+                                      for where in wheres)
     if command is not None:
         subject.commands.append(command)
         _add_words(subject, command, cwd)
