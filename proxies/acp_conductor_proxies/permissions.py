@@ -499,6 +499,7 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
 # rawInput fields (compared in lower case) that name the directory a tool runs in
 RAW_INPUT_DIRS = frozenset({"cwd", "workdir", "working_dir", "working_directory",
                             "workingdirectory", "directory", "dir", "dir_path"})
+RAW_INPUT_COMMANDS = ("command", "cmd")  # rawInput fields that hold the command line
 MAX_CLUSTER = 8  # short options run together before an option's value: `-qcSCRIPT`
 
 
@@ -1146,12 +1147,12 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
                 raise Unplaceable(f"toolCall.rawInput.{key} {value!r} has a NUL byte")
             wheres.append(os.path.join(cwd, value))
     wheres = wheres or [cwd]
-    line = raw.get("command")
-    command = None
-    if isinstance(line, list) and all(isinstance(w, str) for w in line):
-        command = command_of(line, tuple(wheres))
-    elif isinstance(line, str):  # agents' shell tools take one command line
-        command = command_of([line], tuple(wheres), script=line)
+    commands: list[Command] = []
+    for line in (raw.get(key) for key in RAW_INPUT_COMMANDS):  # Codex's exec_command: cmd
+        if isinstance(line, list) and all(isinstance(w, str) for w in line):
+            commands.append(command_of(line, tuple(wheres)))
+        elif isinstance(line, str):  # agents' shell tools take one command line
+            commands.append(command_of([line], tuple(wheres), script=line))
     # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
     # a list under paths, file_paths).
     for key, value in raw.items():
@@ -1163,7 +1164,7 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
                 subject.places.extend(Placer(cwd).place(one, base=where,
                                                         strict=os.path.isabs(one))
                                       for where in wheres)
-    if command is not None:
+    for command in commands:
         subject.commands.append(command)
         _add_words(subject, command, cwd)
 
