@@ -14,6 +14,7 @@ docs/proxies.md says exactly what path and command rules can and cannot see.
 from __future__ import annotations
 
 import glob
+import hashlib
 import itertools
 import json
 import os
@@ -52,6 +53,7 @@ MAX_DIRS = 32              # `cd`s in one command line
 MAX_WRAPPED_WORDS = 256    # how far into `sudo -u x ... CMD` the wrapped command is looked for
 MAX_WRAPPED_PLAIN = 16     # words after a wrapper that may start the wrapped command
 MAX_TOOL_CALLS = 1024      # tool calls remembered per session (the oldest are forgotten)
+FORGOTTEN_BITS = 1 << 16   # a Bloom filter of the forgotten ones' ids, per session (8 KiB)
 # What an editor shows of a tool call, and rules judge: `session/update` announces them,
 # and a permission request may name only the id (its toolCall is a ToolCallUpdate).
 TOOL_CALL_FIELDS = ("kind", "title", "locations", "rawInput", "content")
@@ -886,14 +888,22 @@ class Permissions(Proxy[PermissionsOptions]):
                                   for k in TOOL_CALL_FIELDS if update.get(k) is not None})
                 calls[update["toolCallId"]] = known
                 if len(calls) > MAX_TOOL_CALLS:
-                    del calls[next(iter(calls))]
+                    oldest = next(iter(calls))
+                    _forget(session.state, oldest)
+                    del calls[oldest]
 
     @on("session/request_permission", source="successor")
     async def request_permission(self, ctx: ProxyContext, message: Request) -> JsonValue:
         params = _params(message)
         refuse = None
         if ctx.session is not None:
-            params = _with_known(params, ctx.session.state.get("permissions.tool_calls", {}))
+            calls = ctx.session.state.get("permissions.tool_calls", {})
+            params = _with_known(params, calls)
+            forgotten = [i for i in _tool_call_ids(params)
+                         if i not in calls and _forgotten(ctx.session.state, i)]
+            if forgotten:
+                refuse = f"tool call {forgotten[0]!r:.80} may be one announced before the " \
+                    f"last {MAX_TOOL_CALLS} this policy remembers"
             unreadable = self.unreadable or ctx.session.state.get("permissions.unreadable")
             if unreadable and _names_tool_call(params):
                 refuse = "an earlier session/update could not be decoded, so what its " \
@@ -943,6 +953,36 @@ def _lenient_value(raw: bytes) -> object:
     with suppress(ValueError, RecursionError):
         return json.loads(raw)
     return UNREADABLE
+
+
+def _bloom_bits(key: str) -> tuple[int, int]:
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return (int.from_bytes(digest[:4], "big") % FORGOTTEN_BITS,
+            int.from_bytes(digest[4:], "big") % FORGOTTEN_BITS)
+
+
+def _forget(state: dict[str, Any], tool_call_id: str) -> None:
+    """Mark a tool call the policy no longer remembers: the editor still shows it, so a
+    request naming it cannot be judged. In a fixed 8 KiB: an agent announcing without end
+    cannot grow it, and a false match only denies."""
+    bits = state.setdefault("permissions.forgotten", bytearray(FORGOTTEN_BITS // 8))
+    for bit in _bloom_bits(tool_call_id):
+        bits[bit >> 3] |= 1 << (bit & 7)
+
+
+def _forgotten(state: dict[str, Any], tool_call_id: str) -> bool:
+    bits = state.get("permissions.forgotten")
+    return bits is not None and all(bits[b >> 3] & (1 << (b & 7))
+                                    for b in _bloom_bits(tool_call_id))
+
+
+def _tool_call_ids(params: dict[str, Any]) -> list[str]:
+    """The ids of the tool calls a permission request names (v1 and v2)."""
+    about = params.get("subject")
+    tools = [params.get("toolCall"), about.get("toolCall") if isinstance(about, dict)
+             else None, about if isinstance(about, dict) else None]
+    return [t["toolCallId"] for t in tools
+            if isinstance(t, dict) and isinstance(t.get("toolCallId"), str)]
 
 
 def _names_tool_call(params: dict[str, Any]) -> bool:

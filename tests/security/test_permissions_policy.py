@@ -766,6 +766,22 @@ async def test_a_tool_call_announced_in_json_the_policy_cannot_decode_is_not_for
         assert probe.client.received_methods() == ["session/update"]  # the editor has it
 
 
+async def test_a_tool_call_announced_before_the_ones_remembered_is_not_judged_as_new(
+        ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The editor still shows the .env of a tool call the policy has forgotten (it keeps
+    # the last MAX_TOOL_CALLS): a request naming it must not be judged as naming nothing.
+    monkeypatch.setattr("acp_conductor_proxies.permissions.MAX_TOOL_CALLS", 3)
+    async with policy(ws, DENY_ENV_ELSE_ALLOW) as probe:
+        for n, name in enumerate([".env", "ok.txt", "ok.txt", "ok.txt", "ok.txt"]):
+            await probe.agent.notify("session/update", {"sessionId": probe.sid, "update": {
+                "sessionUpdate": "tool_call", "toolCallId": f"c{n}", "title": "Read",
+                "kind": "read", "locations": [{"path": f"{ws}/{name}"}]}})
+        assert await probe.permission({"toolCallId": "c0"}) == "no"
+        assert await probe.permission({"toolCallId": "c4"}) == "yes"   # still remembered
+        assert await probe.permission({"toolCallId": "new", "kind": "read",  # never announced
+                                       "locations": [{"path": f"{ws}/ok.txt"}]}) == "yes"
+
+
 @pytest.mark.parametrize("kind", ["read", "think", None])
 async def test_the_shipped_rm_rule_holds_whatever_kind_the_agent_gives_its_tool_call(
         ws: Path, kind: str | None) -> None:
