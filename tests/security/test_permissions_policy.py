@@ -428,6 +428,11 @@ async def test_the_shipped_policy_stops_find_from_deleting(ws: Path, argv: list[
 @pytest.mark.parametrize("request_", [
     ("fs/read_text_file", {"path": "/home/someone/.ssh/id_ed25519"}),
     ("fs/read_text_file", {"path": "/root/.aws/credentials"}),
+    # the comment says cloud credentials: Google Cloud's and Azure's are too
+    ("fs/read_text_file",
+     {"path": "/home/someone/.config/gcloud/application_default_credentials.json"}),
+    ("fs/read_text_file", {"path": "/home/someone/.azure/msal_token_cache.json"}),
+    ("terminal/create", terminal("cat", "~/.config/gcloud/credentials.db")),
     ("fs/write_text_file", {"path": "/home/someone/.ssh/authorized_keys", "content": "k"}),
     ("terminal/create", terminal("cat", "~/.ssh/id_rsa")),
     ("terminal/create", terminal("sh", "-c", "cat $HOME/.aws/credentials; cat ~/.aws/config")),
