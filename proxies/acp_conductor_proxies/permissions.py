@@ -70,7 +70,8 @@ WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "com
                       "pkexec", "unshare", "setpriv", "sg", "fakeroot", "faketime", "prlimit",
                       "numactl", "cgexec", "chpst", "script", "firejail", "bwrap", "catchsegv",
                       "valgrind", "torsocks", "proxychains", "proxychains4",
-                      "dbus-run-session", "xvfb-run", "tmux", "screen"})
+                      "dbus-run-session", "xvfb-run", "tmux", "screen",
+                      "noglob", "nocorrect"})  # zsh's precommand modifiers
 SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while",
                             "until", "!", "{", "}", "time", "coproc"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
@@ -455,6 +456,15 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
         command.opaque = True
         _add_script(command, " ".join(argv[1:]), bases, depth + 1)
         return
+    if program == "trap":  # `trap [--] HANDLER SIGNAL...`: the handler is a script
+        handler = argv[2:3] if argv[1:2] == ["--"] else argv[1:2]
+        command.opaque = True
+        for body in handler:
+            _add_script(command, body, bases, depth + 1)
+        return
+    if program.startswith("=") and len(program) > 1:
+        # zsh expands `=rm` to rm's path: judged as rm too (deny and ask)
+        command.spell(command.unwrapped, [program[1:], *argv[1:]])
     if program in SHELLS:
         script = _shell_script(argv)
         if script is None:

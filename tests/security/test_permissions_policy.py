@@ -382,6 +382,10 @@ RM_RF = [
     # a wrapper's command line given as the value of its option, run together with it
     ["env", "-Srm -rf x"], ["env", "--split-string=rm -rf x"], ["su", "-crm -rf x"],
     ["su", "--command=rm -rf x"], ["script", "-qcrm -rf x"],
+    # a trap's handler is a script; zsh's `=rm` is rm's path, noglob and nocorrect run rm
+    ["bash", "-c", "trap 'rm -rf x' EXIT"], ["sh", "-c", "trap -- 'rm -rf x' INT; true"],
+    ["zsh", "-c", "=rm -rf x"], ["zsh", "-c", "noglob rm -rf x"],
+    ["zsh", "-c", "nocorrect rm -rf x"],
 ]
 
 
