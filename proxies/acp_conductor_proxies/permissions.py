@@ -1,7 +1,8 @@
 """permissions: a declarative policy for what the agent may do through the editor.
 
 Rules are checked in order, first match wins, else `default`. They judge
-`session/request_permission` (by tool kind, title, paths, command) and the agent's direct
+`session/request_permission` (by tool kind, title, paths, command; v1's `toolCall` and v2's
+`subject` alike) and the agent's direct
 requests to the editor: `fs/read_text_file`, `fs/write_text_file`, `terminal/create`. So a
 `.env` rule also stops a read that goes straight through the editor's filesystem, or a
 `cat .env` in a terminal. A request the policy cannot place (an unknown session, a path
@@ -13,11 +14,14 @@ docs/proxies.md says exactly what path and command rules can and cannot see.
 from __future__ import annotations
 
 import glob
+import hashlib
 import itertools
+import json
 import os
 import re
 import shlex
 import unicodedata
+from contextlib import suppress
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,6 +53,7 @@ MAX_DIRS = 32              # `cd`s in one command line
 MAX_WRAPPED_WORDS = 256    # how far into `sudo -u x ... CMD` the wrapped command is looked for
 MAX_WRAPPED_PLAIN = 16     # words after a wrapper that may start the wrapped command
 MAX_TOOL_CALLS = 1024      # tool calls remembered per session (the oldest are forgotten)
+FORGOTTEN_BITS = 1 << 16   # a Bloom filter of the forgotten ones' ids, per session (8 KiB)
 # What an editor shows of a tool call, and rules judge: `session/update` announces them,
 # and a permission request may name only the id (its toolCall is a ToolCallUpdate).
 TOOL_CALL_FIELDS = ("kind", "title", "locations", "rawInput", "content")
@@ -65,10 +70,16 @@ WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "com
                       "pkexec", "unshare", "setpriv", "sg", "fakeroot", "faketime", "prlimit",
                       "numactl", "cgexec", "chpst", "script", "firejail", "bwrap", "catchsegv",
                       "valgrind", "torsocks", "proxychains", "proxychains4",
-                      "dbus-run-session", "xvfb-run", "tmux", "screen"})
+                      "dbus-run-session", "xvfb-run", "tmux", "screen",
+                      "noglob", "nocorrect"})  # zsh's precommand modifiers
 SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while",
                             "until", "!", "{", "}", "time", "coproc"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+# Variables through which a shell or the loader runs other code than the command line (a
+# function `ls` bash imports, a startup file, a prompt hook, another `git` on PATH, a
+# preloaded library): no allow rule can see what runs with one set.
+CODE_VARIABLES = re.compile(r"BASH_FUNC_.+|BASH_ENV|ENV|PROMPT_COMMAND|PS[0-4]|SHELLOPTS"
+                            r"|BASHOPTS|PATH|LD_[A-Z_]+|IFS|CDPATH|GLOBIGNORE")
 _OPERATOR_CHARS = frozenset(";&|()<>")
 _OPERATOR = re.compile(r"([;&|()]*?)(&?[<>].*)?")  # (command ends, then a redirection)
 
@@ -350,10 +361,10 @@ class Command:
         into.append(text)
 
 
-def command_of(argv: list[str], cwd: str | None, *, script: str | None = None,
-               home: str | None = None) -> Command:
-    """Parse an argv (and `script`, a command line an editor may hand to a shell);
-    `home` is the HOME its environment sets, if any.
+def command_of(argv: list[str], cwd: str | tuple[str, ...] | None, *,
+               script: str | None = None, home: str | None = None) -> Command:
+    """Parse an argv (and `script`, a command line an editor may hand to a shell), run in
+    `cwd` (or in any one of several); `home` is the HOME its environment sets, if any.
 
     Raises:
         Unplaceable: a NUL byte, too long, too many words, or nested too deep to judge.
@@ -364,7 +375,7 @@ def command_of(argv: list[str], cwd: str | None, *, script: str | None = None,
     if sum(map(len, pieces)) > MAX_COMMAND_CHARS:
         raise Unplaceable(f"the command is longer than {MAX_COMMAND_CHARS} characters")
     command = Command(" ".join(argv), home=home)
-    bases = (cwd,) if cwd else ()
+    bases = (cwd,) if isinstance(cwd, str) else cwd or ()
     _add_argv(command, argv, bases, in_shell=False, depth=0)
     if script is not None:
         _add_script(command, script, bases, depth=0)
@@ -378,6 +389,8 @@ def _spelled(argv: list[str]) -> str:
 def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_shell: bool,
               depth: int) -> None:
     while argv and (argv[0] in SHELL_KEYWORDS or _ASSIGNMENT.match(argv[0])):
+        if _ASSIGNMENT.match(argv[0]):
+            _add_variable(command, argv[0], bases, depth)
         if argv[0] == "time" and argv[1:2] and argv[1].startswith("-"):
             break  # `time -p CMD`, `time -f FMT CMD`: judged as a wrapper, options and all
         if argv[0] == "coproc" and len(argv) > 2:
@@ -396,6 +409,27 @@ def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_s
             continue  # a program found on PATH is not a path here
         command.add_words(_path_words(word, bases, in_shell, command.home), bases)
     _look_inside(command, argv, bases, depth)
+
+
+def _add_variable(command: Command, assignment: str, bases: tuple[str, ...],
+                  depth: int) -> None:
+    """A variable the command runs with (`NAME=value`). One that runs code makes the
+    command opaque; a value with spaces may be a command (an imported function's body, a
+    prompt hook), so it is judged as a script too, for deny and ask rules.
+
+    Raises:
+        Unplaceable: values in values nested more than MAX_DEPTH deep.
+    """
+    name, value = assignment.split("=", 1)
+    if CODE_VARIABLES.fullmatch(name):
+        command.opaque = True
+    if any(c.isspace() for c in value):
+        if depth >= MAX_DEPTH:
+            raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
+        before = len(command.simple)
+        _add_script(command, value, bases, depth + 1)
+        command.unwrapped.extend(command.simple[before:])
+        del command.simple[before:]
 
 
 def _add_body(command: Command, argv: list[str], bases: tuple[str, ...], in_shell: bool,
@@ -422,13 +456,23 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
         command.opaque = True
         _add_script(command, " ".join(argv[1:]), bases, depth + 1)
         return
+    if program == "trap":  # `trap [--] HANDLER SIGNAL...`: the handler is a script
+        handler = argv[2:3] if argv[1:2] == ["--"] else argv[1:2]
+        command.opaque = True
+        for body in handler:
+            _add_script(command, body, bases, depth + 1)
+        return
+    if program.startswith("=") and len(program) > 1:
+        # zsh expands `=rm` to rm's path: judged as rm too (deny and ask)
+        command.spell(command.unwrapped, [program[1:], *argv[1:]])
     if program in SHELLS:
         script = _shell_script(argv)
         if script is None:
             command.opaque = True  # a script file or stdin: unseen
             for word in argv[1:]:  # unless an option this parser missed hid the -c
                 if any(c.isspace() for c in word):
-                    _add_script(command, word, bases, depth + 1)
+                    for script in _scripts_in(word):
+                        _add_script(command, script, bases, depth + 1)
         else:
             # Seen through: what runs is the script's commands, not `sh -c ...` itself
             # (kept for deny and ask rules all the same).
@@ -447,8 +491,12 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
                               f"after {program}")
         if any(c.isspace() for c in word):  # `su -c STR`, `env -S STR`, `watch STR`
             command.opaque = True
-            _add_script(command, word, bases, depth + 1)
-        if word.startswith("-") or _ASSIGNMENT.match(word):
+            for script in _scripts_in(word):
+                _add_script(command, script, bases, depth + 1)
+        if _ASSIGNMENT.match(word):  # `env NAME=value CMD`
+            _add_variable(command, word, bases, depth)
+            continue
+        if word.startswith("-"):
             continue
         command.spell(command.unwrapped, argv[i:])
         inner = os.path.basename(word)
@@ -458,6 +506,26 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
             plain += 1
             if plain >= MAX_WRAPPED_PLAIN:
                 return
+
+
+# rawInput fields (compared in lower case) that name the directory a tool runs in
+RAW_INPUT_DIRS = frozenset({"cwd", "workdir", "working_dir", "working_directory",
+                            "workingdirectory", "directory", "dir", "dir_path"})
+RAW_INPUT_COMMANDS = ("command", "cmd")  # rawInput fields that hold the command line
+MAX_CLUSTER = 8  # short options run together before an option's value: `-qcSCRIPT`
+
+
+def _scripts_in(word: str) -> list[str]:
+    """What a word with spaces may hand a wrapper as a command line: itself, or, as an
+    option's value run together with it, what follows `--opt=` (`su --command=STR`,
+    `env --split-string=STR`) or the letters of `-cSTR` and `-qcSTR` (`env -SSTR`)."""
+    scripts = [word]
+    head = re.split(r"\s", word, maxsplit=1)[0]
+    if head.startswith("--") and "=" in head:
+        scripts.append(word.split("=", 1)[1])
+    elif head.startswith("-"):
+        scripts.extend(word[i:] for i in range(2, min(len(head), MAX_CLUSTER + 2)))
+    return scripts
 
 
 def _shell_script(argv: list[str]) -> str | None:
@@ -603,10 +671,14 @@ def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,
             command.add_words(_path_words(word, dirs, True, command.home), tuple(dirs))
     _add_argv(command, argv, tuple(dirs), in_shell=True, depth=depth)
     words = [w for w in argv if not _ASSIGNMENT.match(w)]
-    if words[:1] in (["cd"], ["pushd"]) and (len(words) > 1 or words[0] == "cd"):
+    if words[:1] in (["cd"], ["pushd"]):
+        # `cd -P DIR`, `cd -- DIR`: options come before the directory
+        rest = list(itertools.dropwhile(lambda w: w.startswith("-") and w != "-", words[1:]))
+        if not rest and words[0] == "pushd":
+            return
         # Later relative paths may be relative to it, or not (it was in a subshell, or
         # failed): both count. A bare `cd` goes home.
-        target = words[1] if len(words) > 1 else "~"
+        target = rest[0] if rest else "~"
         for where in _homes(target, command.home) if target.startswith("~") else [target]:
             if len(dirs) >= MAX_DIRS:
                 raise Unplaceable(f"the command changes directory more than {MAX_DIRS} "
@@ -654,23 +726,23 @@ class Subject:
     """What a request asks to do, in the terms rules speak."""
 
     method: str
-    kind: str | None = None
-    title: str | None = None
+    # A v2 permission request may say what it is about twice (its prompt's title and its
+    # tool call's; a command and the tool call it runs for): rules judge every one.
+    kinds: list[object] = field(default_factory=list)
+    titles: list[str] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)   # as named, for the log
     places: list[Place] = field(default_factory=list)
-    command: Command | None = None
+    commands: list[Command] = field(default_factory=list)
     cwd: str | None = None
 
     def describe(self) -> str:
         parts = [self.method]
-        if self.kind:
-            parts.append(f"kind={self.kind}")
-        if self.title:
-            parts.append(f"title={self.title!r}")
+        if any(self.kinds):
+            parts.append("kind=" + ",".join(str(k) for k in self.kinds if k))
+        parts.extend(f"title={t!r}" for t in self.titles)
         if self.paths:
             parts.append(f"paths={self.paths}")
-        if self.command is not None:
-            parts.append(f"command={self.command.line!r}")
+        parts.extend(f"command={c.line!r}" for c in self.commands)
         return " ".join(parts)
 
 
@@ -678,24 +750,26 @@ def rule_matches(rule: Rule, subject: Subject) -> bool:
     """Deny and ask rules match any spelling of what the request names; an allow rule only
     what it certainly reaches (see docs/proxies.md)."""
     strict = rule.action == "allow"
+    # allow: every kind, title and command the request names must match; deny, ask: one
+    every = all if strict else any
     if rule.kind is not None:
         kinds = [rule.kind] if isinstance(rule.kind, str) else rule.kind
-        if subject.kind not in kinds:
+        if not subject.kinds or not every(k in kinds for k in subject.kinds):
             return False
-    if rule.title is not None and (subject.title is None
-                                   or not fnmatchcase(subject.title, rule.title)):
+    if rule.title is not None and (not subject.titles or not every(
+            fnmatchcase(t, rule.title) for t in subject.titles)):
         return False
     if rule.path is not None:
         if not (_glob_all if strict else _glob_any)(rule.path, subject.places):
             return False
     if rule.command is not None:
-        command = subject.command
-        if command is None:
+        if not subject.commands:
             return False
         if strict:  # every command that will run must be one the rule allows
-            return not command.opaque and bool(command.simple) and all(
-                re.search(rule.command, c) for c in command.simple)
-        return any(re.search(rule.command, c) for c in command.spellings())
+            return all(not c.opaque and bool(c.simple) and all(
+                re.search(rule.command, one) for one in c.simple) for c in subject.commands)
+        return any(re.search(rule.command, one) for c in subject.commands
+                   for one in c.spellings())
     return True
 
 
@@ -703,6 +777,7 @@ class Permissions(Proxy[PermissionsOptions]):
     """Allow, deny or ask for tool calls and editor file/terminal access, by declarative rules."""
 
     options_model = PermissionsOptions
+    unreadable = False  # a session/update for no session it could read could not be decoded
 
     def decide(self, subject: Subject) -> tuple[Action, str]:
         for i, rule in enumerate(self.options.rules):
@@ -760,10 +835,13 @@ class Permissions(Proxy[PermissionsOptions]):
 
         return server
 
-    def _judge(self, ctx: ProxyContext, method: str, params: dict[str, Any]) -> tuple[Action,
-                                                                                     str]:
-        """(action, why): a request that cannot be placed is denied before any rule."""
+    def _judge(self, ctx: ProxyContext, method: str, params: dict[str, Any], *,
+               refuse: str | None = None) -> tuple[Action, str]:
+        """(action, why): a request that cannot be placed (or that `refuse` says is
+        unplaceable) is denied before any rule."""
         try:
+            if refuse is not None:
+                raise Unplaceable(refuse)
             subject = _SUBJECTS[method](params, _session_cwd(ctx), Subject(method))
             action, why = self.decide(subject)
             why = f"by {why}"
@@ -780,31 +858,67 @@ class Permissions(Proxy[PermissionsOptions]):
         # Cheap test first: most updates are message chunks, not tool calls. A `\u` escape
         # may spell the key (`"toolCall\u0049d"` is `toolCallId` to the editor): decode then.
         raw = bytes(message.params or b"")
-        if (b'"toolCallId"' in raw or b"\\u" in raw) and ctx.session is not None:
+        if b'"toolCallId"' not in raw and b"\\u" not in raw:
+            return
+        session = ctx.session
+        try:
             params = message.params_value()
+        except ValueError:  # the editor may read what msgspec refuses
+            params = _lenient_value(raw)
+        if session is None:  # found by a decoder that reads what the conductor's refuses
+            sid = params.get("sessionId") if isinstance(params, dict) else \
+                _SESSION_ID.search(raw)
+            sid = sid.group(1).decode() if isinstance(sid, re.Match) else sid
+            session = ctx.session_for(sid) if isinstance(sid, str) else None
+        if params is UNREADABLE:
+            # JavaScript's JSON.parse reads deeper than any decoder here: what this update
+            # announced is unknown, so no later request naming a tool call is judged
+            # without it (in its session, or in every one when it names none readably).
+            if session is not None:
+                session.state["permissions.unreadable"] = True
+            else:
+                self.unreadable = True
+            self.log.warning("a session/update for %s could not be decoded: permission "
+                             "requests naming a tool call are denied from now on",
+                             session.session_id if session else "an unknown session")
+            return
+        if session is not None:
             update = params.get("update") if isinstance(params, dict) else None
             if isinstance(update, dict) and isinstance(update.get("toolCallId"), str):
-                calls = ctx.session.state.setdefault("permissions.tool_calls", {})
+                calls = session.state.setdefault("permissions.tool_calls", {})
                 known = calls.pop(update["toolCallId"], {})
-                known.update({k: _diffs_only(update[k]) if k == "content" else update[k]
-                              for k in TOOL_CALL_FIELDS if update.get(k) is not None})
+                if update.get("sessionUpdate") == "tool_call_content_chunk":
+                    # v2 streams a tool call's content: one more item, replacing none
+                    chunk = _diffs_only([update.get("content")])
+                    earlier = known.get("content")
+                    known["content"] = [*(earlier if isinstance(earlier, list) else []),
+                                        *(chunk if isinstance(chunk, list) else [])]
+                else:
+                    known.update({k: _diffs_only(update[k]) if k == "content" else update[k]
+                                  for k in TOOL_CALL_FIELDS if update.get(k) is not None})
                 calls[update["toolCallId"]] = known
                 if len(calls) > MAX_TOOL_CALLS:
-                    del calls[next(iter(calls))]
+                    oldest = next(iter(calls))
+                    _forget(session.state, oldest)
+                    del calls[oldest]
 
     @on("session/request_permission", source="successor")
     async def request_permission(self, ctx: ProxyContext, message: Request) -> JsonValue:
         params = _params(message)
-        tool = params.get("toolCall")
-        if isinstance(tool, dict) and ctx.session is not None:
-            # Judge the tool call as the editor will show it: what it announced, with what
-            # this request says on top (the fields it leaves out keep their earlier values).
+        refuse = None
+        if ctx.session is not None:
             calls = ctx.session.state.get("permissions.tool_calls", {})
-            known = calls.get(tool.get("toolCallId"), {}) \
-                if isinstance(tool.get("toolCallId"), str) else {}
-            params = {**params, "toolCall": {
-                **known, **{k: v for k, v in tool.items() if v is not None}}}
-        action, _ = self._judge(ctx, message.method, params)
+            params = _with_known(params, calls)
+            forgotten = [i for i in _tool_call_ids(params)
+                         if i not in calls and _forgotten(ctx.session.state, i)]
+            if forgotten:
+                refuse = f"tool call {forgotten[0]!r:.80} may be one announced before the " \
+                    f"last {MAX_TOOL_CALLS} this policy remembers"
+            unreadable = self.unreadable or ctx.session.state.get("permissions.unreadable")
+            if unreadable and _names_tool_call(params):
+                refuse = "an earlier session/update could not be decoded, so what its " \
+                    "tool calls announced is unknown"
+        action, _ = self._judge(ctx, message.method, params, refuse=refuse)
         if action == "ask":
             return await ctx.forward()
         wanted = ("allow_once", "allow_always") if action == "allow" else \
@@ -839,13 +953,93 @@ class Permissions(Proxy[PermissionsOptions]):
         return await ctx.forward()
 
 
+UNREADABLE = object()
+_SESSION_ID = re.compile(rb'"sessionId"\s*:\s*"([^"\\]*)"')
+
+
+def _lenient_value(raw: bytes) -> object:
+    """`raw` JSON decoded as an editor might: with lone surrogates, which msgspec refuses
+    and JavaScript's JSON.parse reads. UNREADABLE when even that fails (nested too deep)."""
+    with suppress(ValueError, RecursionError):
+        return json.loads(raw)
+    return UNREADABLE
+
+
+def _bloom_bits(key: str) -> tuple[int, int]:
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return (int.from_bytes(digest[:4], "big") % FORGOTTEN_BITS,
+            int.from_bytes(digest[4:], "big") % FORGOTTEN_BITS)
+
+
+def _forget(state: dict[str, Any], tool_call_id: str) -> None:
+    """Mark a tool call the policy no longer remembers: the editor still shows it, so a
+    request naming it cannot be judged. In a fixed 8 KiB: an agent announcing without end
+    cannot grow it, and a false match only denies."""
+    bits = state.setdefault("permissions.forgotten", bytearray(FORGOTTEN_BITS // 8))
+    for bit in _bloom_bits(tool_call_id):
+        bits[bit >> 3] |= 1 << (bit & 7)
+
+
+def _forgotten(state: dict[str, Any], tool_call_id: str) -> bool:
+    bits = state.get("permissions.forgotten")
+    return bits is not None and all(bits[b >> 3] & (1 << (b & 7))
+                                    for b in _bloom_bits(tool_call_id))
+
+
+def _tool_call_ids(params: dict[str, Any]) -> list[str]:
+    """The ids of the tool calls a permission request names (v1 and v2)."""
+    about = params.get("subject")
+    tools = [params.get("toolCall"), about.get("toolCall") if isinstance(about, dict)
+             else None, about if isinstance(about, dict) else None]
+    return [t["toolCallId"] for t in tools
+            if isinstance(t, dict) and isinstance(t.get("toolCallId"), str)]
+
+
+def _names_tool_call(params: dict[str, Any]) -> bool:
+    about = params.get("subject")
+    return "toolCall" in params or (isinstance(about, dict) and (
+        "toolCall" in about or about.get("toolCallId") is not None))
+
+
+def _with_known(params: dict[str, Any], calls: dict[str, Any]) -> dict[str, Any]:
+    """`params` with each tool call it names as the editor will show it: what the tool
+    call announced, with what this request says on top (the fields it leaves out keep
+    their earlier values). A v2 command subject's `toolCallId` brings its tool call in."""
+    def known(tool: dict[str, Any]) -> dict[str, Any]:
+        key = tool.get("toolCallId")
+        found = calls.get(key, {}) if isinstance(key, str) else {}
+        return {**found, **{k: v for k, v in tool.items() if v is not None}}
+
+    if isinstance(params.get("toolCall"), dict):  # v1
+        params = {**params, "toolCall": known(params["toolCall"])}
+    about = params.get("subject")  # v2
+    if isinstance(about, dict):
+        if isinstance(about.get("toolCall"), dict):
+            params = {**params, "subject": {**about, "toolCall": known(about["toolCall"])}}
+        elif about.get("type") == "command" and isinstance(about.get("toolCallId"), str):
+            params = {**params, "subject": {**about, "toolCall": known(
+                {"toolCallId": about["toolCallId"]})}}
+    return params
+
+
 def _diffs_only(content: object) -> object:
-    """Of a tool call's content, what rules judge: the path of each diff (its texts, which
+    """Of a tool call's content, what rules judge: the paths of each diff (its texts, which
     may be whole files, are not kept)."""
     if not isinstance(content, list):
         return content
-    return [{"type": "diff", "path": c.get("path")} for c in content
-            if isinstance(c, dict) and c.get("type") == "diff"]
+    return [_diff_kept(c) for c in content if isinstance(c, dict) and c.get("type") == "diff"]
+
+
+def _diff_kept(diff: dict[str, Any]) -> dict[str, Any]:
+    kept: dict[str, Any] = {"type": "diff"}
+    if "path" in diff or "changes" not in diff:
+        kept["path"] = diff.get("path")
+    changes = diff.get("changes")
+    if "changes" in diff:
+        kept["changes"] = [{k: c[k] for k in ("path", "oldPath") if k in c}
+                           if isinstance(c, dict) else c for c in changes] \
+            if isinstance(changes, list) else changes
+    return kept
 
 
 def _params(message: Request) -> dict[str, Any]:
@@ -879,7 +1073,7 @@ def _session_cwd(ctx: ProxyContext) -> str:
 
 def _file_subject(params: dict[str, Any], cwd: str, subject: Subject, kind: str) -> Subject:
     path = absolute_path(params.get("path"), "path")
-    subject.kind, subject.cwd, subject.paths = kind, cwd, [path]
+    subject.kinds, subject.cwd, subject.paths = [kind], cwd, [path]
     subject.places = [place(path, cwd)]
     return subject
 
@@ -891,7 +1085,7 @@ def _terminal_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Sub
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise Unplaceable("args is not a list of strings")
     where = cwd
-    subject.kind, subject.cwd = "execute", cwd
+    subject.kinds, subject.cwd = ["execute"], cwd
     if params.get("cwd") is not None:
         where = absolute_path(params["cwd"], "cwd")
         subject.paths.append(where)
@@ -906,24 +1100,78 @@ def _terminal_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Sub
     home = os.path.join(where, homes[-1]) if homes and homes[-1] else None
     # Some editors hand `command` to a shell: a whole command line there is judged as one.
     script = program if not args and any(c.isspace() for c in program) else None
-    subject.command = command_of([program, *args], where, script=script, home=home)
+    command = command_of([program, *args], where, script=script, home=home)
+    subject.commands.append(command)
+    for e in env:
+        if isinstance(e.get("name"), str):
+            _add_variable(command, f"{e['name']}={e['value']}", (where,), 0)
     # Environment values name files too: BASH_ENV=.env makes bash run it, LD_PRELOAD loads
     # it; and some hold lists (LD_PRELOAD splits at spaces and colons, *PATH at colons).
     for value in strings:
         pieces = [p for p in re.split(r"[:\s]+", value) if p] if re.search(r"[:\s]", value) \
             else []
         for word in [value, *pieces]:
-            subject.command.add_words(_path_words(word, (where,), in_shell=False, home=home),
-                                      (where,))
-    _add_words(subject, subject.command, cwd)
+            command.add_words(_path_words(word, (where,), in_shell=False, home=home),
+                              (where,))
+    _add_words(subject, command, cwd)
     return subject
 
 
 def _permission_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Subject:
-    tool = params.get("toolCall")
-    if not isinstance(tool, dict):
-        tool = {}
-    subject.kind, subject.title, subject.cwd = tool.get("kind"), tool.get("title"), cwd
+    """A permission request in either spelling (the policy does not know which one the
+    editor speaks, so a request that uses both is judged by both): v1 `toolCall`; v2
+    `title` and `subject`, a `tool_call` (`toolCall`) or a `command` (`command`, `cwd`,
+    and the `toolCallId` it runs for, judged with it)."""
+    subject.cwd = cwd
+    if isinstance(params.get("title"), str):
+        subject.titles.append(params["title"])
+    for tool in _tool_calls(params):
+        _add_tool_call(subject, tool, cwd)
+    about = _subject_of(params)
+    if about is not None and about.get("type") == "command":
+        line = about.get("command")
+        if not isinstance(line, str):
+            raise Unplaceable(f"subject.command is not a string: {line!r}")
+        where = absolute_path(about.get("cwd"), "subject.cwd")
+        subject.kinds.append("execute")
+        subject.paths.append(where)
+        subject.places.append(place(where, cwd))
+        command = command_of([line], where, script=line)
+        subject.commands.append(command)
+        _add_words(subject, command, cwd)
+    if not subject.kinds:
+        subject.kinds.append(None)
+    return subject
+
+
+def _subject_of(params: dict[str, Any]) -> dict[str, Any] | None:
+    """A v2 permission request's `subject` (None when it has none). Raises:
+        Unplaceable: a subject this policy does not know (ACP: decline it by policy).
+    """
+    about = params.get("subject")
+    if about is None:
+        return None
+    kind = about.get("type") if isinstance(about, dict) else None
+    if not isinstance(about, dict) or kind not in ("tool_call", "command"):
+        raise Unplaceable(f"the permission subject {kind or about!r:.80} is of a type this "
+                          "policy does not know")
+    return about
+
+
+def _tool_calls(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool calls a permission request names: v1 `toolCall`, v2 `subject.toolCall`.
+    Raises:
+        Unplaceable: see `_subject_of`.
+    """
+    about = _subject_of(params)
+    tools = [params.get("toolCall"), about.get("toolCall") if about is not None else None]
+    return [t for t in tools if isinstance(t, dict)]
+
+
+def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
+    subject.kinds.append(tool.get("kind"))
+    if isinstance(tool.get("title"), str):
+        subject.titles.append(tool["title"])
     for location in tool.get("locations") or []:
         path = absolute_path(location.get("path") if isinstance(location, dict) else None,
                              "toolCall.locations[].path")
@@ -931,20 +1179,30 @@ def _permission_subject(params: dict[str, Any], cwd: str, subject: Subject) -> S
         subject.places.append(place(path, cwd))
     content = tool.get("content")
     for item in content if isinstance(content, list) else []:
-        if isinstance(item, dict) and item.get("type") == "diff":  # the file it changes
-            path = absolute_path(item.get("path"), "toolCall.content[].path")
-            subject.paths.append(path)
-            subject.places.append(place(path, cwd))
+        if isinstance(item, dict) and item.get("type") == "diff":  # the files it changes
+            for value, what in _diff_paths(item):
+                path = absolute_path(value, what)
+                subject.paths.append(path)
+                subject.places.append(place(path, cwd))
     raw = tool.get("rawInput")
     if not isinstance(raw, dict):
         raw = {}
-    where = raw.get("cwd") if isinstance(raw.get("cwd"), str) and \
-        os.path.isabs(raw["cwd"]) else cwd
-    line = raw.get("command")
-    if isinstance(line, list) and all(isinstance(w, str) for w in line):
-        subject.command = command_of(line, where)
-    elif isinstance(line, str):  # agents' shell tools take one command line
-        subject.command = command_of([line], where, script=line)
+    # Where the tool runs: agents name it differently (Gemini CLI's shell tool `directory`,
+    # later `dir_path`; others `cwd`, `workdir`), a relative one from the session's cwd.
+    # Each one named is judged, the session's cwd when none is.
+    wheres: list[str] = []
+    for key, value in raw.items():
+        if key.lower() in RAW_INPUT_DIRS and isinstance(value, str) and value:
+            if "\0" in value:
+                raise Unplaceable(f"toolCall.rawInput.{key} {value!r} has a NUL byte")
+            wheres.append(os.path.join(cwd, value))
+    wheres = wheres or [cwd]
+    commands: list[Command] = []
+    for line in (raw.get(key) for key in RAW_INPUT_COMMANDS):  # Codex's exec_command: cmd
+        if isinstance(line, list) and all(isinstance(w, str) for w in line):
+            commands.append(command_of(line, tuple(wheres)))
+        elif isinstance(line, str):  # agents' shell tools take one command line
+            commands.append(command_of([line], tuple(wheres), script=line))
     # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
     # a list under paths, file_paths).
     for key, value in raw.items():
@@ -953,11 +1211,34 @@ def _permission_subject(params: dict[str, Any], cwd: str, subject: Subject) -> S
         for one in value if isinstance(value, list) else [value]:
             if isinstance(one, str) and one:
                 subject.paths.append(one)
-                subject.places.append(Placer(cwd).place(one, base=where,
-                                                        strict=os.path.isabs(one)))
-    if subject.command is not None:
-        _add_words(subject, subject.command, cwd)
-    return subject
+                subject.places.extend(Placer(cwd).place(one, base=where,
+                                                        strict=os.path.isabs(one))
+                                      for where in wheres)
+    for command in commands:
+        subject.commands.append(command)
+        _add_words(subject, command, cwd)
+
+
+def _diff_paths(diff: dict[str, Any]) -> list[tuple[object, str]]:
+    """The files a diff changes, each with where it was found: v1's `path`; v2's
+    `changes[].path` and, for a move or copy, `changes[].oldPath`.
+
+    Raises:
+        Unplaceable: `changes` is not a list of objects.
+    """
+    changes = diff.get("changes")
+    found: list[tuple[object, str]] = []
+    if "path" in diff or changes is None:  # v1 requires it: a diff naming no file is refused
+        found.append((diff.get("path"), "toolCall.content[].path"))
+    if changes is not None:
+        if not isinstance(changes, list) or not all(isinstance(c, dict) for c in changes):
+            raise Unplaceable(f"toolCall.content[].changes is not a list of changes: "
+                              f"{changes!r:.80}")
+        for change in changes:
+            found.append((change.get("path"), "toolCall.content[].changes[].path"))
+            if "oldPath" in change:
+                found.append((change["oldPath"], "toolCall.content[].changes[].oldPath"))
+    return found
 
 
 def _add_words(subject: Subject, command: Command, cwd: str) -> None:

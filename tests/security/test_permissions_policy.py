@@ -99,6 +99,16 @@ class Probe:
             assert "denied by the permissions policy of permissions" in e.message
         return reached
 
+    async def permission_v2(self, subject: object, title: str = "May I?") -> str:
+        """The option an ACP v2 permission request got (its subject says what it is
+        about): `editor` when the editor was asked."""
+        answer = answer_or_raise(await self.agent.request("session/request_permission", {
+            "sessionId": self.sid, "title": title, "subject": subject,
+            "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}))
+        outcome = answer.result_value()["outcome"]
+        return outcome.get("optionId", outcome["outcome"])
+
     async def permission(self, tool_call: dict[str, Any],
                          session: object = SESSION) -> str:
         """The option a permission request got: `editor` when the editor was asked."""
@@ -122,15 +132,16 @@ class ForwardsUpdates(Proxy):
 
 @asynccontextmanager
 async def policy(cwd: Path, options: PermissionsOptions = SHIPPED, *,
-                 before: Sequence[Proxy[Any]] = ()) -> AsyncIterator[Probe]:
+                 before: Sequence[Proxy[Any]] = (), protocol: int = 1) -> AsyncIterator[Probe]:
     agent = ScriptedAgent()
     client = TestClient({
         "terminal/create": {"terminalId": "t1"},
         "session/request_permission": {"outcome": {"outcome": "selected",
                                                    "optionId": "editor"}}})
     async with open_test_chain([*before, Permissions(options)], agent,
-                               client=client) as client:
+                               client=client, initialize=False) as client:
         with anyio.fail_after(10):
+            await client.initialize(protocol)
             yield Probe(agent, client, await client.new_session(str(cwd)))
 
 
@@ -277,6 +288,9 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("sh", "-c", "cat ~/k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("sh", "-c", "cd && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("sh", "-c", "cd ~ && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
+    # cd's options are not its directory
+    terminal("sh", "-c", "cd -P secrets && cat k"), terminal("sh", "-c", "cd -- secrets; cat k"),
+    terminal("bash", "-c", "cd -L -P notsecret && cat k"),
     terminal("cat", "~/k", env=[{"name": "HOME", "value": "{ws}/notsecret"}]),
     # the words after a substitution are still the arguments of the command before it
     terminal("bash", "-c", "cat $(true) .env"), terminal("bash", "-c", "cat `true` .env"),
@@ -365,6 +379,13 @@ RM_RF = [
     ["prlimit", "--nofile=1", "rm", "-rf", "x"], ["numactl", "-C", "0", "rm", "-rf", "x"],
     ["script", "-c", "rm -rf x"], ["sg", "wheel", "-c", "rm -rf x"],
     ["bwrap", "--bind", "/", "/", "rm", "-rf", "x"], ["tmux", "new", "rm -rf x"],
+    # a wrapper's command line given as the value of its option, run together with it
+    ["env", "-Srm -rf x"], ["env", "--split-string=rm -rf x"], ["su", "-crm -rf x"],
+    ["su", "--command=rm -rf x"], ["script", "-qcrm -rf x"],
+    # a trap's handler is a script; zsh's `=rm` is rm's path, noglob and nocorrect run rm
+    ["bash", "-c", "trap 'rm -rf x' EXIT"], ["sh", "-c", "trap -- 'rm -rf x' INT; true"],
+    ["zsh", "-c", "=rm -rf x"], ["zsh", "-c", "noglob rm -rf x"],
+    ["zsh", "-c", "nocorrect rm -rf x"],
 ]
 
 
@@ -377,6 +398,25 @@ async def test_the_shipped_rm_rule_holds_against_obvious_variants(ws: Path,
                                        "rawInput": {"command": argv}}) == "no"
         assert await probe.permission({"kind": "execute", "title": "run",
                                        "rawInput": {"command": shlex.join(argv)}}) == "no"
+
+
+@pytest.mark.parametrize("env", [
+    # bash imports a function from the environment: `ls` runs its body
+    {"name": "BASH_FUNC_ls%%", "value": "() { rm -rf x; }"},
+    {"name": "BASH_FUNC_ls()", "value": "() {  rm -Rf x\n}"},
+    {"name": "PROMPT_COMMAND", "value": "rm -rf x"},
+], ids=lambda e: e["name"])
+async def test_a_command_in_a_terminal_environment_value_is_judged(
+        ws: Path, env: dict[str, str]) -> None:
+    async with policy(ws) as probe:
+        assert not await probe.reaches_editor("terminal/create",
+                                              terminal("bash", "-ic", "ls", env=[env]))
+    allow_ls = PermissionsOptions(default="deny", rules=[
+        {"name": "ls", "command": "^ls$", "action": "allow"}])
+    async with policy(ws, allow_ls) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal("bash", "-c", "ls"))
+        assert not await probe.reaches_editor("terminal/create",
+                                              terminal("bash", "-ic", "ls", env=[env]))
 
 
 @pytest.mark.parametrize("argv", [
@@ -392,6 +432,11 @@ async def test_the_shipped_policy_stops_find_from_deleting(ws: Path, argv: list[
 @pytest.mark.parametrize("request_", [
     ("fs/read_text_file", {"path": "/home/someone/.ssh/id_ed25519"}),
     ("fs/read_text_file", {"path": "/root/.aws/credentials"}),
+    # the comment says cloud credentials: Google Cloud's and Azure's are too
+    ("fs/read_text_file",
+     {"path": "/home/someone/.config/gcloud/application_default_credentials.json"}),
+    ("fs/read_text_file", {"path": "/home/someone/.azure/msal_token_cache.json"}),
+    ("terminal/create", terminal("cat", "~/.config/gcloud/credentials.db")),
     ("fs/write_text_file", {"path": "/home/someone/.ssh/authorized_keys", "content": "k"}),
     ("terminal/create", terminal("cat", "~/.ssh/id_rsa")),
     ("terminal/create", terminal("sh", "-c", "cat $HOME/.aws/credentials; cat ~/.aws/config")),
@@ -459,6 +504,21 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     {"kind": "execute", "rawInput": {"command": "cat .env"}},
     {"kind": "execute", "rawInput": {"command": ["cat", "innocent.txt"]}},
     {"kind": "execute", "rawInput": {"command": "cat k", "cwd": "{ws}/secrets"}},
+    # a tool's own cwd may be relative (to the session's), and is no place for a NUL byte
+    {"kind": "execute", "rawInput": {"command": "cat k", "cwd": "secrets"}},
+    {"kind": "execute", "rawInput": {"command": "cat k", "cwd": "notsecret/"}},
+    {"kind": "edit", "rawInput": {"path": "k", "cwd": "secrets"}},
+    {"kind": "execute", "rawInput": {"command": "cat ok.txt", "cwd": "{ws}\0"}},
+    {"kind": "edit", "rawInput": {"path": "ok.txt", "cwd": "{ws}\0"}},
+    # agents' shell tools name the directory in other words (Gemini CLI: `directory`,
+    # later `dir_path`; others `workdir`): every one is where the command may run
+    {"kind": "execute", "rawInput": {"command": "cat k", "directory": "secrets"}},
+    {"kind": "execute", "rawInput": {"command": "cat k", "dir_path": "{ws}/secrets"}},
+    {"kind": "execute", "rawInput": {"command": "cat k", "workdir": "notsecret"}},
+    {"kind": "execute", "rawInput": {"command": "cat k", "cwd": "{ws}", "directory": "secrets"}},
+    # ... and the command line itself `cmd` (Codex's exec_command and its likes)
+    {"kind": "execute", "rawInput": {"cmd": "cat .env"}},
+    {"kind": "execute", "rawInput": {"cmd": "rm -rf x", "workdir": "{ws}"}},
     {"kind": "read", "locations": [{"path": "{ws}/innocent.txt"}]},
     {"kind": "read", "locations": [{"path": "{ws}/ok.txt"}, {"path": "{ws}/.ENV"}]},
     {"kind": "read", "locations": [{"path": "innocent.txt"}]},
@@ -491,6 +551,98 @@ async def test_a_permission_for_an_ordinary_file_follows_the_rules(ws: Path) -> 
             "command": "ls"}}) == "editor"                # default: ask the editor
 
 
+# -- ACP v2: a permission request says what it is about in `subject` ---------------------
+
+def v2_diff(*changes: dict[str, str]) -> dict[str, Any]:
+    """A v2 diff: its files are in `changes` (v1's `path` is gone)."""
+    return {"type": "diff", "changes": list(changes),
+            "patch": {"format": "git_patch", "text": ""}}
+
+
+@pytest.mark.parametrize("subject", [
+    {"type": "tool_call", "toolCall": {"toolCallId": "c1", "kind": "read", "title": "Read",
+                                       "locations": [{"path": "{ws}/.env"}]}},
+    {"type": "tool_call", "toolCall": {"toolCallId": "c1", "kind": "read", "title": "Read",
+                                       "rawInput": {"file_path": "{ws}/innocent.txt"}}},
+    {"type": "tool_call", "toolCall": {"toolCallId": "c1", "kind": "edit", "title": "Edit",
+                                       "content": [v2_diff({"operation": "modify",
+                                                            "path": "{ws}/.env"})]}},
+    {"type": "tool_call", "toolCall": {"toolCallId": "c1", "kind": "move", "title": "Move",
+                                       "content": [v2_diff({"operation": "move",
+                                                            "oldPath": "{ws}/secrets/k",
+                                                            "path": "{ws}/ok.txt"})]}},
+    {"type": "tool_call", "toolCall": {"toolCallId": "c1", "kind": "edit", "title": "Edit",
+                                       "content": [v2_diff({"operation": "add",
+                                                            "path": "ok.txt"})]}},
+    {"type": "tool_call", "toolCall": {"toolCallId": "c1", "kind": "read", "title": "Read",
+                                       "rawInput": {"command": "rm -rf x"}}},
+    {"type": "command", "command": "rm -rf x", "cwd": "{ws}"},
+    {"type": "command", "command": "cat k", "cwd": "{ws}/secrets"},
+    {"type": "command", "command": "cat .env", "cwd": "{ws}", "toolCallId": "c9"},
+    {"type": "command", "command": "ls", "cwd": "secrets"},
+    {"type": "command", "command": "ls"},
+    # a subject the policy does not know cannot be placed: denied, as ACP lets a client
+    # "decline it according to policy"
+    {"type": "_vendor_thing", "what": "{ws}/.env"}, {"type": "future_kind"}, "tool_call",
+], ids=lambda s: json.dumps(s)[:70])
+async def test_a_v2_permission_request_is_judged_by_its_subject(
+        ws: Path, subject: object) -> None:
+    async with policy(ws, protocol=2) as probe:
+        assert await probe.permission_v2(fill(subject, ws)) == "no"
+        assert probe.client.received_params("session/request_permission") == []
+
+
+async def test_a_v2_permission_request_for_an_ordinary_action_follows_the_rules(
+        ws: Path) -> None:
+    async with policy(ws, protocol=2) as probe:
+        assert await probe.permission_v2({"type": "tool_call", "toolCall": {
+            "toolCallId": "c1", "kind": "read", "title": "Read",
+            "locations": [{"path": f"{ws}/ok.txt"}]}}) == "yes"      # by `reads`
+        assert await probe.permission_v2({"type": "command", "command": "ls",
+                                          "cwd": str(ws)}) == "editor"  # default: ask
+        assert await probe.permission_v2(None) == "editor"
+
+
+async def test_a_request_in_both_spellings_is_judged_by_both(ws: Path) -> None:
+    # The policy does not know which version the editor speaks: a request that names one
+    # file as v1 and another as v2 is judged by both, or the editor would show the other.
+    async with policy(ws) as probe:
+        answer = answer_or_raise(await probe.agent.request("session/request_permission", {
+            "sessionId": probe.sid, "title": "Read",
+            "toolCall": {"toolCallId": "c1", "kind": "read",
+                         "locations": [{"path": f"{ws}/ok.txt"}]},
+            "subject": {"type": "tool_call", "toolCall": {
+                "toolCallId": "c2", "kind": "read", "locations": [{"path": f"{ws}/.env"}]}},
+            "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}))
+        assert answer.result_value()["outcome"] == {"outcome": "selected", "optionId": "no"}
+
+
+@pytest.mark.parametrize("announce", [
+    [{"sessionUpdate": "tool_call_update", "toolCallId": "c1", "kind": "edit",
+      "title": "Edit", "content": [v2_diff({"operation": "modify", "path": "{ws}/.env"})]}],
+    # v2 streams content: a chunk adds to what the tool call shows, it replaces nothing
+    [{"sessionUpdate": "tool_call_update", "toolCallId": "c1", "kind": "edit",
+      "title": "Edit", "content": [v2_diff({"operation": "modify", "path": "{ws}/.env"})]},
+     {"sessionUpdate": "tool_call_content_chunk", "toolCallId": "c1",
+      "content": {"type": "content", "content": {"type": "text", "text": "hi"}}}],
+    [{"sessionUpdate": "tool_call_update", "toolCallId": "c1", "kind": "edit",
+      "title": "Edit"},
+     {"sessionUpdate": "tool_call_content_chunk", "toolCallId": "c1",
+      "content": v2_diff({"operation": "modify", "path": "{ws}/.env"})}],
+], ids=["update", "update-then-text-chunk", "diff-chunk"])
+async def test_a_v2_request_naming_only_its_tool_call_is_judged_by_what_was_announced(
+        ws: Path, announce: list[dict[str, Any]]) -> None:
+    async with policy(ws, DENY_ENV_ELSE_ALLOW, protocol=2) as probe:
+        for update in announce:
+            await probe.agent.notify("session/update", {"sessionId": probe.sid,
+                                                        "update": fill(update, ws)})
+        assert await probe.permission_v2({"type": "tool_call",
+                                          "toolCall": {"toolCallId": "c1"}}) == "no"
+        assert await probe.permission_v2({"type": "command", "command": "true",
+                                          "cwd": str(ws), "toolCallId": "c1"}) == "no"
+
+
 # -- allow rules judge the file reached, not the name it was asked by ---------------------
 
 ALLOW_PUBLIC = PermissionsOptions(default="deny", rules=[
@@ -515,6 +667,9 @@ async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
     (["sudo", "git", "status"], False), (["sh", "-c", "git status 'unclosed"], False),
     (["sh", "-c", "git status;</dev/null rm -rf x"], False),
     (["sh", "-c", "git status <(rm -rf x)"], False),
+    # a variable that runs other code: another git on PATH, a startup file
+    (["sh", "-c", "GIT_PAGER=cat git status"], True), (["sh", "-c", "PATH=. git status"], False),
+    (["sh", "-c", "BASH_ENV=x bash -c 'git status'"], False),
 ])
 async def test_an_allow_command_rule_needs_every_command_that_would_run_to_match(
         ws: Path, argv: list[str], allowed: bool) -> None:
@@ -593,6 +748,47 @@ async def test_a_tool_call_announced_with_an_escaped_key_is_remembered_as_the_ed
         assert escaped != announced
         await probe.agent.notify("session/update", msgspec.Raw(escaped.encode()))
         assert await probe.permission({}) == "no"
+
+
+@pytest.mark.parametrize("spoil", [
+    # JSON with a lone surrogate: msgspec refuses it, JavaScript's JSON.parse reads it
+    lambda text: text.replace('"title": "Read"', '"title": "Read\\ud800"'),
+    # nested deeper than Python decodes, which a JavaScript editor still reads
+    lambda text: text.replace('"kind": "read"', '"kind": "read", "_meta": {"x": '
+                              + "[" * 3000 + "]" * 3000 + "}"),
+    # ... and with its session named in a way no pattern here finds
+    lambda text: text.replace('"kind": "read"', '"kind": "read", "_meta": {"x": '
+                              + "[" * 3000 + "]" * 3000 + "}").replace(
+                                  '"sessionId"', '"session\\u0049d"'),
+], ids=["lone-surrogate", "deep", "deep-and-escaped-session-id"])
+async def test_a_tool_call_announced_in_json_the_policy_cannot_decode_is_not_forgotten(
+        ws: Path, spoil: Callable[[str], str]) -> None:
+    # The editor may read what the policy's decoder refuses: the request that names the
+    # tool call by id alone must not be judged as if the .env were never announced.
+    async with policy(ws, DENY_ENV_ELSE_ALLOW) as probe:
+        announced = json.dumps({"sessionId": probe.sid, "update": {
+            "sessionUpdate": "tool_call", "toolCallId": "c1", "title": "Read", "kind": "read",
+            "locations": [{"path": f"{ws}/.env"}]}})
+        assert spoil(announced) != announced
+        await probe.agent.notify("session/update", msgspec.Raw(spoil(announced).encode()))
+        assert await probe.permission({}) == "no"
+        assert probe.client.received_methods() == ["session/update"]  # the editor has it
+
+
+async def test_a_tool_call_announced_before_the_ones_remembered_is_not_judged_as_new(
+        ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The editor still shows the .env of a tool call the policy has forgotten (it keeps
+    # the last MAX_TOOL_CALLS): a request naming it must not be judged as naming nothing.
+    monkeypatch.setattr("acp_conductor_proxies.permissions.MAX_TOOL_CALLS", 3)
+    async with policy(ws, DENY_ENV_ELSE_ALLOW) as probe:
+        for n, name in enumerate([".env", "ok.txt", "ok.txt", "ok.txt", "ok.txt"]):
+            await probe.agent.notify("session/update", {"sessionId": probe.sid, "update": {
+                "sessionUpdate": "tool_call", "toolCallId": f"c{n}", "title": "Read",
+                "kind": "read", "locations": [{"path": f"{ws}/{name}"}]}})
+        assert await probe.permission({"toolCallId": "c0"}) == "no"
+        assert await probe.permission({"toolCallId": "c4"}) == "yes"   # still remembered
+        assert await probe.permission({"toolCallId": "new", "kind": "read",  # never announced
+                                       "locations": [{"path": f"{ws}/ok.txt"}]}) == "yes"
 
 
 @pytest.mark.parametrize("kind", ["read", "think", None])
