@@ -12,7 +12,12 @@ import anyio
 import pytest
 
 from conductor.config import load_chain, parse_chain
-from conductor.errors import ConfigError, PluginNotFoundError, PluginValidationError
+from conductor.errors import (
+    ConfigError,
+    PluginError,
+    PluginNotFoundError,
+    PluginValidationError,
+)
 from conductor.plan import plan_chain as _plan
 from conductor.plugins.registry import find_plugin, installed, load_proxy
 from conductor.testing import open_process_client
@@ -419,3 +424,45 @@ def test_an_entry_point_whose_module_is_gone_says_so_without_pointing_into_impor
     assert str(caught.value) == (
         "proxy 'gone' (no_such_plugin_module_anywhere:P) cannot be loaded: "
         "ModuleNotFoundError: No module named 'no_such_plugin_module_anywhere'")
+
+
+RAISING_CONSTRUCTOR = """\
+from conductor.plugins import Proxy
+
+
+class NeedsToken(Proxy):
+    def __init__(self, options=None):
+        super().__init__(options)
+        raise ValueError("set MY_TOKEN first")
+"""
+
+
+def test_a_plugin_whose_constructor_raises_is_a_chain_error_naming_the_proxy_and_line(
+        tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text(RAISING_CONSTRUCTOR, encoding="utf-8")
+    chain = tmp_path / "x.toml"
+    chain.write_text('[[proxy]]\nplugin = "mine.py:NeedsToken"\n[agent]\ncommand = "true"\n',
+                     encoding="utf-8")
+    with pytest.raises(PluginError) as caught:
+        _plan(load_chain(chain), "agent")
+    text = str(caught.value)
+    assert text.startswith(f"{chain}: proxy[0]: proxy 'needstoken' failed to start")
+    assert "ValueError: set MY_TOKEN first" in text
+    assert f"{tmp_path / 'mine.py'}, line 7" in text
+    assert caught.value.exit_code == 2
+
+
+def test_run_with_a_plugin_whose_constructor_raises_exits_2_without_an_internal_error(
+        tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from conductor.cli.app import main
+
+    (tmp_path / "mine.py").write_text(RAISING_CONSTRUCTOR, encoding="utf-8")
+    chain = tmp_path / "x.toml"
+    chain.write_text('[[proxy]]\nplugin = "mine.py:NeedsToken"\n[agent]\ncommand = "true"\n',
+                     encoding="utf-8")
+    result = CliRunner().invoke(main, ["run", "--chain", str(chain), "hi"])
+    assert result.exit_code == 2, result.output
+    assert "internal error" not in result.output
+    assert "proxy 'needstoken' failed to start" in result.output

@@ -195,9 +195,7 @@ def make_proxy(cls: type[Proxy[Any]], options: dict[str, Any] | None, *, name: s
     if not options and not cls.takes_options():
         # Nothing to validate: pydantic (NoOptions) stays unimported (see NoOptions). None
         # is the documented "no options given" (a subclass may take `options` positionally).
-        proxy = cls(None)
-        proxy.rename(name)
-        return proxy
+        return _construct(cls, None, name=name, file=file, where=where)
     from pydantic import ValidationError
 
     from conductor.validation import problems
@@ -210,7 +208,21 @@ def make_proxy(cls: type[Proxy[Any]], options: dict[str, Any] | None, *, name: s
         raise ConfigError.combine(
             [ConfigError(f"proxy {name!r}: {p.message}", file=file, field=p.field, hint=p.hint)
              for p in found], file) from None
-    proxy = cls(model)
+    return _construct(cls, model, name=name, file=file, where=where)
+
+
+def _construct(cls: type[Proxy[Any]], options: Any, *, name: str, file: str | None,
+               where: str) -> Proxy[Any]:
+    """`cls(options)`, renamed. A constructor that raises (e.g. checking its own settings)
+    is the chain's problem, reported like a plugin that fails to import: naming the entry
+    and the plugin's line, not as the conductor's internal error."""
+    try:
+        proxy = cls(options)
+    except Exception as e:
+        # `where` is empty for serve-proxy, whose `file` ("--options") is not at fault here.
+        located = f"{file or '<chain>'}: {where}: " if where else ""
+        raise PluginError(f"{located}proxy {name!r} failed to start"
+                          f"{_where(e)}: {type(e).__name__}: {e}") from None
     proxy.rename(name)
     return proxy
 
