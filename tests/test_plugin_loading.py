@@ -252,6 +252,23 @@ def test_serve_proxy_rejects_bad_options_before_serving() -> None:
     assert "--options: options.patterns" in done.stderr and done.stdout == ""
 
 
+@pytest.mark.parametrize(("given", "says"), [
+    (["--chain", "demo"], "takes no --chain"),
+    (["--trace", "t.jsonl"], "writes no trace"),
+    (["--trace-unredacted"], "writes no trace"),
+])
+def test_serve_proxy_refuses_the_global_options_it_would_silently_ignore(
+        tmp_path: Path, given: list[str], says: str) -> None:
+    # Its --help lists them with the other commands' global options; a --trace that writes
+    # nothing leaves a user looking for a file that never comes.
+    done = subprocess.run(conductor_argv("serve-proxy", "passthrough", *given),
+                          env=child_env(), capture_output=True, text=True, timeout=30,
+                          stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and done.stdout == ""
+    assert not (tmp_path / "t.jsonl").exists()
+
+
 # Each starts a real conductor: the event loop of the test process adds nothing there, so
 # like tests/e2e these run on asyncio only (the kit's process client is covered on both
 # backends in tests/test_testing_kit.py).
@@ -454,15 +471,12 @@ def test_a_plugin_whose_constructor_raises_is_a_chain_error_naming_the_proxy_and
 
 def test_run_with_a_plugin_whose_constructor_raises_exits_2_without_an_internal_error(
         tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from conductor.cli.app import main
-
     (tmp_path / "mine.py").write_text(RAISING_CONSTRUCTOR, encoding="utf-8")
     chain = tmp_path / "x.toml"
     chain.write_text('[[proxy]]\nplugin = "mine.py:NeedsToken"\n[agent]\ncommand = "true"\n',
                      encoding="utf-8")
-    result = CliRunner().invoke(main, ["run", "--chain", str(chain), "hi"])
-    assert result.exit_code == 2, result.output
-    assert "internal error" not in result.output
-    assert "proxy 'needstoken' failed to start" in result.output
+    done = subprocess.run(conductor_argv("run", "--chain", str(chain), "hi"), env=child_env(),
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    assert "internal error" not in done.stderr and done.stdout == ""
+    assert "proxy[0]: proxy 'needstoken' failed to start" in done.stderr
