@@ -573,10 +573,16 @@ def chain_path(ref: str | os.PathLike[str]) -> Path:
     builtin = builtin_chains().get(text)
     if builtin is None:
         names = ", ".join(builtin_chains()) or "none"
+        from conductor.spelling import did_you_mean
+
+        # `--chain chain` for the chain.toml `init` wrote is the likeliest slip.
+        guess = (f"did you mean {text + '.toml'!r}?" if Path(text + ".toml").is_file()
+                 else did_you_mean(text, builtin_chains()))
         raise ConfigError(f"no file {text!r} here, and no built-in chain by that name "
                           f"(built in: {names})", field="--chain",
-                          hint="give the path of a chain file, or a built-in chain's name; "
-                               "`acp-conductor chains` lists them")
+                          hint=(f"{guess} " if guess else "") +
+                          "give the path of a chain file, or a built-in chain's name; "
+                          "`acp-conductor chains` lists them")
     return builtin
 
 
