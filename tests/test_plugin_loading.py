@@ -480,3 +480,16 @@ def test_run_with_a_plugin_whose_constructor_raises_exits_2_without_an_internal_
     assert done.returncode == 2, done.stderr
     assert "internal error" not in done.stderr and done.stdout == ""
     assert "proxy[0]: proxy 'needstoken' failed to start" in done.stderr
+
+
+def test_a_module_path_for_a_file_next_to_the_chain_file_suggests_the_file_path(
+        tmp_path: Path) -> None:
+    # The docs' rule (a module path is imported from the environment, a file path is
+    # relative to the chain file) is easy to miss: the error now spells the fix.
+    (tmp_path / "guardmod.py").write_text(RAISING_CONSTRUCTOR, encoding="utf-8")
+    chain = tmp_path / "x.toml"
+    chain.write_text('[[proxy]]\nplugin = "guardmod:NeedsToken"\n[agent]\ncommand = "true"\n',
+                     encoding="utf-8")
+    with pytest.raises(PluginNotFoundError) as caught:
+        _plan(load_chain(chain), "agent")
+    assert "write plugin = \"guardmod.py:NeedsToken\"" in str(caught.value)

@@ -84,7 +84,7 @@ def find_plugin(ref: str, *, base_dir: str | None = None) -> type[Proxy[Any]]:
             path = Path(base_dir) / path
         obj = _from_file(ref, path, attr or None)
     elif attr:
-        obj = _from_module(ref, module_ref, attr)
+        obj = _from_module(ref, module_ref, attr, base_dir=base_dir)
     else:
         ep = _entry_point(ref)
         if ep is None:
@@ -103,13 +103,20 @@ def find_plugin(ref: str, *, base_dir: str | None = None) -> type[Proxy[Any]]:
     return validate_plugin(ref, obj)
 
 
-def _from_module(ref: str, module_name: str, attr: str) -> object:
+def _from_module(ref: str, module_name: str, attr: str, *, base_dir: str | None = None
+                 ) -> object:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name is None or not (module_name + ".").startswith(e.name + "."):
             raise _import_failed(ref, e) from e  # found, but what it imports is not
-        raise PluginNotFoundError(f"cannot import {module_name!r} for plugin {ref!r}: {e}") from e
+        # A module path is imported from the environment, never the chain file's folder;
+        # a file of that name there means the file path was meant.
+        beside = f"{module_name.replace('.', '/')}.py"
+        fix = (f"; {beside} is next to the chain file: write plugin = \"{beside}:{attr}\""
+               if base_dir is not None and (Path(base_dir) / beside).is_file() else "")
+        raise PluginNotFoundError(
+            f"cannot import {module_name!r} for plugin {ref!r}: {e}{fix}") from e
     except (Exception, SystemExit) as e:
         raise _import_failed(ref, e) from e
     try:
