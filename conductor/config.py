@@ -56,6 +56,9 @@ Float = Annotated[float, _Exact()]
 _NAME = r"[A-Za-z0-9_.:-]+"  # a component's name
 # A default may name variables itself (`${XDG_CONFIG:-${HOME}/.config}`), one level deep.
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-((?:[^$}]|\$(?!\{)|\$\{[^}]*\})*))?\}")
+# `${NAME` with no `}` anywhere after it: a typo, not a shell expression (`${HOME%/}`, left
+# for the shell a command runs), and passed on literally it would reach the component.
+_UNCLOSED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?![A-Za-z0-9_])(?!.*\})", re.DOTALL)
 
 
 def variables(text: str) -> list[tuple[str, str | None]]:
@@ -63,12 +66,23 @@ def variables(text: str) -> list[tuple[str, str | None]]:
     return [(m.group(1), m.group(2)) for m in _VAR.finditer(text)]
 
 
+def unclosed_variable(text: str) -> str | None:
+    """NAME of a `${NAME` that is never closed, or None."""
+    found = _UNCLOSED.search(text)
+    return found.group(1) if found else None
+
+
 def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) -> str:
     """`${VAR}` and `${VAR:-default}`; `${PYTHON}` is the interpreter running the conductor.
 
     Raises:
-        ConfigError: a variable is unset and has no default.
+        ConfigError: a variable is unset and has no default, or `${NAME` is not closed.
     """
+    name = unclosed_variable(text)
+    if name is not None:
+        raise ConfigError(f"${{{name} is not closed", file=file, field=where,
+                          hint=f"write ${{{name}}} (or ${{{name}:-default}})")
+
     def sub(m: re.Match[str]) -> str:
         name, default = m.group(1), m.group(2)
         if name == "PYTHON":
