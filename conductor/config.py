@@ -66,6 +66,10 @@ def variables(text: str) -> list[tuple[str, str | None]]:
     return [(m.group(1), m.group(2)) for m in _VAR.finditer(text)]
 
 
+_EMPTY_COMMAND = ('command: command is empty (hint: give the program to run and its arguments, '
+                  'e.g. command = ["npx", "-y", "my-acp-agent"])')
+
+
 def unclosed_variable(text: str) -> str | None:
     """NAME of a `${NAME` that is never closed, or None."""
     found = _UNCLOSED.search(text)
@@ -125,7 +129,7 @@ class ComponentSpec:
             raise ValueError("name: use letters, digits and _ . : - only")
         if (isinstance(self.command, str) and not self.command.strip()) or (
                 isinstance(self.command, list) and not self.command):
-            raise ValueError("command: command is empty")
+            raise ValueError(_EMPTY_COMMAND)
         if isinstance(self.command, str):
             try:  # split now: an unclosed quote is the file's mistake, not a crash at start
                 argv = shlex.split(self.command)
@@ -133,7 +137,7 @@ class ComponentSpec:
                 raise ValueError(f"command: cannot split it as a shell would: {e} (hint: close "
                                  "the quote, or give an argv list)") from None
             if not argv:
-                raise ValueError("command: command is empty")
+                raise ValueError(_EMPTY_COMMAND)
         elif isinstance(self.command, list) and not self.command[0].strip():
             raise ValueError("command: the program (its first item) is empty")
         if self.shutdown_grace is not None and not 0 <= self.shutdown_grace <= 300:

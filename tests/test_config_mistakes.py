@@ -302,3 +302,12 @@ def test_a_shell_expression_in_braces_is_still_passed_on_for_the_shell(tmp_path:
     # expands them.
     assert expand("echo ${1} ${HOME%/}", {}, where="agent.command", file=None) == \
         "echo ${1} ${HOME%/}"
+
+
+@pytest.mark.parametrize("command", ['""', "[]", '"   "'])
+def test_an_empty_command_is_told_what_to_write(tmp_path: Path, command: str) -> None:
+    message = problem(tmp_path, f"""
+        [agent]
+        command = {command}
+    """)
+    assert "c.toml: agent.command: command is empty (hint: give the program" in message
