@@ -56,6 +56,9 @@ Float = Annotated[float, _Exact()]
 _NAME = r"[A-Za-z0-9_.:-]+"  # a component's name
 # A default may name variables itself (`${XDG_CONFIG:-${HOME}/.config}`), one level deep.
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-((?:[^$}]|\$(?!\{)|\$\{[^}]*\})*))?\}")
+# `${NAME` with no `}` anywhere after it: a typo, not a shell expression (`${HOME%/}`, left
+# for the shell a command runs), and passed on literally it would reach the component.
+_UNCLOSED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?![A-Za-z0-9_])(?!.*\})", re.DOTALL)
 
 
 def variables(text: str) -> list[tuple[str, str | None]]:
@@ -63,12 +66,27 @@ def variables(text: str) -> list[tuple[str, str | None]]:
     return [(m.group(1), m.group(2)) for m in _VAR.finditer(text)]
 
 
+_EMPTY_COMMAND = ('command: command is empty (hint: give the program to run and its arguments, '
+                  'e.g. command = ["npx", "-y", "my-acp-agent"])')
+
+
+def unclosed_variable(text: str) -> str | None:
+    """NAME of a `${NAME` that is never closed, or None."""
+    found = _UNCLOSED.search(text)
+    return found.group(1) if found else None
+
+
 def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) -> str:
     """`${VAR}` and `${VAR:-default}`; `${PYTHON}` is the interpreter running the conductor.
 
     Raises:
-        ConfigError: a variable is unset and has no default.
+        ConfigError: a variable is unset and has no default, or `${NAME` is not closed.
     """
+    name = unclosed_variable(text)
+    if name is not None:
+        raise ConfigError(f"${{{name} is not closed", file=file, field=where,
+                          hint=f"write ${{{name}}} (or ${{{name}:-default}})")
+
     def sub(m: re.Match[str]) -> str:
         name, default = m.group(1), m.group(2)
         if name == "PYTHON":
@@ -111,7 +129,7 @@ class ComponentSpec:
             raise ValueError("name: use letters, digits and _ . : - only")
         if (isinstance(self.command, str) and not self.command.strip()) or (
                 isinstance(self.command, list) and not self.command):
-            raise ValueError("command: command is empty")
+            raise ValueError(_EMPTY_COMMAND)
         if isinstance(self.command, str):
             try:  # split now: an unclosed quote is the file's mistake, not a crash at start
                 argv = shlex.split(self.command)
@@ -119,7 +137,7 @@ class ComponentSpec:
                 raise ValueError(f"command: cannot split it as a shell would: {e} (hint: close "
                                  "the quote, or give an argv list)") from None
             if not argv:
-                raise ValueError("command: command is empty")
+                raise ValueError(_EMPTY_COMMAND)
         elif isinstance(self.command, list) and not self.command[0].strip():
             raise ValueError("command: the program (its first item) is empty")
         if self.shutdown_grace is not None and not 0 <= self.shutdown_grace <= 300:
@@ -573,10 +591,16 @@ def chain_path(ref: str | os.PathLike[str]) -> Path:
     builtin = builtin_chains().get(text)
     if builtin is None:
         names = ", ".join(builtin_chains()) or "none"
+        from conductor.spelling import did_you_mean
+
+        # `--chain chain` for the chain.toml `init` wrote is the likeliest slip.
+        guess = (f"did you mean {text + '.toml'!r}?" if Path(text + ".toml").is_file()
+                 else did_you_mean(text, builtin_chains()))
         raise ConfigError(f"no file {text!r} here, and no built-in chain by that name "
                           f"(built in: {names})", field="--chain",
-                          hint="give the path of a chain file, or a built-in chain's name; "
-                               "`acp-conductor chains` lists them")
+                          hint=(f"{guess} " if guess else "") +
+                          "give the path of a chain file, or a built-in chain's name; "
+                          "`acp-conductor chains` lists them")
     return builtin
 
 

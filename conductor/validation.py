@@ -46,6 +46,7 @@ _HINTS = {
     "missing": "add it",
     "string_type": "write a string",
     "list_type": "write a list",
+    "dict_type": 'write a table: { NAME = "value" }',
     "bool_type": "write true or false, without quotes",
     "int_type": "write a whole number, without quotes",
     "float_type": "write a number, without quotes",

@@ -6,8 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conductor.cli.chains import description
 from conductor.config import BUILTIN_CHAINS, chain_path
+from conductor.errors import ConfigError
 from tests.conftest import child_env, conductor_argv
 
 
@@ -98,3 +101,21 @@ def test_chains_with_a_name_that_is_not_built_in_is_a_usage_error_listing_them(
         assert (shown.returncode, shown.stdout) == (2, ""), shown.stderr
         assert f"no built-in chain {name!r} (built in: " in shown.stderr
         assert "internal error" not in shown.stderr
+
+
+def test_a_chain_name_without_its_toml_suffix_points_at_the_file_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `init` wrote chain.toml; `--chain chain` is the natural slip.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chain.toml").write_text("[agent]\ncommand = 'true'\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        chain_path("chain")
+    assert caught.value.hint is not None and "did you mean 'chain.toml'?" in caught.value.hint
+
+
+def test_a_misspelt_built_in_chain_name_is_suggested(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        chain_path("dmeo")
+    assert caught.value.hint is not None and "did you mean 'demo'?" in caught.value.hint

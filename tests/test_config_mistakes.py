@@ -272,3 +272,42 @@ def test_an_mcp_server_command_with_its_arguments_in_it_is_told_to_use_args(
     """)
     assert "c.toml: mcp_server[0].command: command not found: sh -c true" in message
     assert "args" in message
+
+
+def test_env_written_as_a_list_is_told_to_write_a_table(tmp_path: Path) -> None:
+    message = problem(tmp_path, """
+        [agent]
+        command = "python"
+        env = ["API_KEY=1"]
+    """)
+    assert "c.toml: agent.env:" in message
+    assert 'hint: write a table: { NAME = "value" }' in message
+
+
+@pytest.mark.parametrize("value", ["${HOME", "${HOME/bin", "prefix-${API_KEY"])
+def test_a_variable_reference_never_closed_is_a_config_error_not_passed_on_literally(
+        tmp_path: Path, value: str) -> None:
+    # A missing `}` used to send the agent the text `${HOME` as the variable's value.
+    message = problem(tmp_path, f"""
+        [agent]
+        command = "python"
+        env = {{ K = "{value}" }}
+    """)
+    assert "c.toml: agent.env.K:" in message and "is not closed" in message
+    assert "hint: write ${" in message
+
+
+def test_a_shell_expression_in_braces_is_still_passed_on_for_the_shell(tmp_path: Path) -> None:
+    # `${1}` or `${HOME%/}` are not the conductor's to expand: a shell the command runs
+    # expands them.
+    assert expand("echo ${1} ${HOME%/}", {}, where="agent.command", file=None) == \
+        "echo ${1} ${HOME%/}"
+
+
+@pytest.mark.parametrize("command", ['""', "[]", '"   "'])
+def test_an_empty_command_is_told_what_to_write(tmp_path: Path, command: str) -> None:
+    message = problem(tmp_path, f"""
+        [agent]
+        command = {command}
+    """)
+    assert "c.toml: agent.command: command is empty (hint: give the program" in message

@@ -150,3 +150,11 @@ def test_a_variable_named_in_a_default_is_looked_up_when_the_default_is_used(
     chain = '[agent]\ncommand = "true"\ncwd = "${WORK:-${HOME}/work}"\n'
     assert findings(tmp_path, chain, {"PATH": "/bin"})["${HOME}"].status == "fail"
     assert "${HOME}" not in findings(tmp_path, chain, {"PATH": "/bin", "WORK": "/w"})
+
+
+def test_a_variable_reference_never_closed_fails_as_the_chain_would(tmp_path: Path) -> None:
+    # `run` refuses `${HOME` (exit 2); doctor must not call the chain fine.
+    found = findings(tmp_path, '[agent]\ncommand = "true"\nenv = { K = "${HOME/bin" }\n',
+                     {"PATH": "/usr/bin:/bin", "HOME": "/home/me"})
+    assert found["${HOME"].status == "fail"
+    assert "agent.env.K" in found["${HOME"].detail and "not closed" in found["${HOME"].detail

@@ -12,7 +12,12 @@ import anyio
 import pytest
 
 from conductor.config import load_chain, parse_chain
-from conductor.errors import ConfigError, PluginNotFoundError, PluginValidationError
+from conductor.errors import (
+    ConfigError,
+    PluginError,
+    PluginNotFoundError,
+    PluginValidationError,
+)
 from conductor.plan import plan_chain as _plan
 from conductor.plugins.registry import find_plugin, installed, load_proxy
 from conductor.testing import open_process_client
@@ -247,6 +252,23 @@ def test_serve_proxy_rejects_bad_options_before_serving() -> None:
     assert "--options: options.patterns" in done.stderr and done.stdout == ""
 
 
+@pytest.mark.parametrize(("given", "says"), [
+    (["--chain", "demo"], "takes no --chain"),
+    (["--trace", "t.jsonl"], "writes no trace"),
+    (["--trace-unredacted"], "writes no trace"),
+])
+def test_serve_proxy_refuses_the_global_options_it_would_silently_ignore(
+        tmp_path: Path, given: list[str], says: str) -> None:
+    # Its --help lists them with the other commands' global options; a --trace that writes
+    # nothing leaves a user looking for a file that never comes.
+    done = subprocess.run(conductor_argv("serve-proxy", "passthrough", *given),
+                          env=child_env(), capture_output=True, text=True, timeout=30,
+                          stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and done.stdout == ""
+    assert not (tmp_path / "t.jsonl").exists()
+
+
 # Each starts a real conductor: the event loop of the test process adds nothing there, so
 # like tests/e2e these run on asyncio only (the kit's process client is covered on both
 # backends in tests/test_testing_kit.py).
@@ -419,3 +441,55 @@ def test_an_entry_point_whose_module_is_gone_says_so_without_pointing_into_impor
     assert str(caught.value) == (
         "proxy 'gone' (no_such_plugin_module_anywhere:P) cannot be loaded: "
         "ModuleNotFoundError: No module named 'no_such_plugin_module_anywhere'")
+
+
+RAISING_CONSTRUCTOR = """\
+from conductor.plugins import Proxy
+
+
+class NeedsToken(Proxy):
+    def __init__(self, options=None):
+        super().__init__(options)
+        raise ValueError("set MY_TOKEN first")
+"""
+
+
+def test_a_plugin_whose_constructor_raises_is_a_chain_error_naming_the_proxy_and_line(
+        tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text(RAISING_CONSTRUCTOR, encoding="utf-8")
+    chain = tmp_path / "x.toml"
+    chain.write_text('[[proxy]]\nplugin = "mine.py:NeedsToken"\n[agent]\ncommand = "true"\n',
+                     encoding="utf-8")
+    with pytest.raises(PluginError) as caught:
+        _plan(load_chain(chain), "agent")
+    text = str(caught.value)
+    assert text.startswith(f"{chain}: proxy[0]: proxy 'needstoken' failed to start")
+    assert "ValueError: set MY_TOKEN first" in text
+    assert f"{tmp_path / 'mine.py'}, line 7" in text
+    assert caught.value.exit_code == 2
+
+
+def test_run_with_a_plugin_whose_constructor_raises_exits_2_without_an_internal_error(
+        tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text(RAISING_CONSTRUCTOR, encoding="utf-8")
+    chain = tmp_path / "x.toml"
+    chain.write_text('[[proxy]]\nplugin = "mine.py:NeedsToken"\n[agent]\ncommand = "true"\n',
+                     encoding="utf-8")
+    done = subprocess.run(conductor_argv("run", "--chain", str(chain), "hi"), env=child_env(),
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    assert "internal error" not in done.stderr and done.stdout == ""
+    assert "proxy[0]: proxy 'needstoken' failed to start" in done.stderr
+
+
+def test_a_module_path_for_a_file_next_to_the_chain_file_suggests_the_file_path(
+        tmp_path: Path) -> None:
+    # The docs' rule (a module path is imported from the environment, a file path is
+    # relative to the chain file) is easy to miss: the error now spells the fix.
+    (tmp_path / "guardmod.py").write_text(RAISING_CONSTRUCTOR, encoding="utf-8")
+    chain = tmp_path / "x.toml"
+    chain.write_text('[[proxy]]\nplugin = "guardmod:NeedsToken"\n[agent]\ncommand = "true"\n',
+                     encoding="utf-8")
+    with pytest.raises(PluginNotFoundError) as caught:
+        _plan(load_chain(chain), "agent")
+    assert "write plugin = \"guardmod.py:NeedsToken\"" in str(caught.value)

@@ -121,7 +121,7 @@ def _node_finding(name: str, environ: dict[str, str]) -> Finding:
 
 def _variable_findings(config: ChainConfig, environ: dict[str, str]) -> list[Finding]:
     """Every `${VAR}` the chain references, and every `secret_env` name."""
-    from conductor.config import variables
+    from conductor.config import unclosed_variable, variables
 
     texts: list[tuple[str, str]] = []
     secrets: list[tuple[str, str]] = []
@@ -142,6 +142,9 @@ def _variable_findings(config: ChainConfig, environ: dict[str, str]) -> list[Fin
     out: list[Finding] = []
     seen: set[str] = set()
     for where, text in texts:
+        if (unclosed := unclosed_variable(text)) is not None:
+            out.append(Finding("fail", f"${{{unclosed}", f"not closed in {where}: the chain "
+                                                         f"will not start; write ${{{unclosed}}}"))
         for name, default in variables(text):
             if name == "PYTHON" or name in seen:
                 continue

@@ -44,7 +44,13 @@ class Globals(Record):
             ConfigError: none was given.
         """
         if not self.chain_file:
-            raise ConfigError("give --chain FILE", field="--chain")
+            # `init` writes ./chain.toml by default; it is not picked up unasked (an editor
+            # starts the conductor in a folder of its choosing), so name it.
+            hint = ("--chain chain.toml for the one in this folder" if
+                    os.path.isfile("chain.toml") else
+                    "--chain demo to try the built-in demo (`acp-conductor chains` lists the "
+                    "others), or write a chain file with `acp-conductor init --agent ...`")
+            raise ConfigError("give --chain FILE", field="--chain", hint=hint)
         return self.chain_file
 
     def trace_sink(self, config: ChainConfig | None

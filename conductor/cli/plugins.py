@@ -52,9 +52,18 @@ def serve_proxy(ctx: click.Context, plugin: str, options_json: str | None,
     """
     from conductor.plugins.registry import load_proxy
 
+    given = globals_of(ctx)
+    # Global options, listed in --help with the rest; these two would do nothing here.
+    if given.chain_file is not None:
+        raise click.UsageError("serve-proxy serves the one proxy NAME_OR_PATH and takes no "
+                               "--chain (to serve a chain of proxies as one: "
+                               "`acp-conductor proxy --chain FILE`)")
+    if given.trace is not None or given.trace_unredacted:
+        raise click.UsageError("serve-proxy writes no trace: give --trace to the conductor "
+                               "that starts it, whose trace shows this proxy's hop")
     options = _options(options_json)
     run_stdio(lambda: load_proxy(plugin, options, name=name, file="--options", where=""),
-              max_frame_bytes=globals_of(ctx).max_frame_bytes)
+              max_frame_bytes=given.max_frame_bytes)
 
 
 @click.command("proxies")

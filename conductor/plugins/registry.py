@@ -84,7 +84,7 @@ def find_plugin(ref: str, *, base_dir: str | None = None) -> type[Proxy[Any]]:
             path = Path(base_dir) / path
         obj = _from_file(ref, path, attr or None)
     elif attr:
-        obj = _from_module(ref, module_ref, attr)
+        obj = _from_module(ref, module_ref, attr, base_dir=base_dir)
     else:
         ep = _entry_point(ref)
         if ep is None:
@@ -103,13 +103,20 @@ def find_plugin(ref: str, *, base_dir: str | None = None) -> type[Proxy[Any]]:
     return validate_plugin(ref, obj)
 
 
-def _from_module(ref: str, module_name: str, attr: str) -> object:
+def _from_module(ref: str, module_name: str, attr: str, *, base_dir: str | None = None
+                 ) -> object:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name is None or not (module_name + ".").startswith(e.name + "."):
             raise _import_failed(ref, e) from e  # found, but what it imports is not
-        raise PluginNotFoundError(f"cannot import {module_name!r} for plugin {ref!r}: {e}") from e
+        # A module path is imported from the environment, never the chain file's folder;
+        # a file of that name there means the file path was meant.
+        beside = f"{module_name.replace('.', '/')}.py"
+        fix = (f"; {beside} is next to the chain file: write plugin = \"{beside}:{attr}\""
+               if base_dir is not None and (Path(base_dir) / beside).is_file() else "")
+        raise PluginNotFoundError(
+            f"cannot import {module_name!r} for plugin {ref!r}: {e}{fix}") from e
     except (Exception, SystemExit) as e:
         raise _import_failed(ref, e) from e
     try:
@@ -195,9 +202,7 @@ def make_proxy(cls: type[Proxy[Any]], options: dict[str, Any] | None, *, name: s
     if not options and not cls.takes_options():
         # Nothing to validate: pydantic (NoOptions) stays unimported (see NoOptions). None
         # is the documented "no options given" (a subclass may take `options` positionally).
-        proxy = cls(None)
-        proxy.rename(name)
-        return proxy
+        return _construct(cls, None, name=name, file=file, where=where)
     from pydantic import ValidationError
 
     from conductor.validation import problems
@@ -210,7 +215,21 @@ def make_proxy(cls: type[Proxy[Any]], options: dict[str, Any] | None, *, name: s
         raise ConfigError.combine(
             [ConfigError(f"proxy {name!r}: {p.message}", file=file, field=p.field, hint=p.hint)
              for p in found], file) from None
-    proxy = cls(model)
+    return _construct(cls, model, name=name, file=file, where=where)
+
+
+def _construct(cls: type[Proxy[Any]], options: Any, *, name: str, file: str | None,
+               where: str) -> Proxy[Any]:
+    """`cls(options)`, renamed. A constructor that raises (e.g. checking its own settings)
+    is the chain's problem, reported like a plugin that fails to import: naming the entry
+    and the plugin's line, not as the conductor's internal error."""
+    try:
+        proxy = cls(options)
+    except Exception as e:
+        # `where` is empty for serve-proxy, whose `file` ("--options") is not at fault here.
+        located = f"{file or '<chain>'}: {where}: " if where else ""
+        raise PluginError(f"{located}proxy {name!r} failed to start"
+                          f"{_where(e)}: {type(e).__name__}: {e}") from None
     proxy.rename(name)
     return proxy
 

@@ -1,0 +1,36 @@
+"""A new user's usage mistakes get an answer that says how to fix them.
+
+As processes: `run`, `check` and `call` claim the process's stdout for the wire first."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.conftest import child_env, conductor_argv
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def in_folder(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(conductor_argv(*args), env=child_env(), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=30, cwd=folder)
+
+
+@pytest.mark.parametrize("command", [["run", "hi"], ["check"]])
+def test_a_command_without_chain_says_how_to_get_one(tmp_path: Path,
+                                                     command: list[str]) -> None:
+    done = in_folder(tmp_path, *command)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "--chain demo" in done.stderr and "acp-conductor init" in done.stderr
+
+
+def test_without_chain_the_chain_toml_init_wrote_here_is_named(tmp_path: Path) -> None:
+    # `init` writes ./chain.toml by default; `run` does not pick it up on its own.
+    (tmp_path / "chain.toml").write_text("[agent]\ncommand = 'true'\n", encoding="utf-8")
+    done = in_folder(tmp_path, "run", "hi")
+    assert done.returncode == 2
+    assert "--chain chain.toml" in done.stderr
