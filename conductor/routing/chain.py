@@ -124,6 +124,8 @@ class Chain:
         self.handshake = Handshake(proxy_mode=proxy_mode, mcp=self.mcp_support,
                                    bridge=bridge)
         self._starter = starter
+        # Why the chain could not start: what every later request is answered with.
+        self._start_failure: ComponentStartError | None = None
         self._tracer = tracer
         self._on_fatal = on_fatal
         self._on_broken = on_broken
@@ -296,7 +298,12 @@ class Chain:
                     await self._send(target, msg, source=source)
                 return
         if not self.topology.started:
-            await self._start(msg)
+            if self._start_failure is None:
+                await self._start(msg)
+            elif isinstance(msg, Request):  # sent before the initialize was answered
+                failure = self._start_failure
+                await self._send(hop, failure_response(msg.id, failure,
+                                                       component=failure.component))
             return
         src = self.topology.node_of(hop)
         method = msg.method
@@ -342,6 +349,7 @@ class Chain:
         try:
             links = await self._starter()
         except ComponentStartError as e:
+            self._start_failure = e
             await self._send(self.client, failure_response(msg.id, e, component=e.component))
             if self._on_fatal is not None:
                 self._on_fatal(e)

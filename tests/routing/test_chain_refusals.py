@@ -344,3 +344,30 @@ async def test_a_wrapped_cancel_sent_as_a_request_is_answered_not_left_pending(
     [answer] = [m for m in proxy.sent if m.get("id") == "z"]
     assert answer["error"]["code"] == -32600
     assert "notification" in answer["error"]["data"]
+
+
+async def test_requests_after_a_failed_start_are_told_why_it_failed_not_to_send_initialize(
+        ) -> None:
+    # An editor writes its next requests without waiting for the initialize answer; when
+    # the chain could not start, each must hear that, not "the first message must be
+    # `initialize`", which it was.
+    from conductor.errors import ComponentStartError
+
+    client = Outbox()
+    client_wire = Hop("client", client)
+
+    async def starter() -> list[ComponentLink]:
+        raise ComponentStartError("agent", "command not found: no-such-agent")
+
+    chain = Chain(client_wire, starter)
+    with anyio.fail_after(5):
+        for frame in (b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":'
+                      b'{"protocolVersion":1}}',
+                      b'{"jsonrpc":"2.0","id":1,"method":"session/new","params":'
+                      b'{"cwd":"/","mcpServers":[]}}',
+                      b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s"}}'):
+            await chain.receive(client_wire, decode(frame))
+    assert [m["id"] for m in client.sent] == [0, 1]  # the notification is not answered
+    for answer in client.sent:
+        assert answer["error"]["data"]["component"] == "agent", answer
+        assert "command not found: no-such-agent" in answer["error"]["message"], answer
