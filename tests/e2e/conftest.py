@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -74,8 +75,18 @@ def user_env(venv: Path, **extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with the wheel installed by pip: a normal (non-editable) install."""
-    venv = fresh_venv(tmp_path_factory.mktemp("venv"))
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], check=True,
-                   capture_output=True, timeout=300)
+    """A fresh venv with the wheel installed by pip: a normal (non-editable) install; once
+    per run, whichever xdist worker asks first (tests only run commands in it: a doc that
+    installs something gets a venv of its own)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's
+    venv = shared / "installed-venv"
+    with (shared / "installed.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (venv / "done").exists():
+            shutil.rmtree(venv, ignore_errors=True)  # a worker that died half-way
+            fresh_venv(venv)
+            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
+                           check=True, capture_output=True, timeout=300)
+            (venv / "done").touch()
     return venv
