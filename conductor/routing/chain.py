@@ -469,7 +469,11 @@ class Chain:
                         msg.id, ErrorCode.INVALID_PARAMS, f"Invalid params: {e}",
                         {"mcpServer": e.name, "reason": e.reason}))
                 return
-        session_hook = self._track_session(method, params, source, target, out_params)
+        # Only a request that goes on gets the answer whose hooks end what tracking starts:
+        # a notification (session/prompt without an id) or one answered here for a failed
+        # target would leave a turn running, or an unconfirmed load recorded, for ever.
+        session_hook = self._track_session(method, params, source, target, out_params) \
+            if isinstance(msg, Request) and target.hop.failure is None else None
         if session_hook is not None:
             hooks.append(session_hook)
         if hook is not None:

@@ -6,6 +6,7 @@ import json
 
 import anyio
 
+from conductor.errors import ComponentExitedError
 from conductor.jsonrpc.message import Message, decode, encode
 from conductor.routing.chain import Chain
 from conductor.routing.roles import Role
@@ -122,3 +123,44 @@ async def test_session_load_is_recorded_before_its_answer_so_replayed_updates_ro
     await h.frame("client", {"jsonrpc": "2.0", "id": 5, "method": "session/load",
                              "params": {"sessionId": "OLD", "cwd": "/"}})
     assert "OLD" in h.chain.sessions  # before anything answered
+
+
+async def test_a_prompt_or_load_sent_as_a_notification_leaves_the_session_table_as_it_was(
+        ) -> None:
+    # A notification gets no answer, so nothing would ever end the turn or confirm the load:
+    # counted, the session would stay "prompting" for ever (never expired) and a load that
+    # nobody confirmed would be recorded (and reopened on a restarted agent).
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    await h.through("session/new", {"cwd": "/"}, {"sessionId": "S1"}, 1)
+    for method, params in (("session/prompt", {"sessionId": "S1", "prompt": []}),
+                           ("session/load", {"sessionId": "S2", "cwd": "/"})):
+        await h.frame("client", {"jsonrpc": "2.0", "method": method, "params": params})
+        await h.frame("proxy", {"jsonrpc": "2.0", "method": "_proxy/successor",
+                                "params": {"method": method, "params": params}})
+        assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": method,
+                                         "params": params}  # still forwarded, as it came
+    record = h.chain.sessions.get("S1")
+    assert record is not None
+    assert (record.state, record.prompts) == (SessionState.IDLE, 0)
+    assert "S2" not in h.chain.sessions
+
+
+async def test_a_prompt_or_load_refused_because_the_agent_is_gone_leaves_no_record_behind(
+        ) -> None:
+    # The router answers these itself (the agent failed or is restarting): no answer from
+    # the agent will ever run the hooks that end the turn or drop the refused load.
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    await h.through("session/new", {"cwd": "/"}, {"sessionId": "S1"}, 1)
+    h.wires["agent"].failure = ComponentExitedError("agent", 1)
+    for ident, method, params in ((7, "session/prompt", {"sessionId": "S1", "prompt": []}),
+                                  (8, "session/load", {"sessionId": "S2", "cwd": "/"})):
+        await h.frame("proxy", {"jsonrpc": "2.0", "id": ident, "method": "_proxy/successor",
+                                "params": {"method": method, "params": params}})
+        refusal = h.out["proxy"].take()
+        assert refusal["id"] == ident and "error" in refusal
+    record = h.chain.sessions.get("S1")
+    assert record is not None
+    assert record.state is SessionState.IDLE
+    assert "S2" not in h.chain.sessions
