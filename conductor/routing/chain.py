@@ -312,9 +312,11 @@ class Chain:
             await self.mcp_routes.receive(hop, msg, method, msg.params, src)
             return
         wrapped = acp.SUCCESSOR_METHODS.get(method)
-        if wrapped is not None and (src.role is Role.PROXY or
-                                    (src.role is Role.CLIENT and self.topology.proxy_mode)):
-            await self._unwrap(hop, src, msg, wrapped)
+        if wrapped is not None:
+            if src.role is Role.PROXY or (src.role is Role.CLIENT and self.topology.proxy_mode):
+                await self._unwrap(hop, src, msg, wrapped)
+            else:
+                await self._refuse_envelope(hop, msg, method)
             return
         if src.role is Role.CLIENT:
             if self.recovery.lost:
@@ -412,6 +414,9 @@ class Chain:
         if inner in acp.PROXY_INITIALIZE_METHODS:
             await self.handshake.reject_proxy_initialize(msg, inner, self._replier(hop))
             return
+        if inner in acp.SUCCESSOR_METHODS:
+            await self._refuse_envelope(hop, msg, inner)
+            return
         if src.role is Role.PROXY:
             source, target = src, self.topology.after(src)
         else:  # proxy mode: the client wire carried a message from our successor, going up
@@ -420,6 +425,19 @@ class Chain:
             await self.mcp_routes.receive(hop, msg, inner, env.params, source)
             return
         await self._forward(hop, msg, inner, env.params, source, target, meta=env.any_meta)
+
+    async def _refuse_envelope(self, hop: Hop, msg: Call, method: str) -> None:
+        """A successor envelope from the editor (not in proxy mode), from the agent, or
+        inside another envelope. Passed on, it would reach a proxy as if that proxy's own
+        successor had sent it (the conductor wraps what comes from there): refused."""
+        reason = (f"`{method}` is only sent by a proxy to the conductor, to reach its "
+                  f"successor; {hop.name} is not a proxy here, or wrapped it twice")
+        if isinstance(msg, Request):
+            await self._send(hop, error_response(msg.id, ErrorCode.INVALID_REQUEST,
+                                                 "Invalid Request", reason))
+        else:
+            log.warning("%s; the notification is dropped", reason)
+            self._trace_lifecycle(hop.name, "invalid-message", reason=reason)
 
     async def _forward(self, origin: Hop, msg: Call, method: str, params: Raw | UnsetType,
                        source: Node, target: Node, *, meta: Raw | UnsetType = UNSET,

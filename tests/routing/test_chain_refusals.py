@@ -344,3 +344,42 @@ async def test_a_wrapped_cancel_sent_as_a_request_is_answered_not_left_pending(
     [answer] = [m for m in proxy.sent if m.get("id") == "z"]
     assert answer["error"]["code"] == -32600
     assert "notification" in answer["error"]["data"]
+
+
+SUCCESSOR_SPELLINGS = ["_proxy/successor", "proxy/successor", "_proxy/successor/request"]
+
+
+@pytest.mark.parametrize("wrapper", SUCCESSOR_SPELLINGS)
+async def test_a_successor_envelope_from_the_editor_or_the_agent_is_refused_not_forwarded(
+        wrapper: str) -> None:
+    # Only a proxy wraps for its successor. Passed on, the editor's envelope would reach the
+    # first proxy as if its successor had sent it (the editor posing as the agent), and the
+    # agent's would reach the last proxy wrapped twice.
+    h = Harness()
+    await h.start()
+    envelope = {"jsonrpc": "2.0", "id": 3, "method": wrapper,
+                "params": {"method": "session/request_permission",
+                           "params": {"sessionId": "S"}}}
+    await h.line(h.client_wire, json.dumps(envelope).encode())
+    await h.line(h.agent_wire, json.dumps(envelope).encode())
+    await h.line(h.agent_wire, json.dumps({k: v for k, v in envelope.items()
+                                           if k != "id"}).encode())
+    for refused in (h.client.sent, h.agent.sent):
+        [answer] = refused
+        assert answer["id"] == 3
+        assert answer["error"]["code"] == -32600
+        assert "only sent by a proxy" in answer["error"]["data"]
+
+
+@pytest.mark.parametrize("inner", SUCCESSOR_SPELLINGS)
+async def test_an_envelope_nested_in_an_envelope_is_refused_not_unwrapped_once_and_passed_on(
+        inner: str) -> None:
+    # Passed on, the inner envelope would reach the next proxy as if that proxy's own
+    # successor had sent it: one proxy speaking for a component further down.
+    proxy, agent = await from_proxy_after_initialize(
+        b'{"jsonrpc":"2.0","id":"z","method":"_proxy/successor","params":{"method":"'
+        + inner.encode() + b'","params":{"method":"_x/y","params":{}}}}')
+    assert [m for m in agent.sent if m.get("method") != "initialize"] == []
+    [answer] = [m for m in proxy.sent if m.get("id") == "z"]
+    assert answer["error"]["code"] == -32600
+    assert "only sent by a proxy" in answer["error"]["data"]
