@@ -383,3 +383,23 @@ async def test_an_envelope_nested_in_an_envelope_is_refused_not_unwrapped_once_a
     [answer] = [m for m in proxy.sent if m.get("id") == "z"]
     assert answer["error"]["code"] == -32600
     assert "only sent by a proxy" in answer["error"]["data"]
+
+
+@pytest.mark.parametrize("ident", [b"1.5", b"1e3", b"2.0"])
+async def test_a_request_whose_id_has_a_fraction_stays_open_until_answered(
+        ident: bytes) -> None:
+    # Such an id cannot be named by a cancel, but its request is as open as any other: the
+    # editor's EOF grace (serve.py waits for `wait_quiet`) must wait for its answer too.
+    h = Harness()
+    await h.start()
+    await h.line(h.client_wire,
+                 b'{"jsonrpc":"2.0","id":' + ident + b',"method":"_x/slow","params":{}}')
+    assert h.client_wire.inbound  # open: an EOF now would wait for it
+    await h.line(h.client_wire, b'{"jsonrpc":"2.0","method":"$/cancel_request",'
+                                b'"params":{"requestId":' + ident + b"}}")
+    assert [m["method"] for m in h.agent.sent] == ["_x/slow"]  # the cancel named nothing
+    await h.answer_everything()
+    assert bytes(h.client.raw[-1].id) == ident  # type: ignore[union-attr]
+    with anyio.fail_after(5):
+        await h.client_wire.wait_quiet()
+    assert not h.client_wire.inbound
