@@ -704,10 +704,9 @@ class Chain:
         if rule.step is Step.OPEN_NOW:
             # Install the route before the request goes out: replayed updates precede the answer.
             assert rule.session_id is not None
-            fresh = rule.session_id not in table
-            table.opened(rule.session_id, by=source.name, rank=source.index,
-                         served_by=last.name, how=method, setup=setup)
-            return self._refused_hook(rule.session_id) if fresh else None
+            record = table.loading(rule.session_id, by=source.name, rank=source.index,
+                                   served_by=last.name, how=method, setup=setup)
+            return None if record.confirmed else self._refused_hook(record)
         if rule.step is Step.OPEN_ON_ANSWER:
             return self._opened_hook(rule, source, setup)
         if target is not last:
@@ -729,12 +728,13 @@ class Chain:
             return answer
         return opened
 
-    def _refused_hook(self, session_id: str) -> ResponseHook:
+    def _refused_hook(self, record: SessionRecord) -> ResponseHook:
         table = self.sessions
 
         async def refused(answer: Response) -> Response:
-            # A load or resume that failed opened nothing: forget what it installed.
-            if answer.is_error and table.closed(session_id, CloseReason.REFUSED):
+            # A load or resume that failed opened nothing: forget what it installed, unless
+            # another load of it is still on its way or succeeded (an editor's retry).
+            if table.load_answered(record, not answer.is_error):
                 await self.mcp_routes.drain()
             return answer
         return refused
