@@ -116,6 +116,7 @@ class SessionRecord(Record):
     # those are still on their way: only when all of them are refused was nothing opened.
     confirmed: bool = True
     loads: int = 0
+    turns: int = 0  # prompts on their way to the agent: idle again only when none is
 
 
 Observer = Callable[[str, SessionRecord], None]  # ("opened" | "closed", record)
@@ -198,12 +199,17 @@ class SessionTable:
         if record is not None:
             record.state = SessionState.PROMPTING
             record.prompts += 1
+            record.turns += 1
 
     def idle(self, session_id: str) -> None:
+        """A prompt was answered: the session is idle once no other turn of it runs (a
+        second prompt refused at once must not mark it idle under the running one)."""
         record = self._records.get(session_id)
         if record is not None:
-            record.state = SessionState.IDLE
-            record.idle_since = self.clock()
+            record.turns = max(0, record.turns - 1)
+            if record.turns == 0:
+                record.state = SessionState.IDLE
+                record.idle_since = self.clock()
 
     def closed(self, session_id: str, reason: CloseReason = CloseReason.CLOSED
                ) -> SessionRecord | None:

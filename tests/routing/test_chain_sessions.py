@@ -198,3 +198,26 @@ async def test_a_session_whose_every_load_is_refused_is_forgotten() -> None:
         await h.frame("agent", {"jsonrpc": "2.0", "id": asked["id"],
                                 "error": {"code": -32000, "message": "no such session"}})
     assert "S" not in h.chain.sessions
+
+
+async def test_a_session_stays_prompting_while_any_of_its_turns_runs() -> None:
+    # A second prompt while one runs (an editor's double send) is usually refused at once:
+    # that answer must not mark the session idle under the running turn, or idle expiry
+    # could end the session (its proxies' state, its MCP connections) mid-turn.
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    await h.through("session/new", {"cwd": "/"}, {"sessionId": "S1"}, 1)
+    prompt = {"sessionId": "S1", "prompt": []}
+    for ident in ("p1", "p2"):
+        await h.frame("proxy", {"jsonrpc": "2.0", "id": ident, "method": "_proxy/successor",
+                                "params": {"method": "session/prompt", "params": prompt}})
+    first, second = h.out["agent"].take(), h.out["agent"].take()
+    await h.frame("agent", {"jsonrpc": "2.0", "id": second["id"],
+                            "error": {"code": -32000, "message": "a turn is running"}})
+    record = h.chain.sessions.get("S1")
+    assert record is not None
+    assert record.state is SessionState.PROMPTING
+    assert h.chain.sessions.idle_longer_than(0) == []
+    await h.frame("agent", {"jsonrpc": "2.0", "id": first["id"],
+                            "result": {"stopReason": "end_turn"}})
+    assert record.state is SessionState.IDLE
