@@ -712,9 +712,8 @@ class Chain:
         if target is not last:
             return None  # turns and closes count where they reach the agent
         assert rule.session_id is not None
-        if rule.step is Step.PROMPT:
-            table.prompting(rule.session_id)
-        return self._ended_hook(rule)
+        turn = table.prompting(rule.session_id) if rule.step is Step.PROMPT else None
+        return self._ended_hook(rule, turn)
 
     def _opened_hook(self, rule: Lifecycle, source: Node,
                      setup: Raw | UnsetType) -> ResponseHook:
@@ -739,13 +738,13 @@ class Chain:
             return answer
         return refused
 
-    def _ended_hook(self, rule: Lifecycle) -> ResponseHook:
+    def _ended_hook(self, rule: Lifecycle, turn: SessionRecord | None) -> ResponseHook:
         table = self.sessions
 
         async def ended(answer: Response) -> Response:
             assert rule.session_id is not None
             if rule.step is Step.PROMPT:
-                table.idle(rule.session_id)
+                table.idle(rule.session_id, turn)
             elif rule.closed_by(answer) is not None:
                 table.closed(rule.session_id, CloseReason.DELETED
                              if rule.method == acp.SESSION_DELETE else CloseReason.CLOSED)

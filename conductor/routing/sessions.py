@@ -194,18 +194,21 @@ class SessionTable:
             return True
         return False
 
-    def prompting(self, session_id: str) -> None:
+    def prompting(self, session_id: str) -> SessionRecord | None:
+        """A turn starts; returns the record it counts on (None: no such session open)."""
         record = self._records.get(session_id)
         if record is not None:
             record.state = SessionState.PROMPTING
             record.prompts += 1
             record.turns += 1
+        return record
 
-    def idle(self, session_id: str) -> None:
-        """A prompt was answered: the session is idle once no other turn of it runs (a
-        second prompt refused at once must not mark it idle under the running one)."""
-        record = self._records.get(session_id)
-        if record is not None:
+    def idle(self, session_id: str, record: SessionRecord | None) -> None:
+        """A prompt was answered (`record`: what `prompting` returned for it): the session
+        is idle once no other turn of it runs (a second prompt refused at once must not
+        mark it idle under the running one). A turn of a session since closed (and maybe
+        opened again) ends nothing."""
+        if record is not None and self._records.get(session_id) is record:
             record.turns = max(0, record.turns - 1)
             if record.turns == 0:
                 record.state = SessionState.IDLE

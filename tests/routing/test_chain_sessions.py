@@ -221,3 +221,29 @@ async def test_a_session_stays_prompting_while_any_of_its_turns_runs() -> None:
     await h.frame("agent", {"jsonrpc": "2.0", "id": first["id"],
                             "result": {"stopReason": "end_turn"}})
     assert record.state is SessionState.IDLE
+
+
+async def test_a_turn_answered_after_its_session_was_closed_and_reloaded_ends_only_itself(
+        ) -> None:
+    # The old turn's late answer belongs to the closed session, not to the reloaded one
+    # whose own turn is running.
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    await h.through("session/new", {"cwd": "/"}, {"sessionId": "S1"}, 1)
+
+    async def from_proxy(ident: str, method: str, params: dict[str, object]) -> object:
+        await h.frame("proxy", {"jsonrpc": "2.0", "id": ident, "method": "_proxy/successor",
+                                "params": {"method": method, "params": params}})
+        return h.out["agent"].take()["id"]
+
+    async def agent_answers(ident: object) -> None:
+        await h.frame("agent", {"jsonrpc": "2.0", "id": ident, "result": {}})
+
+    old_turn = await from_proxy("a", "session/prompt", {"sessionId": "S1", "prompt": []})
+    await agent_answers(await from_proxy("b", "session/close", {"sessionId": "S1"}))
+    await agent_answers(await from_proxy("c", "session/load", {"sessionId": "S1", "cwd": "/"}))
+    await from_proxy("d", "session/prompt", {"sessionId": "S1", "prompt": []})
+    await agent_answers(old_turn)
+    record = h.chain.sessions.get("S1")
+    assert record is not None
+    assert (record.state, record.prompts) == (SessionState.PROMPTING, 1)
