@@ -319,9 +319,11 @@ class Chain:
             await self.mcp_routes.receive(hop, msg, method, msg.params, src)
             return
         wrapped = acp.SUCCESSOR_METHODS.get(method)
-        if wrapped is not None and (src.role is Role.PROXY or
-                                    (src.role is Role.CLIENT and self.topology.proxy_mode)):
-            await self._unwrap(hop, src, msg, wrapped)
+        if wrapped is not None:
+            if src.role is Role.PROXY or (src.role is Role.CLIENT and self.topology.proxy_mode):
+                await self._unwrap(hop, src, msg, wrapped)
+            else:
+                await self._refuse_envelope(hop, msg, method)
             return
         if src.role is Role.CLIENT:
             if self.recovery.lost:
@@ -420,6 +422,9 @@ class Chain:
         if inner in acp.PROXY_INITIALIZE_METHODS:
             await self.handshake.reject_proxy_initialize(msg, inner, self._replier(hop))
             return
+        if inner in acp.SUCCESSOR_METHODS:
+            await self._refuse_envelope(hop, msg, inner)
+            return
         if src.role is Role.PROXY:
             source, target = src, self.topology.after(src)
         else:  # proxy mode: the client wire carried a message from our successor, going up
@@ -428,6 +433,19 @@ class Chain:
             await self.mcp_routes.receive(hop, msg, inner, env.params, source)
             return
         await self._forward(hop, msg, inner, env.params, source, target, meta=env.any_meta)
+
+    async def _refuse_envelope(self, hop: Hop, msg: Call, method: str) -> None:
+        """A successor envelope from the editor (not in proxy mode), from the agent, or
+        inside another envelope. Passed on, it would reach a proxy as if that proxy's own
+        successor had sent it (the conductor wraps what comes from there): refused."""
+        reason = (f"`{method}` is only sent by a proxy to the conductor, to reach its "
+                  f"successor; {hop.name} is not a proxy here, or wrapped it twice")
+        if isinstance(msg, Request):
+            await self._send(hop, error_response(msg.id, ErrorCode.INVALID_REQUEST,
+                                                 "Invalid Request", reason))
+        else:
+            log.warning("%s; the notification is dropped", reason)
+            self._trace_lifecycle(hop.name, "invalid-message", reason=reason)
 
     async def _forward(self, origin: Hop, msg: Call, method: str, params: Raw | UnsetType,
                        source: Node, target: Node, *, meta: Raw | UnsetType = UNSET,
@@ -477,7 +495,11 @@ class Chain:
                         msg.id, ErrorCode.INVALID_PARAMS, f"Invalid params: {e}",
                         {"mcpServer": e.name, "reason": e.reason}))
                 return
-        session_hook = self._track_session(method, params, source, target, out_params)
+        # Only a request that goes on gets the answer whose hooks end what tracking starts:
+        # a notification (session/prompt without an id) or one answered here for a failed
+        # target would leave a turn running, or an unconfirmed load recorded, for ever.
+        session_hook = self._track_session(method, params, source, target, out_params) \
+            if isinstance(msg, Request) and target.hop.failure is None else None
         if session_hook is not None:
             hooks.append(session_hook)
         if hook is not None:
@@ -690,18 +712,16 @@ class Chain:
         if rule.step is Step.OPEN_NOW:
             # Install the route before the request goes out: replayed updates precede the answer.
             assert rule.session_id is not None
-            fresh = rule.session_id not in table
-            table.opened(rule.session_id, by=source.name, rank=source.index,
-                         served_by=last.name, how=method, setup=setup)
-            return self._refused_hook(rule.session_id) if fresh else None
+            record = table.loading(rule.session_id, by=source.name, rank=source.index,
+                                   served_by=last.name, how=method, setup=setup)
+            return None if record.confirmed else self._refused_hook(record)
         if rule.step is Step.OPEN_ON_ANSWER:
             return self._opened_hook(rule, source, setup)
         if target is not last:
             return None  # turns and closes count where they reach the agent
         assert rule.session_id is not None
-        if rule.step is Step.PROMPT:
-            table.prompting(rule.session_id)
-        return self._ended_hook(rule)
+        turn = table.prompting(rule.session_id) if rule.step is Step.PROMPT else None
+        return self._ended_hook(rule, turn)
 
     def _opened_hook(self, rule: Lifecycle, source: Node,
                      setup: Raw | UnsetType) -> ResponseHook:
@@ -715,23 +735,24 @@ class Chain:
             return answer
         return opened
 
-    def _refused_hook(self, session_id: str) -> ResponseHook:
+    def _refused_hook(self, record: SessionRecord) -> ResponseHook:
         table = self.sessions
 
         async def refused(answer: Response) -> Response:
-            # A load or resume that failed opened nothing: forget what it installed.
-            if answer.is_error and table.closed(session_id, CloseReason.REFUSED):
+            # A load or resume that failed opened nothing: forget what it installed, unless
+            # another load of it is still on its way or succeeded (an editor's retry).
+            if table.load_answered(record, not answer.is_error):
                 await self.mcp_routes.drain()
             return answer
         return refused
 
-    def _ended_hook(self, rule: Lifecycle) -> ResponseHook:
+    def _ended_hook(self, rule: Lifecycle, turn: SessionRecord | None) -> ResponseHook:
         table = self.sessions
 
         async def ended(answer: Response) -> Response:
             assert rule.session_id is not None
             if rule.step is Step.PROMPT:
-                table.idle(rule.session_id)
+                table.idle(rule.session_id, turn)
             elif rule.closed_by(answer) is not None:
                 table.closed(rule.session_id, CloseReason.DELETED
                              if rule.method == acp.SESSION_DELETE else CloseReason.CLOSED)

@@ -112,6 +112,11 @@ class SessionRecord(Record):
     # The setup request's params as the agent received them (cwd, mcpServers, ...): what
     # reopens the session on a restarted agent.
     setup: Raw | UnsetType = UNSET
+    # Installed by a load or resume that no answer has confirmed yet, and how many of
+    # those are still on their way: only when all of them are refused was nothing opened.
+    confirmed: bool = True
+    loads: int = 0
+    turns: int = 0  # prompts on their way to the agent: idle again only when none is
 
 
 Observer = Callable[[str, SessionRecord], None]  # ("opened" | "closed", record)
@@ -162,17 +167,52 @@ class SessionTable:
                 self._rank[session_id] = rank
                 self._tell("opened", record)
 
-    def prompting(self, session_id: str) -> None:
+    def loading(self, session_id: str, *, by: str, rank: int, served_by: str, how: str,
+                setup: Raw | UnsetType = UNSET) -> SessionRecord:
+        """A load or resume names this session on its way: recorded now, before its answer
+        (replayed updates precede it). Unless the session was already confirmed open, each
+        such request's answer goes to `load_answered`."""
+        fresh = session_id not in self._records
+        self.opened(session_id, by=by, rank=rank, served_by=served_by, how=how, setup=setup)
+        record = self._records[session_id]
+        if fresh:
+            record.confirmed = False
+        if not record.confirmed:
+            record.loads += 1
+        return record
+
+    def load_answered(self, record: SessionRecord, ok: bool) -> bool:
+        """A load or resume of an unconfirmed session was answered (`ok`: with success).
+        True when that released the record: every load of it was refused."""
+        if self._records.get(record.session_id) is not record or record.confirmed:
+            return False
+        record.loads -= 1
+        if ok:
+            record.confirmed = True
+        elif record.loads <= 0:
+            self.closed(record.session_id, CloseReason.REFUSED)
+            return True
+        return False
+
+    def prompting(self, session_id: str) -> SessionRecord | None:
+        """A turn starts; returns the record it counts on (None: no such session open)."""
         record = self._records.get(session_id)
         if record is not None:
             record.state = SessionState.PROMPTING
             record.prompts += 1
+            record.turns += 1
+        return record
 
-    def idle(self, session_id: str) -> None:
-        record = self._records.get(session_id)
-        if record is not None:
-            record.state = SessionState.IDLE
-            record.idle_since = self.clock()
+    def idle(self, session_id: str, record: SessionRecord | None) -> None:
+        """A prompt was answered (`record`: what `prompting` returned for it): the session
+        is idle once no other turn of it runs (a second prompt refused at once must not
+        mark it idle under the running one). A turn of a session since closed (and maybe
+        opened again) ends nothing."""
+        if record is not None and self._records.get(session_id) is record:
+            record.turns = max(0, record.turns - 1)
+            if record.turns == 0:
+                record.state = SessionState.IDLE
+                record.idle_since = self.clock()
 
     def closed(self, session_id: str, reason: CloseReason = CloseReason.CLOSED
                ) -> SessionRecord | None:

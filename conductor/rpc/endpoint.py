@@ -384,12 +384,9 @@ class Endpoint:
     # -- requests we received ------------------------------------------------------------
 
     def track_inbound(self, ident: Raw, inbound: Inbound) -> object:
-        """Remember an open request by its id, so a cancel can find it. Returns its key
-        (None for an id that cannot be keyed: it cannot be cancelled either)."""
-        try:
-            key = id_key(ident)
-        except ValueError:
-            return None
+        """Remember an open request by its id, so a cancel can find it, and `wait_quiet`
+        waits for its answer. Returns its key."""
+        key = _inbound_key(ident)
         self.inbound[key] = inbound
         if self._quiet.is_set():
             self._quiet = anyio.Event()
@@ -399,10 +396,7 @@ class Endpoint:
         """Forget the open request `ident`; with `inbound`, only if it is still that one: a
         client may reuse an id once answered (or, wrongly, while in flight), and the newer
         request must stay tracked (its cancel, and `wait_quiet` waiting for its answer)."""
-        try:
-            key = id_key(ident)
-        except ValueError:
-            return
+        key = _inbound_key(ident)
         if inbound is None or self.inbound.get(key) is inbound:
             self.inbound.pop(key, None)
         if not self.inbound:
@@ -523,6 +517,16 @@ class Endpoint:
         if batch.replies:  # a batch of only notifications gets nothing
             async with self._turn:
                 await self.sink.send(batch.replies)
+
+
+def _inbound_key(ident: Raw) -> object:
+    """An open request's key in `Endpoint.inbound`. An id such as `1.5` has no `id_key`
+    (no cancel can name it) but its request is open all the same: keyed by its bytes, in a
+    tuple that no cancel's key can equal."""
+    try:
+        return id_key(ident)
+    except ValueError:
+        return (bytes(ident),)
 
 
 def reply_to(ident: Raw, reply: Reply) -> Response:

@@ -371,3 +371,62 @@ async def test_requests_after_a_failed_start_are_told_why_it_failed_not_to_send_
     for answer in client.sent:
         assert answer["error"]["data"]["component"] == "agent", answer
         assert "command not found: no-such-agent" in answer["error"]["message"], answer
+
+
+SUCCESSOR_SPELLINGS = ["_proxy/successor", "proxy/successor", "_proxy/successor/request"]
+
+
+@pytest.mark.parametrize("wrapper", SUCCESSOR_SPELLINGS)
+async def test_a_successor_envelope_from_the_editor_or_the_agent_is_refused_not_forwarded(
+        wrapper: str) -> None:
+    # Only a proxy wraps for its successor. Passed on, the editor's envelope would reach the
+    # first proxy as if its successor had sent it (the editor posing as the agent), and the
+    # agent's would reach the last proxy wrapped twice.
+    h = Harness()
+    await h.start()
+    envelope = {"jsonrpc": "2.0", "id": 3, "method": wrapper,
+                "params": {"method": "session/request_permission",
+                           "params": {"sessionId": "S"}}}
+    await h.line(h.client_wire, json.dumps(envelope).encode())
+    await h.line(h.agent_wire, json.dumps(envelope).encode())
+    await h.line(h.agent_wire, json.dumps({k: v for k, v in envelope.items()
+                                           if k != "id"}).encode())
+    for refused in (h.client.sent, h.agent.sent):
+        [answer] = refused
+        assert answer["id"] == 3
+        assert answer["error"]["code"] == -32600
+        assert "only sent by a proxy" in answer["error"]["data"]
+
+
+@pytest.mark.parametrize("inner", SUCCESSOR_SPELLINGS)
+async def test_an_envelope_nested_in_an_envelope_is_refused_not_unwrapped_once_and_passed_on(
+        inner: str) -> None:
+    # Passed on, the inner envelope would reach the next proxy as if that proxy's own
+    # successor had sent it: one proxy speaking for a component further down.
+    proxy, agent = await from_proxy_after_initialize(
+        b'{"jsonrpc":"2.0","id":"z","method":"_proxy/successor","params":{"method":"'
+        + inner.encode() + b'","params":{"method":"_x/y","params":{}}}}')
+    assert [m for m in agent.sent if m.get("method") != "initialize"] == []
+    [answer] = [m for m in proxy.sent if m.get("id") == "z"]
+    assert answer["error"]["code"] == -32600
+    assert "only sent by a proxy" in answer["error"]["data"]
+
+
+@pytest.mark.parametrize("ident", [b"1.5", b"1e3", b"2.0"])
+async def test_a_request_whose_id_has_a_fraction_stays_open_until_answered(
+        ident: bytes) -> None:
+    # Such an id cannot be named by a cancel, but its request is as open as any other: the
+    # editor's EOF grace (serve.py waits for `wait_quiet`) must wait for its answer too.
+    h = Harness()
+    await h.start()
+    await h.line(h.client_wire,
+                 b'{"jsonrpc":"2.0","id":' + ident + b',"method":"_x/slow","params":{}}')
+    assert h.client_wire.inbound  # open: an EOF now would wait for it
+    await h.line(h.client_wire, b'{"jsonrpc":"2.0","method":"$/cancel_request",'
+                                b'"params":{"requestId":' + ident + b"}}")
+    assert [m["method"] for m in h.agent.sent] == ["_x/slow"]  # the cancel named nothing
+    await h.answer_everything()
+    assert bytes(h.client.raw[-1].id) == ident  # type: ignore[union-attr]
+    with anyio.fail_after(5):
+        await h.client_wire.wait_quiet()
+    assert not h.client_wire.inbound

@@ -6,6 +6,7 @@ import json
 
 import anyio
 
+from conductor.errors import ComponentExitedError
 from conductor.jsonrpc.message import Message, decode, encode
 from conductor.routing.chain import Chain
 from conductor.routing.roles import Role
@@ -122,3 +123,127 @@ async def test_session_load_is_recorded_before_its_answer_so_replayed_updates_ro
     await h.frame("client", {"jsonrpc": "2.0", "id": 5, "method": "session/load",
                              "params": {"sessionId": "OLD", "cwd": "/"}})
     assert "OLD" in h.chain.sessions  # before anything answered
+
+
+async def test_a_prompt_or_load_sent_as_a_notification_leaves_the_session_table_as_it_was(
+        ) -> None:
+    # A notification gets no answer, so nothing would ever end the turn or confirm the load:
+    # counted, the session would stay "prompting" for ever (never expired) and a load that
+    # nobody confirmed would be recorded (and reopened on a restarted agent).
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    await h.through("session/new", {"cwd": "/"}, {"sessionId": "S1"}, 1)
+    for method, params in (("session/prompt", {"sessionId": "S1", "prompt": []}),
+                           ("session/load", {"sessionId": "S2", "cwd": "/"})):
+        await h.frame("client", {"jsonrpc": "2.0", "method": method, "params": params})
+        await h.frame("proxy", {"jsonrpc": "2.0", "method": "_proxy/successor",
+                                "params": {"method": method, "params": params}})
+        assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": method,
+                                         "params": params}  # still forwarded, as it came
+    record = h.chain.sessions.get("S1")
+    assert record is not None
+    assert (record.state, record.prompts) == (SessionState.IDLE, 0)
+    assert "S2" not in h.chain.sessions
+
+
+async def test_a_prompt_or_load_refused_because_the_agent_is_gone_leaves_no_record_behind(
+        ) -> None:
+    # The router answers these itself (the agent failed or is restarting): no answer from
+    # the agent will ever run the hooks that end the turn or drop the refused load.
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    await h.through("session/new", {"cwd": "/"}, {"sessionId": "S1"}, 1)
+    h.wires["agent"].failure = ComponentExitedError("agent", 1)
+    for ident, method, params in ((7, "session/prompt", {"sessionId": "S1", "prompt": []}),
+                                  (8, "session/load", {"sessionId": "S2", "cwd": "/"})):
+        await h.frame("proxy", {"jsonrpc": "2.0", "id": ident, "method": "_proxy/successor",
+                                "params": {"method": method, "params": params}})
+        refusal = h.out["proxy"].take()
+        assert refusal["id"] == ident and "error" in refusal
+    record = h.chain.sessions.get("S1")
+    assert record is not None
+    assert record.state is SessionState.IDLE
+    assert "S2" not in h.chain.sessions
+
+
+async def test_a_session_two_loads_race_for_stays_open_when_only_the_first_is_refused() -> None:
+    # An editor that retries a load (or two windows loading one session) may see the first
+    # refused ("busy") and the second succeed: the session is open at the agent, so its
+    # record (and the MCP-over-ACP connections that end with it) must stay.
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    load = {"sessionId": "S", "cwd": "/"}
+    for ident in (1, 2):
+        await h.frame("proxy", {"jsonrpc": "2.0", "id": f"p{ident}",
+                                "method": "_proxy/successor",
+                                "params": {"method": "session/load", "params": load}})
+    first, second = h.out["agent"].take(), h.out["agent"].take()
+    await h.frame("agent", {"jsonrpc": "2.0", "id": first["id"],
+                            "error": {"code": -32000, "message": "busy loading"}})
+    await h.frame("agent", {"jsonrpc": "2.0", "id": second["id"], "result": {}})
+    assert "S" in h.chain.sessions
+
+
+async def test_a_session_whose_every_load_is_refused_is_forgotten() -> None:
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    load = {"sessionId": "S", "cwd": "/"}
+    for ident in (1, 2):
+        await h.frame("proxy", {"jsonrpc": "2.0", "id": f"p{ident}",
+                                "method": "_proxy/successor",
+                                "params": {"method": "session/load", "params": load}})
+    first, second = h.out["agent"].take(), h.out["agent"].take()
+    for asked in (second, first):
+        assert "S" in h.chain.sessions  # one is still on its way: its replay must route
+        await h.frame("agent", {"jsonrpc": "2.0", "id": asked["id"],
+                                "error": {"code": -32000, "message": "no such session"}})
+    assert "S" not in h.chain.sessions
+
+
+async def test_a_session_stays_prompting_while_any_of_its_turns_runs() -> None:
+    # A second prompt while one runs (an editor's double send) is usually refused at once:
+    # that answer must not mark the session idle under the running turn, or idle expiry
+    # could end the session (its proxies' state, its MCP connections) mid-turn.
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    await h.through("session/new", {"cwd": "/"}, {"sessionId": "S1"}, 1)
+    prompt = {"sessionId": "S1", "prompt": []}
+    for ident in ("p1", "p2"):
+        await h.frame("proxy", {"jsonrpc": "2.0", "id": ident, "method": "_proxy/successor",
+                                "params": {"method": "session/prompt", "params": prompt}})
+    first, second = h.out["agent"].take(), h.out["agent"].take()
+    await h.frame("agent", {"jsonrpc": "2.0", "id": second["id"],
+                            "error": {"code": -32000, "message": "a turn is running"}})
+    record = h.chain.sessions.get("S1")
+    assert record is not None
+    assert record.state is SessionState.PROMPTING
+    assert h.chain.sessions.idle_longer_than(0) == []
+    await h.frame("agent", {"jsonrpc": "2.0", "id": first["id"],
+                            "result": {"stopReason": "end_turn"}})
+    assert record.state is SessionState.IDLE
+
+
+async def test_a_turn_answered_after_its_session_was_closed_and_reloaded_ends_only_itself(
+        ) -> None:
+    # The old turn's late answer belongs to the closed session, not to the reloaded one
+    # whose own turn is running.
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    await h.through("session/new", {"cwd": "/"}, {"sessionId": "S1"}, 1)
+
+    async def from_proxy(ident: str, method: str, params: dict[str, object]) -> object:
+        await h.frame("proxy", {"jsonrpc": "2.0", "id": ident, "method": "_proxy/successor",
+                                "params": {"method": method, "params": params}})
+        return h.out["agent"].take()["id"]
+
+    async def agent_answers(ident: object) -> None:
+        await h.frame("agent", {"jsonrpc": "2.0", "id": ident, "result": {}})
+
+    old_turn = await from_proxy("a", "session/prompt", {"sessionId": "S1", "prompt": []})
+    await agent_answers(await from_proxy("b", "session/close", {"sessionId": "S1"}))
+    await agent_answers(await from_proxy("c", "session/load", {"sessionId": "S1", "cwd": "/"}))
+    await from_proxy("d", "session/prompt", {"sessionId": "S1", "prompt": []})
+    await agent_answers(old_turn)
+    record = h.chain.sessions.get("S1")
+    assert record is not None
+    assert (record.state, record.prompts) == (SessionState.PROMPTING, 1)
