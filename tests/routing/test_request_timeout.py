@@ -13,6 +13,7 @@ import anyio
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Batch, Response
 from conductor.plugins import Proxy, ProxyContext, on
+from conductor.plugins.host import INBOX_SIZE
 from conductor.routing.deadlines import Deadlines, Timeouts
 from conductor.rpc.endpoint import Endpoint
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
@@ -220,3 +221,49 @@ async def test_a_v1_agent_behind_a_version_adapter_is_not_sent_a_cancel_request(
     assert error_of(answer)["code"] == ErrorCode.REQUEST_TIMEOUT
     assert agent.received_params("initialize")[0]["protocolVersion"] == 1  # type: ignore[index]
     assert agent.received_params("$/cancel_request") == []
+
+
+class Wedging(Proxy):
+    """Forwards session/new; `_test/wedge` holds its dispatch for ever, so what is sent to
+    it piles up until its inbox is full and every write to it waits, as a stand-alone
+    proxy that stopped reading its stdin does."""
+
+    @on("session/new")
+    async def new(self, ctx: ProxyContext, message: Request) -> object:
+        return await ctx.forward()
+
+    @on("_test/wedge")
+    async def wedge(self, ctx: ProxyContext, message: object) -> None:
+        await anyio.sleep_forever()
+
+
+async def test_a_timeout_owed_to_a_proxy_that_stopped_reading_does_not_stall_the_others(
+) -> None:
+    # The agent's timeout is answered to the proxy, which cannot take it: that answer waits
+    # for the proxy. The proxy's own timeout, the editor's answer, must still come.
+    wedging = Wedging()
+    wedging.rename("wedged")
+    agent = ScriptedAgent({"session/new": hang})
+    async with open_test_chain([wedging], agent, timeouts=Timeouts(request=TIMEOUT)) as client:
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                answers: list[Response] = []
+                answered = anyio.Event()
+
+                async def new_session() -> None:
+                    answers.append(await client.request(
+                        "session/new", {"cwd": "/", "mcpServers": []}))
+                    answered.set()
+                tg.start_soon(new_session)
+                await agent.wait_for("session/new")
+
+                async def flood() -> None:  # fills the wedged proxy's inbox, then waits
+                    for _ in range(INBOX_SIZE + 2):
+                        await client.notify("_test/wedge", {})
+                tg.start_soon(flood)
+                await answered.wait()
+                tg.cancel_scope.cancel()
+    error = error_of(answers[0])
+    assert error["code"] == ErrorCode.REQUEST_TIMEOUT
+    assert error["data"] == {"component": "wedged", "method": "session/new",
+                             "timeout": TIMEOUT}
