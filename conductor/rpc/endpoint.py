@@ -64,8 +64,9 @@ _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 class Outgoing:
     """A request sent on this connection, until its answer arrives."""
 
-    __slots__ = ("_done", "answer", "cancel_sent", "context", "deliver", "failure", "ident",
-                 "method")
+    # (__weakref__: a deadline refers to it without keeping it, or its payload, once answered)
+    __slots__ = ("__weakref__", "_done", "answer", "cancel_sent", "context", "deliver",
+                 "failure", "ident", "method")
 
     def __init__(self, ident: int, method: str, deliver: Deliver | None, context: Any) -> None:
         self.ident = ident

@@ -6,6 +6,8 @@ wait is for an event (the answer), bounded by fail_after.
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from typing import TYPE_CHECKING
 
 import anyio
@@ -267,3 +269,33 @@ async def test_a_timeout_owed_to_a_proxy_that_stopped_reading_does_not_stall_the
     assert error["code"] == ErrorCode.REQUEST_TIMEOUT
     assert error["data"] == {"component": "wedged", "method": "session/new",
                              "timeout": TIMEOUT}
+
+
+class Forgetting(ScriptedAgent):
+    """Keeps nothing of what it received: what stays in memory is the conductor's."""
+
+    async def deliver(self, item: Incoming) -> None:
+        await super().deliver(item)
+        self.received.clear()
+
+
+async def test_an_answered_prompt_does_not_keep_its_payload_until_its_deadline() -> None:
+    # Its deadline stays in the heap until it comes due (or a rebuild): it must not hold
+    # the request, whose prompt may carry megabytes of images, for a whole prompt_timeout.
+    prompt = [{"type": "text", "text": "x" * 100_000}]
+    async with open_test_chain([], Forgetting(), transport="pipes",
+                               timeouts=Timeouts(prompt=600)) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            tracemalloc.start()
+            try:
+                gc.collect()
+                before = tracemalloc.get_traced_memory()[0]
+                for _ in range(200):
+                    await client.request("session/prompt", {"sessionId": sid,
+                                                            "prompt": prompt})
+                gc.collect()
+                kept = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+    assert kept < 2_000_000, f"{kept} bytes kept for 200 answered 100 KB prompts"
