@@ -7,12 +7,14 @@ import json
 import os
 import shutil
 import subprocess
+import tracemalloc
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 from click.testing import CliRunner
 
+from conductor.jsonrpc.message import Request, Response, int_id, payload
 from conductor.plugins import Proxy, ProxyContext, on
 from conductor.testing import ScriptedAgent, open_test_chain
 from conductor.tracing.sink import JsonlTraceSink
@@ -180,3 +182,33 @@ def test_the_page_marks_where_requests_stopped_shows_the_silence_and_fits_every_
     assert "stopped here: holder never answered" in out
     assert 'data-gaps="1"' in out
     assert f"{SILENCE:.1f} s without a message" in out
+
+
+def test_requests_never_answered_do_not_grow_the_trace_sinks_memory_without_bound(
+        tmp_path: Path) -> None:
+    # A request timed out (or its component gone) is answered by the conductor: no answer
+    # ever crosses the hop it was sent on, so its flow would be kept for the whole run.
+    sink = JsonlTraceSink(tmp_path / "t.jsonl")
+    sink.MAX_OPEN_REQUESTS = 1000
+    params = payload({"cwd": "/", "mcpServers": []})
+
+    def forward_unanswered(first: int, count: int) -> None:
+        for ident in range(first, first + count):
+            sink.message("agent", "out", Request(id=int_id(ident), method="session/new",
+                                                 params=params), peer="client")
+
+    with sink:
+        tracemalloc.start()
+        try:
+            forward_unanswered(0, 2000)  # past the bound: what is kept from now on is all
+            before = tracemalloc.get_traced_memory()[0]
+            forward_unanswered(2000, 20_000)
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        # the latest request is still followed to its answer
+        sink.message("agent", "in", Response(id=int_id(21_999), result=payload({})),
+                     peer="client")
+    assert grown < 100_000, f"{grown} bytes kept for 20,000 requests never answered"
+    answer = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[-1])
+    assert (answer["kind"], answer["method"]) == ("response", "session/new")

@@ -794,7 +794,14 @@ class Chain:
             if expiry is not None:
                 tg.start_soon(self._serve_idle_expiry, expiry)
             if self._deadlines is not None:
-                tg.start_soon(self._deadlines.serve, self._timed_out)
+                tg.start_soon(self._deadlines.serve, self._expire_soon)
+
+    async def _expire_soon(self, expired: Expired) -> None:
+        # Each timeout's answer in a task of its own: it is owed to the component that sent
+        # the request, and one that stopped reading would otherwise hold the scan, and with
+        # it every later timeout of every session (the editor's own among them).
+        assert self._timers is not None  # expiries come from serve_timers
+        self._timers.start_soon(self._timed_out, expired)
 
     async def _serve_idle_expiry(self, seconds: float) -> None:
         # One scan every eighth of `seconds`: a session goes between `seconds` and

@@ -8,7 +8,8 @@ Requests travelling up to the editor are never timed: they wait for a person.
 The hot path pays one `heappush` per forwarded request and nothing when both timeouts are
 off. One task (`serve`) scans the heap every sixteenth of the shorter timeout; answered
 requests are skipped when they surface, and the heap is rebuilt when it holds mostly such
-leftovers, so it stays proportional to what is really pending.
+leftovers, so it stays proportional to what is really pending. Its entries refer to their
+requests weakly, so such a leftover holds no payload.
 
 Staggered deadlines name the right component: a request held by a component gets one
 `STAGGER` (a quarter of the timeout if that is less) more per component after it in the
@@ -22,6 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
@@ -55,7 +57,24 @@ class Expired(Record, frozen=True):
     session_id: str | None  # for a prompt: the turn to cancel
 
 
-Entry = tuple[float, int, Expired]
+class _Timed(Record, frozen=True):
+    """A request in the heap. It refers to the request weakly: an answered one, and the
+    payload its forward carries (a prompt's images), are freed at once, not when its
+    deadline comes up, possibly a whole prompt_timeout later."""
+
+    hop: Hop
+    outgoing: weakref.ref[Outgoing]
+    timeout: float
+    session_id: str | None
+
+    def pending(self) -> Outgoing | None:
+        outgoing = self.outgoing()
+        if outgoing is None or self.hop.pending.get(outgoing.ident) is not outgoing:
+            return None
+        return outgoing
+
+
+Entry = tuple[float, int, _Timed]
 OnExpired = Callable[[Expired], Awaitable[None]]
 
 
@@ -77,9 +96,9 @@ class Deadlines:
             return
         deadline = self.clock() + timeout + min(STAGGER, timeout / 4) * after
         heapq.heappush(self._heap, (deadline, next(self._seq),
-                                    Expired(hop, outgoing, timeout, session_id)))
+                                    _Timed(hop, weakref.ref(outgoing), timeout, session_id)))
         if len(self._heap) > self._rebuild_at:
-            self._heap = [e for e in self._heap if _pending(e[2])]
+            self._heap = [e for e in self._heap if e[2].pending() is not None]
             heapq.heapify(self._heap)
             self._rebuild_at = 2 * len(self._heap) + 1024
 
@@ -90,9 +109,10 @@ class Deadlines:
         """Pop every entry whose deadline has passed and is still pending."""
         now, heap, out = self.clock(), self._heap, []
         while heap and heap[0][0] <= now:
-            expired = heapq.heappop(heap)[2]
-            if _pending(expired):
-                out.append(expired)
+            timed = heapq.heappop(heap)[2]
+            outgoing = timed.pending()
+            if outgoing is not None:
+                out.append(Expired(timed.hop, outgoing, timed.timeout, timed.session_id))
         return out
 
     async def serve(self, on_expired: OnExpired) -> None:
@@ -105,7 +125,3 @@ class Deadlines:
             await anyio.sleep(shortest / 16)
             for expired in self.due():
                 await on_expired(expired)
-
-
-def _pending(expired: Expired) -> bool:
-    return expired.hop.pending.get(expired.outgoing.ident) is expired.outgoing

@@ -64,8 +64,9 @@ _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 class Outgoing:
     """A request sent on this connection, until its answer arrives."""
 
-    __slots__ = ("_done", "answer", "cancel_sent", "context", "deliver", "failure", "ident",
-                 "method")
+    # (__weakref__: a deadline refers to it without keeping it, or its payload, once answered)
+    __slots__ = ("__weakref__", "_done", "answer", "cancel_sent", "context", "deliver",
+                 "failure", "ident", "method")
 
     def __init__(self, ident: int, method: str, deliver: Deliver | None, context: Any) -> None:
         self.ident = ident
@@ -99,7 +100,7 @@ class Inbound(Record):
 class _BatchReplies(Record):
     """Answers owed for one batch that arrived; sent as one array when complete."""
 
-    wanted: list[Raw]
+    wanted: int  # how many of its requests are not answered yet
     replies: list[Message] = msgspec.field(default_factory=list)
     intake_open: bool = True
 
@@ -165,7 +166,11 @@ class Endpoint:
         # A sink that can queue without waiting (transport/base.py's MessageSink note).
         self._sink_nowait: Callable[[Message], bool] | None = getattr(sink, "send_nowait",
                                                                       None)
-        self._batches: list[_BatchReplies] = []
+        self._batches = 0  # how many arrived batches still collect their replies
+        # The open batches owing a reply to each id (by its exact bytes), oldest first: a
+        # reply finds its batch at once, however large the batch (a 1 MB frame holds 20,000
+        # requests) and in whatever order the answers come.
+        self._batch_owed: dict[bytes, deque[_BatchReplies]] = {}
         self._quiet = anyio.Event()  # set while no inbound request is open
         self._quiet.set()
 
@@ -492,8 +497,10 @@ class Endpoint:
 
     def open_batch(self, request_ids: list[Raw]) -> _BatchReplies:
         """Start collecting: replies to these ids are held back until `end_batch`."""
-        batch = _BatchReplies(list(request_ids))
-        self._batches.append(batch)
+        batch = _BatchReplies(len(request_ids))
+        for ident in request_ids:
+            self._batch_owed.setdefault(bytes(ident), deque()).append(batch)
+        self._batches += 1
         return batch
 
     async def end_batch(self, batch: _BatchReplies) -> None:
@@ -502,18 +509,20 @@ class Endpoint:
 
     def _batch_for(self, ident: Raw) -> _BatchReplies | None:
         # By the id's exact bytes: duplicate and float ids are still matched one by one.
-        wanted = bytes(ident)
-        for batch in self._batches:
-            for i, candidate in enumerate(batch.wanted):
-                if bytes(candidate) == wanted:
-                    del batch.wanted[i]
-                    return batch
-        return None
+        key = bytes(ident)
+        owed = self._batch_owed.get(key)
+        if owed is None:
+            return None
+        batch = owed.popleft()
+        if not owed:
+            del self._batch_owed[key]
+        batch.wanted -= 1
+        return batch
 
     async def _flush_if_complete(self, batch: _BatchReplies) -> None:
         if not batch.complete:
             return
-        self._batches.remove(batch)
+        self._batches -= 1
         if batch.replies:  # a batch of only notifications gets nothing
             async with self._turn:
                 await self.sink.send(batch.replies)

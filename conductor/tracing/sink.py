@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
@@ -79,6 +79,11 @@ class JsonlTraceSink:
 
     FLUSH_BYTES = 64 * 1024
     FLUSH_SECONDS = 0.05
+    # Requests followed to their answers, per direction. A request the conductor answered
+    # itself (timed out, its component gone) never sees its answer cross the hop it was
+    # sent on: past this many, the oldest is forgotten (its late answer, if any, is traced
+    # without its method and flow), so a long run keeps no more than this.
+    MAX_OPEN_REQUESTS = 10_000
 
     def __init__(self, path: str | os.PathLike[str], *, redactor: Redactor | None = None) -> None:
         from conductor.output import open_output
@@ -91,8 +96,9 @@ class JsonlTraceSink:
         self._redact = redactor
         self._seq = 0
         self._flows = 0
-        self._out: dict[tuple[str, Any], _Flow] = {}      # requests the conductor sent on a hop
-        self._in: dict[tuple[str, Any], _Flow] = {}       # requests the conductor received
+        # requests the conductor sent on a hop; requests it received (oldest first)
+        self._out: OrderedDict[tuple[str, Any], _Flow] = OrderedDict()
+        self._in: OrderedDict[tuple[str, Any], _Flow] = OrderedDict()
         self._unclaimed: dict[str, deque[_Flow]] = {}     # forwarded to a proxy, not yet re-sent
         self._closed = False
         self._write({"type": "trace", "version": TRACE_FORMAT_VERSION, "time": time.time(),
@@ -173,7 +179,7 @@ class JsonlTraceSink:
                 flow = self._new_flow(method, session)
             if hop == "client":  # the editor answers this id: that is the flow's editor-side id
                 flow.client_id = Raw(bytes(ident))
-            self._out[(hop, _key(ident))] = flow
+            self._open(self._out, (hop, _key(ident)), flow)
             self._unclaimed.setdefault(hop, deque(maxlen=256)).append(flow)
         else:
             if hop == "client":
@@ -181,8 +187,14 @@ class JsonlTraceSink:
                 flow.client_id = Raw(bytes(ident))
             else:
                 flow = self._claim(hop, method, session)
-            self._in[(hop, _key(ident))] = flow
+            self._open(self._in, (hop, _key(ident)), flow)
         return flow
+
+    def _open(self, table: OrderedDict[tuple[str, Any], _Flow], key: tuple[str, Any],
+              flow: _Flow) -> None:
+        table[key] = flow
+        if len(table) > self.MAX_OPEN_REQUESTS:
+            table.popitem(last=False)
 
     def _claim(self, hop: str, method: str, session: str | None) -> _Flow:
         """A component sent a request: most likely it forwards one we gave it (same method)."""

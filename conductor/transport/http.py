@@ -287,6 +287,7 @@ class HttpClient(RemoteClient):
         self._session_sources: dict[str, MemoryObjectReceiveStream[bytes]] = {}
         self.sessions: set[str] = set()
         self._request_session: dict[bytes, str] = {}
+        self._closing: set[bytes] = set()  # requests that end their session when answered
         self._initialize: bytes | None = None
         self.closed = False  # the chain said its last word: the streams end
         self.initialized = anyio.Event()  # the initialize answer came, or the chain ended
@@ -309,6 +310,8 @@ class HttpClient(RemoteClient):
             self.sessions.add(session)  # its replayed updates may come before the answer
         if isinstance(message, Request):
             self._request_session[bytes(message.id)] = session
+            if message.method in (acp.SESSION_CLOSE, acp.SESSION_DELETE):
+                self._closing.add(bytes(message.id))
 
     async def send(self, item: Message | list[Message]) -> None:
         session: str | None = None
@@ -321,6 +324,12 @@ class HttpClient(RemoteClient):
                 self.initialized.set()
                 return
             session = self._request_session.pop(key, None)
+            if key in self._closing:
+                self._closing.discard(key)
+                if session is not None and not item.is_error:
+                    # Closed: forgotten (a connection that opens and closes sessions for
+                    # hours keeps none of them), and its id is no longer accepted.
+                    self.sessions.discard(session)
             opened = acp.get_str(item.result, "sessionId") if item.result is not UNSET \
                 else None
             if opened is not None:

@@ -6,6 +6,8 @@ wait is for an event (the answer), bounded by fail_after.
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from typing import TYPE_CHECKING
 
 import anyio
@@ -13,6 +15,7 @@ import anyio
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Batch, Response
 from conductor.plugins import Proxy, ProxyContext, on
+from conductor.plugins.host import INBOX_SIZE
 from conductor.routing.deadlines import Deadlines, Timeouts
 from conductor.rpc.endpoint import Endpoint
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
@@ -220,3 +223,79 @@ async def test_a_v1_agent_behind_a_version_adapter_is_not_sent_a_cancel_request(
     assert error_of(answer)["code"] == ErrorCode.REQUEST_TIMEOUT
     assert agent.received_params("initialize")[0]["protocolVersion"] == 1  # type: ignore[index]
     assert agent.received_params("$/cancel_request") == []
+
+
+class Wedging(Proxy):
+    """Forwards session/new; `_test/wedge` holds its dispatch for ever, so what is sent to
+    it piles up until its inbox is full and every write to it waits, as a stand-alone
+    proxy that stopped reading its stdin does."""
+
+    @on("session/new")
+    async def new(self, ctx: ProxyContext, message: Request) -> object:
+        return await ctx.forward()
+
+    @on("_test/wedge")
+    async def wedge(self, ctx: ProxyContext, message: object) -> None:
+        await anyio.sleep_forever()
+
+
+async def test_a_timeout_owed_to_a_proxy_that_stopped_reading_does_not_stall_the_others(
+) -> None:
+    # The agent's timeout is answered to the proxy, which cannot take it: that answer waits
+    # for the proxy. The proxy's own timeout, the editor's answer, must still come.
+    wedging = Wedging()
+    wedging.rename("wedged")
+    agent = ScriptedAgent({"session/new": hang})
+    async with open_test_chain([wedging], agent, timeouts=Timeouts(request=TIMEOUT)) as client:
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                answers: list[Response] = []
+                answered = anyio.Event()
+
+                async def new_session() -> None:
+                    answers.append(await client.request(
+                        "session/new", {"cwd": "/", "mcpServers": []}))
+                    answered.set()
+                tg.start_soon(new_session)
+                await agent.wait_for("session/new")
+
+                async def flood() -> None:  # fills the wedged proxy's inbox, then waits
+                    for _ in range(INBOX_SIZE + 2):
+                        await client.notify("_test/wedge", {})
+                tg.start_soon(flood)
+                await answered.wait()
+                tg.cancel_scope.cancel()
+    error = error_of(answers[0])
+    assert error["code"] == ErrorCode.REQUEST_TIMEOUT
+    assert error["data"] == {"component": "wedged", "method": "session/new",
+                             "timeout": TIMEOUT}
+
+
+class Forgetting(ScriptedAgent):
+    """Keeps nothing of what it received: what stays in memory is the conductor's."""
+
+    async def deliver(self, item: Incoming) -> None:
+        await super().deliver(item)
+        self.received.clear()
+
+
+async def test_an_answered_prompt_does_not_keep_its_payload_until_its_deadline() -> None:
+    # Its deadline stays in the heap until it comes due (or a rebuild): it must not hold
+    # the request, whose prompt may carry megabytes of images, for a whole prompt_timeout.
+    prompt = [{"type": "text", "text": "x" * 100_000}]
+    async with open_test_chain([], Forgetting(), transport="pipes",
+                               timeouts=Timeouts(prompt=600)) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            tracemalloc.start()
+            try:
+                gc.collect()
+                before = tracemalloc.get_traced_memory()[0]
+                for _ in range(200):
+                    await client.request("session/prompt", {"sessionId": sid,
+                                                            "prompt": prompt})
+                gc.collect()
+                kept = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+    assert kept < 2_000_000, f"{kept} bytes kept for 200 answered 100 KB prompts"

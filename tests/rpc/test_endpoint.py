@@ -286,6 +286,23 @@ async def test_replies_to_a_batch_leave_as_one_array_even_with_duplicate_and_flo
     assert len(sent) == 1 and isinstance(sent[0], list) and len(sent[0]) == 3
 
 
+async def test_a_large_batch_answered_out_of_order_is_matched_without_stalling_the_loop(
+        ) -> None:
+    # One batch of 20,000 requests is a 1 MB frame, far under the frame limit; each reply
+    # must find its place in the batch at once, not by a scan of what is still owed (the
+    # event loop, every session and connection on it, would stall for the square of it).
+    sink = RecordingSink()
+    endpoint = Endpoint("client", sink)
+    ids = [Raw(str(i).encode()) for i in range(20_000)]
+    batch = endpoint.open_batch(ids)
+    await endpoint.end_batch(batch)
+    with anyio.fail_after(5):
+        for ident in reversed(ids):  # the last asked answered first, as agents may
+            await endpoint.send(Response(id=ident, result=Raw(b"{}")))
+            await anyio.lowlevel.checkpoint()  # where the bound can stop a stalled loop
+    assert len(sink.sent) == 1 and len(sink.sent[0]) == len(ids)
+
+
 async def test_a_request_reusing_an_id_stays_cancellable_and_awaited_after_the_first_is_answered(
         ) -> None:
     # A client may use an id again once it is answered (or, wrongly, while it is in

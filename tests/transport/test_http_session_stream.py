@@ -148,3 +148,32 @@ async def test_a_client_that_stops_reading_its_stream_is_dropped_and_its_place_f
                        (b"acp-connection-id", client.id.encode()))
     assert endpoint.clients == {}
     assert answers[0]["status"] == 404, answers  # the connection has ended
+
+
+async def test_a_session_closed_on_an_http_connection_is_forgotten_by_it() -> None:
+    # A long-lived connection that opens and closes sessions keeps no trace of the closed
+    # ones (nor accepts their id in Acp-Session-Id); one whose close failed is still open.
+    client = HttpClient("peer", 0, max_frame_bytes=1 << 20)
+    main = Stream()
+    ids = iter(range(1_000_000))
+
+    async def answered(method: str, session: str | None, result: Any = None,
+                       error: Any = None) -> None:
+        request = Request(id=raw(next(ids)), method=method,
+                          params=raw({"sessionId": session} if session else {"cwd": "/"}))
+        client.note_request(request, session)
+        await client.send(Response(id=request.id, result=raw(result)) if error is None
+                          else Response(id=request.id, error=raw(error)))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.stream, None, main.send, main.receive)
+            await main.opened.wait()
+            for n in range(100):
+                await answered("session/new", None, {"sessionId": f"s{n}"})
+                await answered("session/close", f"s{n}", {})
+            await answered("session/new", None, {"sessionId": "kept"})
+            await answered("session/close", "kept", error={"code": -32603, "message": "no"})
+            tg.cancel_scope.cancel()
+    client.finish()  # what the listener does once the chain has stopped
+    assert client.sessions == {"kept"}
