@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
-from typing import TextIO
+from typing import Any
 
 LEVELS = ("debug", "info", "warning", "error")
 
@@ -15,12 +16,20 @@ def configure_logging(level: str = "warning", log_file: str | None = None) -> No
     Raises:
         ConfigError: `log_file` is a symbolic link or cannot be written (created 0600).
     """
-    stream: TextIO = sys.stderr
+    stream: Any = sys.stderr  # (what logging.StreamHandler writes to: `write`, `flush`)
     if log_file:
         from conductor.output import open_output
 
         fd = open_output(log_file, option="--log-file", append=True)
         stream = open(fd, "a", encoding="utf-8", buffering=1)
+    else:
+        from conductor.cli.stderr_pipe import PipeStderr
+
+        pipe = PipeStderr.for_stderr()  # a pipe nobody reads must not stop the conductor
+        if pipe is not None:
+            stream = pipe
+            atexit.unregister(pipe.finish)  # (once, however often logging is configured)
+            atexit.register(pipe.finish)
     _route("acp_conductor", stream, logging.Formatter("acp-conductor %(levelname)s: %(message)s"),
            level.upper())
     _route("acp_conductor.stderr", stream, logging.Formatter("%(component)s| %(message)s"),
@@ -45,7 +54,7 @@ def configure_logging(level: str = "warning", log_file: str | None = None) -> No
            logging.DEBUG if level == "debug" else logging.INFO)
 
 
-def _route(name: str, stream: TextIO, formatter: logging.Formatter, level: int | str) -> None:
+def _route(name: str, stream: Any, formatter: logging.Formatter, level: int | str) -> None:
     """Logger `name` writes to `stream` alone, formatted by `formatter`, from `level` on."""
     logger = logging.getLogger(name)
     logger.handlers.clear()
