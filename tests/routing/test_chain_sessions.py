@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import anyio
 
@@ -166,10 +167,9 @@ async def test_a_prompt_or_load_refused_because_the_agent_is_gone_leaves_no_reco
     assert "S2" not in h.chain.sessions
 
 
-async def test_a_session_two_loads_race_for_stays_open_when_only_the_first_is_refused() -> None:
-    # An editor that retries a load (or two windows loading one session) may see the first
-    # refused ("busy") and the second succeed: the session is open at the agent, so its
-    # record (and the MCP-over-ACP connections that end with it) must stay.
+async def two_loads_of_one_session() -> tuple[Harness, dict[str, Any], dict[str, Any]]:
+    """A proxy sends session/load of "S" twice before either is answered: the harness and
+    the two loads as the agent got them."""
     h = Harness()
     await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
     load = {"sessionId": "S", "cwd": "/"}
@@ -177,7 +177,14 @@ async def test_a_session_two_loads_race_for_stays_open_when_only_the_first_is_re
         await h.frame("proxy", {"jsonrpc": "2.0", "id": f"p{ident}",
                                 "method": "_proxy/successor",
                                 "params": {"method": "session/load", "params": load}})
-    first, second = h.out["agent"].take(), h.out["agent"].take()
+    return h, h.out["agent"].take(), h.out["agent"].take()
+
+
+async def test_a_session_two_loads_race_for_stays_open_when_only_the_first_is_refused() -> None:
+    # An editor that retries a load (or two windows loading one session) may see the first
+    # refused ("busy") and the second succeed: the session is open at the agent, so its
+    # record (and the MCP-over-ACP connections that end with it) must stay.
+    h, first, second = await two_loads_of_one_session()
     await h.frame("agent", {"jsonrpc": "2.0", "id": first["id"],
                             "error": {"code": -32000, "message": "busy loading"}})
     await h.frame("agent", {"jsonrpc": "2.0", "id": second["id"], "result": {}})
@@ -185,14 +192,7 @@ async def test_a_session_two_loads_race_for_stays_open_when_only_the_first_is_re
 
 
 async def test_a_session_whose_every_load_is_refused_is_forgotten() -> None:
-    h = Harness()
-    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
-    load = {"sessionId": "S", "cwd": "/"}
-    for ident in (1, 2):
-        await h.frame("proxy", {"jsonrpc": "2.0", "id": f"p{ident}",
-                                "method": "_proxy/successor",
-                                "params": {"method": "session/load", "params": load}})
-    first, second = h.out["agent"].take(), h.out["agent"].take()
+    h, first, second = await two_loads_of_one_session()
     for asked in (second, first):
         assert "S" in h.chain.sessions  # one is still on its way: its replay must route
         await h.frame("agent", {"jsonrpc": "2.0", "id": asked["id"],
