@@ -817,6 +817,8 @@ class Chain:
         it there (in a task of its own: a wedged component may not read its input)."""
         hop, outgoing = expired.hop, expired.outgoing
         reason = f"{hop.name} did not answer {outgoing.method} within {expired.timeout:g}s"
+        if hop.pending.get(outgoing.ident) is not outgoing:
+            return  # answered since the scan: that answer may be on its way, still its own
         forward = outgoing.context
         if isinstance(forward, Forward):
             forward.timed_out = True

@@ -11,12 +11,16 @@ import tracemalloc
 from typing import TYPE_CHECKING
 
 import anyio
+from msgspec import Raw
 
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.message import Batch, Response
+from conductor.jsonrpc.message import Batch, Message, Response, decode
 from conductor.plugins import Proxy, ProxyContext, on
 from conductor.plugins.host import INBOX_SIZE
+from conductor.routing.chain import Chain
 from conductor.routing.deadlines import Deadlines, Timeouts
+from conductor.routing.roles import Role
+from conductor.routing.topology import ComponentLink, Hop
 from conductor.rpc.endpoint import Endpoint
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 
@@ -299,3 +303,64 @@ async def test_an_answered_prompt_does_not_keep_its_payload_until_its_deadline()
             finally:
                 tracemalloc.stop()
     assert kept < 2_000_000, f"{kept} bytes kept for 200 answered 100 KB prompts"
+
+
+class _Wire:
+    """A MessageSink that keeps what the router sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+
+    async def send(self, item: Message | list[Message]) -> None:
+        self.sent.extend(item if isinstance(item, list) else [item])
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_an_answer_that_arrives_as_its_timeout_comes_up_is_still_the_components_own(
+) -> None:
+    # The scan finds the request due and answers it in a task of its own; the component's
+    # answer may arrive first and be on its way (a hook awaiting) when that task runs. The
+    # timeout then answers nothing, and must not relabel that answer as the conductor's:
+    # the conductor's own answers skip the order in-process proxies keep (_routed_past).
+    editor = _Wire()
+    wires = {"client": Hop("client", editor), "agent": Hop("agent", _Wire())}
+
+    async def starter() -> list[ComponentLink]:
+        return [ComponentLink("agent", Role.AGENT, wires["agent"])]
+
+    now = [0.0]
+    chain = Chain(wires["client"], starter, timeouts=Timeouts(request=TIMEOUT))
+    assert chain._deadlines is not None
+    chain._deadlines.clock = lambda: now[0]
+    client, agent = wires["client"], wires["agent"]
+    sources: list[str] = []
+    client.observe = lambda message, source, origin: sources.append(source)
+    with anyio.fail_after(5):
+        await chain.receive(client, decode(b'{"jsonrpc":"2.0","id":0,"method":"initialize",'
+                                           b'"params":{"protocolVersion":1}}'))
+        [init] = agent.pending.values()
+        await chain.receive(agent, Response(id=init.id, result=Raw(b'{"protocolVersion":1}')))
+        await chain.receive(client, decode(b'{"jsonrpc":"2.0","id":1,"method":"_x/slow",'
+                                           b'"params":{}}'))
+        [outgoing] = agent.pending.values()
+        forward = outgoing.context
+        on_its_way, go_on = anyio.Event(), anyio.Event()
+
+        async def hook(answer: Response) -> Response:  # the answer's hooks are awaiting
+            on_its_way.set()
+            await go_on.wait()
+            return answer
+        forward.hook = hook
+        now[0] += 2 * TIMEOUT
+        [expired] = chain._deadlines.due()  # the scan saw it due; its task runs later
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(chain.receive, agent,
+                          Response(id=outgoing.id, result=Raw(b'{"ok":true}')))
+            await on_its_way.wait()
+            await chain._timed_out(expired)  # the timeout's task: nothing left to answer
+            go_on.set()
+    answers = [m for m in editor.sent if isinstance(m, Response) and bytes(m.id) == b"1"]
+    assert [a.result for a in answers] == [Raw(b'{"ok":true}')]
+    assert sources[-1] == "agent"
