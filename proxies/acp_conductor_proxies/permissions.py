@@ -421,15 +421,18 @@ def _add_variable(command: Command, assignment: str, bases: tuple[str, ...],
         Unplaceable: values in values nested more than MAX_DEPTH deep.
     """
     name, value = assignment.split("=", 1)
-    if CODE_VARIABLES.fullmatch(name):
-        command.opaque = True
     if any(c.isspace() for c in value):
         if depth >= MAX_DEPTH:
             raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
-        before = len(command.simple)
+        before, opaque = len(command.simple), command.opaque
         _add_script(command, value, bases, depth + 1)
         command.unwrapped.extend(command.simple[before:])
         del command.simple[before:]
+        # Read as a script only for its spellings: an ordinary variable's value is data
+        # (`NAME="Conan O'Brien"`), and what cannot be parsed in it runs nowhere.
+        command.opaque = opaque
+    if CODE_VARIABLES.fullmatch(name):
+        command.opaque = True
 
 
 def _add_body(command: Command, argv: list[str], bases: tuple[str, ...], in_shell: bool,

@@ -670,6 +670,8 @@ async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
     # a variable that runs other code: another git on PATH, a startup file
     (["sh", "-c", "GIT_PAGER=cat git status"], True), (["sh", "-c", "PATH=. git status"], False),
     (["sh", "-c", "BASH_ENV=x bash -c 'git status'"], False),
+    # an ordinary variable's value is data: a quote in it the shell already closed
+    (["sh", "-c", "GIT_AUTHOR_NAME=\"Conan O'Brien\" git status"], True),
 ])
 async def test_an_allow_command_rule_needs_every_command_that_would_run_to_match(
         ws: Path, argv: list[str], allowed: bool) -> None:
