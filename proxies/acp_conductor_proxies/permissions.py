@@ -1019,7 +1019,10 @@ def _with_known(params: dict[str, Any], calls: dict[str, Any]) -> dict[str, Any]
     if isinstance(about, dict):
         if isinstance(about.get("toolCall"), dict):
             params = {**params, "subject": {**about, "toolCall": known(about["toolCall"])}}
-        elif about.get("type") == "command" and isinstance(about.get("toolCallId"), str):
+        elif about.get("type") == "command" and isinstance(about.get("toolCallId"), str) \
+                and about["toolCallId"] in calls:
+            # only a tool call announced: an unknown one would add a kind of None, which
+            # no allow rule's kind matches (the id alone shows the editor nothing)
             params = {**params, "subject": {**about, "toolCall": known(
                 {"toolCallId": about["toolCallId"]})}}
     return params

@@ -643,6 +643,19 @@ async def test_a_v2_request_naming_only_its_tool_call_is_judged_by_what_was_anno
                                           "cwd": str(ws), "toolCallId": "c1"}) == "no"
 
 
+async def test_a_v2_command_subject_naming_an_unannounced_tool_call_meets_allow_rules(
+        ws: Path) -> None:
+    # The tool call it runs for is only an id (ACP: "when known"): what is judged is the
+    # command, with the execute kind its subject gives it, not a tool call of no kind.
+    options = PermissionsOptions(default="deny", rules=[
+        {"name": "status", "kind": "execute", "command": "^git status$", "action": "allow"}])
+    async with policy(ws, options, protocol=2) as probe:
+        assert await probe.permission_v2({"type": "command", "command": "git status",
+                                          "cwd": str(ws), "toolCallId": "c7"}) == "yes"
+        assert await probe.permission_v2({"type": "command", "command": "git status",
+                                          "cwd": str(ws)}) == "yes"
+
+
 # -- allow rules judge the file reached, not the name it was asked by ---------------------
 
 ALLOW_PUBLIC = PermissionsOptions(default="deny", rules=[
