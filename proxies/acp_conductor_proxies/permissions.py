@@ -675,8 +675,10 @@ def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,
     _add_argv(command, argv, tuple(dirs), in_shell=True, depth=depth)
     words = [w for w in argv if not _ASSIGNMENT.match(w)]
     if words[:1] in (["cd"], ["pushd"]):
-        # `cd -P DIR`, `cd -- DIR`: options come before the directory
-        rest = list(itertools.dropwhile(lambda w: w.startswith("-") and w != "-", words[1:]))
+        # `cd -P DIR`, `cd -- DIR`: options come before the directory (`--` ends them)
+        rest = list(itertools.dropwhile(lambda w: w.startswith("-") and w not in ("-", "--"),
+                                        words[1:]))
+        rest = rest[1:] if rest[:1] == ["--"] else rest
         if not rest and words[0] == "pushd":
             return
         # Later relative paths may be relative to it, or not (it was in a subshell, or

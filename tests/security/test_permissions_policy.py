@@ -309,6 +309,18 @@ async def test_a_terminal_command_that_names_a_protected_file_is_denied(
         assert not await probe.reaches_editor("terminal/create", request_)
 
 
+async def test_a_cd_directory_after_double_dash_is_where_later_paths_lead(ws: Path) -> None:
+    # `cd -- -x`: after `--` a word starting with `-` is the directory, not an option (nor
+    # a bare `cd` home).
+    options = PermissionsOptions(default="allow", rules=[
+        {"name": "dash", "path": "*/-x/*", "action": "deny"}])
+    async with policy(ws, options) as probe:
+        assert not await probe.reaches_editor(
+            "terminal/create", terminal("sh", "-c", "cd -- -x && cat k"))
+        assert not await probe.reaches_editor(
+            "terminal/create", terminal("sh", "-c", "cd -P -- -x && cat k"))
+
+
 @pytest.mark.parametrize("request_", [
     terminal("cat", "/proc/self/cwd/secrets/k"), terminal("cat", "/proc/self/root{ws}/secrets/k"),
     terminal("cat", "/proc/thread-self/root{ws}/notsecret/k"),
