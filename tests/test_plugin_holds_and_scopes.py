@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
+from conductor.errors import RpcError
 from conductor.jsonrpc.message import Notification
-from conductor.plugins import Proxy, ProxyContext, SessionScope, on
+from conductor.plugins import CloseReason, Proxy, ProxyContext, SessionScope, on
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 
 if TYPE_CHECKING:
@@ -403,3 +404,59 @@ async def test_a_handlers_own_timeout_on_its_request_ends_the_wait_at_once(
         finally:
             never.set()
     assert answer == {"stopReason": "end_turn"}
+
+
+class SeesSessions(Proxy):
+    """Records each session's opening and end, as a plugin keeping per-session state does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, str, object]] = []
+
+    async def session_opened(self, session: SessionScope) -> None:
+        self.events.append(("opened", session.session_id, session.how))
+
+    async def session_closed(self, session: SessionScope) -> None:
+        self.events.append(("closed", session.session_id, session.closed_reason))
+
+
+@pytest.mark.parametrize("second", ["accepted", "refused"])
+async def test_a_session_two_loads_race_for_is_refused_only_when_both_are(
+        second: str) -> None:
+    # An editor's retry (or two windows) may have the first load refused ("busy") and the
+    # second succeed: the session is open at the agent, so the proxy must not be told it
+    # was refused, nor lose the scope (its state, its per-session handlers).
+    proxy, first_answered = SeesSessions(), anyio.Event()
+    first_arrived, second_arrived = anyio.Event(), anyio.Event()
+    loads = 0
+
+    async def load(agent: ScriptedAgent, message: Message) -> object:
+        nonlocal loads
+        loads += 1
+        if loads == 1:
+            first_arrived.set()
+            await second_arrived.wait()
+            raise RpcError(-32000, "busy loading")
+        second_arrived.set()
+        await first_answered.wait()
+        if second == "refused":
+            raise RpcError(-32000, "no such session")
+        return {}
+
+    agent = ScriptedAgent({"session/load": load})
+    params = {"sessionId": "S", "cwd": "/", "mcpServers": []}
+    async with open_test_chain([proxy], agent) as client:
+        with anyio.fail_after(5):
+            answers: list[Any] = []
+
+            async def send() -> None:
+                answers.append(await client.request("session/load", params))
+                first_answered.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send)
+                await first_arrived.wait()  # (so the first is the one refused)
+                tg.start_soon(send)
+            assert [a.is_error for a in answers] == [True, second == "refused"]
+    refused = [e for e in proxy.events if e[0] == "closed" and e[2] is CloseReason.REFUSED]
+    assert refused == ([("closed", "S", CloseReason.REFUSED)] if second == "refused" else [])

@@ -163,7 +163,7 @@ class _Sent(Record):
     origin_id: Raw | None = None  # a pass-through forward: answer the conductor's id
     params: Raw | UnsetType = UNSET  # the request's (a session's setup, for its scope)
     declared: list[str] | None = None  # serverIds of this proxy's MCP servers it declares
-    fresh: bool = False          # a load/resume installed a scope that was not there before
+    fresh: bool = False          # a load/resume of a session no answer has confirmed yet
     inbound: Inbound | None = None  # a pass-through forward: how the conductor's id is tracked
 
 
@@ -194,6 +194,9 @@ class ProxyHost:
         self.task_group: TaskGroup | None = None
         self._sessions: dict[str, SessionScope] = {}
         self._strays: dict[str, None] = {}  # scopes made for sessions never set up, oldest first
+        # Loads (resumes) in flight of a session no answer has confirmed yet: it is refused
+        # only when every one of them is (an editor's retry may follow a refused load).
+        self._unconfirmed: dict[str, int] = {}
         # Sessions the router ended (idle expiry, lost), waiting for dispatch to release them.
         self.releases: deque[tuple[str, CloseReason]] = deque()
         self._handlers = proxy.handlers()
@@ -269,7 +272,12 @@ class ProxyHost:
             if sent.rule is not None and sent.rule.step is Step.OPEN_NOW:
                 # Replay precedes the answer: the route must exist before the request goes out.
                 assert sent.rule.session_id is not None
-                sent.fresh = sent.rule.session_id not in self._sessions
+                sid = sent.rule.session_id
+                if sid not in self._sessions:
+                    self._unconfirmed[sid] = 0
+                sent.fresh = sid in self._unconfirmed
+                if sent.fresh:
+                    self._unconfirmed[sid] += 1
                 await self._install(sent.rule.session_id, method, sent.owned, params)
         deliver = self._answered if sent.rule is not None or sent.origin_id is not None \
             or (self.tools is not None and method == acp.INITIALIZE) else None
@@ -568,9 +576,15 @@ class ProxyHost:
         opened = rule.opened_by(answer)
         if opened is not None and rule.step is Step.OPEN_ON_ANSWER:
             await self._install(opened, rule.method, sent.owned, sent.params)
-        elif sent.fresh and answer.is_error:  # a refused load or resume opened nothing
-            assert rule.session_id is not None
-            await self.release(rule.session_id, CloseReason.REFUSED)
+        elif sent.fresh and rule.session_id in self._unconfirmed:
+            sid = rule.session_id
+            if not answer.is_error:
+                del self._unconfirmed[sid]  # open at the agent: later refusals end nothing
+            else:
+                self._unconfirmed[sid] -= 1
+                if not self._unconfirmed[sid]:  # every load of it refused: it opened nothing
+                    del self._unconfirmed[sid]
+                    await self.release(sid, CloseReason.REFUSED)
         closed = rule.closed_by(answer)
         if closed is not None:
             # `release`: a session_closed hook's failure is logged, not answered: the session
@@ -610,6 +624,7 @@ class ProxyHost:
 
     async def _remove(self, sid: str, reason: CloseReason) -> None:
         scope = self._sessions.pop(sid, None)
+        self._unconfirmed.pop(sid, None)
         if self.tools is not None:
             await self.tools.session_closed(sid)
         if scope is None:

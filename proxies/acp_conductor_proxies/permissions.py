@@ -421,15 +421,18 @@ def _add_variable(command: Command, assignment: str, bases: tuple[str, ...],
         Unplaceable: values in values nested more than MAX_DEPTH deep.
     """
     name, value = assignment.split("=", 1)
-    if CODE_VARIABLES.fullmatch(name):
-        command.opaque = True
     if any(c.isspace() for c in value):
         if depth >= MAX_DEPTH:
             raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
-        before = len(command.simple)
+        before, opaque = len(command.simple), command.opaque
         _add_script(command, value, bases, depth + 1)
         command.unwrapped.extend(command.simple[before:])
         del command.simple[before:]
+        # Read as a script only for its spellings: an ordinary variable's value is data
+        # (`NAME="Conan O'Brien"`), and what cannot be parsed in it runs nowhere.
+        command.opaque = opaque
+    if CODE_VARIABLES.fullmatch(name):
+        command.opaque = True
 
 
 def _add_body(command: Command, argv: list[str], bases: tuple[str, ...], in_shell: bool,
@@ -672,8 +675,10 @@ def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,
     _add_argv(command, argv, tuple(dirs), in_shell=True, depth=depth)
     words = [w for w in argv if not _ASSIGNMENT.match(w)]
     if words[:1] in (["cd"], ["pushd"]):
-        # `cd -P DIR`, `cd -- DIR`: options come before the directory
-        rest = list(itertools.dropwhile(lambda w: w.startswith("-") and w != "-", words[1:]))
+        # `cd -P DIR`, `cd -- DIR`: options come before the directory (`--` ends them)
+        rest = list(itertools.dropwhile(lambda w: w.startswith("-") and w not in ("-", "--"),
+                                        words[1:]))
+        rest = rest[1:] if rest[:1] == ["--"] else rest
         if not rest and words[0] == "pushd":
             return
         # Later relative paths may be relative to it, or not (it was in a subshell, or
@@ -1016,7 +1021,10 @@ def _with_known(params: dict[str, Any], calls: dict[str, Any]) -> dict[str, Any]
     if isinstance(about, dict):
         if isinstance(about.get("toolCall"), dict):
             params = {**params, "subject": {**about, "toolCall": known(about["toolCall"])}}
-        elif about.get("type") == "command" and isinstance(about.get("toolCallId"), str):
+        elif about.get("type") == "command" and isinstance(about.get("toolCallId"), str) \
+                and about["toolCallId"] in calls:
+            # only a tool call announced: an unknown one would add a kind of None, which
+            # no allow rule's kind matches (the id alone shows the editor nothing)
             params = {**params, "subject": {**about, "toolCall": known(
                 {"toolCallId": about["toolCallId"]})}}
     return params

@@ -309,6 +309,18 @@ async def test_a_terminal_command_that_names_a_protected_file_is_denied(
         assert not await probe.reaches_editor("terminal/create", request_)
 
 
+async def test_a_cd_directory_after_double_dash_is_where_later_paths_lead(ws: Path) -> None:
+    # `cd -- -x`: after `--` a word starting with `-` is the directory, not an option (nor
+    # a bare `cd` home).
+    options = PermissionsOptions(default="allow", rules=[
+        {"name": "dash", "path": "*/-x/*", "action": "deny"}])
+    async with policy(ws, options) as probe:
+        assert not await probe.reaches_editor(
+            "terminal/create", terminal("sh", "-c", "cd -- -x && cat k"))
+        assert not await probe.reaches_editor(
+            "terminal/create", terminal("sh", "-c", "cd -P -- -x && cat k"))
+
+
 @pytest.mark.parametrize("request_", [
     terminal("cat", "/proc/self/cwd/secrets/k"), terminal("cat", "/proc/self/root{ws}/secrets/k"),
     terminal("cat", "/proc/thread-self/root{ws}/notsecret/k"),
@@ -643,6 +655,19 @@ async def test_a_v2_request_naming_only_its_tool_call_is_judged_by_what_was_anno
                                           "cwd": str(ws), "toolCallId": "c1"}) == "no"
 
 
+async def test_a_v2_command_subject_naming_an_unannounced_tool_call_meets_allow_rules(
+        ws: Path) -> None:
+    # The tool call it runs for is only an id (ACP: "when known"): what is judged is the
+    # command, with the execute kind its subject gives it, not a tool call of no kind.
+    options = PermissionsOptions(default="deny", rules=[
+        {"name": "status", "kind": "execute", "command": "^git status$", "action": "allow"}])
+    async with policy(ws, options, protocol=2) as probe:
+        assert await probe.permission_v2({"type": "command", "command": "git status",
+                                          "cwd": str(ws), "toolCallId": "c7"}) == "yes"
+        assert await probe.permission_v2({"type": "command", "command": "git status",
+                                          "cwd": str(ws)}) == "yes"
+
+
 # -- allow rules judge the file reached, not the name it was asked by ---------------------
 
 ALLOW_PUBLIC = PermissionsOptions(default="deny", rules=[
@@ -670,6 +695,8 @@ async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
     # a variable that runs other code: another git on PATH, a startup file
     (["sh", "-c", "GIT_PAGER=cat git status"], True), (["sh", "-c", "PATH=. git status"], False),
     (["sh", "-c", "BASH_ENV=x bash -c 'git status'"], False),
+    # an ordinary variable's value is data: a quote in it the shell already closed
+    (["sh", "-c", "GIT_AUTHOR_NAME=\"Conan O'Brien\" git status"], True),
 ])
 async def test_an_allow_command_rule_needs_every_command_that_would_run_to_match(
         ws: Path, argv: list[str], allowed: bool) -> None:
