@@ -99,7 +99,8 @@ class SocketBridge:
             self.open += 1
             try:
                 try:
-                    await _say(stream, {"ok": True})
+                    async with lock:  # before anything the provider sends, never inside it
+                        await _say(stream, {"ok": True})
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     return  # the shim left while we connected: the provider is told below
                 while True:
