@@ -49,7 +49,7 @@ from conductor.plugins.api import (
     WatchContext,
 )
 from conductor.record import Record
-from conductor.routing.sessions import Lifecycle, Step, lifecycle
+from conductor.routing.sessions import Lifecycle, PendingLoads, Step, lifecycle
 from conductor.routing.topology import Hop
 from conductor.rpc.endpoint import Endpoint, Inbound, Outgoing
 from conductor.rpc.failure import failure_response
@@ -194,9 +194,8 @@ class ProxyHost:
         self.task_group: TaskGroup | None = None
         self._sessions: dict[str, SessionScope] = {}
         self._strays: dict[str, None] = {}  # scopes made for sessions never set up, oldest first
-        # Loads (resumes) in flight of a session no answer has confirmed yet: it is refused
-        # only when every one of them is (an editor's retry may follow a refused load).
-        self._unconfirmed: dict[str, int] = {}
+        # Loads (resumes) of sessions no answer has confirmed: refused only when all are.
+        self._loads = PendingLoads()
         # Sessions the router ended (idle expiry, lost), waiting for dispatch to release them.
         self.releases: deque[tuple[str, CloseReason]] = deque()
         self._handlers = proxy.handlers()
@@ -273,12 +272,8 @@ class ProxyHost:
                 # Replay precedes the answer: the route must exist before the request goes out.
                 assert sent.rule.session_id is not None
                 sid = sent.rule.session_id
-                if sid not in self._sessions:
-                    self._unconfirmed[sid] = 0
-                sent.fresh = sid in self._unconfirmed
-                if sent.fresh:
-                    self._unconfirmed[sid] += 1
-                await self._install(sent.rule.session_id, method, sent.owned, params)
+                sent.fresh = self._loads.sent(sid, known=sid in self._sessions)
+                await self._install(sid, method, sent.owned, params)
         deliver = self._answered if sent.rule is not None or sent.origin_id is not None \
             or (self.tools is not None and method == acp.INITIALIZE) else None
         if to is Side.SUCCESSOR:
@@ -576,15 +571,9 @@ class ProxyHost:
         opened = rule.opened_by(answer)
         if opened is not None and rule.step is Step.OPEN_ON_ANSWER:
             await self._install(opened, rule.method, sent.owned, sent.params)
-        elif sent.fresh and rule.session_id in self._unconfirmed:
-            sid = rule.session_id
-            if not answer.is_error:
-                del self._unconfirmed[sid]  # open at the agent: later refusals end nothing
-            else:
-                self._unconfirmed[sid] -= 1
-                if not self._unconfirmed[sid]:  # every load of it refused: it opened nothing
-                    del self._unconfirmed[sid]
-                    await self.release(sid, CloseReason.REFUSED)
+        elif sent.fresh and rule.session_id is not None \
+                and self._loads.answered(rule.session_id, not answer.is_error):
+            await self.release(rule.session_id, CloseReason.REFUSED)  # every load refused
         closed = rule.closed_by(answer)
         if closed is not None:
             # `release`: a session_closed hook's failure is logged, not answered: the session
@@ -624,7 +613,7 @@ class ProxyHost:
 
     async def _remove(self, sid: str, reason: CloseReason) -> None:
         scope = self._sessions.pop(sid, None)
-        self._unconfirmed.pop(sid, None)
+        self._loads.forget(sid)
         if self.tools is not None:
             await self.tools.session_closed(sid)
         if scope is None:

@@ -714,7 +714,7 @@ class Chain:
             assert rule.session_id is not None
             record = table.loading(rule.session_id, by=source.name, rank=source.index,
                                    served_by=last.name, how=method, setup=setup)
-            return None if record.confirmed else self._refused_hook(record)
+            return None if table.loads.confirmed(rule.session_id) else self._refused_hook(record)
         if rule.step is Step.OPEN_ON_ANSWER:
             return self._opened_hook(rule, source, setup)
         if target is not last:

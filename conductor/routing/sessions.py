@@ -112,11 +112,44 @@ class SessionRecord(Record):
     # The setup request's params as the agent received them (cwd, mcpServers, ...): what
     # reopens the session on a restarted agent.
     setup: Raw | UnsetType = UNSET
-    # Installed by a load or resume that no answer has confirmed yet, and how many of
-    # those are still on their way: only when all of them are refused was nothing opened.
-    confirmed: bool = True
-    loads: int = 0
     turns: int = 0  # prompts on their way to the agent: idle again only when none is
+
+
+class PendingLoads:
+    """Loads and resumes on their way for sessions no answer has confirmed open: one of
+    them refused opened nothing only if every other one is refused too (an editor's retry
+    may follow a refused load). The rule the router's table and the plugin host share."""
+
+    def __init__(self) -> None:
+        self._count: dict[str, int] = {}
+
+    def sent(self, session_id: str, *, known: bool) -> bool:
+        """A load or resume of `session_id` goes out (`known`: it was open already). True
+        when its answer must go to `answered`: nothing has confirmed the session yet."""
+        if not known:
+            self._count[session_id] = 0
+        if session_id not in self._count:
+            return False
+        self._count[session_id] += 1
+        return True
+
+    def confirmed(self, session_id: str) -> bool:
+        return session_id not in self._count
+
+    def answered(self, session_id: str, ok: bool) -> bool:
+        """One of them was answered (`ok`: with success). True when that was the last and
+        every one was refused: the session never opened."""
+        left = self._count.get(session_id)
+        if left is None:
+            return False
+        if ok or left <= 1:
+            del self._count[session_id]
+            return not ok
+        self._count[session_id] = left - 1
+        return False
+
+    def forget(self, session_id: str) -> None:
+        self._count.pop(session_id, None)
 
 
 Observer = Callable[[str, SessionRecord], None]  # ("opened" | "closed", record)
@@ -128,6 +161,7 @@ class SessionTable:
     def __init__(self, observer: Observer | None = None, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._records: dict[str, SessionRecord] = {}
+        self.loads = PendingLoads()
         self._rank: dict[str, int] = {}  # how close to the client the opener is (lower: closer)
         self._observers: list[Observer] = [observer] if observer is not None else []
         self.clock = clock
@@ -172,27 +206,19 @@ class SessionTable:
         """A load or resume names this session on its way: recorded now, before its answer
         (replayed updates precede it). Unless the session was already confirmed open, each
         such request's answer goes to `load_answered`."""
-        fresh = session_id not in self._records
+        known = session_id in self._records
         self.opened(session_id, by=by, rank=rank, served_by=served_by, how=how, setup=setup)
-        record = self._records[session_id]
-        if fresh:
-            record.confirmed = False
-        if not record.confirmed:
-            record.loads += 1
-        return record
+        self.loads.sent(session_id, known=known)
+        return self._records[session_id]
 
     def load_answered(self, record: SessionRecord, ok: bool) -> bool:
         """A load or resume of an unconfirmed session was answered (`ok`: with success).
         True when that released the record: every load of it was refused."""
-        if self._records.get(record.session_id) is not record or record.confirmed:
+        if self._records.get(record.session_id) is not record \
+                or not self.loads.answered(record.session_id, ok):
             return False
-        record.loads -= 1
-        if ok:
-            record.confirmed = True
-        elif record.loads <= 0:
-            self.closed(record.session_id, CloseReason.REFUSED)
-            return True
-        return False
+        self.closed(record.session_id, CloseReason.REFUSED)
+        return True
 
     def prompting(self, session_id: str) -> SessionRecord | None:
         """A turn starts; returns the record it counts on (None: no such session open)."""
@@ -219,6 +245,7 @@ class SessionTable:
         """The session ended: its record is released (and returned; None if unknown)."""
         record = self._records.pop(session_id, None)
         self._rank.pop(session_id, None)
+        self.loads.forget(session_id)
         if record is not None:
             record.ended = reason
             self._tell("closed", record)
