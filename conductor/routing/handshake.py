@@ -182,7 +182,7 @@ class Handshake:
             if answer.result is UNSET:
                 return answer
             version = acp.result_protocol_version(answer.result)
-            if version == 2:
+            if type(version) is int and version == 2:  # 2.0 is not the schema's integer
                 return answer
             return error_response(
                 answer.id, ErrorCode.INTERNAL_ERROR,

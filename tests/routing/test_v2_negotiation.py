@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 INFO = {"name": "editor", "version": "1"}
 
 
-def answering(version: int) -> ScriptedAgent:
+def answering(version: object) -> ScriptedAgent:
     async def initialize(agent: ScriptedAgent, message: Request) -> object:
         return {"protocolVersion": version, "info": {"name": "a", "version": "1"}}
     return ScriptedAgent({"initialize": initialize})
@@ -44,6 +44,17 @@ async def test_a_later_version_answered_with_2_is_passed_on() -> None:
         with anyio.fail_after(5):
             result = await client.call("initialize", {"protocolVersion": 3, "info": INFO})
     assert isinstance(result, dict) and result["protocolVersion"] == 2
+
+
+async def test_an_agent_answering_2_0_is_refused_as_not_an_integer_version() -> None:
+    # The schema's protocolVersion is an integer: 2.0 is not version 2, and an editor that
+    # reads it strictly would fail on it later, far from the cause.
+    async with open_test_chain([], answering(2.0), initialize=False) as client:
+        with anyio.fail_after(5):
+            answer = await client.request("initialize", {"protocolVersion": 2, "info": INFO})
+    error = answer.error_value()
+    assert isinstance(error, dict) and error["code"] == ErrorCode.INTERNAL_ERROR
+    assert error["data"]["agentProtocolVersion"] == 2.0
 
 
 class SaysV1(Proxy):
