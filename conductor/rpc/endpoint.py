@@ -332,6 +332,14 @@ class Endpoint:
             key = id_key(ident)
         except ValueError:
             return None
+        if isinstance(key, str) and key.isdecimal() and key == str(int(key)):
+            # "7" for our 7 (some JSON-RPC libraries keep ids as text): strictly it
+            # matches nothing, and the asker would wait for ever. Ours are only integers.
+            outgoing = self.pending.pop(int(key), None)
+            if outgoing is not None:
+                log.warning("%s answered request %s with the id as a string; taken as %s",
+                            self.name, key, key)
+            return outgoing
         return self.pending.pop(key, None) if isinstance(key, int) else None
 
     async def expire(self, outgoing: Outgoing, response: Response) -> bool:

@@ -133,3 +133,25 @@ async def test_a_notification_before_initialize_starts_nothing_and_a_request_is_
             await client.initialize()
     assert refused["code"] == ErrorCode.INVALID_REQUEST
     assert [m.method for m in agent.received] == ["initialize"]
+
+
+class QuotesIds(ScriptedAgent):
+    """Answers with its request's id as a string ("7" for 7), as some JSON-RPC libraries
+    do that keep ids as text."""
+
+    async def _serve(self, request: Request) -> None:
+        from conductor.jsonrpc.message import Response
+        if request.method == "initialize":
+            return await super()._serve(request)
+        quoted = Raw(b'"' + bytes(request.id) + b'"')
+        await self._ep.send(Response(id=quoted, result=Raw(b'{"quoted": true}')))
+
+
+async def test_an_answer_whose_id_is_the_request_s_number_as_a_string_still_answers_it(
+        transport: Transport) -> None:
+    # Strictly it matches nothing, and the asker would wait for ever (no request_timeout
+    # by default): the conductor only ever allocates integers, so "7" can only mean 7.
+    async with open_test_chain([Visits()], QuotesIds(), transport=transport) as client:
+        with anyio.fail_after(5):
+            result = await client.call("_ext/ask", {})
+    assert result == {"quoted": True}
