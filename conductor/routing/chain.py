@@ -911,12 +911,26 @@ class Chain:
                    and held.index > node.index
                    for outgoing in list(target.pending.values())
                    if isinstance(outgoing.context, Forward) and outgoing.context.origin is hop]
+        # What it had asked upstream (a permission dialog at the editor): nobody can take
+        # the answer. Proxies (and an outer conductor) speak the conductor protocol, which
+        # has $/cancel_request; an editor only from v2 on (v1 SDK clients print a traceback).
+        editor_cancels = self.topology.proxy_mode or (self.handshake.version or 0) >= 2
+        asked = [(held.hop, outgoing) for held in self.topology.nodes
+                 if node is not None and held.index < node.index
+                 and held.hop.failure is None and held.role is not Role.SUCCESSOR
+                 and (held.role is not Role.CLIENT or editor_cancels)
+                 for outgoing in list(held.hop.pending.values())
+                 if isinstance(outgoing.context, Forward) and outgoing.context.origin is hop]
         await hop.fail(error, component=hop.name)
         if node is not None:
             await self.mcp_routes.hop_failed(node)
         for target, outgoing in orphans:
             if target.pending.get(outgoing.ident) is outgoing and target.failure is None:
                 await self._cancel_held(target, outgoing.ident, outgoing.context.turn)
+        for target, outgoing in asked:
+            if target.pending.get(outgoing.ident) is outgoing and target.failure is None:
+                with anyio.move_on_after(CANCEL_WRITE_BOUND):
+                    await target.cancel(outgoing)
 
     # -- components restarted or bypassed (recovery.py) ---------------------------------------
 

@@ -13,7 +13,7 @@ from acp_conductor_proxies.passthrough import Passthrough
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Notification, Raw
 from conductor.plugins import Proxy, ProxyContext, on
-from conductor.testing import ScriptedAgent, open_test_chain
+from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Request
@@ -155,3 +155,43 @@ async def test_an_answer_whose_id_is_the_request_s_number_as_a_string_still_answ
         with anyio.fail_after(5):
             result = await client.call("_ext/ask", {})
     assert result == {"quoted": True}
+
+
+@pytest.mark.parametrize(("version", "proxies"), [(2, 0), (2, 1), (1, 0), (1, 1)])
+async def test_a_dialog_the_dead_agent_opened_is_cancelled_at_a_v2_editor_and_left_at_v1(
+        transport: Transport, version: int, proxies: int) -> None:
+    # The agent asked the editor for permission and died: nobody can take the answer, so a
+    # v2 editor (whose protocol has $/cancel_request) is told to close the dialog. A v1
+    # editor is not sent what its protocol lacks (SDK clients print a traceback for it).
+    asked = anyio.Event()
+
+    async def hold(message: Request) -> object:
+        asked.set()
+        await anyio.sleep_forever()
+
+    async def ask_then_die(agent: ScriptedAgent, message: Request) -> object:
+        assert agent.tg is not None
+        agent.tg.start_soon(agent.request, "session/request_permission",
+                            {"sessionId": "s", "toolCall": {"toolCallId": "t"}, "options": []})
+        await asked.wait()
+        await anyio.wait_all_tasks_blocked()
+        await agent.hang_up()
+        return {}
+
+    client = TestClient({"session/request_permission": hold})
+    agent = ScriptedAgent({"_ext/go": ask_then_die})
+    async with open_test_chain([Passthrough()] * proxies, agent, client=client,
+                               transport=transport, initialize=False) as client:
+        with anyio.fail_after(5):
+            await client.initialize(version)
+            await client.request("_ext/go", {})
+            if version >= 2:
+                cancels = await client.wait_for("$/cancel_request")
+            else:
+                await anyio.sleep(0.2)
+                cancels = client.received_params("$/cancel_request")
+    asked_id = next(m.id for m in client.received if m.method == "session/request_permission")
+    if version >= 2:
+        assert cancels == [{"requestId": int(bytes(asked_id))}]
+    else:
+        assert cancels == []
