@@ -197,3 +197,16 @@ async def test_serving_a_chain_with_an_agent_as_a_proxy_names_the_option_to_drop
         await serve_listener(chain, settings)
     # Before, the hint said "run without `proxy`": serve has no `proxy`, it has --as-proxy.
     assert refused.value.field == "agent" and "--as-proxy" in str(refused.value)
+
+
+def test_a_token_file_saved_with_a_bom_admits_its_first_token(tmp_path: Path) -> None:
+    from conductor.cli.serve import read_tokens
+    from conductor.transport.http import Gate
+
+    tokens = tmp_path / "tokens"
+    tokens.write_bytes(f"\ufeff{TOKEN}\n".encode())  # Notepad saves UTF-8 with a BOM
+    tokens.chmod(0o600)
+    gate = Gate(read_tokens(str(tokens), "ACP_CONDUCTOR_TOKEN", no_token=False))
+    scope = {"type": "http", "headers": [(b"authorization", f"Bearer {TOKEN}".encode())]}
+    # Before, the BOM was part of the first token: the right token got 401 "wrong bearer token".
+    assert gate.admit(scope) == 0
