@@ -46,7 +46,7 @@ from conductor.jsonrpc.message import (
     raw,
 )
 from conductor.record import Record
-from conductor.transport.base import NotJson, Oversized, Unreadable, decode_whole
+from conductor.transport.base import NotJson, Oversized, Unreadable, decode_whole, on_one_line
 from conductor.transport.websocket import allowed_send_time, stalled, text_of
 
 if TYPE_CHECKING:
@@ -340,7 +340,7 @@ class HttpClient(RemoteClient):
         elif isinstance(item, Notification | Request):
             session = acp.get_str(item.params, "sessionId")
         data = encode(item) if isinstance(item, Message) else encode_batch(item)
-        frame = b"data: " + data[:-1] + b"\n\n"
+        frame = b"data: " + on_one_line(data[:-1]) + b"\n\n"  # a bare CR would end the event's line
         waited = self._timeout(len(frame))
         # A client that stops reading its stream fills the outbox: without a bound this
         # send (and its chain, and its place under --max-connections) would wait for as
