@@ -121,3 +121,20 @@ def decode_whole(data: bytes, limit: int) -> Incoming:
         return Unreadable(e.code, e.reason, e.head)
     except ParseError as e:
         return NotJson.of(str(e), data)
+
+
+def decode_lines(data: bytes, limit: int) -> list[Incoming]:
+    """The items of a WebSocket message: one JSON value (line breaks and all), or several
+    newline-delimited ones, as a client reusing a stdio writer sends them. Read whole, those
+    were one "not JSON" and every message after the first went unanswered. Split only when
+    the first line is JSON on its own, so a broken pretty-printed message stays one error."""
+    item = decode_whole(data, limit)
+    if not isinstance(item, NotJson) or b"\n" not in data:
+        return [item]
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    if len(lines) < 2:
+        return [item]
+    first = decode_whole(lines[0], limit)
+    if isinstance(first, NotJson):
+        return [item]
+    return [first, *(decode_whole(line, limit) for line in lines[1:])]

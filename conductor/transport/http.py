@@ -46,7 +46,14 @@ from conductor.jsonrpc.message import (
     raw,
 )
 from conductor.record import Record
-from conductor.transport.base import NotJson, Oversized, Unreadable, decode_whole, on_one_line
+from conductor.transport.base import (
+    NotJson,
+    Oversized,
+    Unreadable,
+    decode_lines,
+    decode_whole,
+    on_one_line,
+)
 from conductor.transport.websocket import allowed_send_time, stalled, text_of
 
 if TYPE_CHECKING:
@@ -559,7 +566,8 @@ class AcpEndpoint:
                 if text is None:
                     continue  # binary frames carry nothing in ACP: ignored, as the RFD says
                 try:
-                    await client.deliver(decode_whole(text.encode(), client.max_frame_bytes))
+                    for item in decode_lines(text.encode(), client.max_frame_bytes):
+                        await client.deliver(item)
                 except anyio.BrokenResourceError:
                     return
         finally:

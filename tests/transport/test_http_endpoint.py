@@ -429,3 +429,23 @@ async def test_a_websocket_client_that_stops_reading_is_dropped_and_its_place_fr
             await client.serve(handle)  # its input ended: the chain stops
             client.finish()  # what the listener does once the chain has stopped
     assert endpoint.clients == {}
+
+
+async def test_two_messages_in_one_websocket_message_each_get_their_answer() -> None:
+    # A client that reuses a stdio writer sends newline-delimited messages in one text
+    # message. Before, the whole message was "not JSON" (trailing characters): the first
+    # request got -32700 and the second no answer at all, its sender waiting for ever.
+    second = {"jsonrpc": "2.0", "id": "b", "method": "session/new",
+              "params": {"cwd": "/", "mcpServers": []}}
+    async with open_listener() as (url, _), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)) as ws:
+                await ws.send_text(json.dumps({**INIT, "id": "a"}) + "\r\n"
+                                   + json.dumps(second) + "\n")
+                answers = {}
+                while len(answers) < 2:
+                    message = json.loads(await ws.receive_text())
+                    if "id" in message:
+                        answers[message["id"]] = message
+    assert answers["a"]["result"]["protocolVersion"] == 1
+    assert "sessionId" in answers["b"]["result"]
