@@ -647,6 +647,13 @@ class AcpEndpoint:
                 and item.method in _OPENS:
             await self._initialize(scope, receive, send, owner, item, cors)
             return
+        if _header(scope, CONNECTION_ID) is None and isinstance(item, InvalidMessage):
+            # No connection to answer on (a malformed initialize, usually): the rule it
+            # breaks is the answer, not "POST initialize first".
+            await _json(send, 400, _error(item.id if item.call_shaped else None,
+                                          ErrorCode.INVALID_REQUEST, "Invalid Request",
+                                          item.reason), cors)
+            return
         client = self._client_of(scope, owner)
         if isinstance(item, Request | Notification):
             session = _header(scope, SESSION_ID)

@@ -449,3 +449,22 @@ async def test_two_messages_in_one_websocket_message_each_get_their_answer() -> 
                         answers[message["id"]] = message
     assert answers["a"]["result"]["protocolVersion"] == 1
     assert "sessionId" in answers["b"]["result"]
+
+
+@pytest.mark.parametrize(("change", "rule"), [
+    ({"jsonrpc": "1.0"}, '"jsonrpc" must be "2.0"'),
+    ({"params": "protocolVersion=1"}, "params must be an object or an array"),
+    ({"result": {}}, "cannot carry result or error"),
+])
+async def test_an_initialize_post_that_breaks_a_json_rpc_rule_is_told_which(
+        change: dict[str, Any], rule: str) -> None:
+    # Before, the answer was 400 "no Acp-Connection-Id header (POST initialize first)": the
+    # client had posted initialize, and learnt nothing of what was wrong with it.
+    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            refused = await client.post(url, json={**INIT, **change}, headers=AUTH)
+    assert refused.status_code == 400
+    assert "acp-connection-id" not in refused.headers
+    answer = refused.json()
+    assert answer["id"] == 1 and answer["error"]["code"] == -32600
+    assert rule in answer["error"]["data"]
