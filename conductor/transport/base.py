@@ -128,6 +128,8 @@ def decode_lines(data: bytes, limit: int) -> list[Incoming]:
     newline-delimited ones, as a client reusing a stdio writer sends them. Read whole, those
     were one "not JSON" and every message after the first went unanswered. Split only when
     the first line is JSON on its own, so a broken pretty-printed message stays one error."""
+    if data.isspace() or not data:
+        return []  # no message, as a blank line on stdio is none (a keep-alive, say)
     item = decode_whole(data, limit)
     if not isinstance(item, NotJson) or b"\n" not in data:
         return [item]

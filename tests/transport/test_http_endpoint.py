@@ -468,3 +468,15 @@ async def test_an_initialize_post_that_breaks_a_json_rpc_rule_is_told_which(
     answer = refused.json()
     assert answer["id"] == 1 and answer["error"]["code"] == -32600
     assert rule in answer["error"]["data"]
+
+
+async def test_a_blank_websocket_message_is_no_message_as_a_blank_line_is_none() -> None:
+    # Before, each got a -32700 with id null: an error the client had not asked for.
+    async with open_listener() as (url, _), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)) as ws:
+                for blank in ["", "\n", " \r\n\t"]:
+                    await ws.send_text(blank)
+                await ws.send_text(json.dumps(INIT))
+                first = json.loads(await ws.receive_text())
+    assert first["id"] == 1 and first["result"]["protocolVersion"] == 1
