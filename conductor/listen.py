@@ -80,8 +80,14 @@ def is_loopback(host: str) -> bool:
 
 
 def check_token(token: str, *, field: str, file: str | None = None) -> None:
-    """Raises ConfigError: `token` is too short to resist guessing (`field` and `file`
-    say where it was set)."""
+    """Raises ConfigError: `token` is too short to resist guessing, or is not printable
+    ASCII (`field` and `file` say where it was set)."""
+    if not (token.isascii() and token.isprintable()):
+        # HTTP headers (and WebSocket subprotocols) are ASCII: no client could send it.
+        raise ConfigError("a token must be printable ASCII (an HTTP header cannot carry "
+                          "it otherwise)", file=file, field=field,
+                          hint="use e.g. `python -c 'import secrets; "
+                          "print(secrets.token_urlsafe(32))'`")
     if len(token) < MIN_TOKEN_CHARS:
         raise ConfigError(f"a token of {len(token)} characters is too easy to guess",
                           file=file, field=field, hint=f"use at least {MIN_TOKEN_CHARS} "

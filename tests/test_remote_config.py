@@ -197,3 +197,31 @@ async def test_serving_a_chain_with_an_agent_as_a_proxy_names_the_option_to_drop
         await serve_listener(chain, settings)
     # Before, the hint said "run without `proxy`": serve has no `proxy`, it has --as-proxy.
     assert refused.value.field == "agent" and "--as-proxy" in str(refused.value)
+
+
+def test_a_token_file_saved_with_a_bom_admits_its_first_token(tmp_path: Path) -> None:
+    from conductor.cli.serve import read_tokens
+    from conductor.transport.http import Gate
+
+    tokens = tmp_path / "tokens"
+    tokens.write_bytes(f"\ufeff{TOKEN}\n".encode())  # Notepad saves UTF-8 with a BOM
+    tokens.chmod(0o600)
+    gate = Gate(read_tokens(str(tokens), "ACP_CONDUCTOR_TOKEN", no_token=False))
+    scope = {"type": "http", "headers": [(b"authorization", f"Bearer {TOKEN}".encode())]}
+    # Before, the BOM was part of the first token: the right token got 401 "wrong bearer token".
+    assert gate.admit(scope) == 0
+
+
+def test_a_token_no_client_could_send_is_refused_at_start_naming_its_line(
+        tmp_path: Path) -> None:
+    from conductor.cli.serve import read_tokens
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{TOKEN}\npässwörd-{TOKEN}\n", encoding="utf-8")
+    tokens.chmod(0o600)
+    # Before, it was accepted, and every client sending it got 401 "wrong bearer token":
+    # a header is read as Latin-1, the file as UTF-8, so the two never compared equal.
+    with pytest.raises(ConfigError) as refused:
+        read_tokens(str(tokens), "ACP_CONDUCTOR_TOKEN", no_token=False)
+    assert (refused.value.file, refused.value.field) == (str(tokens), "line 2")
+    assert "ASCII" in str(refused.value)

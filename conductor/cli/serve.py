@@ -55,7 +55,7 @@ def read_tokens(token_file: str | None, token_env: str, no_token: bool) -> tuple
         path = Path(token_file)
         try:
             mode = path.stat().st_mode
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is no token
         except OSError as e:
             raise ConfigError(f"cannot read: {e.strerror}", file=token_file) from None
         if mode & (stat.S_IRWXG | stat.S_IRWXO):

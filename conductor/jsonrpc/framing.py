@@ -58,7 +58,7 @@ class FrameDecoder:
                 self._skipping += size
                 if not self._scan.done:
                     self._scan.feed(chunk, start, end)
-            elif len(self._pending) + size > self._max:
+            elif len(self._pending) + size > self._max and not self._cr_ends(chunk, start, end):
                 self._skip_head = (bytes(self._pending[: self.HEAD_BYTES])
                                    + chunk[start:min(end, start + self.HEAD_BYTES)])
                 self._skipping = len(self._pending) + size
@@ -83,6 +83,14 @@ class FrameDecoder:
                     out.append(frame)
             start = nl + 1
         return out
+
+    def _cr_ends(self, chunk: bytes, start: int, end: int) -> bool:
+        """The line so far is one byte over the limit, and that byte is a CR: a CRLF line
+        end's, no part of the message (if no LF follows, the next byte is over anyway)."""
+        if len(self._pending) + end - start != self._max + 1:
+            return False
+        last = chunk[end - 1] if end > start else self._pending[-1]
+        return last == 0x0D
 
     def end(self) -> bytes | bytearray | OversizedFrame | None:
         """The stream ended: return a final unterminated frame, if any."""

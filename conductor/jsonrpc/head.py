@@ -50,6 +50,7 @@ _STRING_BODY = re.compile(rb'[^"\\]*+(?:\\.[^"\\]*+)*+', re.S)
 _NESTED_NEXT = re.compile(rb'["\[\]{}]')  # all that matters below the top level
 _SIGNIFICANT = re.compile(rb"[^ \t\r\n]")
 _SCALAR = re.compile(rb"[^,\]} \t\r\n]*")
+_BOM = frozenset(b"\xef\xbb\xbf")  # no JSON value starts with any of these bytes
 
 # Top-level states
 _KEY, _COLON, _VALUE, _AFTER = range(4)
@@ -123,6 +124,8 @@ class HeadScanner:
                 else:
                     self._depth -= 1
             elif self._depth == 0:
+                if c in _BOM:
+                    continue  # a byte order mark before the value: skipped, as decode does
                 if c == 0x7B:
                     self._depth, self._state = 1, _KEY
                 else:

@@ -233,6 +233,7 @@ _ID_START: Final = frozenset(b'"-0123456789n')  # a string, a number or null (Ra
 _batch_decoder: Final = msgspec.json.Decoder(list[Raw])
 _encoder: Final = msgspec.json.Encoder()
 NULL: Final = Raw(b"null")
+_BOM: Final = b"\xef\xbb\xbf"
 
 
 class ParseError(ValueError):
@@ -298,6 +299,10 @@ def _decode(frame: bytes | bytearray) -> Message | InvalidMessage | Batch:
     try:
         first = frame[:1]
         if first != b"{":  # almost every frame is an object: one test
+            if first == b"\xef" and frame.startswith(_BOM):
+                # Windows tools write one first; RFC 8259 lets a reader ignore it.
+                frame = frame[3:]
+                first = frame[:1]
             if first.isspace():  # rare: lstrip() copies the whole frame
                 first = frame.lstrip()[:1]
             if first == b"[":

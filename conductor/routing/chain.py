@@ -244,6 +244,8 @@ class Chain:
                 if item.call_shaped:  # answers and notifications are never answered
                     replies.replies.append(error_response(item.id, ErrorCode.INVALID_REQUEST,
                                                           "Invalid Request", item.reason))
+                else:
+                    await self._fail_answered(hop, item)
             else:
                 await self._receive_message(hop, item, batch=True)
         await hop.end_batch(replies)
@@ -254,6 +256,19 @@ class Chain:
         if item.call_shaped:
             await self._send(hop, error_response(item.id, ErrorCode.INVALID_REQUEST,
                                                  "Invalid Request", item.reason))
+        else:
+            await self._fail_answered(hop, item)
+
+    async def _fail_answered(self, hop: Hop, item: InvalidMessage) -> None:
+        """A broken answer (both result and error, neither, `jsonrpc` not "2.0"): never
+        answered itself, but the request it names fails, naming the sender, as for an
+        answer that is not JSON. Dropped, its asker would wait for ever."""
+        if item.id is None:
+            return  # a notification: nobody waits for it
+        reason = f"{hop.name} sent an answer that is not valid JSON-RPC ({item.reason})"
+        self._dropped(hop, reason)
+        await hop.settle(error_response(item.id, ErrorCode.INVALID_REQUEST, reason,
+                                        {"component": hop.name}))
 
     async def _not_json(self, hop: Hop, item: NotJson) -> None:
         if hop is self.client:

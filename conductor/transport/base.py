@@ -98,18 +98,45 @@ class MessageSource(Protocol):
 # Line breaks outside strings are insignificant JSON whitespace (inside a string they are
 # not allowed at all), and every stdio hop is line-delimited: a message that arrived whole
 # (a WebSocket frame, an HTTP body) has them turned into spaces, so it stays one frame there.
+# The same holds for an SSE event, where a CR alone ends a line too: a frame read from stdio
+# has no LF but may have a bare CR (JSON whitespace) between tokens.
 _LINE_BREAKS = bytes.maketrans(b"\r\n", b"  ")
+
+
+def on_one_line(data: bytes) -> bytes:
+    """`data`, one JSON text, with its line breaks (all outside strings) made spaces."""
+    if b"\n" in data or b"\r" in data:
+        return data.translate(_LINE_BREAKS)
+    return data
 
 
 def decode_whole(data: bytes, limit: int) -> Incoming:
     """A message that arrived in one piece, as the item a source hands on."""
     if len(data) > limit:
         return Oversized(len(data), limit, read_head(data))  # its id may be anywhere
-    if b"\n" in data or b"\r" in data:
-        data = data.translate(_LINE_BREAKS)
+    data = on_one_line(data)
     try:
         return decode(data)
     except UnreadableFrame as e:
         return Unreadable(e.code, e.reason, e.head)
     except ParseError as e:
         return NotJson.of(str(e), data)
+
+
+def decode_lines(data: bytes, limit: int) -> list[Incoming]:
+    """The items of a WebSocket message: one JSON value (line breaks and all), or several
+    newline-delimited ones, as a client reusing a stdio writer sends them. Read whole, those
+    were one "not JSON" and every message after the first went unanswered. Split only when
+    the first line is JSON on its own, so a broken pretty-printed message stays one error."""
+    if data.isspace() or not data:
+        return []  # no message, as a blank line on stdio is none (a keep-alive, say)
+    item = decode_whole(data, limit)
+    if not isinstance(item, NotJson) or b"\n" not in data:
+        return [item]
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    if len(lines) < 2:
+        return [item]
+    first = decode_whole(lines[0], limit)
+    if isinstance(first, NotJson):
+        return [item]
+    return [first, *(decode_whole(line, limit) for line in lines[1:])]

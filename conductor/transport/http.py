@@ -46,7 +46,14 @@ from conductor.jsonrpc.message import (
     raw,
 )
 from conductor.record import Record
-from conductor.transport.base import NotJson, Oversized, Unreadable, decode_whole
+from conductor.transport.base import (
+    NotJson,
+    Oversized,
+    Unreadable,
+    decode_lines,
+    decode_whole,
+    on_one_line,
+)
 from conductor.transport.websocket import allowed_send_time, stalled, text_of
 
 if TYPE_CHECKING:
@@ -340,7 +347,7 @@ class HttpClient(RemoteClient):
         elif isinstance(item, Notification | Request):
             session = acp.get_str(item.params, "sessionId")
         data = encode(item) if isinstance(item, Message) else encode_batch(item)
-        frame = b"data: " + data[:-1] + b"\n\n"
+        frame = b"data: " + on_one_line(data[:-1]) + b"\n\n"  # a bare CR would end the event's line
         waited = self._timeout(len(frame))
         # A client that stops reading its stream fills the outbox: without a bound this
         # send (and its chain, and its place under --max-connections) would wait for as
@@ -559,7 +566,8 @@ class AcpEndpoint:
                 if text is None:
                     continue  # binary frames carry nothing in ACP: ignored, as the RFD says
                 try:
-                    await client.deliver(decode_whole(text.encode(), client.max_frame_bytes))
+                    for item in decode_lines(text.encode(), client.max_frame_bytes):
+                        await client.deliver(item)
                 except anyio.BrokenResourceError:
                     return
         finally:
@@ -638,6 +646,13 @@ class AcpEndpoint:
         if _header(scope, CONNECTION_ID) is None and isinstance(item, Request) \
                 and item.method in _OPENS:
             await self._initialize(scope, receive, send, owner, item, cors)
+            return
+        if _header(scope, CONNECTION_ID) is None and isinstance(item, InvalidMessage):
+            # No connection to answer on (a malformed initialize, usually): the rule it
+            # breaks is the answer, not "POST initialize first".
+            await _json(send, 400, _error(item.id if item.call_shaped else None,
+                                          ErrorCode.INVALID_REQUEST, "Invalid Request",
+                                          item.reason), cors)
             return
         client = self._client_of(scope, owner)
         if isinstance(item, Request | Notification):

@@ -14,7 +14,7 @@ import anyio
 
 from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
 from conductor.jsonrpc.message import Message, encode, encode_batch
-from conductor.transport.base import decode_whole
+from conductor.transport.base import decode_lines
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
@@ -144,9 +144,9 @@ class WsClientSource:
                     anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
                 self.ended = self._dropped or f"network error: {type(e).__name__}"
                 return
-            item = decode_whole(text.encode(), self._max)
-            if nowait is None or not nowait(item):
-                await handle(item)
+            for item in decode_lines(text.encode(), self._max):
+                if nowait is None or not nowait(item):
+                    await handle(item)
 
 
 class _CappedConnection:

@@ -100,3 +100,21 @@ def test_an_oversized_frame_whose_id_follows_100_mib_of_params_still_yields_that
     assert skipped.top.has_method
     assert not skipped.top.is_notification
     assert after == b'{"jsonrpc":"2.0","method":"after"}'
+
+
+@given(cut=st.integers(min_value=0, max_value=14))
+def test_a_frame_exactly_at_the_limit_passes_with_a_crlf_line_end_cut_anywhere(cut: int) -> None:
+    # The CR of a CRLF line end is no part of the message: a Windows writer's frame of
+    # exactly the limit was refused as oversized, where the same frame with LF passed.
+    frame = b"x" * 10
+    decoder = FrameDecoder(max_frame_bytes=10)
+    data = frame + b"\r\n" + frame + b"\r\n"
+    got = decoder.feed(data[:cut]) + decoder.feed(data[cut:])
+    assert [bytes(f).rstrip(b"\r") for f in got if not isinstance(f, OversizedFrame)] \
+        == [frame, frame]
+
+
+def test_a_cr_that_is_not_a_line_end_still_counts_toward_the_limit() -> None:
+    decoder = FrameDecoder(max_frame_bytes=10)
+    got = decoder.feed(b"x" * 10 + b"\r") + decoder.feed(b"y\n")
+    assert len(got) == 1 and isinstance(got[0], OversizedFrame) and got[0].size == 12

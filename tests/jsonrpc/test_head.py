@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
 from conductor.jsonrpc.head import Head, HeadScanner, read_head
 
 
@@ -146,3 +147,14 @@ def test_the_scan_gives_up_after_its_budget_with_what_it_knows() -> None:
     assert head.params_first
     assert head.id is None  # beyond the budget: unknown, not guessed
     assert not head.id_known
+
+
+def test_an_oversized_frame_after_a_utf8_bom_is_refused_under_its_own_id() -> None:
+    # decode() skips a leading BOM; the scan of a frame it will not decode did not, and the
+    # refusal of an oversized request went out with id null: its sender waited for ever.
+    decoder = FrameDecoder(max_frame_bytes=32)
+    [skipped] = decoder.feed(b'\xef\xbb\xbf{"jsonrpc":"2.0","id":5,"method":"x","params":{"p":"'
+                             + b"x" * 100 + b'"}}\n')
+    assert isinstance(skipped, OversizedFrame)
+    assert skipped.top.id is not None and bytes(skipped.top.id) == b"5"
+    assert skipped.top.has_method

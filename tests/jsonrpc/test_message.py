@@ -305,3 +305,17 @@ def test_an_escaped_backslash_before_u_is_no_surrogate_and_stays_as_it_was() -> 
 def test_a_frame_that_is_not_json_for_another_reason_is_still_a_parse_error() -> None:
     with pytest.raises(ParseError):
         decode(rb'{"jsonrpc":"2.0","method":"m","params":{"a":"\ud800"')  # cut short
+
+
+@pytest.mark.parametrize("frame", [
+    b'\xef\xbb\xbf{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}',
+    b'\xef\xbb\xbf [{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}]',
+])
+def test_a_frame_that_starts_with_a_utf8_bom_is_read_as_the_json_after_it(frame: bytes) -> None:
+    # Windows tools (PowerShell's pipe, Notepad-saved replay files) write a BOM first; RFC 8259
+    # lets a reader ignore it. Refused, the editor's initialize got -32700 with id null.
+    decoded = decode(frame)
+    request = decoded.items[0] if isinstance(decoded, Batch) else decoded
+    assert isinstance(request, Request)
+    assert request.method == "initialize"
+    assert bytes(request.id) == b"1"

@@ -430,3 +430,25 @@ async def test_a_request_whose_id_has_a_fraction_stays_open_until_answered(
     with anyio.fail_after(5):
         await h.client_wire.wait_quiet()
     assert not h.client_wire.inbound
+
+
+@pytest.mark.parametrize("answer", [
+    pytest.param('{"jsonrpc":"2.0","id":ID,"result":{},"error":{"code":1,"message":"no"}}',
+                 id="result-and-error"),
+    pytest.param('{"jsonrpc":"1.0","id":ID,"result":{}}', id="jsonrpc-1.0"),
+    pytest.param('{"jsonrpc":"2.0","id":ID}', id="neither"),
+])
+async def test_an_invalid_answer_fails_the_request_it_names_naming_the_sender(
+        answer: str) -> None:
+    # Before, it was dropped as response-shaped junk, and the editor waited for ever for an
+    # answer the agent had sent (a broken one): an answer that is not JSON already failed it.
+    h = Harness()
+    await h.start()
+    await h.line(h.client_wire, b'{"jsonrpc":"2.0","id":7,"method":"_test/echo","params":{}}')
+    asked = h.agent.sent.pop()
+    await h.line(h.agent_wire, answer.replace("ID", json.dumps(asked["id"])).encode())
+    [failed] = h.client.sent
+    assert failed["id"] == 7
+    assert failed["error"]["data"]["component"] == "agent"
+    assert "agent" in failed["error"]["message"]
+    assert h.agent.sent == []  # the agent is not answered for its answer

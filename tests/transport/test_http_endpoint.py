@@ -429,3 +429,54 @@ async def test_a_websocket_client_that_stops_reading_is_dropped_and_its_place_fr
             await client.serve(handle)  # its input ended: the chain stops
             client.finish()  # what the listener does once the chain has stopped
     assert endpoint.clients == {}
+
+
+async def test_two_messages_in_one_websocket_message_each_get_their_answer() -> None:
+    # A client that reuses a stdio writer sends newline-delimited messages in one text
+    # message. Before, the whole message was "not JSON" (trailing characters): the first
+    # request got -32700 and the second no answer at all, its sender waiting for ever.
+    second = {"jsonrpc": "2.0", "id": "b", "method": "session/new",
+              "params": {"cwd": "/", "mcpServers": []}}
+    async with open_listener() as (url, _), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)) as ws:
+                await ws.send_text(json.dumps({**INIT, "id": "a"}) + "\r\n"
+                                   + json.dumps(second) + "\n")
+                answers = {}
+                while len(answers) < 2:
+                    message = json.loads(await ws.receive_text())
+                    if "id" in message:
+                        answers[message["id"]] = message
+    assert answers["a"]["result"]["protocolVersion"] == 1
+    assert "sessionId" in answers["b"]["result"]
+
+
+@pytest.mark.parametrize(("change", "rule"), [
+    ({"jsonrpc": "1.0"}, '"jsonrpc" must be "2.0"'),
+    ({"params": "protocolVersion=1"}, "params must be an object or an array"),
+    ({"result": {}}, "cannot carry result or error"),
+])
+async def test_an_initialize_post_that_breaks_a_json_rpc_rule_is_told_which(
+        change: dict[str, Any], rule: str) -> None:
+    # Before, the answer was 400 "no Acp-Connection-Id header (POST initialize first)": the
+    # client had posted initialize, and learnt nothing of what was wrong with it.
+    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            refused = await client.post(url, json={**INIT, **change}, headers=AUTH)
+    assert refused.status_code == 400
+    assert "acp-connection-id" not in refused.headers
+    answer = refused.json()
+    assert answer["id"] == 1 and answer["error"]["code"] == -32600
+    assert rule in answer["error"]["data"]
+
+
+async def test_a_blank_websocket_message_is_no_message_as_a_blank_line_is_none() -> None:
+    # Before, each got a -32700 with id null: an error the client had not asked for.
+    async with open_listener() as (url, _), httpx.AsyncClient() as client:
+        with anyio.fail_after(15):
+            async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)) as ws:
+                for blank in ["", "\n", " \r\n\t"]:
+                    await ws.send_text(blank)
+                await ws.send_text(json.dumps(INIT))
+                first = json.loads(await ws.receive_text())
+    assert first["id"] == 1 and first["result"]["protocolVersion"] == 1

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from conductor.jsonrpc.message import Notification, Request, Response, raw
+from conductor.jsonrpc.message import Notification, Raw, Request, Response, raw
 from conductor.transport.http import AcpEndpoint, Gate, HttpClient, RemoteClient
 
 
@@ -177,3 +177,43 @@ async def test_a_session_closed_on_an_http_connection_is_forgotten_by_it() -> No
             tg.cancel_scope.cancel()
     client.finish()  # what the listener does once the chain has stopped
     assert client.sessions == {"kept"}
+
+
+def sse_events(body: bytes) -> list[Any]:
+    """Events as an SSE client reads them: a line ends at CRLF, LF or a lone CR."""
+    events, data = [], []
+    for line in body.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n"):
+        if not line:
+            if data:
+                events.append(json.loads(b"\n".join(data)))
+            data = []
+        elif line.startswith(b"data:"):
+            data.append(line[5:].removeprefix(b" "))
+    return events
+
+
+async def test_a_payload_with_a_carriage_return_as_whitespace_is_one_sse_event() -> None:
+    # A component may write a bare CR as JSON whitespace inside a line (valid JSON, and only
+    # a line feed ends a stdio frame); in SSE a bare CR ends a line, so the event was cut.
+    client = HttpClient("peer", 0, max_frame_bytes=1 << 20)
+    bodies: list[bytes] = []
+    opened, got_event = anyio.Event(), anyio.Event()
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.body":
+            bodies.append(message.get("body", b""))
+            (got_event if opened.is_set() else opened).set()
+
+    async def receive() -> Any:
+        await anyio.sleep_forever()
+
+    answer = Response(id=raw(7), result=Raw(b'{"a":1,\r"b":2}'))
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.stream, None, send, receive)
+            await opened.wait()
+            await client.send(answer)
+            await got_event.wait()
+            tg.cancel_scope.cancel()
+    client.finish()
+    assert sse_events(b"".join(bodies)) == [{"jsonrpc": "2.0", "id": 7, "result": {"a": 1, "b": 2}}]

@@ -137,3 +137,28 @@ async def test_without_the_remote_extra_the_error_says_how_to_install_it_from_a_
     assert "'acp-conductor[remote]'" not in message
     assert "/path/to/acp-conductor[remote]" in message
     assert "docs/remote.md" in message
+
+
+async def test_a_remote_component_writing_two_lines_in_one_message_has_both_read() -> None:
+    # A server reusing a stdio writer over its socket; a broken pretty-printed message after
+    # them stays one message (its lines are no JSON on their own).
+    async def two_lines(stream: SocketStream, conn: wsproto.WSConnection) -> None:
+        for text in ['{"jsonrpc":"2.0","method":"a"}\n{"jsonrpc":"2.0","method":"b"}\n',
+                     '{\n  "jsonrpc": "2.0",\n  "method": "c",\n}']:
+            await stream.send(conn.send(ws.TextMessage(data=text)))
+        await stream.send(conn.send(ws.CloseConnection(code=1000)))
+        await anyio.sleep_forever()
+
+    got: list[object] = []
+
+    async def handle(item: object) -> None:
+        got.append(item)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve_one, two_lines)
+            async with open_ws_client(url, {}) as (_, source):
+                await source.serve(handle)
+            tg.cancel_scope.cancel()
+    assert [getattr(item, "method", type(item).__name__) for item in got] == ["a", "b",
+                                                                               "NotJson"]
