@@ -727,3 +727,30 @@ async def test_a_stand_alone_proxy_answers_a_cancel_sent_as_a_request(line: byte
     answer = json.loads(out)
     assert (answer["id"], answer["error"]["code"]) == ("c", -32600)
     assert "notification" in answer["error"]["data"]
+
+
+class Pretty(Proxy):
+    """Answers, and forwards, JSON it wrote pretty: line breaks between its members."""
+
+    @on("_ext/pretty")
+    async def pretty(self, ctx: ProxyContext, message: Request) -> object:
+        return Raw(json.dumps({"a": [1, 2], "b": "x"}, indent=2).encode())
+
+    @on("_ext/forward-pretty")
+    async def forward_pretty(self, ctx: ProxyContext, message: Request) -> object:
+        return await ctx.request("_ext/forward-pretty", Raw(b'{\r\n  "q": 1\n}'))
+
+
+async def test_a_payload_a_plugin_wrote_over_several_lines_crosses_a_line_framed_hop_whole(
+        ) -> None:
+    # JSON allows line breaks as whitespace, but one on a stdio hop would cut the frame in
+    # two (two unreadable lines, and an asker waiting for ever).
+    agent = ScriptedAgent({"_ext/forward-pretty": lambda agent, message: _echo(message)})
+    async with open_test_chain([Pretty()], agent, transport="pipes") as client:
+        with anyio.fail_after(5):
+            assert await client.call("_ext/pretty") == {"a": [1, 2], "b": "x"}
+            assert await client.call("_ext/forward-pretty") == {"q": 1}
+
+
+async def _echo(message: Request) -> object:
+    return message.params_value()

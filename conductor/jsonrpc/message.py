@@ -176,9 +176,14 @@ def _view(data: Raw | UnsetType, model: type[T]) -> T:
 
 
 def payload(value: object) -> Raw:
-    """A Raw payload from Raw (kept), a pydantic model (by alias, no nulls) or a JSON value."""
+    """A Raw payload from Raw (kept, on one line), a pydantic model (by alias, no nulls) or a JSON value."""
     if isinstance(value, Raw):
-        return value
+        data = bytes(value)
+        if b"\n" not in data and b"\r" not in data:
+            return value
+        # JSON holds line breaks only as whitespace (never inside a string): a Raw written
+        # pretty would cut its frame in two on a line-delimited hop; spaces say the same.
+        return Raw(data.replace(b"\n", b" ").replace(b"\r", b" "))
     dump = getattr(value, "model_dump_json", None)
     if dump is not None:
         return Raw(dump(by_alias=True, exclude_none=True).encode())
