@@ -181,3 +181,24 @@ async def test_a_second_hangup_does_not_cut_the_graceful_stop_short(tmp_path: Pa
         code = await c.wait()
     assert code == 129, c.stderr_text
     assert await running([int(pidfile.read_text())]) == []
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
+async def test_a_second_sigterm_or_sigint_ends_a_graceful_stop_at_once(
+        tmp_path: Path, second: signal.Signals) -> None:
+    # A user who presses Ctrl-C again does not want to wait out every grace: the conductor
+    # ends (killed by that signal, as with no handler) and the watchdog stops what is left.
+    pidfile = tmp_path / "faulty.pid"
+    path = tmp_path / "chain.toml"
+    path.write_text("[conductor]\nshutdown_grace = 1.0\n\n[agent]\ncommand = "
+                    + faulty_argv("--name", "agent", "--ignore-term", "--linger",
+                                  f"--pidfile={pidfile}") + "\n", encoding="utf-8")
+    async with open_conductor("--chain", str(path)) as c:
+        await c.initialize()
+        c.signal(signal.SIGINT)
+        await c.wait_stderr("faulty agent: stdin closed; lingering")
+        c.signal(second)
+        code = await c.wait()
+    assert code == -second, c.stderr_text
+    assert "Traceback" not in c.stderr_text
+    assert await running([int(pidfile.read_text())]) == []
