@@ -453,8 +453,24 @@ async def serve_connection(
         if bridge is not None:
             bridge.attach(chain)
 
+        async def stop_if_stuck() -> None:
+            # The client closed its input, but its reader is stuck routing what came before
+            # (a component that stopped reading holds a frame half written): it would never
+            # see the end. Stop as at that end, which unblocks the write.
+            wait_hangup = getattr(client_source, "wait_hangup", None)
+            if wait_hangup is None:
+                return
+            await wait_hangup()
+            await anyio.sleep(config.conductor.shutdown_grace)  # cancelled at its end
+            log.warning("the client closed its input, but what it sent before cannot be "
+                        "delivered (a component stopped reading): shutting down")
+            stop.set()
+
         async def serve_client() -> None:
-            await _serve_source(chain, client, client_source)
+            async with anyio.create_task_group() as watch:
+                watch.start_soon(stop_if_stuck)
+                await _serve_source(chain, client, client_source)
+                watch.cancel_scope.cancel()
             log.info("client closed its input")
             chain.disconnected()
             if options.mode == "proxy":

@@ -30,6 +30,11 @@ def stopping() -> None:
     a second SIGTERM or SIGINT still ends the conductor at once."""
     if signal.getsignal(signal.SIGHUP) in (signal.SIG_DFL, None):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # The event loop gave SIGINT back to Python's KeyboardInterrupt, which asyncio turns
+    # into a cancellation that the shielded stop waits out, every grace of it: SIG_DFL
+    # ends us as a second SIGTERM does (the watchdog stops what is left).
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 async def first_stop_signal() -> signal.Signals:

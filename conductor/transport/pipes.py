@@ -331,6 +331,12 @@ class PipeSource:
         self._stream = stream
         self._max = max_frame_bytes
 
+    async def wait_hangup(self) -> None:
+        """Until the writer has closed its end, read to it or not (`FdReceiveStream`);
+        never for a stream that cannot tell."""
+        wait = getattr(self._stream, "wait_hangup", None)
+        await (anyio.sleep_forever() if wait is None else wait())
+
     async def serve(self, handle: Handle, nowait: HandleNowait | None = None) -> None:
         try:
             await serve_frames(self._stream, FrameDecoder(max_frame_bytes=self._max), handle,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import select
 import stat
 
 import anyio
@@ -194,6 +195,19 @@ class FdReceiveStream(ByteReceiveStream):
             if not data:
                 raise anyio.EndOfStream
             return data
+
+    async def wait_hangup(self) -> None:
+        """Until the writer has closed its end, even while data it wrote is still unread
+        (its reader may be stuck routing it). Linux only (epoll reports the hangup alone,
+        unread data or not); elsewhere, or on a fd that is not a pipe or socket, never."""
+        if not self._fd.pollable or not hasattr(select, "epoll"):
+            await anyio.sleep_forever()
+        with select.epoll() as hangup:  # readable once the fd hangs up: not on data
+            try:
+                hangup.register(self._fd.fd, select.EPOLLRDHUP)
+            except OSError:
+                await anyio.sleep_forever()
+            await anyio.wait_readable(hangup.fileno())
 
     async def aclose(self) -> None:
         if self._closed:

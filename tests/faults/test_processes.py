@@ -181,3 +181,52 @@ async def test_a_second_hangup_does_not_cut_the_graceful_stop_short(tmp_path: Pa
         code = await c.wait()
     assert code == 129, c.stderr_text
     assert await running([int(pidfile.read_text())]) == []
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
+async def test_a_second_sigterm_or_sigint_ends_a_graceful_stop_at_once(
+        tmp_path: Path, second: signal.Signals) -> None:
+    # A user who presses Ctrl-C again does not want to wait out every grace: the conductor
+    # ends (killed by that signal, as with no handler) and the watchdog stops what is left.
+    pidfile = tmp_path / "faulty.pid"
+    path = tmp_path / "chain.toml"
+    path.write_text("[conductor]\nshutdown_grace = 1.0\n\n[agent]\ncommand = "
+                    + faulty_argv("--name", "agent", "--ignore-term", "--linger",
+                                  f"--pidfile={pidfile}") + "\n", encoding="utf-8")
+    async with open_conductor("--chain", str(path)) as c:
+        await c.initialize()
+        c.signal(signal.SIGINT)
+        await c.wait_stderr("faulty agent: stdin closed; lingering")
+        c.signal(second)
+        code = await c.wait()
+    assert code == -second, c.stderr_text
+    assert "Traceback" not in c.stderr_text
+    assert await running([int(pidfile.read_text())]) == []
+
+
+async def test_the_editor_closing_its_input_ends_the_chain_while_a_frame_waits_on_a_stalled_agent(
+        tmp_path: Path) -> None:
+    # The agent stopped reading; a frame larger than its pipe is half written to it, so the
+    # conductor cannot read on to its own end of input. Closing it must still end the chain.
+    pidfile = tmp_path / "faulty.pid"
+    path = tmp_path / "chain.toml"
+    path.write_text("[conductor]\nshutdown_grace = 0.5\n\n[agent]\ncommand = "
+                    + faulty_argv("--name", "agent", "--stall-at=3", f"--pidfile={pidfile}")
+                    + "\n", encoding="utf-8")
+    async with open_conductor("--chain", str(path)) as c:
+        await c.initialize()
+        sid = await c.new_session()
+        await c.send({"jsonrpc": "2.0", "id": "stalled", "method": "session/prompt",
+                      "params": prompt(sid)})
+        await c.wait_stderr("faulty agent: stalled at step 3")
+        big = {"sessionId": sid, "prompt": [{"type": "text", "text": "x" * (4 << 20)}]}
+        await c.send({"jsonrpc": "2.0", "id": "big", "method": "session/prompt", "params": big})
+        await c.close_stdin()
+        rest = await c.read_to_end()
+        code = await c.wait()
+    assert code == 0, c.stderr_text
+    assert sorted(m["id"] for m in rest) == ["big", "stalled"]
+    for answer in rest:
+        assert answer["error"]["data"]["component"] == "agent", answer
+    assert "Traceback" not in c.stderr_text
+    assert await running([int(pidfile.read_text())]) == []
