@@ -102,6 +102,11 @@ class RunEditor(EditorHandler):
             tool = {}
         given = p.get("options")
         options = [o for o in given if isinstance(o, dict)] if isinstance(given, list) else []
+        ids = [o["optionId"] for o in options if isinstance(o.get("optionId"), str)]
+        if len(set(ids)) != len(ids):
+            # The agent reads the id back: a shared one could mean its allow option as well
+            # as the reject option a policy picked. Malformed: nothing can be chosen.
+            options = []
         policy = self.approve
         chosen: str | None = None
         if not self.cancelling:

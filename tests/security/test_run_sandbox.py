@@ -575,3 +575,16 @@ async def test_a_terminal_refused_for_want_of_allow_terminal_is_refused_whatever
     await refused(ed.handle_request("terminal/create", {"command": "rm", "args": 5}),
                   REFUSED, "--allow-terminal")
     assert len(ed.violations) == 1
+
+
+@pytest.mark.parametrize("approve", ["none", "reads", "all"])
+async def test_options_sharing_one_option_id_are_never_selected(root: Path, approve: str) -> None:
+    # The agent reads the id back: "x" could mean its allow option as well as its reject one.
+    ed, events = editor(root, approve=approve)
+    params = {"toolCall": {"kind": "edit"},
+              "options": [{"optionId": "x", "kind": "reject_once"},
+                          {"optionId": "x", "kind": "allow_once"}]}
+    with anyio.fail_after(5):
+        answer = await ed.handle_request("session/request_permission", params)
+    assert answer == {"outcome": {"outcome": "cancelled"}}
+    assert events.decisions[-1]["outcome"] == "cancelled"
