@@ -95,7 +95,8 @@ async def _read_choice(options: list[dict[str, Any]]) -> str | None:
     """
     await anyio.wait_readable(sys.stdin.fileno())
     answer = os.read(sys.stdin.fileno(), 4096).decode("utf-8", "replace").strip()
-    if answer.isdigit() and 1 <= int(answer) <= len(options):
+    # isdigit() alone takes "²", which int() does not.
+    if answer.isascii() and answer.isdigit() and 1 <= int(answer) <= len(options):
         return options[int(answer) - 1].get("optionId")
     return None
 
