@@ -76,11 +76,19 @@ def plan_entries(update: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 
+# The agent's words in a question are shown, never obeyed: an ESC or CR in them could
+# repaint the question, and the person would approve what they did not see. Each control
+# character becomes one visible one.
+_CONTROL = {**{c: 0x2400 + c for c in range(0x20)}, 0x7F: 0x2421,
+            **{c: 0xFFFD for c in range(0x80, 0xA0)}}
+
+
 def _question(tool_call: dict[str, Any], options: list[dict[str, Any]]) -> list[str]:
     """The permission question as lines (both renderers ask with the same words)."""
-    return [f"The agent asks: {tool_call.get('title', 'a tool call')} "
-            f"({tool_call.get('kind', 'other')})",
-            *(f"  {i}. {o.get('name', o.get('optionId'))}" for i, o in enumerate(options, 1))]
+    lines = [f"The agent asks: {tool_call.get('title', 'a tool call')} "
+             f"({tool_call.get('kind', 'other')})",
+             *(f"  {i}. {o.get('name', o.get('optionId'))}" for i, o in enumerate(options, 1))]
+    return [line.translate(_CONTROL) for line in lines]
 
 
 ANSWER_PROMPT = "choose a number (empty: cancel): "
