@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     # Starts a task in the run's task group (a terminal's output reader).
     Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], Awaitable[None]]
 
+_BY_ID = frozenset({"terminal/output", "terminal/wait_for_exit", "terminal/kill",
+                    "terminal/release"})
 TERMINAL_STRAY_GRACE = 1.0  # how long a terminal's strays get between SIGTERM and SIGKILL
 OUTPUT_GRACE = 0.5  # after the command exits, for the end of an output pipe a child may hold
 
@@ -95,6 +97,8 @@ class Terminals:
                          "running commands needs --allow-terminal")
         if method == "terminal/create":
             return await self._create_terminal(p)
+        if method not in _BY_ID:  # before the id: an unknown method is not an unknown terminal
+            raise RpcError(ErrorCode.METHOD_NOT_FOUND, "Method not found", {"method": method})
         term = self._terminals.get(str(p.get("terminalId")))
         if term is None:
             raise RpcError(NOT_FOUND, f"unknown terminal {p.get('terminalId')!r}")
@@ -104,12 +108,10 @@ class Terminals:
         if method == "terminal/wait_for_exit":
             await term.done.wait()
             return term.status() or {"exitCode": None, "signal": None}
-        if method in ("terminal/kill", "terminal/release"):
-            if method == "terminal/release":
-                self._terminals.pop(str(p.get("terminalId")), None)
-            await _stop_terminal(term)
-            return {}
-        raise RpcError(ErrorCode.METHOD_NOT_FOUND, "Method not found", {"method": method})
+        if method == "terminal/release":
+            self._terminals.pop(str(p.get("terminalId")), None)
+        await _stop_terminal(term)  # terminal/kill, terminal/release
+        return {}
 
     async def _create_terminal(self, p: dict[str, Any]) -> JsonValue:
         command = p.get("command")

@@ -588,3 +588,10 @@ async def test_options_sharing_one_option_id_are_never_selected(root: Path, appr
         answer = await ed.handle_request("session/request_permission", params)
     assert answer == {"outcome": {"outcome": "cancelled"}}
     assert events.decisions[-1]["outcome"] == "cancelled"
+
+
+async def test_a_terminal_method_run_does_not_implement_is_method_not_found(root: Path) -> None:
+    ed, _ = editor(root, allow_terminal=True)
+    error = await refused(ed.handle_request("terminal/resize", {"terminalId": "term-1-1"}),
+                          ErrorCode.METHOD_NOT_FOUND)
+    assert error.data == {"method": "terminal/resize"}
