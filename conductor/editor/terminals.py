@@ -22,6 +22,7 @@ from conductor.jsonrpc.codes import ErrorCode
 from conductor.record import Record
 from conductor.supervise.component import sweep_strays
 from conductor.supervise.spawn import TOKEN_PREFIX
+from conductor.supervise.watchdog import tag
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
@@ -125,7 +126,9 @@ class Terminals:
                     isinstance(item.get("value"), str):
                 env[item["name"]] = item["value"]
         token = secrets.token_hex(8)
-        env[f"{TOKEN_PREFIX}{token}"] = "1"  # after the agent's env: it cannot drop it
+        # After the agent's env: it cannot drop it. Its value is the conductor's tag, by
+        # which the watchdog finds what is left if `run` itself is killed (SIGHUP, SIGKILL).
+        env[f"{TOKEN_PREFIX}{token}"] = tag()
         argv = [command, *(a for a in _items(p.get("args")) if isinstance(a, str))]
         try:
             process = await anyio.open_process(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -595,3 +596,27 @@ async def test_a_terminal_method_run_does_not_implement_is_method_not_found(root
     error = await refused(ed.handle_request("terminal/resize", {"terminalId": "term-1-1"}),
                           ErrorCode.METHOD_NOT_FOUND)
     assert error.data == {"method": "terminal/resize"}
+
+
+def test_a_run_ended_by_sighup_leaves_no_terminal_command_running(tmp_path: Path) -> None:
+    # Closing the terminal window: no graceful stop, but what the agent ran must not stay.
+    marker = f"run-{os.getpid()}-{tmp_path.name}"
+    proc = subprocess.Popen(
+        conductor_argv("run", "--chain", "demo", "terminal:sleep_300", "--allow-terminal",
+                       "--json", "--cwd", str(tmp_path)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+        env=child_env(SANDBOX_TEST_RUN=marker))
+    try:
+        deadline = time.monotonic() + 30  # a bound on the start, not a measure
+        while not (started := [p.pid for p in marked(marker) if p.name() == "sleep"]):
+            assert time.monotonic() < deadline, "the terminal's command never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=30)
+        assert exited(started, timeout=15), [p.cmdline() for p in marked(marker)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stray in marked(marker):
+            stray.kill()
