@@ -620,3 +620,22 @@ def test_a_run_ended_by_sighup_leaves_no_terminal_command_running(tmp_path: Path
             proc.wait()
         for stray in marked(marker):
             stray.kill()
+
+
+async def test_an_option_without_a_string_id_is_never_offered_to_the_person_asked(
+        root: Path) -> None:
+    ed, events = editor(root, approve="ask")
+    offered: list[list[dict[str, Any]]] = []
+
+    async def first(tool: dict[str, Any], options: list[dict[str, Any]]) -> str | None:
+        offered.append(options)  # the person picks the first one shown
+        return options[0].get("optionId") if options else None
+
+    events.ask_permission = first  # type: ignore[method-assign]
+    params = {"toolCall": {"kind": "edit"},
+              "options": [{"optionId": 5, "name": "Allow", "kind": "allow_once"},
+                          {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}
+    with anyio.fail_after(5):
+        answer = await ed.handle_request("session/request_permission", params)
+    assert offered == [[params["options"][1]]]
+    assert answer == {"outcome": {"outcome": "selected", "optionId": "no"}}
