@@ -55,5 +55,5 @@ async def test_the_agents_words_in_the_question_cannot_move_the_cursor_or_recolo
     tool = {"title": "rm -rf ~\r\x1b[2K\x1b[1Aread README.md", "kind": "read\x1b[8m"}
     options = [{"optionId": "yes", "name": "Allow\x9b2K", "kind": "allow_once"}]
     _, shown = await ask(terminal, "", tool, options)
-    assert not any(ord(c) < 32 and c != "\n" or 0x7f <= ord(c) < 0xa0 for c in shown), shown
+    assert not any((ord(c) < 32 and c != "\n") or 0x7f <= ord(c) < 0xa0 for c in shown), shown
     assert "rm -rf ~" in shown and "read README.md" in shown
