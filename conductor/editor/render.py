@@ -76,11 +76,13 @@ def plan_entries(update: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 
-# The agent's words in a question are shown, never obeyed: an ESC or CR in them could
-# repaint the question, and the person would approve what they did not see. Each control
-# character becomes one visible one.
+# The agent's words on the terminal are shown, never obeyed: an ESC or CR in them could
+# repaint a permission question (the person would approve what they did not see) or the
+# lines around it. Each control character becomes one visible one; in running text
+# (thoughts) newlines and tabs are kept.
 _CONTROL = {**{c: 0x2400 + c for c in range(0x20)}, 0x7F: 0x2421,
             **{c: 0xFFFD for c in range(0x80, 0xA0)}}
+_CONTROL_TEXT = {c: v for c, v in _CONTROL.items() if c not in (0x09, 0x0A)}
 
 
 def _question(tool_call: dict[str, Any], options: list[dict[str, Any]]) -> list[str]:
@@ -195,7 +197,7 @@ class PlainEvents:
         if self._thought_open:
             self.err.write("\n")
             self._thought_open = False
-        self.err.write(text + "\n")
+        self.err.write(text.translate(_CONTROL) + "\n")
         self.err.flush()
 
     def session(self, record: dict[str, Any]) -> None:
@@ -215,7 +217,7 @@ class PlainEvents:
             if not self._thought_open:
                 self.err.write("[thought] ")
                 self._thought_open = True
-            self.err.write(_content_text(update))
+            self.err.write(_content_text(update).translate(_CONTROL_TEXT))
             self.err.flush()
         elif kind in ("tool_call", "tool_call_update"):
             call = self.tools.merge(update)

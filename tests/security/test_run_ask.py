@@ -57,3 +57,19 @@ async def test_the_agents_words_in_the_question_cannot_move_the_cursor_or_recolo
     _, shown = await ask(terminal, "", tool, options)
     assert not any((ord(c) < 32 and c != "\n") or 0x7f <= ord(c) < 0xa0 for c in shown), shown
     assert "rm -rf ~" in shown and "read README.md" in shown
+
+
+def test_the_plain_view_shows_the_agents_control_characters_instead_of_obeying_them() -> None:
+    # While a question waits for its answer, updates keep coming: an ESC in a tool title
+    # or a thought could move the cursor up and rewrite the question on the terminal.
+    err = io.StringIO()
+    plain = PlainEvents(io.StringIO(), err)
+    plain.update("s", {"sessionUpdate": "agent_thought_chunk",
+                       "content": {"type": "text", "text": "thinking\n\x1b[3A\x1b[J"}})
+    plain.update("s", {"sessionUpdate": "tool_call", "toolCallId": "t1", "kind": "read",
+                       "title": "\x1b[2A\x1b[2K1. Allow: read README.md", "status": "pending"})
+    plain.update("s", {"sessionUpdate": "plan",
+                       "entries": [{"content": "a\rb", "status": "pending"}]})
+    shown = err.getvalue()
+    assert not any((ord(c) < 32 and c != "\n") or 0x7f <= ord(c) < 0xa0 for c in shown), shown
+    assert "thinking\n" in shown and "read README.md" in shown
