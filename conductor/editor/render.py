@@ -85,6 +85,11 @@ _CONTROL = {**{c: 0x2400 + c for c in range(0x20)}, 0x7F: 0x2421,
 _CONTROL_TEXT = {c: v for c, v in _CONTROL.items() if c not in (0x09, 0x0A)}
 
 
+def _visible(value: object, *, text: bool = False) -> str:
+    """`value` as a string fit for the terminal (`text`: running text, lines kept)."""
+    return str(value).translate(_CONTROL_TEXT if text else _CONTROL)
+
+
 def _question(tool_call: dict[str, Any], options: list[dict[str, Any]]) -> list[str]:
     """The permission question as lines (both renderers ask with the same words)."""
     lines = [f"The agent asks: {tool_call.get('title', 'a tool call')} "

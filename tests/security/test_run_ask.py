@@ -73,3 +73,27 @@ def test_the_plain_view_shows_the_agents_control_characters_instead_of_obeying_t
     shown = err.getvalue()
     assert not any((ord(c) < 32 and c != "\n") or 0x7f <= ord(c) < 0xa0 for c in shown), shown
     assert "thinking\n" in shown and "read README.md" in shown
+
+
+def test_the_live_view_shows_the_agents_control_characters_instead_of_obeying_them() -> None:
+    from rich.console import Console
+
+    from conductor.editor.live import RichEvents
+
+    screen = io.StringIO()
+    live = RichEvents(Console(file=screen, force_terminal=True, width=100),
+                      Console(file=screen, force_terminal=True, width=100))
+    live.update("s", {"sessionUpdate": "agent_message_chunk",
+                      "content": {"type": "text", "text": "hi\n\x1b]0;pwned\x07"}})
+    live.update("s", {"sessionUpdate": "tool_call", "toolCallId": "t1", "kind": "read",
+                      "title": "\x1b[2A\x1b[2Kread README.md", "status": "completed"})
+    live.update("s", {"sessionUpdate": "plan",
+                      "entries": [{"content": "a\x1b[8mb", "status": "pending"}]})
+    live.decision({"type": "permission", "toolCall": {"title": "x\x1b[5Ay"}, "policy": "none",
+                   "outcome": "cancelled", "optionId": None, "optionKind": None})
+    live.result({"exitCode": 0, "exitReason": "end_turn", "stopReason": "end_turn",
+                 "durationMs": 1.0, "usage": None})
+    shown = screen.getvalue()
+    for sent in ("\x1b]0;", "\x1b[2A", "\x1b[8m", "\x1b[5A"):
+        assert sent not in shown, repr(shown)
+    assert "read README.md" in shown
