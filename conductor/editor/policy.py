@@ -101,7 +101,14 @@ class RunEditor(EditorHandler):
         if not isinstance(tool, dict):
             tool = {}
         given = p.get("options")
-        options = [o for o in given if isinstance(o, dict)] if isinstance(given, list) else []
+        # Only options the answer can name: an id that is not a string is no answer.
+        options = [o for o in given if isinstance(o, dict) and isinstance(o.get("optionId"), str)
+                   ] if isinstance(given, list) else []
+        ids = [o["optionId"] for o in options]
+        if len(set(ids)) != len(ids):
+            # The agent reads the id back: a shared one could mean its allow option as well
+            # as the reject option a policy picked. Malformed: nothing can be chosen.
+            options = []
         policy = self.approve
         chosen: str | None = None
         if not self.cancelling:

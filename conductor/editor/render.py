@@ -76,11 +76,26 @@ def plan_entries(update: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 
+# The agent's words on the terminal are shown, never obeyed: an ESC or CR in them could
+# repaint a permission question (the person would approve what they did not see) or the
+# lines around it. Each control character becomes one visible one; in running text
+# (thoughts) newlines and tabs are kept.
+_CONTROL = {**{c: 0x2400 + c for c in range(0x20)}, 0x7F: 0x2421,
+            **{c: 0xFFFD for c in range(0x80, 0xA0)}}
+_CONTROL_TEXT = {c: v for c, v in _CONTROL.items() if c not in (0x09, 0x0A)}
+
+
+def _visible(value: object, *, text: bool = False) -> str:
+    """`value` as a string fit for the terminal (`text`: running text, lines kept)."""
+    return str(value).translate(_CONTROL_TEXT if text else _CONTROL)
+
+
 def _question(tool_call: dict[str, Any], options: list[dict[str, Any]]) -> list[str]:
     """The permission question as lines (both renderers ask with the same words)."""
-    return [f"The agent asks: {tool_call.get('title', 'a tool call')} "
-            f"({tool_call.get('kind', 'other')})",
-            *(f"  {i}. {o.get('name', o.get('optionId'))}" for i, o in enumerate(options, 1))]
+    lines = [f"The agent asks: {tool_call.get('title', 'a tool call')} "
+             f"({tool_call.get('kind', 'other')})",
+             *(f"  {i}. {o.get('name', o.get('optionId'))}" for i, o in enumerate(options, 1))]
+    return [line.translate(_CONTROL) for line in lines]
 
 
 ANSWER_PROMPT = "choose a number (empty: cancel): "
@@ -95,7 +110,8 @@ async def _read_choice(options: list[dict[str, Any]]) -> str | None:
     """
     await anyio.wait_readable(sys.stdin.fileno())
     answer = os.read(sys.stdin.fileno(), 4096).decode("utf-8", "replace").strip()
-    if answer.isdigit() and 1 <= int(answer) <= len(options):
+    # isdigit() alone takes "²", which int() does not.
+    if answer.isascii() and answer.isdigit() and 1 <= int(answer) <= len(options):
         return options[int(answer) - 1].get("optionId")
     return None
 
@@ -186,7 +202,7 @@ class PlainEvents:
         if self._thought_open:
             self.err.write("\n")
             self._thought_open = False
-        self.err.write(text + "\n")
+        self.err.write(text.translate(_CONTROL) + "\n")
         self.err.flush()
 
     def session(self, record: dict[str, Any]) -> None:
@@ -206,7 +222,7 @@ class PlainEvents:
             if not self._thought_open:
                 self.err.write("[thought] ")
                 self._thought_open = True
-            self.err.write(_content_text(update))
+            self.err.write(_content_text(update).translate(_CONTROL_TEXT))
             self.err.flush()
         elif kind in ("tool_call", "tool_call_update"):
             call = self.tools.merge(update)

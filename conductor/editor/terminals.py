@@ -22,6 +22,7 @@ from conductor.jsonrpc.codes import ErrorCode
 from conductor.record import Record
 from conductor.supervise.component import sweep_strays
 from conductor.supervise.spawn import TOKEN_PREFIX
+from conductor.supervise.watchdog import tag
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     # Starts a task in the run's task group (a terminal's output reader).
     Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], Awaitable[None]]
 
+_BY_ID = frozenset({"terminal/output", "terminal/wait_for_exit", "terminal/kill",
+                    "terminal/release"})
 TERMINAL_STRAY_GRACE = 1.0  # how long a terminal's strays get between SIGTERM and SIGKILL
 OUTPUT_GRACE = 0.5  # after the command exits, for the end of an output pipe a child may hold
 
@@ -95,6 +98,8 @@ class Terminals:
                          "running commands needs --allow-terminal")
         if method == "terminal/create":
             return await self._create_terminal(p)
+        if method not in _BY_ID:  # before the id: an unknown method is not an unknown terminal
+            raise RpcError(ErrorCode.METHOD_NOT_FOUND, "Method not found", {"method": method})
         term = self._terminals.get(str(p.get("terminalId")))
         if term is None:
             raise RpcError(NOT_FOUND, f"unknown terminal {p.get('terminalId')!r}")
@@ -104,12 +109,10 @@ class Terminals:
         if method == "terminal/wait_for_exit":
             await term.done.wait()
             return term.status() or {"exitCode": None, "signal": None}
-        if method in ("terminal/kill", "terminal/release"):
-            if method == "terminal/release":
-                self._terminals.pop(str(p.get("terminalId")), None)
-            await _stop_terminal(term)
-            return {}
-        raise RpcError(ErrorCode.METHOD_NOT_FOUND, "Method not found", {"method": method})
+        if method == "terminal/release":
+            self._terminals.pop(str(p.get("terminalId")), None)
+        await _stop_terminal(term)  # terminal/kill, terminal/release
+        return {}
 
     async def _create_terminal(self, p: dict[str, Any]) -> JsonValue:
         command = p.get("command")
@@ -123,7 +126,9 @@ class Terminals:
                     isinstance(item.get("value"), str):
                 env[item["name"]] = item["value"]
         token = secrets.token_hex(8)
-        env[f"{TOKEN_PREFIX}{token}"] = "1"  # after the agent's env: it cannot drop it
+        # After the agent's env: it cannot drop it. Its value is the conductor's tag, by
+        # which the watchdog finds what is left if `run` itself is killed (SIGHUP, SIGKILL).
+        env[f"{TOKEN_PREFIX}{token}"] = tag()
         argv = [command, *(a for a in _items(p.get("args")) if isinstance(a, str))]
         try:
             process = await anyio.open_process(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,

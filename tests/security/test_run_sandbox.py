@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -575,3 +576,66 @@ async def test_a_terminal_refused_for_want_of_allow_terminal_is_refused_whatever
     await refused(ed.handle_request("terminal/create", {"command": "rm", "args": 5}),
                   REFUSED, "--allow-terminal")
     assert len(ed.violations) == 1
+
+
+@pytest.mark.parametrize("approve", ["none", "reads", "all"])
+async def test_options_sharing_one_option_id_are_never_selected(root: Path, approve: str) -> None:
+    # The agent reads the id back: "x" could mean its allow option as well as its reject one.
+    ed, events = editor(root, approve=approve)
+    params = {"toolCall": {"kind": "edit"},
+              "options": [{"optionId": "x", "kind": "reject_once"},
+                          {"optionId": "x", "kind": "allow_once"}]}
+    with anyio.fail_after(5):
+        answer = await ed.handle_request("session/request_permission", params)
+    assert answer == {"outcome": {"outcome": "cancelled"}}
+    assert events.decisions[-1]["outcome"] == "cancelled"
+
+
+async def test_a_terminal_method_run_does_not_implement_is_method_not_found(root: Path) -> None:
+    ed, _ = editor(root, allow_terminal=True)
+    error = await refused(ed.handle_request("terminal/resize", {"terminalId": "term-1-1"}),
+                          ErrorCode.METHOD_NOT_FOUND)
+    assert error.data == {"method": "terminal/resize"}
+
+
+def test_a_run_ended_by_sighup_leaves_no_terminal_command_running(tmp_path: Path) -> None:
+    # Closing the terminal window: no graceful stop, but what the agent ran must not stay.
+    marker = f"run-{os.getpid()}-{tmp_path.name}"
+    proc = subprocess.Popen(
+        conductor_argv("run", "--chain", "demo", "terminal:sleep_300", "--allow-terminal",
+                       "--json", "--cwd", str(tmp_path)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+        env=child_env(SANDBOX_TEST_RUN=marker))
+    try:
+        deadline = time.monotonic() + 30  # a bound on the start, not a measure
+        while not (started := [p.pid for p in marked(marker) if p.name() == "sleep"]):
+            assert time.monotonic() < deadline, "the terminal's command never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=30)
+        assert exited(started, timeout=15), [p.cmdline() for p in marked(marker)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stray in marked(marker):
+            stray.kill()
+
+
+async def test_an_option_without_a_string_id_is_never_offered_to_the_person_asked(
+        root: Path) -> None:
+    ed, events = editor(root, approve="ask")
+    offered: list[list[dict[str, Any]]] = []
+
+    async def first(tool: dict[str, Any], options: list[dict[str, Any]]) -> str | None:
+        offered.append(options)  # the person picks the first one shown
+        return options[0].get("optionId") if options else None
+
+    events.ask_permission = first  # type: ignore[method-assign]
+    params = {"toolCall": {"kind": "edit"},
+              "options": [{"optionId": 5, "name": "Allow", "kind": "allow_once"},
+                          {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}
+    with anyio.fail_after(5):
+        answer = await ed.handle_request("session/request_permission", params)
+    assert offered == [[params["options"][1]]]
+    assert answer == {"outcome": {"outcome": "selected", "optionId": "no"}}
