@@ -183,3 +183,34 @@ def test_a_secret_name_value_entry_is_redacted_whatever_the_order_of_its_fields(
     server = json.loads(out)["payload"]["params"]["mcpServers"][0]
     assert server["headers"][0]["value"] == REDACTED and server["env"][0]["value"] == REDACTED
     assert server["name"] == "docs"
+
+
+@pytest.mark.parametrize("escaped", [False, True], ids=["plain", "escaped"])
+@pytest.mark.parametrize("pattern", [r"^ghp_[A-Za-z0-9]{36}$", r"\Aghp_[A-Za-z0-9]{36}\Z",
+                                     r"(?<!\w)ghp_[A-Za-z0-9]{36}(?![\w\"])"])
+def test_a_pattern_tied_to_where_a_string_starts_or_ends_hides_it_in_any_line(
+        pattern: str, escaped: bool) -> None:
+    # Patterns are matched against each decoded string, escaped line or not: `^...$` (a
+    # whole-string token) must not depend on a backslash elsewhere in the line.
+    token = "ghp_" + "a1B2c3D4" * 4 + "zZ9x"
+    frame = _update(json.dumps(token), '"k\\n"' if escaped else '"k"')
+    events = _traced(frame, Redactor(patterns=[pattern]))
+    assert token[4:] not in json.dumps(events)
+
+
+@pytest.mark.parametrize("pattern", [r"(?u)sk-\w{8,}", r"sk-\N{DIGIT ONE}{8,}"])
+def test_any_pattern_the_config_accepts_redacts_and_never_crashes_the_trace(
+        pattern: str) -> None:
+    # `[conductor] redact` is checked as a Python regex; the trace must take the same ones.
+    frame = _update('"key sk-1111111111 and sk-11111111"', '"k"')
+    events = _traced(frame, Redactor(patterns=[pattern]))
+    assert events[1]["payload"]["params"]["update"]["content"]["text"] == \
+        f"key {REDACTED} and {REDACTED}"
+
+
+def test_a_secret_env_value_with_a_final_newline_is_still_redacted() -> None:
+    # A value read from a file keeps its newline; the token the agent sends has none
+    # (the redact proxy strips it the same way).
+    frame = _update('"using sk-live-0123456789"', '"k"')
+    events = _traced(frame, Redactor(["sk-live-0123456789\n"]))
+    assert "0123456789" not in json.dumps(events)

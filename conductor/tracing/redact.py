@@ -24,6 +24,9 @@ _SECRET_NAMES = ("authorization", _SHIM_TOKEN.decode().lower())
 _NAMED_SECRET = re.compile(rb'"name"\s*:\s*"(?i:authorization|ACP_CONDUCTOR_MCP_TOKEN)"')
 # A JSON string in a line without backslashes: nothing inside it can be a quote.
 _RAW_STRING = re.compile(rb'"[^"]*"')
+# Syntax that makes a match depend on what is around it (anchors, lookarounds; `^` in a
+# class too, to be safe): such a pattern may match a string but not the line holding it.
+_CONTEXT = re.compile(r"[\^$]|\\[AZ]|\(\?<?[=!]")
 _MIN_SECRET = 4  # shorter values would blank out ordinary text
 _CLEAN_MAX, _CLEAN_MAX_LEN = 4096, 64
 
@@ -41,12 +44,19 @@ class Redactor:
     """
 
     def __init__(self, secrets: Iterable[str] = (), patterns: Iterable[str] = ()) -> None:
-        values = sorted({s for s in secrets if len(s) >= _MIN_SECRET}, key=len, reverse=True)
+        # A value read from a file keeps its final newline; what is sent often has none.
+        values = sorted({v for s in secrets for v in (s, s.strip()) if len(v) >= _MIN_SECRET},
+                        key=len, reverse=True)
         self._texts = values
         # the same values as they appear in a line without escapes (raw UTF-8)
         self._secrets = [v.encode() for v in values]
-        self._patterns = [re.compile(p.encode()) for p in patterns]
+        # Text patterns only, as `[conductor] redact` checked them: a bytes copy would refuse
+        # `(?u)` and `\N{...}`, and its `.` and `\w` would see bytes, not characters.
         self._text_patterns = [re.compile(p) for p in patterns]
+        # A pattern found nowhere in the whole line is in none of its strings, unless it
+        # looks at what is around its match (`^`, `$`, lookarounds): those see each string.
+        self._line_patterns = [p for p in self._text_patterns if not _CONTEXT.search(p.pattern)]
+        self._every_string = len(self._line_patterns) < len(self._text_patterns)
         # Keys and short values repeat on every line ("jsonrpc", "sessionUpdate", ids): a
         # string found clean once is clean forever, so remember a bounded number of them.
         self._clean: set[str] = set()
@@ -78,22 +88,25 @@ class Redactor:
         return line
 
     def _mentions_secret(self, line: bytes) -> bool:
-        """Whether a line without escapes holds a secret anywhere, strings or not. Only its
-        strings are then rewritten: a secret that also spells a literal, a number or part of
-        the trace's own fields ("true", "1234") must not break the line's JSON."""
-        return any(form in line for form in self._secrets) or \
-            any(pattern.search(line) for pattern in self._patterns)
+        """Whether a line without escapes may hold a secret anywhere, strings or not. Only
+        its strings are then rewritten: a secret that also spells a literal, a number or part
+        of the trace's own fields ("true", "1234") must not break the line's JSON."""
+        if self._every_string or any(form in line for form in self._secrets):
+            return True
+        if not self._line_patterns:
+            return False
+        text = line.decode("utf-8", "surrogateescape")
+        return any(pattern.search(text) for pattern in self._line_patterns)
 
     def _redact_raw_string(self, match: re.Match[bytes]) -> bytes:
         # Inside the quotes only: a pattern such as `password=\S+` must not eat the closing
-        # one (the line would stop being JSON), and it sees what the decoded path sees.
-        text = match[0][1:-1]
-        for form in self._secrets:
-            if form in text:
-                text = text.replace(form, REDACTED.encode())
-        for pattern in self._patterns:
-            text = pattern.sub(REDACTED.encode(), text)
-        return b'"' + text + b'"'
+        # one (the line would stop being JSON). Without a backslash in the line the bytes
+        # are the text, so it is matched as the decoded path matches it.
+        text = match[0][1:-1].decode("utf-8", "surrogateescape")
+        out = self._redact_text(text)
+        if out is text:
+            return match[0]
+        return b'"' + out.encode("utf-8", "surrogateescape") + b'"'
 
     def _redact_text(self, text: str) -> str:
         if text in self._clean:
