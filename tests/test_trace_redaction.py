@@ -214,3 +214,15 @@ def test_a_secret_env_value_with_a_final_newline_is_still_redacted() -> None:
     frame = _update('"using sk-live-0123456789"', '"k"')
     events = _traced(frame, Redactor(["sk-live-0123456789\n"]))
     assert "0123456789" not in json.dumps(events)
+
+
+@pytest.mark.parametrize("escaped", [False, True], ids=["plain", "escaped"])
+def test_secrets_that_overlap_are_all_hidden_none_breaks_another_up(escaped: bool) -> None:
+    # A PIN inside an API key must not cut the key's match short; two values that overlap
+    # must not leave the second one's tail.
+    redactor = Redactor(["4242", "abcdefgh", "efghijkl"], [r"sk-[A-Za-z0-9]{20,}"])
+    text = "key sk-Zq4242Xv9Lm3Np8Rt5Wy2Bc7 and abcdefghijkl"
+    frame = _update(json.dumps(text), '"k\\n"' if escaped else '"k"')
+    events = _traced(frame, redactor)
+    assert events[1]["payload"]["params"]["update"]["content"]["text"] == \
+        f"key {REDACTED} and {REDACTED}"

@@ -111,18 +111,32 @@ class Redactor:
     def _redact_text(self, text: str) -> str:
         if text in self._clean:
             return text
-        out = text
+        # Every secret and pattern searches the original text and the spans they find are
+        # merged: replaced one after another, a short secret inside a key would cut the
+        # pattern's match short, and a value overlapping another would leave its tail.
+        spans: list[tuple[int, int]] = []
         for secret in self._texts:
-            if secret in out:
-                out = out.replace(secret, REDACTED)
+            at = text.find(secret)
+            while at >= 0:
+                spans.append((at, at + len(secret)))
+                at = text.find(secret, at + 1)
         for pattern in self._text_patterns:
-            if pattern.search(out):
-                out = pattern.sub(REDACTED, out)
-        if out is text and len(text) <= _CLEAN_MAX_LEN:
-            if len(self._clean) >= _CLEAN_MAX:
-                self._clean.clear()
-            self._clean.add(text)
-        return out
+            spans.extend(m.span() for m in pattern.finditer(text) if m.end() > m.start())
+        if not spans:
+            if len(text) <= _CLEAN_MAX_LEN:
+                if len(self._clean) >= _CLEAN_MAX:
+                    self._clean.clear()
+                self._clean.add(text)
+            return text
+        out: list[str] = []
+        done = 0
+        for start, end in sorted(spans):
+            if start >= done:
+                out.append(text[done:start])
+                out.append(REDACTED)
+            done = max(done, end)
+        out.append(text[done:])
+        return "".join(out)
 
     def _redact_tree(self, root: Any) -> Any:
         """Every string in a decoded JSON value, keys included, redacted in place.
