@@ -282,6 +282,36 @@ async def test_a_permission_request_naming_only_its_tool_call_is_recorded_by_the
         ["Read .env", "never-announced"]
 
 
+async def test_a_v2_permission_request_is_recorded_by_the_title_the_editor_shows(
+        tmp_path: Path) -> None:
+    # ACP v2 moved the prompt's title to the request itself, and the tool call into
+    # `subject`: the transcript read only v1's `toolCall` and recorded `None`.
+    agent = ScriptedAgent({"session/new": {"sessionId": "s1"}})
+    answer = {"outcome": {"outcome": "selected", "optionId": "yes"}}
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent, client=TestClient({
+                                   "session/request_permission": answer})) as client:
+        with anyio.fail_after(10):
+            await client.initialize(2)
+            sid = await client.new_session("/tmp")
+            await agent.notify("session/update", {"sessionId": sid, "update": {
+                "sessionUpdate": "tool_call_update", "toolCallId": "c1", "title": "Read .env",
+                "kind": "read", "status": "pending"}})
+            await agent.call("session/request_permission", {
+                "sessionId": sid, "title": "Allow reading .env?",
+                "subject": {"type": "tool_call", "toolCall": {"toolCallId": "c1"}},
+                "options": [{"optionId": "yes", "name": "Yes", "kind": "allow_once"}]})
+            await agent.call("session/request_permission", {
+                "sessionId": sid, "title": "Run make?",
+                "subject": {"type": "command", "command": "make", "cwd": "/tmp"},
+                "options": [{"optionId": "yes", "name": "Yes", "kind": "allow_once"}]})
+    stem = file_stem("s1")
+    markdown = (tmp_path / f"{stem}.md").read_text(encoding="utf-8")
+    assert "- Permission for `Allow reading .env?`: yes\n" in markdown
+    assert "- Permission for `Run make?`: yes\n" in markdown
+    assert "None" not in markdown
+
+
 async def test_a_long_streamed_message_is_recorded_in_linear_time(tmp_path: Path) -> None:
     # The message being streamed was kept as one string grown by each chunk, copying it
     # whole every time: ~100 GB of copying for this 20 MB message. Kept in chunks, it is
