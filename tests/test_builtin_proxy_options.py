@@ -444,6 +444,34 @@ async def test_redact_scrubs_permission_requests_coming_up(
     assert asked["toolCall"]["rawInput"]["command"] == ["curl", "[redacted]"]
 
 
+async def test_redact_scrubs_a_v2_elicitation_shown_to_the_user(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # ACP v2's elicitation/create puts the agent's message (and a form, or a URL) in front of
+    # the user, as a permission request does: it went up unscrubbed.
+    monkeypatch.setenv("REDACT_TOKEN", "tok-123456")
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        answer = await agent.call("elicitation/create", {
+            "sessionId": "session-1", "mode": "form",
+            "message": "Confirm the key tok-123456?",
+            "requestedSchema": {"type": "object", "properties": {
+                "key": {"type": "string", "default": "tok-123456"}}}})
+        assert answer == {"action": "accept", "content": {"key": "ok"}}
+        return {"stopReason": "end_turn"}
+
+    agent = ScriptedAgent({"session/prompt": prompt})
+    client_replies = {"elicitation/create": {"action": "accept", "content": {"key": "ok"}}}
+    async with open_test_chain([Redact(RedactOptions(env=["REDACT_TOKEN"]))], agent,
+                               client=TestClient(client_replies)) as client:
+        with anyio.fail_after(10):
+            await client.initialize(2)
+            sid = await client.new_session("/tmp")
+            await client.prompt(sid, "go")
+    [asked] = client.received_params("elicitation/create")
+    assert asked["message"] == "Confirm the key [redacted]?"
+    assert "tok-123456" not in json.dumps(asked)
+
+
 def test_redact_scrubs_every_secret_whole_when_a_pattern_matches_inside_an_env_value(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Each rule used to run on what the one before left: a pattern inside an env secret
