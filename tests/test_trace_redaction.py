@@ -226,3 +226,22 @@ def test_secrets_that_overlap_are_all_hidden_none_breaks_another_up(escaped: boo
     events = _traced(frame, redactor)
     assert events[1]["payload"]["params"]["update"]["content"]["text"] == \
         f"key {REDACTED} and {REDACTED}"
+
+
+def test_a_message_with_an_out_of_range_id_and_an_escape_elsewhere_is_traced_not_fatal() -> None:
+    # The id is copied into the event beside the payload: leaving the payload out did not
+    # make the line decodable, and the sink's ValueError ended the conductor.
+    frame = (b'{"jsonrpc":"2.0","id":1e400,"method":"_x/a\\nb",'
+             b'"params":{"k":"sk-0123456789abcdefghij"}}')
+    message = decode(frame)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.jsonl"
+        with JsonlTraceSink(path, redactor=Redactor(patterns=[r"sk-[A-Za-z0-9]{20,}"])) as sink:
+            sink.message("client", "in", message)  # type: ignore[arg-type]
+            sink.lifecycle("agent", "stderr", line="still tracing")
+        written = path.read_bytes()
+    assert b"0123456789abcdefghij" not in written
+    events = [json.loads(line) for line in written.splitlines()]
+    assert events[1]["method"] == "_x/a\nb" and events[1]["id"] == "1e400"
+    assert isinstance(events[1]["payload"], str)
+    assert events[2]["line"] == "still tracing"
