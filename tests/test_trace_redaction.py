@@ -245,3 +245,19 @@ def test_a_message_with_an_out_of_range_id_and_an_escape_elsewhere_is_traced_not
     assert events[1]["method"] == "_x/a\nb" and events[1]["id"] == "1e400"
     assert isinstance(events[1]["payload"], str)
     assert events[2]["line"] == "still tracing"
+
+
+@pytest.mark.parametrize("text", [
+    '{"headers": {"Authorization": "Bearer abc123secret"}}',
+    '{"authorization":"abc123secret"}',
+    "> GET / HTTP/1.1\n> Authorization: Bearer abc123secret\n",
+])
+def test_an_authorization_value_in_json_text_inside_a_string_never_reaches_the_trace(
+        text: str) -> None:
+    # A tool's output that is itself JSON (a request dump) holds the header as escaped
+    # quotes in the line: `\"Authorization\":\"...\"` matched neither the key nor the text form.
+    frame = _update(json.dumps(text), '"k"')
+    events = _traced(frame, Redactor())
+    assert "abc123secret" not in json.dumps(events)
+    assert "Authorization" in events[1]["payload"]["params"]["update"]["content"]["text"] or \
+        "authorization" in events[1]["payload"]["params"]["update"]["content"]["text"]

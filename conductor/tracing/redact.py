@@ -16,6 +16,10 @@ REDACTED = "[redacted]"
 _AUTH_JSON_KEY = re.compile(rb'("(?i:authorization)"\s*:\s*)"(?:[^"\\]|\\.)*"')
 _AUTH_HEADER_TEXT = re.compile(
     rb'((?i:authorization)\s*:\s*)(?:(?i:bearer|basic|token)\s+)?[^\s"\\,}]+')
+# The same two forms inside a decoded string (a tool's output that is itself JSON, a request
+# dump): in the line their quotes are escaped, and neither line-level regex sees them.
+_AUTH_IN_TEXT = re.compile(r'((?i:authorization)"?\s*:\s*)(?:("(?:[^"\\]|\\.)*")|'
+                           r'(?:(?i:bearer|basic|token)\s+)?[^\s"\\,}]+)')
 # The MCP bridge's shim token, handed to the agent in an MCP server's `env` (bridge.TOKEN_ENV;
 # spelt out here: tracing sits below the bridge).
 _SHIM_TOKEN = b"ACP_CONDUCTOR_MCP_TOKEN"
@@ -108,9 +112,7 @@ class Redactor:
             return match[0]
         return b'"' + out.encode("utf-8", "surrogateescape") + b'"'
 
-    def _redact_text(self, text: str) -> str:
-        if text in self._clean:
-            return text
+    def _redact_secrets(self, text: str) -> str:
         # Every secret and pattern searches the original text and the spans they find are
         # merged: replaced one after another, a short secret inside a key would cut the
         # pattern's match short, and a value overlapping another would leave its tail.
@@ -123,10 +125,6 @@ class Redactor:
         for pattern in self._text_patterns:
             spans.extend(m.span() for m in pattern.finditer(text) if m.end() > m.start())
         if not spans:
-            if len(text) <= _CLEAN_MAX_LEN:
-                if len(self._clean) >= _CLEAN_MAX:
-                    self._clean.clear()
-                self._clean.add(text)
             return text
         out: list[str] = []
         done = 0
@@ -137,6 +135,20 @@ class Redactor:
             done = max(done, end)
         out.append(text[done:])
         return "".join(out)
+
+    def _redact_text(self, text: str) -> str:
+        if text in self._clean:
+            return text
+        out = self._redact_secrets(text)
+        # both forms have a colon; lower() then: a case-blind regex scan costs ~5x more
+        if ":" in out and "authorization" in out.lower():
+            out = _AUTH_IN_TEXT.sub(_auth_value, out)
+        if out == text and len(text) <= _CLEAN_MAX_LEN:
+            if len(self._clean) >= _CLEAN_MAX:
+                self._clean.clear()
+            self._clean.add(text)
+            return text
+        return out
 
     def _redact_tree(self, root: Any) -> Any:
         """Every string in a decoded JSON value, keys included, redacted in place.
@@ -168,6 +180,10 @@ class Redactor:
                     elif isinstance(value, (dict, list)):
                         stack.append(value)
         return root
+
+
+def _auth_value(match: re.Match[str]) -> str:
+    return match[1] + (f'"{REDACTED}"' if match[2] else REDACTED)
 
 
 def _redact_named_values(line: bytes) -> bytes:
