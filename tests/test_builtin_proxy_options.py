@@ -312,6 +312,32 @@ async def test_a_v2_permission_request_is_recorded_by_the_title_the_editor_shows
     assert "None" not in markdown
 
 
+async def test_a_v2_tool_call_announced_by_its_first_update_is_recorded_with_its_title(
+        tmp_path: Path) -> None:
+    # ACP v2 has no `tool_call` update: a tool call is created by its first
+    # `tool_call_update`. The transcript recorded only "Tool call c1: pending", never
+    # what the tool was.
+    agent = ScriptedAgent({"session/new": {"sessionId": "s1"}})
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent) as client:
+        with anyio.fail_after(10):
+            await client.initialize(2)
+            sid = await client.new_session("/tmp")
+            for update in ({"title": "Read notes.md", "kind": "read", "status": "pending"},
+                           {"status": "completed"}):
+                await agent.notify("session/update", {"sessionId": sid, "update": {
+                    "sessionUpdate": "tool_call_update", "toolCallId": "c1", **update}})
+            await client.prompt(sid, "go")
+    stem = file_stem("s1")
+    markdown = (tmp_path / f"{stem}.md").read_text(encoding="utf-8")
+    assert "- Tool call `Read notes.md` (read): pending\n" in markdown
+    assert "- Tool call c1: completed\n" in markdown
+    events = [json.loads(line) for line in
+              (tmp_path / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [(e["type"], e["status"]) for e in events if "status" in e] == \
+        [("tool_call", "pending"), ("tool_call_update", "completed")]
+
+
 async def test_a_long_streamed_message_is_recorded_in_linear_time(tmp_path: Path) -> None:
     # The message being streamed was kept as one string grown by each chunk, copying it
     # whole every time: ~100 GB of copying for this 20 MB message. Kept in chunks, it is

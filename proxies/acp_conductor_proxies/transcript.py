@@ -192,6 +192,8 @@ class Transcript(Proxy[TranscriptOptions]):
         if kind in ("tool_call", "tool_call_update") and isinstance(call_id, str) \
                 and isinstance(title, str):
             titles = session.state.setdefault("transcript_titles", {})
+            if kind == "tool_call_update" and call_id not in titles:
+                kind = "tool_call"  # ACP v2 has no `tool_call`: the first update creates it
             titles.pop(call_id, None)  # newest last: the oldest is forgotten first
             titles[call_id] = title
             if len(titles) > MAX_TITLES:
