@@ -282,6 +282,62 @@ async def test_a_permission_request_naming_only_its_tool_call_is_recorded_by_the
         ["Read .env", "never-announced"]
 
 
+async def test_a_v2_permission_request_is_recorded_by_the_title_the_editor_shows(
+        tmp_path: Path) -> None:
+    # ACP v2 moved the prompt's title to the request itself, and the tool call into
+    # `subject`: the transcript read only v1's `toolCall` and recorded `None`.
+    agent = ScriptedAgent({"session/new": {"sessionId": "s1"}})
+    answer = {"outcome": {"outcome": "selected", "optionId": "yes"}}
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent, client=TestClient({
+                                   "session/request_permission": answer})) as client:
+        with anyio.fail_after(10):
+            await client.initialize(2)
+            sid = await client.new_session("/tmp")
+            await agent.notify("session/update", {"sessionId": sid, "update": {
+                "sessionUpdate": "tool_call_update", "toolCallId": "c1", "title": "Read .env",
+                "kind": "read", "status": "pending"}})
+            await agent.call("session/request_permission", {
+                "sessionId": sid, "title": "Allow reading .env?",
+                "subject": {"type": "tool_call", "toolCall": {"toolCallId": "c1"}},
+                "options": [{"optionId": "yes", "name": "Yes", "kind": "allow_once"}]})
+            await agent.call("session/request_permission", {
+                "sessionId": sid, "title": "Run make?",
+                "subject": {"type": "command", "command": "make", "cwd": "/tmp"},
+                "options": [{"optionId": "yes", "name": "Yes", "kind": "allow_once"}]})
+    stem = file_stem("s1")
+    markdown = (tmp_path / f"{stem}.md").read_text(encoding="utf-8")
+    assert "- Permission for `Allow reading .env?`: yes\n" in markdown
+    assert "- Permission for `Run make?`: yes\n" in markdown
+    assert "None" not in markdown
+
+
+async def test_a_v2_tool_call_announced_by_its_first_update_is_recorded_with_its_title(
+        tmp_path: Path) -> None:
+    # ACP v2 has no `tool_call` update: a tool call is created by its first
+    # `tool_call_update`. The transcript recorded only "Tool call c1: pending", never
+    # what the tool was.
+    agent = ScriptedAgent({"session/new": {"sessionId": "s1"}})
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent) as client:
+        with anyio.fail_after(10):
+            await client.initialize(2)
+            sid = await client.new_session("/tmp")
+            for update in ({"title": "Read notes.md", "kind": "read", "status": "pending"},
+                           {"status": "completed"}):
+                await agent.notify("session/update", {"sessionId": sid, "update": {
+                    "sessionUpdate": "tool_call_update", "toolCallId": "c1", **update}})
+            await client.prompt(sid, "go")
+    stem = file_stem("s1")
+    markdown = (tmp_path / f"{stem}.md").read_text(encoding="utf-8")
+    assert "- Tool call `Read notes.md` (read): pending\n" in markdown
+    assert "- Tool call c1: completed\n" in markdown
+    events = [json.loads(line) for line in
+              (tmp_path / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [(e["type"], e["status"]) for e in events if "status" in e] == \
+        [("tool_call", "pending"), ("tool_call_update", "completed")]
+
+
 async def test_a_long_streamed_message_is_recorded_in_linear_time(tmp_path: Path) -> None:
     # The message being streamed was kept as one string grown by each chunk, copying it
     # whole every time: ~100 GB of copying for this 20 MB message. Kept in chunks, it is
@@ -412,6 +468,34 @@ async def test_redact_scrubs_permission_requests_coming_up(
     [asked] = client.received_params("session/request_permission")
     assert asked["toolCall"]["title"] == "curl -H [redacted]"
     assert asked["toolCall"]["rawInput"]["command"] == ["curl", "[redacted]"]
+
+
+async def test_redact_scrubs_a_v2_elicitation_shown_to_the_user(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # ACP v2's elicitation/create puts the agent's message (and a form, or a URL) in front of
+    # the user, as a permission request does: it went up unscrubbed.
+    monkeypatch.setenv("REDACT_TOKEN", "tok-123456")
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        answer = await agent.call("elicitation/create", {
+            "sessionId": "session-1", "mode": "form",
+            "message": "Confirm the key tok-123456?",
+            "requestedSchema": {"type": "object", "properties": {
+                "key": {"type": "string", "default": "tok-123456"}}}})
+        assert answer == {"action": "accept", "content": {"key": "ok"}}
+        return {"stopReason": "end_turn"}
+
+    agent = ScriptedAgent({"session/prompt": prompt})
+    client_replies = {"elicitation/create": {"action": "accept", "content": {"key": "ok"}}}
+    async with open_test_chain([Redact(RedactOptions(env=["REDACT_TOKEN"]))], agent,
+                               client=TestClient(client_replies)) as client:
+        with anyio.fail_after(10):
+            await client.initialize(2)
+            sid = await client.new_session("/tmp")
+            await client.prompt(sid, "go")
+    [asked] = client.received_params("elicitation/create")
+    assert asked["message"] == "Confirm the key [redacted]?"
+    assert "tok-123456" not in json.dumps(asked)
 
 
 def test_redact_scrubs_every_secret_whole_when_a_pattern_matches_inside_an_env_value(

@@ -183,3 +183,81 @@ def test_a_secret_name_value_entry_is_redacted_whatever_the_order_of_its_fields(
     server = json.loads(out)["payload"]["params"]["mcpServers"][0]
     assert server["headers"][0]["value"] == REDACTED and server["env"][0]["value"] == REDACTED
     assert server["name"] == "docs"
+
+
+@pytest.mark.parametrize("escaped", [False, True], ids=["plain", "escaped"])
+@pytest.mark.parametrize("pattern", [r"^ghp_[A-Za-z0-9]{36}$", r"\Aghp_[A-Za-z0-9]{36}\Z",
+                                     r"(?<!\w)ghp_[A-Za-z0-9]{36}(?![\w\"])"])
+def test_a_pattern_tied_to_where_a_string_starts_or_ends_hides_it_in_any_line(
+        pattern: str, escaped: bool) -> None:
+    # Patterns are matched against each decoded string, escaped line or not: `^...$` (a
+    # whole-string token) must not depend on a backslash elsewhere in the line.
+    token = "ghp_" + "a1B2c3D4" * 4 + "zZ9x"
+    frame = _update(json.dumps(token), '"k\\n"' if escaped else '"k"')
+    events = _traced(frame, Redactor(patterns=[pattern]))
+    assert token[4:] not in json.dumps(events)
+
+
+@pytest.mark.parametrize("pattern", [r"(?u)sk-\w{8,}", r"sk-\N{DIGIT ONE}{8,}"])
+def test_any_pattern_the_config_accepts_redacts_and_never_crashes_the_trace(
+        pattern: str) -> None:
+    # `[conductor] redact` is checked as a Python regex; the trace must take the same ones.
+    frame = _update('"key sk-1111111111 and sk-11111111"', '"k"')
+    events = _traced(frame, Redactor(patterns=[pattern]))
+    assert events[1]["payload"]["params"]["update"]["content"]["text"] == \
+        f"key {REDACTED} and {REDACTED}"
+
+
+def test_a_secret_env_value_with_a_final_newline_is_still_redacted() -> None:
+    # A value read from a file keeps its newline; the token the agent sends has none
+    # (the redact proxy strips it the same way).
+    frame = _update('"using sk-live-0123456789"', '"k"')
+    events = _traced(frame, Redactor(["sk-live-0123456789\n"]))
+    assert "0123456789" not in json.dumps(events)
+
+
+@pytest.mark.parametrize("escaped", [False, True], ids=["plain", "escaped"])
+def test_secrets_that_overlap_are_all_hidden_none_breaks_another_up(escaped: bool) -> None:
+    # A PIN inside an API key must not cut the key's match short; two values that overlap
+    # must not leave the second one's tail.
+    redactor = Redactor(["4242", "abcdefgh", "efghijkl"], [r"sk-[A-Za-z0-9]{20,}"])
+    text = "key sk-Zq4242Xv9Lm3Np8Rt5Wy2Bc7 and abcdefghijkl"
+    frame = _update(json.dumps(text), '"k\\n"' if escaped else '"k"')
+    events = _traced(frame, redactor)
+    assert events[1]["payload"]["params"]["update"]["content"]["text"] == \
+        f"key {REDACTED} and {REDACTED}"
+
+
+def test_a_message_with_an_out_of_range_id_and_an_escape_elsewhere_is_traced_not_fatal() -> None:
+    # The id is copied into the event beside the payload: leaving the payload out did not
+    # make the line decodable, and the sink's ValueError ended the conductor.
+    frame = (b'{"jsonrpc":"2.0","id":1e400,"method":"_x/a\\nb",'
+             b'"params":{"k":"sk-0123456789abcdefghij"}}')
+    message = decode(frame)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.jsonl"
+        with JsonlTraceSink(path, redactor=Redactor(patterns=[r"sk-[A-Za-z0-9]{20,}"])) as sink:
+            sink.message("client", "in", message)  # type: ignore[arg-type]
+            sink.lifecycle("agent", "stderr", line="still tracing")
+        written = path.read_bytes()
+    assert b"0123456789abcdefghij" not in written
+    events = [json.loads(line) for line in written.splitlines()]
+    assert events[1]["method"] == "_x/a\nb" and events[1]["id"] == "1e400"
+    assert isinstance(events[1]["payload"], str)
+    assert events[2]["line"] == "still tracing"
+
+
+@pytest.mark.parametrize("text", [
+    '{"headers": {"Authorization": "Bearer abc123secret"}}',
+    '{"authorization":"abc123secret"}',
+    "> GET / HTTP/1.1\n> Authorization: Bearer abc123secret\n",
+])
+def test_an_authorization_value_in_json_text_inside_a_string_never_reaches_the_trace(
+        text: str) -> None:
+    # A tool's output that is itself JSON (a request dump) holds the header as escaped
+    # quotes in the line: `\"Authorization\":\"...\"` matched neither the key nor the text form.
+    frame = _update(json.dumps(text), '"k"')
+    events = _traced(frame, Redactor())
+    assert "abc123secret" not in json.dumps(events)
+    assert "Authorization" in events[1]["payload"]["params"]["update"]["content"]["text"] or \
+        "authorization" in events[1]["payload"]["params"]["update"]["content"]["text"]

@@ -16,6 +16,10 @@ REDACTED = "[redacted]"
 _AUTH_JSON_KEY = re.compile(rb'("(?i:authorization)"\s*:\s*)"(?:[^"\\]|\\.)*"')
 _AUTH_HEADER_TEXT = re.compile(
     rb'((?i:authorization)\s*:\s*)(?:(?i:bearer|basic|token)\s+)?[^\s"\\,}]+')
+# The same two forms inside a decoded string (a tool's output that is itself JSON, a request
+# dump): in the line their quotes are escaped, and neither line-level regex sees them.
+_AUTH_IN_TEXT = re.compile(r'((?i:authorization)"?\s*:\s*)(?:("(?:[^"\\]|\\.)*")|'
+                           r'(?:(?i:bearer|basic|token)\s+)?[^\s"\\,}]+)')
 # The MCP bridge's shim token, handed to the agent in an MCP server's `env` (bridge.TOKEN_ENV;
 # spelt out here: tracing sits below the bridge).
 _SHIM_TOKEN = b"ACP_CONDUCTOR_MCP_TOKEN"
@@ -24,6 +28,9 @@ _SECRET_NAMES = ("authorization", _SHIM_TOKEN.decode().lower())
 _NAMED_SECRET = re.compile(rb'"name"\s*:\s*"(?i:authorization|ACP_CONDUCTOR_MCP_TOKEN)"')
 # A JSON string in a line without backslashes: nothing inside it can be a quote.
 _RAW_STRING = re.compile(rb'"[^"]*"')
+# Syntax that makes a match depend on what is around it (anchors, lookarounds; `^` in a
+# class too, to be safe): such a pattern may match a string but not the line holding it.
+_CONTEXT = re.compile(r"[\^$]|\\[AZ]|\(\?<?[=!]")
 _MIN_SECRET = 4  # shorter values would blank out ordinary text
 _CLEAN_MAX, _CLEAN_MAX_LEN = 4096, 64
 
@@ -41,12 +48,19 @@ class Redactor:
     """
 
     def __init__(self, secrets: Iterable[str] = (), patterns: Iterable[str] = ()) -> None:
-        values = sorted({s for s in secrets if len(s) >= _MIN_SECRET}, key=len, reverse=True)
+        # A value read from a file keeps its final newline; what is sent often has none.
+        values = sorted({v for s in secrets for v in (s, s.strip()) if len(v) >= _MIN_SECRET},
+                        key=len, reverse=True)
         self._texts = values
         # the same values as they appear in a line without escapes (raw UTF-8)
         self._secrets = [v.encode() for v in values]
-        self._patterns = [re.compile(p.encode()) for p in patterns]
+        # Text patterns only, as `[conductor] redact` checked them: a bytes copy would refuse
+        # `(?u)` and `\N{...}`, and its `.` and `\w` would see bytes, not characters.
         self._text_patterns = [re.compile(p) for p in patterns]
+        # A pattern found nowhere in the whole line is in none of its strings, unless it
+        # looks at what is around its match (`^`, `$`, lookarounds): those see each string.
+        self._line_patterns = [p for p in self._text_patterns if not _CONTEXT.search(p.pattern)]
+        self._every_string = len(self._line_patterns) < len(self._text_patterns)
         # Keys and short values repeat on every line ("jsonrpc", "sessionUpdate", ids): a
         # string found clean once is clean forever, so remember a bounded number of them.
         self._clean: set[str] = set()
@@ -78,37 +92,62 @@ class Redactor:
         return line
 
     def _mentions_secret(self, line: bytes) -> bool:
-        """Whether a line without escapes holds a secret anywhere, strings or not. Only its
-        strings are then rewritten: a secret that also spells a literal, a number or part of
-        the trace's own fields ("true", "1234") must not break the line's JSON."""
-        return any(form in line for form in self._secrets) or \
-            any(pattern.search(line) for pattern in self._patterns)
+        """Whether a line without escapes may hold a secret anywhere, strings or not. Only
+        its strings are then rewritten: a secret that also spells a literal, a number or part
+        of the trace's own fields ("true", "1234") must not break the line's JSON."""
+        if self._every_string or any(form in line for form in self._secrets):
+            return True
+        if not self._line_patterns:
+            return False
+        text = line.decode("utf-8", "surrogateescape")
+        return any(pattern.search(text) for pattern in self._line_patterns)
 
     def _redact_raw_string(self, match: re.Match[bytes]) -> bytes:
         # Inside the quotes only: a pattern such as `password=\S+` must not eat the closing
-        # one (the line would stop being JSON), and it sees what the decoded path sees.
-        text = match[0][1:-1]
-        for form in self._secrets:
-            if form in text:
-                text = text.replace(form, REDACTED.encode())
-        for pattern in self._patterns:
-            text = pattern.sub(REDACTED.encode(), text)
-        return b'"' + text + b'"'
+        # one (the line would stop being JSON). Without a backslash in the line the bytes
+        # are the text, so it is matched as the decoded path matches it.
+        text = match[0][1:-1].decode("utf-8", "surrogateescape")
+        out = self._redact_text(text)
+        if out is text:
+            return match[0]
+        return b'"' + out.encode("utf-8", "surrogateescape") + b'"'
+
+    def _redact_secrets(self, text: str) -> str:
+        # Every secret and pattern searches the original text and the spans they find are
+        # merged: replaced one after another, a short secret inside a key would cut the
+        # pattern's match short, and a value overlapping another would leave its tail.
+        spans: list[tuple[int, int]] = []
+        for secret in self._texts:
+            at = text.find(secret)
+            while at >= 0:
+                spans.append((at, at + len(secret)))
+                at = text.find(secret, at + 1)
+        for pattern in self._text_patterns:
+            spans.extend(m.span() for m in pattern.finditer(text) if m.end() > m.start())
+        if not spans:
+            return text
+        out: list[str] = []
+        done = 0
+        for start, end in sorted(spans):
+            if start >= done:
+                out.append(text[done:start])
+                out.append(REDACTED)
+            done = max(done, end)
+        out.append(text[done:])
+        return "".join(out)
 
     def _redact_text(self, text: str) -> str:
         if text in self._clean:
             return text
-        out = text
-        for secret in self._texts:
-            if secret in out:
-                out = out.replace(secret, REDACTED)
-        for pattern in self._text_patterns:
-            if pattern.search(out):
-                out = pattern.sub(REDACTED, out)
-        if out is text and len(text) <= _CLEAN_MAX_LEN:
+        out = self._redact_secrets(text)
+        # both forms have a colon; lower() then: a case-blind regex scan costs ~5x more
+        if ":" in out and "authorization" in out.lower():
+            out = _AUTH_IN_TEXT.sub(_auth_value, out)
+        if out == text and len(text) <= _CLEAN_MAX_LEN:
             if len(self._clean) >= _CLEAN_MAX:
                 self._clean.clear()
             self._clean.add(text)
+            return text
         return out
 
     def _redact_tree(self, root: Any) -> Any:
@@ -141,6 +180,10 @@ class Redactor:
                     elif isinstance(value, (dict, list)):
                         stack.append(value)
         return root
+
+
+def _auth_value(match: re.Match[str]) -> str:
+    return match[1] + (f'"{REDACTED}"' if match[2] else REDACTED)
 
 
 def _redact_named_values(line: bytes) -> bytes:

@@ -221,6 +221,11 @@ class JsonlTraceSink:
                 line = self._redact(line)
             except ValueError as e:  # unreadable, so unchecked: keep the event, not the payload
                 event["payload"] = f"{REDACTED} ({e})"
+                # ids are copied as sent (`1e400`, out of range): spelt as text they are
+                # still shown, and the line decodes for the strings in it to be checked
+                for key in ("id", "client_id"):
+                    if isinstance(event.get(key), Raw):
+                        event[key] = bytes(event[key]).decode("utf-8", "replace")
                 line = self._redact(msgspec.json.encode(event))
         was_empty = not self._buffer
         self._buffer += line

@@ -1,5 +1,5 @@
 """redact: scrub secrets from prompts going down and from session updates, permission
-requests and prompts' answers coming up.
+requests, elicitations and prompts' answers coming up.
 
 Secrets are regex matches and the values of named environment variables. Messages with
 nothing to scrub keep their bytes; the log says what kind of secret was scrubbed and
@@ -134,4 +134,9 @@ class Redact(Proxy[RedactOptions]):
     @on("session/request_permission", source="successor")
     async def request_permission(self, ctx: ProxyContext, message: Request) -> object:
         # the tool call's title and rawInput are shown to the user like an update
+        return await ctx.forward(self._scrubbed(message))
+
+    @on("elicitation/create", source="successor")
+    async def elicitation(self, ctx: ProxyContext, message: Request) -> object:
+        # ACP v2: the agent's message and form (or URL) are put in front of the user
         return await ctx.forward(self._scrubbed(message))

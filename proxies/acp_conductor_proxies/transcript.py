@@ -192,6 +192,8 @@ class Transcript(Proxy[TranscriptOptions]):
         if kind in ("tool_call", "tool_call_update") and isinstance(call_id, str) \
                 and isinstance(title, str):
             titles = session.state.setdefault("transcript_titles", {})
+            if kind == "tool_call_update" and call_id not in titles:
+                kind = "tool_call"  # ACP v2 has no `tool_call`: the first update creates it
             titles.pop(call_id, None)  # newest last: the oldest is forgotten first
             titles[call_id] = title
             if len(titles) > MAX_TITLES:
@@ -217,10 +219,15 @@ class Transcript(Proxy[TranscriptOptions]):
     async def permission(self, ctx: ProxyContext, message: Request) -> object:
         answer = await ctx.forward()
         assert answer is not None
-        tool = as_object(as_object(message.params_value()).get("toolCall"))
-        # A request may name only its tool call (ACP): record the title the editor shows.
-        call_id = tool.get("toolCallId")
-        title = tool.get("title")
+        params = as_object(message.params_value())
+        # v1 carries the tool call; v2 its own prompt `title` and a `subject` (a tool call
+        # or a command) instead: record the title the editor shows.
+        subject = as_object(params.get("subject"))
+        tool = as_object(params.get("toolCall") or subject.get("toolCall"))
+        call_id = tool.get("toolCallId") or subject.get("toolCallId")
+        title = params.get("title") if isinstance(params.get("title"), str) else \
+            tool.get("title")
+        # A request may name only its tool call (ACP): then the title it announced.
         if title is None and isinstance(call_id, str):
             known = ctx.session.state.get("transcript_titles", {}) if ctx.session else {}
             title = known.get(call_id, call_id)
