@@ -103,7 +103,13 @@ class Context(Proxy[ContextOptions]):
         body = "\n\n".join(f'<file path="{label}">\n{text}\n</file>' if label != "text" else text
                            for label, text in pieces)
         block = {"type": "text", "text": f"<{MARK}>\n{body}\n</{MARK}>"}
-        params = prepend_block(message.params, block)
+        try:
+            params = prepend_block(message.params, block)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            # Not an ACP prompt (no list of blocks): the agent is the one to refuse it, and
+            # the refusal should not read as context's own failure. Injected next time.
+            self.log.warning("session/prompt params are not an ACP prompt; passed on as sent")
+            return await ctx.forward()
         # only now: a prompt that the block could not be collected for, or put into, is retried
         session.state["context_injected"] = True
         self.log.info("injected into %s: %s", session.session_id,
