@@ -609,3 +609,36 @@ async def test_redact_scrubs_a_secret_spelt_with_json_escapes() -> None:
                 b'"text":"key \\u0073k-abc\\u0064ef123456"}}}')))
             await client.prompt(sid, "go")
     assert client.agent_text() == "key [redacted]"
+
+
+async def test_a_v2_agent_message_is_recorded_and_replaces_the_chunks_of_its_message(
+        tmp_path: Path) -> None:
+    # ACP v2: `agent_message` is an upsert; its `content` replaces what the chunks of the
+    # same messageId built. An agent that sends only whole messages must not leave the
+    # transcript without its words.
+    def text(t: str) -> dict[str, str]:
+        return {"type": "text", "text": t}
+
+    updates = [{"sessionUpdate": "agent_message_chunk", "messageId": "m1", "content": text("hel")},
+               {"sessionUpdate": "agent_message", "messageId": "m1",
+                "content": [text("hello world")]},
+               {"sessionUpdate": "agent_message", "messageId": "m2", "content": [text("bye")]},
+               {"sessionUpdate": "agent_message", "messageId": "m2", "_meta": {"x": 1}}]
+    agent = ScriptedAgent({"session/new": {"sessionId": "s2"}})
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        for update in updates:
+            await agent.notify("session/update", {"sessionId": "s2", "update": update})
+        return {"stopReason": "end_turn"}
+    agent.replies["session/prompt"] = prompt
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent) as client:
+        with anyio.fail_after(10):
+            await client.prompt(await client.new_session("/tmp"), "go")
+    stem = file_stem("s2")
+    markdown = (tmp_path / f"{stem}.md").read_text(encoding="utf-8")
+    assert "**Agent:** hello world\n\n**Agent:** bye\n\n_Turn ended: end_turn_" in markdown
+    assert "hel\n" not in markdown and "helhello" not in markdown
+    events = [json.loads(line) for line in (tmp_path / f"{stem}.jsonl").read_text().splitlines()]
+    assert [(e["type"], e.get("text")) for e in events if e["type"].startswith("agent")] == [
+        ("agent_text", "hel"), ("agent_message", "hello world"), ("agent_message", "bye")]

@@ -135,8 +135,12 @@ class Transcript(Proxy[TranscriptOptions]):
     def _write(self, session: SessionScope | None, event: dict[str, Any], markdown: str) -> None:
         if session is None:
             return
+        if event["type"] in ("agent_text", "agent_message"):
+            self._append(session, markdown, event)
+            return
         pending = "".join(session.state.pop("transcript_agent_text", ()))
-        if pending and event["type"] != "agent_text":
+        session.state.pop("transcript_message", None)
+        if pending:
             markdown = f"**Agent:** {pending}\n\n{markdown}"
         self._append(session, markdown, event)
 
@@ -202,8 +206,15 @@ class Transcript(Proxy[TranscriptOptions]):
             chunk = _text(update.get("content"))
             # In chunks, joined once when written: growing one string would copy the whole
             # message for every chunk (quadratic in a long answer).
-            session.state.setdefault("transcript_agent_text", []).append(chunk)
+            pending = session.state.setdefault("transcript_agent_text", [])
+            message_id = update.get("messageId")
+            current = session.state.get("transcript_message", (None, 0))[0]
+            if message_id is not None and message_id != current:
+                session.state["transcript_message"] = (message_id, len(pending))
+            pending.append(chunk)
             self._append(session, "", {"type": "agent_text", "text": chunk})
+        elif kind == "agent_message" and "content" in update:
+            self._agent_message(session, update)
         elif kind == "tool_call":
             self._write(session, {"type": "tool_call", "id": update.get("toolCallId"),
                                   "title": update.get("title"), "kind": update.get("kind"),
@@ -214,6 +225,27 @@ class Transcript(Proxy[TranscriptOptions]):
             self._write(session, {"type": "tool_call_update", "id": update.get("toolCallId"),
                                   "status": update.get("status")},
                         f"- Tool call {update.get('toolCallId')}: {update.get('status')}\n\n")
+
+    def _agent_message(self, session: SessionScope, update: dict[str, Any]) -> None:
+        """ACP v2's `agent_message`, an upsert: its `content` (null clears) replaces what
+        the chunks of the same messageId built; another messageId starts a new message,
+        and the one before it is a paragraph of its own."""
+        message_id = update.get("messageId")
+        text = _text(update.get("content")) if update.get("content") is not None else ""
+        pending: list[str] = session.state.setdefault("transcript_agent_text", [])
+        current, start = session.state.get("transcript_message", (None, 0))
+        markdown = ""
+        if message_id is not None and message_id == current:
+            del pending[start:]
+        else:
+            if pending:
+                markdown = f"**Agent:** {''.join(pending)}\n\n"
+                pending.clear()
+            session.state["transcript_message"] = (message_id, 0)
+        if text:
+            pending.append(text)
+        self._write(session, {"type": "agent_message", "id": message_id, "text": text},
+                    markdown)
 
     @on("session/request_permission", source="successor")
     async def permission(self, ctx: ProxyContext, message: Request) -> object:
