@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import json
 import re
 import subprocess
@@ -208,3 +209,22 @@ def test_a_malformed_initialize_answer_is_still_reported_not_an_internal_error(
     assert summary["mcpTransports"][0] == "stdio"
     assert isinstance(summary["authMethods"], list)
     assert _line(report).startswith("agent: agent, ")
+
+
+def test_the_table_on_a_terminal_shows_names_and_commands_as_written() -> None:
+    from rich.console import Console
+
+    from conductor.cli.check import _table
+    from conductor.editor.check import CheckReport, ComponentReport
+
+    # Names are plain (the chain file allows letters, digits, _ . : -), but a command, the
+    # chain's path and what the agent answered are anybody's text.
+    agent = ComponentReport(name="x", role="agent", argv=["[red]y", "[/]"],
+                            result={"protocolVersion": 1, "agentCapabilities": {
+                                "promptCapabilities": {"[bold]image": True}}})
+    report = CheckReport(ok=True, components=[agent])
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(_table(report, "[i]chain.toml"))
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "[red]y [/]" in shown and "[i]chain.toml: ok" in shown
+    assert "[bold]image" in shown

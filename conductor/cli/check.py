@@ -60,14 +60,17 @@ def _cells(c: ComponentReport) -> dict[str, str]:
 
 def _table(report: CheckReport, path: str) -> Table:
     from rich.table import Table  # rich only for a terminal: CI logs get plain lines
+    from rich.text import Text
 
-    table = Table(title=f"{path}: {'ok' if report.ok else 'FAILED'}")
+    # Every cell as Text, never markup: commands, the path and what components answered
+    # are anybody's text (a `[/]` in them would raise, a `[bold]` would vanish).
+    table = Table(title=Text(f"{path}: {'ok' if report.ok else 'FAILED'}"))
     for column in ("name", "role", "command", "pid", "protocol", "capabilities",
                    "MCP transports", "auth methods"):
         table.add_column(column, overflow="fold", min_width=len(column) if
                          column in ("name", "role", "pid", "protocol") else None)
     for c in report.components:
-        table.add_row(*_cells(c).values())
+        table.add_row(*map(Text, _cells(c).values()))
     return table
 
 
@@ -133,7 +136,7 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
         err = Console(stderr=True, soft_wrap=True)
         err.print(Text(f"acp-conductor: check failed: {report.reason}", style="bold red"))
         if report.failed:
-            err.print(f"failing component: {report.failed}")
+            err.print(Text(f"failing component: {report.failed}"))
         for line in report.stderr_tail:
             err.print(Text(f"  {report.failed}| {line}", style="dim"))
     flush(out)
