@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -209,6 +211,34 @@ def test_a_malformed_initialize_answer_is_still_reported_not_an_internal_error(
     assert summary["mcpTransports"][0] == "stdio"
     assert isinstance(summary["authMethods"], list)
     assert _line(report).startswith("agent: agent, ")
+
+
+@pytest.mark.parametrize("command", [["check", "--timeout", "60"],
+                                     ["call", "_x/y", "--timeout", "60"]])
+def test_ctrl_c_during_check_or_call_says_interrupted_and_exits_130(
+        tmp_path: Path, command: list[str]) -> None:
+    chain = tmp_path / "mute.toml"
+    chain.write_text('[agent]\nname = "mute"\ncommand = ["sh", "-c", "cat >/dev/null"]\n',
+                     encoding="utf-8")
+    proc = subprocess.Popen(conductor_argv("--log-level", "info", "--chain", str(chain),
+                                           *command),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(),
+                            cwd=REPO)
+    try:
+        seen = b""
+        while b"started mute" not in seen:
+            chunk = os.read(proc.stderr.fileno(), 65536)  # type: ignore[union-attr]
+            assert chunk, seen
+            seen += chunk
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert out == b""
+    assert (seen + err).decode().splitlines()[-1] == "acp-conductor: interrupted"
 
 
 def test_the_table_on_a_terminal_shows_names_and_commands_as_written() -> None:

@@ -109,6 +109,8 @@ def errors_reported(options: Globals | None, *,
     except passthrough:
         raise
     except KeyboardInterrupt:
+        # A word, as `run` says it (its notices), so an exit 130 is never a mystery.
+        say("acp-conductor: interrupted")
         sys.exit(ExitCode.SIGINT)
     except BrokenPipeError as e:
         if not _stdout_reader_gone():
