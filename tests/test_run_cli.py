@@ -579,3 +579,18 @@ def test_an_update_over_the_size_limit_is_reported_as_dropped_not_silently_missi
     assert lines[-1]["dropped"] == 1
     text = run("run", "--chain", DEMO, "--max-frame-bytes", "1024", "x" * 880)
     assert "[notice] dropped: demo-agent sent a message" in text.stderr
+
+
+def test_approve_ask_with_stderr_off_a_terminal_is_a_usage_error_naming_the_fix() -> None:
+    master, slave = pty.openpty()
+    try:
+        done = subprocess.run(conductor_argv("run", "--chain", DEMO, "hi", "--approve", "ask"),
+                              stdin=slave, capture_output=True, text=True, env=child_env(),
+                              cwd=REPO, timeout=30)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert "--approve ask" in done.stderr
+    assert "stderr" in done.stderr and "--approve none" in done.stderr

@@ -185,9 +185,14 @@ def run_command(ctx: click.Context, prompt: str | None, more_prompts: tuple[str,
     if approve is None:
         interactive = sys.stdin.isatty() and sys.stderr.isatty() and not from_stdin
         approve = "ask" if interactive and fmt == "text" else "none"
-    if approve == "ask" and (fmt != "text" or from_stdin or not sys.stdin.isatty()):
-        raise ConfigError("--approve ask needs a terminal on stdin (and --format text)",
-                          field="--approve")
+    if approve == "ask" and (fmt != "text" or from_stdin or not sys.stdin.isatty()
+                             or not sys.stderr.isatty()):
+        # The question goes to stderr and the answer comes from stdin: off a terminal
+        # nobody may see it, and the run would wait out its --timeout for nothing.
+        raise ConfigError("--approve ask needs a terminal on stdin and stderr, the prompt "
+                          "not from stdin, and --format text", field="--approve",
+                          hint="off a terminal, choose the answer: --approve none, reads, "
+                               "all or fail")
     events: Any
     if fmt == "json":
         events = JsonEvents(out)
