@@ -31,7 +31,7 @@ other exception a handler raises becomes a wire error in one place
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Final, Self
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -222,3 +222,10 @@ class RpcError(Exception):
 
 class ProtocolVersionError(RpcError):
     """`initialize` named a protocol version the conductor cannot speak (protocol.md §3)."""
+
+
+# A log record's `extra`: this failure also reaches the client, as the error answer to its
+# request or the error that ends the chain. A client that shows such errors itself (`run`,
+# `check`, `call`) keeps these records for --log-level debug: the user reads each failure
+# once, in that client's own report.
+REACHES_CLIENT: Final = {"reaches_client": True}

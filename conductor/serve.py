@@ -19,6 +19,7 @@ import msgspec
 from conductor.bridge import McpBridge
 from conductor.config import ChainConfig, ComponentSpec, mcp_servers
 from conductor.errors import (
+    REACHES_CLIENT,
     ComponentDisconnectedError,
     ComponentError,
     ComponentExitedError,
@@ -128,7 +129,7 @@ async def serve_connection(
     def failed(error: ComponentError) -> None:
         if outcome.fatal is None:  # the first failure is the one reported
             outcome.fatal = error
-            log.error("%s", error)
+            log.error("%s", error, extra=REACHES_CLIENT)
 
     def fatal(error: ComponentError) -> None:
         failed(error)

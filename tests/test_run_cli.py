@@ -581,6 +581,55 @@ def test_an_update_over_the_size_limit_is_reported_as_dropped_not_silently_missi
     assert "[notice] dropped: demo-agent sent a message" in text.stderr
 
 
+@pytest.fixture
+def crashing_chain(tmp_path: Path) -> str:
+    chain = tmp_path / "crash.toml"
+    chain.write_text(f'[agent]\nname = "crashy"\ncommand = ["{sys.executable}", "-c", '
+                     '"import sys; sys.stderr.write(\'boom happened\\\\n\'); sys.exit(7)"]\n',
+                     encoding="utf-8")
+    return str(chain)
+
+
+def test_a_failing_component_is_reported_once_naming_it_after_its_own_stderr(
+        crashing_chain: str) -> None:
+    result = run("run", "--chain", crashing_chain, "hi")
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.count("exited with status 7") == 1, result.stderr
+    assert "crashy| boom happened\n" in result.stderr
+    assert "[error] crashy: exited with status 7" in result.stderr
+    debug = run("--log-level", "debug", "run", "--chain", crashing_chain, "hi")
+    assert "acp-conductor ERROR: crashy: exited with status 7" in debug.stderr
+
+
+def test_quiet_writes_one_line_of_its_own_when_a_component_crashes(crashing_chain: str) -> None:
+    result = run("run", "--chain", crashing_chain, "hi", "--format", "quiet")
+    assert result.returncode == 3
+    assert result.stdout == ""
+    ours = [line for line in result.stderr.splitlines() if not line.startswith("crashy| ")]
+    assert ours == ["acp-conductor: run: component (exit 3): crashy: exited with status 7; "
+                    "last stderr: boom happened"]
+
+
+def test_a_plugin_proxy_that_fails_a_prompt_is_reported_once(tmp_path: Path) -> None:
+    (tmp_path / "raiser.py").write_text(textwrap.dedent("""
+        from conductor.plugins import Proxy, on
+
+        class Raiser(Proxy):
+            @on("session/prompt")
+            async def prompt(self, ctx, message):
+                raise ValueError("broken plugin")
+        """), encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[[proxy]]\nplugin = "{tmp_path / "raiser.py"}:Raiser"\n\n'
+                     f'[agent]\ncommand = ["{sys.executable}", "-m", "conductor.demo_agent"]\n',
+                     encoding="utf-8")
+    result = run("run", "--chain", str(chain), "hello")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("broken plugin") == 1, result.stderr
+    assert "[error] raiser failed handling session/prompt: ValueError: broken plugin" \
+        in result.stderr
+
+
 def test_approve_ask_with_stderr_off_a_terminal_is_a_usage_error_naming_the_fix() -> None:
     master, slave = pty.openpty()
     try:

@@ -11,6 +11,7 @@ import click
 from conductor.cli import loop
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.exits import epilog
+from conductor.cli.logs import leave_to_the_client
 from conductor.cli.run import claim_stdout, flush
 from conductor.editor.call import CallExit, CallOptions, call_chain
 from conductor.errors import ConfigError
@@ -49,6 +50,7 @@ def call_command(ctx: click.Context, method: str, params: str | None, open_sessi
     """
     out = claim_stdout()
     options = globals_of(ctx)
+    leave_to_the_client(options.log_level)
     config = read_chain(options.chain())
     text = sys.stdin.read() if params == "-" else params
     try:

@@ -12,6 +12,7 @@ import msgspec
 
 from conductor.cli import loop
 from conductor.cli.context import global_options, globals_of, handle_errors
+from conductor.cli.logs import leave_to_the_client
 from conductor.cli.run import claim_stdout, flush
 from conductor.editor.check import CheckReport, ComponentReport, check_chain
 from conductor.plan import read_chain
@@ -118,6 +119,7 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
     """
     out = claim_stdout()
     options = globals_of(ctx)
+    leave_to_the_client(options.log_level)
     path = options.chain()
     config = read_chain(path)
     with options.trace_sink(config) as tracer:

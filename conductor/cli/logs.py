@@ -54,6 +54,21 @@ def configure_logging(level: str = "warning", log_file: str | None = None) -> No
            logging.DEBUG if level == "debug" else logging.INFO)
 
 
+def leave_to_the_client(level: str) -> None:
+    """For `run`, `check` and `call`, which report every failure that reaches them: the
+    log lines for those same failures (`REACHES_CLIENT`) are shown only at debug level, so
+    a failure is read once, in the command's own report."""
+    if level == "debug":
+        return
+    for name in ("acp_conductor", "acp_conductor.proxy"):
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(_not_reaching_client)
+
+
+def _not_reaching_client(record: logging.LogRecord) -> bool:
+    return not getattr(record, "reaches_client", False)
+
+
 def _route(name: str, stream: Any, formatter: logging.Formatter, level: int | str) -> None:
     """Logger `name` writes to `stream` alone, formatted by `formatter`, from `level` on."""
     logger = logging.getLogger(name)

@@ -19,6 +19,7 @@ import click
 from conductor.cli import loop
 from conductor.cli.context import global_options, globals_of, handle_errors
 from conductor.cli.exits import epilog
+from conductor.cli.logs import leave_to_the_client
 from conductor.editor.policy import APPROVE_CHOICES
 from conductor.editor.turn import RunExit, TurnOptions, run_turns
 from conductor.errors import ConfigError
@@ -175,6 +176,7 @@ def run_command(ctx: click.Context, prompt: str | None, more_prompts: tuple[str,
 
     out = claim_stdout()
     options = globals_of(ctx)
+    leave_to_the_client(options.log_level)
     config = read_chain(options.chain())
     if as_json and output_format not in (None, "json"):
         raise ConfigError(f"--json is --format json: it contradicts --format {output_format}",

@@ -29,7 +29,7 @@ from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
 from conductor.acp import Dialect
-from conductor.errors import ComponentStartError, RpcError
+from conductor.errors import REACHES_CLIENT, ComponentStartError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import (
     Batch,
@@ -494,7 +494,9 @@ class ProxyHost:
             except RpcError:
                 raise
             except Exception as e:
-                self._log_failure(e, request.method)
+                # Answered with an error: towards the client, it reaches the client.
+                self._log_failure(e, request.method,
+                                  reaches_client=ctx.source is Side.PREDECESSOR)
                 raise
         return run
 
@@ -521,10 +523,12 @@ class ProxyHost:
             self._holding = None
             holding()
 
-    def _log_failure(self, error: BaseException, what: object) -> None:
+    def _log_failure(self, error: BaseException, what: object, *,
+                     reaches_client: bool = False) -> None:
         # One line for the user; the traceback is for the plugin's author, at debug level.
         self._proxy.log.error("proxy %s failed handling %s: %s: %s", self.name, what,
-                              type(error).__name__, error)
+                              type(error).__name__, error,
+                              extra=REACHES_CLIENT if reaches_client else None)
         self._proxy.log.debug("traceback", exc_info=error)
 
     async def _unclaimed(self, msg: Call, scope: SessionScope) -> None:
