@@ -328,6 +328,12 @@ def test_timeout_covers_setup_and_names_the_request_a_mute_agent_never_answered(
 
 
 def test_ctrl_c_during_setup_gives_up_and_a_second_one_stops_at_once(mute_chain: str) -> None:
+    # A grace far longer than this test's bounds: a second Ctrl-C that waited it out would
+    # be caught by communicate()'s timeout, not by timing the exit.
+    with open(mute_chain, "r+", encoding="utf-8") as f:
+        chain = f.read()
+        f.seek(0)
+        f.write("[conductor]\nshutdown_grace = 300\n\n" + chain)
     proc = subprocess.Popen(conductor_argv("--log-level", "info", "run", "--chain", mute_chain,
                                            "hi", "--json"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(),
@@ -338,9 +344,7 @@ def test_ctrl_c_during_setup_gives_up_and_a_second_one_stops_at_once(mute_chain:
         proc.send_signal(signal.SIGINT)
         lines = _read_lines_until(proc, lambda e: "never answered" in e.get("message", ""), 20)
         proc.send_signal(signal.SIGINT)
-        started = time.monotonic()
         out, err = proc.communicate(timeout=20)
-        elapsed = time.monotonic() - started
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -351,7 +355,6 @@ def test_ctrl_c_during_setup_gives_up_and_a_second_one_stops_at_once(mute_chain:
     final = json.loads(out.decode().splitlines()[-1])
     assert final["type"] == "result"
     assert final["exitReason"] == "interrupted"
-    assert elapsed < 2  # not the chain's shutdown grace (3 s)
 
 
 def _wait_for_stderr(proc: subprocess.Popen[bytes], needle: bytes, timeout: float) -> None:
@@ -438,12 +441,11 @@ def test_with_stdout_redirected_the_default_ask_policy_asks_on_the_terminal() ->
 
 
 def test_an_unanswered_question_does_not_keep_run_alive_after_the_timeout() -> None:
-    proc, tty, _, elapsed = _on_a_terminal(
+    proc, tty, _, _ = _on_a_terminal(
         ["run", "--chain", DEMO, "permission", "--approve", "ask", "--timeout", "1"],
         stdout_to_pipe=False, answer=None)
     assert proc.returncode == 124, tty
-    assert "The agent asks" in tty
-    assert elapsed < 10
+    assert "The agent asks" in tty  # and it exited: _on_a_terminal fails on one that hangs
 
 
 def test_a_plugin_proxy_that_raises_fails_the_prompt_with_exit_1_not_as_a_component(
