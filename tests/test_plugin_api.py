@@ -17,7 +17,7 @@ from conductor.plugins import Proxy, ProxyContext, SessionScope, on
 from conductor.testing import ScriptedAgent, open_test_chain
 
 if TYPE_CHECKING:
-    from conductor.jsonrpc.message import Message
+    from conductor.jsonrpc.message import Message, Request
     from conductor.plugins.host import ProxyHost
 
 ODD = (b'{ "sessionId":"session-1",  "prompt":[{"type":"text","text":"caf\\u00e9"}],'

@@ -176,7 +176,8 @@ def _view(data: Raw | UnsetType, model: type[T]) -> T:
 
 
 def payload(value: object) -> Raw:
-    """A Raw payload from Raw (kept, on one line), a pydantic model (by alias, no nulls) or a JSON value."""
+    """A Raw payload from Raw (kept, on one line), a pydantic model (by alias, no nulls)
+    or a JSON value."""
     if isinstance(value, Raw):
         data = bytes(value)
         if b"\n" not in data and b"\r" not in data:
