@@ -376,7 +376,7 @@ class Chain:
         legacy = self.topology.proxy_mode and self.handshake.upstream_dialect is Dialect.LEGACY
         await self._forward(self.client, msg, acp.INITIALIZE, msg.params,
                             self.topology.nodes[0], self.topology.first(),
-                            hook=_accept_legacy_proxy_role if legacy else None)
+                            hook=_accept_legacy_proxy_role if legacy else _disclaim_proxy_role)
 
     def _plan_plain_routes(self) -> None:
         # Where a plain notification lands unchanged: up to the client from any component
@@ -995,3 +995,13 @@ class Chain:
 async def _accept_legacy_proxy_role(answer: Response) -> Response:
     """As a legacy-dialect proxy, say so in our initialize answer (acp.py)."""
     return acp.accepting_legacy_proxy_role(answer)
+
+
+async def _disclaim_proxy_role(answer: Response) -> Response:
+    """Otherwise our client was not asking for a proxy: a marker left in the answer (a
+    legacy proxy's, or one @thinkwell/conductor as our agent hands on) would tell a
+    legacy conductor we took the role."""
+    if answer.result is UNSET:
+        return answer
+    result = acp.without_legacy_proxy_meta(answer.result)
+    return answer if result is answer.result else Response(id=answer.id, result=result)
