@@ -15,7 +15,7 @@ from msgspec import UNSET, Raw, UnsetType
 
 from conductor.errors import ProtocolVersionError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.message import structured
+from conductor.jsonrpc.message import Response, structured
 
 INITIALIZE: Final = "initialize"
 SESSION_NEW: Final = "session/new"
@@ -257,6 +257,18 @@ def with_legacy_proxy_meta(params: Raw | UnsetType) -> Raw:
     meta["proxy"] = Raw(b"true")
     obj["_meta"] = Raw(_encoder.encode(meta))
     return Raw(_encoder.encode(obj))
+
+
+def accepting_legacy_proxy_role(answer: Response) -> Response:
+    """A legacy proxy's answer to its initialize: the result says `_meta.proxy: true`, as
+    that dialect's conductor (@thinkwell/conductor) requires before it serves the editor.
+    Errors, and a result that is not an object (the predecessor judges it), are unchanged."""
+    if answer.result is UNSET:
+        return answer
+    try:
+        return Response(id=answer.id, result=with_legacy_proxy_meta(answer.result))
+    except ValueError:
+        return answer
 
 
 def without_legacy_proxy_meta(params: Raw | UnsetType) -> Raw | UnsetType:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import pytest
@@ -754,3 +754,32 @@ async def test_a_payload_a_plugin_wrote_over_several_lines_crosses_a_line_framed
 
 async def _echo(message: Request) -> object:
     return message.params_value()
+
+
+async def test_a_stand_alone_proxy_initialized_in_the_legacy_dialect_accepts_the_proxy_role(
+        ) -> None:
+    # @thinkwell/conductor initializes proxies with `initialize` + `_meta.proxy: true` and
+    # fails the editor's initialize unless the proxy's answer says `_meta.proxy: true` too.
+    from conductor.plugins.host import serve_proxy
+    from conductor.transport.memory import memory_pipe
+
+    to_proxy, proxy_in = memory_pipe()
+    proxy_out, from_proxy = memory_pipe()
+
+    async def line() -> dict[str, Any]:
+        return cast("dict[str, Any]", json.loads(await from_proxy.receive()))
+
+    with anyio.fail_after(5):
+        async with to_proxy, proxy_in, proxy_out, from_proxy, anyio.create_task_group() as tg:
+            tg.start_soon(serve_proxy, Passthrough(), proxy_in, proxy_out)
+            await to_proxy.send(b'{"jsonrpc":"2.0","id":7,"method":"initialize","params":'
+                                b'{"protocolVersion":1,"_meta":{"proxy":true}}}\n')
+            wrapped = await line()
+            assert wrapped["method"] == "_proxy/successor/request"
+            await to_proxy.send(json.dumps({
+                "jsonrpc": "2.0", "id": wrapped["id"],
+                "result": {"protocolVersion": 1, "_meta": {"x": 1}}}).encode() + b"\n")
+            answer = await line()
+            tg.cancel_scope.cancel()
+    assert answer["id"] == 7
+    assert answer["result"] == {"protocolVersion": 1, "_meta": {"x": 1, "proxy": True}}

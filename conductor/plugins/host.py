@@ -381,6 +381,8 @@ class ProxyHost:
                                                                params=msg.params)
         elif method == acp.INITIALIZE and acp.is_legacy_proxy_initialize(msg.params):
             self._dialect = Dialect.LEGACY
+            if isinstance(msg, Request):
+                self.endpoint.amend_answer(msg.id, acp.accepting_legacy_proxy_role)
         await self._route(source, msg)
 
     async def _cancel_not_request(self, msg: Call, method: str) -> bool:

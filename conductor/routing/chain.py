@@ -373,8 +373,10 @@ class Chain:
             return
         self.topology.attach(links)
         self._plan_plain_routes()
+        legacy = self.topology.proxy_mode and self.handshake.upstream_dialect is Dialect.LEGACY
         await self._forward(self.client, msg, acp.INITIALIZE, msg.params,
-                            self.topology.nodes[0], self.topology.first())
+                            self.topology.nodes[0], self.topology.first(),
+                            hook=_accept_legacy_proxy_role if legacy else _disclaim_proxy_role)
 
     def _plan_plain_routes(self) -> None:
         # Where a plain notification lands unchanged: up to the client from any component
@@ -988,3 +990,18 @@ class Chain:
         self._trace_lifecycle(record.opened_by, f"session-{event}", session=record.session_id,
                               how=record.how, servedBy=record.served_by,
                               prompts=record.prompts, **extra)
+
+
+async def _accept_legacy_proxy_role(answer: Response) -> Response:
+    """As a legacy-dialect proxy, say so in our initialize answer (acp.py)."""
+    return acp.accepting_legacy_proxy_role(answer)
+
+
+async def _disclaim_proxy_role(answer: Response) -> Response:
+    """Otherwise our client was not asking for a proxy: a marker left in the answer (a
+    legacy proxy's, or one @thinkwell/conductor as our agent hands on) would tell a
+    legacy conductor we took the role."""
+    if answer.result is UNSET:
+        return answer
+    result = acp.without_legacy_proxy_meta(answer.result)
+    return answer if result is answer.result else Response(id=answer.id, result=result)

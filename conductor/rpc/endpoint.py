@@ -173,6 +173,8 @@ class Endpoint:
         self._batch_owed: dict[bytes, deque[_BatchReplies]] = {}
         self._quiet = anyio.Event()  # set while no inbound request is open
         self._quiet.set()
+        # Answers to rewrite on their way out, by request id bytes (`amend_answer`).
+        self._amend: dict[bytes, Callable[[Response], Response]] = {}
 
     def __repr__(self) -> str:
         return f"Endpoint({self.name})"
@@ -187,6 +189,10 @@ class Endpoint:
         Raises:
             anyio.BrokenResourceError: the peer is gone.
         """
+        if self._amend and type(message) is Response:
+            amend = self._amend.pop(bytes(message.id), None)
+            if amend is not None:
+                message = amend(message)
         batch = self._batch_for(message.id) \
             if self._batches and type(message) is Response else None
         if self.observe is not None:
@@ -213,9 +219,14 @@ class Endpoint:
         open, no writer mid-write, no observer, and a sink that can queue it at once.
         False: nothing was sent (call `send`)."""
         if self._batches or self._turn.busy or self.observe is not None \
-                or self._sink_nowait is None:
+                or self._sink_nowait is None or self._amend:
             return False
         return self._sink_nowait(message)
+
+    def amend_answer(self, ident: Raw, amend: Callable[[Response], Response]) -> None:
+        """The answer this endpoint sends to request `ident` goes out as `amend(answer)`,
+        whoever answers it (a handler, or a forward's answer passed back)."""
+        self._amend[bytes(ident)] = amend
 
     async def notify(self, method: str, params: object = UNSET) -> None:
         await self.send(Notification(method=method, params=_params(params)))

@@ -205,7 +205,10 @@ async def test_as_a_proxy_the_conductor_answers_a_legacy_predecessor_in_the_lega
         wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor/request")
         assert wrapped["params"]["method"] == "initialize"
         await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
-        assert (await c.response(0))["result"] == {"protocolVersion": 1}
+        # The legacy dialect's proxy accepts the role in its answer: @thinkwell/conductor
+        # fails the editor's initialize without it.
+        assert (await c.response(0))["result"] == {"protocolVersion": 1,
+                                                   "_meta": {"proxy": True}}
 
 
 async def test_a_malformed_successor_envelope_is_answered_with_invalid_params() -> None:

@@ -6,13 +6,16 @@ test module to collect it, and the SDK's pydantic schema costs each of them ~0.4
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 
-from tests.conftest import child_env, conductor_argv, py
+from tests.conftest import BIN, REPO, child_env, conductor_argv, py
 from tests.wire_client import open_conductor
 
 if TYPE_CHECKING:
@@ -129,3 +132,36 @@ async def test_the_demo_agent_refuses_when_the_sdk_client_denies() -> None:
     stop = await converse(["agent", py("relay_proxy.py"),
                            f"{sys.executable} -m conductor.demo_agent"], "write a file", client)
     assert stop == "refusal"
+
+
+# .ci/run installs the TypeScript SDK (acpx depends on it) here; skipped only outside CI.
+TS_SDK = REPO / ".ci" / "node" / "node_modules" / "@agentclientprotocol" / "sdk"
+NODE = shutil.which("node")
+
+
+@pytest.mark.skipif((NODE is None or not (TS_SDK / "dist" / "acp.js").exists())
+                    and not os.environ.get("CI"),
+                    reason="node and the TypeScript ACP SDK are not installed (.ci/run does)")
+async def test_every_v1_method_crosses_the_chain_between_the_typescript_and_python_sdks() -> None:
+    assert NODE is not None
+    argv = conductor_argv("agent", py("relay_proxy.py"), py("sdk_full_agent.py"))
+    with anyio.fail_after(30):
+        done = await anyio.run_process([NODE, str(BIN / "ts_sdk_full_client.mjs"), *argv],
+                                       env=child_env(ACP_SDK_DIR=str(TS_SDK)), check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    got = json.loads(done.stdout.decode().splitlines()[-1])
+    answers = got["answers"]
+    assert answers["initialize"]["_meta"] == {"initMeta": "t1"}
+    assert answers["new"] == {"sessionId": "s1", "_meta": {"newMeta": 1}}
+    assert answers["setMode"] == {"_meta": {"mode": "code"}}
+    assert answers["setConfigOption"] == {"configOptions": [], "_meta": {"model": "big"}}
+    assert answers["prompt"] == {"stopReason": "end_turn"}
+    # The Python SDK strips the extension's leading `_`; params and `_meta` cross as sent.
+    assert answers["ext"] == {"method": "x/client_ask", "params": {"z": 3, "_meta": {"e": 4}}}
+    assert answers["cancelled"] == {"stopReason": "cancelled"}
+    turn = 'OUT|0|R|{"got": {"q": 1}}'
+    assert got["said"] == [f"{turn}|2", "replayed", f"{turn}|None"]
+    assert got["asked"] == 2 * [
+        "terminal/create", "terminal/output", "terminal/wait_for_exit", "terminal/kill",
+        "terminal/release", "fs/write_text_file", "fs/read_text_file", "_x/agent_ask",
+        "_x/agent_note"]
