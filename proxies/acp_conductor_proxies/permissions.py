@@ -589,9 +589,42 @@ def _bash_unquoted(script: str) -> str:
     return _BASH_QUOTED.sub(plain, script)
 
 
+def _substitutions(script: str) -> list[str]:
+    """The body of each outermost `$(...)` and `` `...` `` in `script`, wherever it stands:
+    one in double quotes or a here-document runs too (in single quotes it does not, but
+    `sh -c '...'` runs it later). In one pass: a body runs to its matching `)` (or the
+    end), and a backquote's to the next unescaped backquote."""
+    bodies: list[str] = []
+    i, n = 0, len(script)
+    while i < n:
+        if script.startswith("$(", i):
+            depth, j = 1, i + 2
+            while j < n and depth:
+                depth += {"(": 1, ")": -1}.get(script[j], 0)
+                j += 1
+            bodies.append(script[i + 2:j - 1 if depth == 0 else n])
+            i = j
+        elif script[i] == "`" and (i == 0 or script[i - 1] != "\\"):
+            j = i + 1
+            while j < n and (script[j] != "`" or script[j - 1] == "\\"):
+                j += 1
+            bodies.append(script[i + 1:j])
+            i = j + 1
+        else:
+            i += 1
+    return bodies
+
+
 def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: int) -> None:
     if "$" in script or "`" in script or "<<" in script:
         command.opaque = True  # values only the running shell knows
+    if "$(" in script or "`" in script:
+        # shlex keeps a quoted `"$(rm -rf x)"` as one word: each body is judged as a
+        # script of its own as well (for deny and ask: the command is opaque to allow)
+        for body in _substitutions(script):
+            if depth >= MAX_DEPTH:
+                raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
+            _add_script(command, body, bases, depth + 1)
     if "\\\n" in script:
         # A shell drops `\<newline>` before it splits words (`r\<newline>m -rf` is `rm -rf`);
         # one more spelling, so a `\<newline>` inside single quotes, which stays, is judged

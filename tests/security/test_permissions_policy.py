@@ -301,6 +301,8 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("bash", "-O", "extglob", "-c", "cat .+(e)nv"),
     terminal("bash", "-O", "extglob", "-c", "cat .!(bashrc)"),
     terminal("bash", "-O", "extglob", "-c", "cat .@(bashrc|env)"),
+    # a substitution inside double quotes runs, and names what it reads
+    terminal("sh", "-c", 'echo "$(cat secrets/k)"'), terminal("sh", "-c", 'echo "`cat secrets/k`"'),
 ])
 async def test_a_terminal_command_that_names_a_protected_file_is_denied(
         ws: Path, request_: dict[str, Any]) -> None:
@@ -398,6 +400,9 @@ RM_RF = [
     ["bash", "-c", "trap 'rm -rf x' EXIT"], ["sh", "-c", "trap -- 'rm -rf x' INT; true"],
     ["zsh", "-c", "=rm -rf x"], ["zsh", "-c", "noglob rm -rf x"],
     ["zsh", "-c", "nocorrect rm -rf x"],
+    # a substitution inside double quotes (or a here-document) runs all the same
+    ["sh", "-c", 'echo "$(rm -rf x)"'], ["sh", "-c", 'echo "`rm -rf x`"'],
+    ["sh", "-c", 'x="a $(true; rm -rf x)"'], ["bash", "-c", "cat <<E\n'$(rm -rf x)'\nE"],
 ]
 
 
