@@ -1244,11 +1244,15 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
             wheres.append(os.path.join(cwd, value))
     wheres = wheres or [cwd]
     commands: list[Command] = []
-    for line in (raw.get(key) for key in RAW_INPUT_COMMANDS):  # Codex's exec_command: cmd
+    for key in RAW_INPUT_COMMANDS:  # Codex's exec_command: cmd
+        line = raw.get(key)
         if isinstance(line, list) and all(isinstance(w, str) for w in line):
             commands.append(command_of(line, tuple(wheres)))
         elif isinstance(line, str):  # agents' shell tools take one command line
             commands.append(command_of([line], tuple(wheres), script=line))
+        elif line is not None:  # the editor may show it (`rm -rf x 1`): no rule saw it
+            raise Unplaceable(f"toolCall.rawInput.{key} is not a string or a list of "
+                              f"strings: {line!r:.80}")
     # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
     # a list under paths, file_paths).
     for key, value in raw.items():

@@ -536,6 +536,10 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     # ... and the command line itself `cmd` (Codex's exec_command and its likes)
     {"kind": "execute", "rawInput": {"cmd": "cat .env"}},
     {"kind": "execute", "rawInput": {"cmd": "rm -rf x", "workdir": "{ws}"}},
+    # a command line that is neither a string nor a list of strings cannot be judged
+    {"kind": "read", "rawInput": {"command": ["rm", "-rf", "x", 1]}},
+    {"kind": "read", "rawInput": {"cmd": ["cat", ".env", None]}},
+    {"kind": "read", "rawInput": {"command": {"line": "rm -rf x"}}},
     {"kind": "read", "locations": [{"path": "{ws}/innocent.txt"}]},
     {"kind": "read", "locations": [{"path": "{ws}/ok.txt"}, {"path": "{ws}/.ENV"}]},
     {"kind": "read", "locations": [{"path": "innocent.txt"}]},
