@@ -722,16 +722,20 @@ def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,
         # Later relative paths may be relative to it, or not (it was in a subshell, or
         # failed): both count. A bare `cd` goes home.
         target = rest[0] if rest else "~"
-        for where in _homes(target, command.home) if target.startswith("~") else [target]:
+        for where in _homes(target, command.home, dirs) if target.startswith("~") \
+                else [target]:
             if len(dirs) >= MAX_DIRS:
                 raise Unplaceable(f"the command changes directory more than {MAX_DIRS} "
                                   "times")
             dirs.append(os.path.join(dirs[-1] if dirs else "/", where))
 
 
-def _homes(word: str, home: str | None) -> list[str]:
+def _homes(word: str, home: str | None, bases: Iterable[str] = ()) -> list[str]:
     """`~`, `~/x` or `~user/x` expanded: by the conductor's idea of that home, and by the
-    HOME the command is given."""
+    HOME the command is given; `~+` (the shell's PWD) and `~-` (its OLDPWD) as each of
+    `bases`, the directories the command may be in."""
+    if word[1:2] in ("+", "-") and word[2:3] in ("", "/"):
+        return [base + word[2:] for base in bases]
     out = [os.path.expanduser(word)]
     if home is not None and (word == "~" or word.startswith("~/")):
         out.append(home + word[1:])
@@ -754,7 +758,7 @@ def _path_words(word: str, bases: Iterable[str], in_shell: bool,
         if w.lower().startswith("file:"):
             out.append(unquote(urlsplit(w).path))
         if w.startswith("~"):
-            out.extend(_homes(w, home))
+            out.extend(_homes(w, home, bases))
     if in_shell and any(c in word for c in "*?["):
         for base in bases:
             pattern = word if os.path.isabs(word) else os.path.join(glob.escape(base), word)

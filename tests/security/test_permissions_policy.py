@@ -303,6 +303,8 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("bash", "-O", "extglob", "-c", "cat .@(bashrc|env)"),
     # a substitution inside double quotes runs, and names what it reads
     terminal("sh", "-c", 'echo "$(cat secrets/k)"'), terminal("sh", "-c", 'echo "`cat secrets/k`"'),
+    # `~+` is the shell's working directory
+    terminal("sh", "-c", "cat ~+/secrets/k"), terminal("sh", "-c", "cd ~+/secrets && cat k"),
 ])
 async def test_a_terminal_command_that_names_a_protected_file_is_denied(
         ws: Path, request_: dict[str, Any]) -> None:
