@@ -970,11 +970,20 @@ class Permissions(Proxy[PermissionsOptions]):
             return await ctx.forward()
         wanted = ("allow_once", "allow_always") if action == "allow" else \
             ("reject_once", "reject_always")
-        options = [o for o in params.get("options") or [] if isinstance(o, dict)]
+        options = params.get("options")
+        options = [o for o in options if isinstance(o, dict)] \
+            if isinstance(options, list) else []
+        # An id that is not a string, or that names options of different kinds, is no
+        # answer the agent can surely read as the one chosen (a reject it reads as allow).
+        kinds: dict[str, set[object]] = {}
+        for option in options:
+            if isinstance(option.get("optionId"), str):
+                kinds.setdefault(option["optionId"], set()).add(option.get("kind"))
         for kind in wanted:  # prefer the one-off choice: a policy decides each time
             for option in options:
-                if option.get("kind") == kind and "optionId" in option:
-                    return {"outcome": {"outcome": "selected", "optionId": option["optionId"]}}
+                chosen = option.get("optionId")
+                if isinstance(chosen, str) and kinds.get(chosen) == {kind}:
+                    return {"outcome": {"outcome": "selected", "optionId": chosen}}
         return {"outcome": {"outcome": "cancelled"}}
 
     @on("fs/read_text_file", source="successor")

@@ -641,6 +641,29 @@ async def test_a_request_in_both_spellings_is_judged_by_both(ws: Path) -> None:
         assert answer.result_value()["outcome"] == {"outcome": "selected", "optionId": "no"}
 
 
+@pytest.mark.parametrize(("options", "answer"), [
+    # the reject option's id also names an allow option: the agent may read it as allow
+    ([{"optionId": "x", "name": "Allow", "kind": "allow_once"},
+      {"optionId": "x", "name": "Reject", "kind": "reject_once"}], "cancelled"),
+    # ACP option ids are strings: another value is no answer the agent can match
+    ([{"optionId": None, "name": "Reject", "kind": "reject_once"}], "cancelled"),
+    ([{"optionId": 1, "name": "Allow", "kind": "allow_once"},
+      {"optionId": 1, "name": "Reject", "kind": "reject_once"}], "cancelled"),
+    ([{"optionId": {"id": "no"}, "name": "Reject", "kind": "reject_once"},
+      {"optionId": "no", "name": "Reject", "kind": "reject_always"}], "no"),
+    ([{"optionId": "yes", "name": "Allow", "kind": "allow_once"}], "cancelled"),
+])
+async def test_a_denied_request_is_answered_only_with_an_option_that_surely_rejects(
+        ws: Path, options: list[dict[str, Any]], answer: str) -> None:
+    async with policy(ws) as probe:
+        got = answer_or_raise(await probe.agent.request("session/request_permission", {
+            "sessionId": probe.sid, "options": options, "toolCall": {
+                "toolCallId": "c1", "kind": "read", "locations": [{"path": f"{ws}/.env"}]}}))
+        outcome = got.result_value()["outcome"]
+        assert outcome.get("optionId", outcome["outcome"]) == answer
+        assert probe.client.received_params("session/request_permission") == []
+
+
 @pytest.mark.parametrize("announce", [
     [{"sessionUpdate": "tool_call_update", "toolCallId": "c1", "kind": "edit",
       "title": "Edit", "content": [v2_diff({"operation": "modify", "path": "{ws}/.env"})]}],
