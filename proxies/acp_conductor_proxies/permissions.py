@@ -72,6 +72,15 @@ WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "com
                       "valgrind", "torsocks", "proxychains", "proxychains4",
                       "dbus-run-session", "xvfb-run", "tmux", "screen",
                       "noglob", "nocorrect"})  # zsh's precommand modifiers
+# Project and environment runners (`uv run CMD`, `bundle exec CMD`, `npx -c STR`): judged
+# like wrappers, from each later word on, but a word with spaces is only an argument to
+# them (`uv run pytest -k "a or b"`), judged as a command line for deny and ask alone.
+RUNNERS = frozenset({"uv", "poetry", "pipenv", "pdm", "hatch", "rye", "conda", "mamba",
+                     "micromamba", "pixi", "npx", "npm", "pnpm", "yarn", "bun", "bunx",
+                     "bundle", "direnv", "mise", "asdf", "nix-shell", "nix", "devbox",
+                     "gosu", "su-exec", "arch", "caffeinate", "ssh-agent", "dbus-launch",
+                     "doppler", "op", "aws-vault", "hyperfine", "entr", "chronic",
+                     "sandbox-exec"})
 SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while",
                             "until", "!", "{", "}", "time", "coproc"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
@@ -427,17 +436,27 @@ def _add_variable(command: Command, assignment: str, bases: tuple[str, ...],
     """
     name, value = assignment.split("=", 1)
     if any(c.isspace() for c in value):
-        if depth >= MAX_DEPTH:
-            raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
-        before, opaque = len(command.simple), command.opaque
-        _add_script(command, value, bases, depth + 1)
-        command.unwrapped.extend(command.simple[before:])
-        del command.simple[before:]
         # Read as a script only for its spellings: an ordinary variable's value is data
         # (`NAME="Conan O'Brien"`), and what cannot be parsed in it runs nowhere.
-        command.opaque = opaque
+        _add_spellings(command, value, bases, depth)
     if CODE_VARIABLES.fullmatch(name):
         command.opaque = True
+
+
+def _add_spellings(command: Command, text: str, bases: tuple[str, ...], depth: int) -> None:
+    """`text`, which may be data or a command line, judged as a script for deny and ask
+    rules only: what it adds to `simple` goes to `unwrapped`, and it makes nothing opaque.
+
+    Raises:
+        Unplaceable: nested more than MAX_DEPTH deep.
+    """
+    if depth >= MAX_DEPTH:
+        raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
+    before, opaque = len(command.simple), command.opaque
+    _add_script(command, text, bases, depth + 1)
+    command.unwrapped.extend(command.simple[before:])
+    del command.simple[before:]
+    command.opaque = opaque
 
 
 def _add_body(command: Command, argv: list[str], bases: tuple[str, ...], in_shell: bool,
@@ -488,7 +507,7 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
                 command.unwrapped.append(command.simple.pop())
             _add_script(command, script, bases, depth + 1)
         return
-    if program not in WRAPPERS:
+    if program not in WRAPPERS and program not in RUNNERS:
         return
     # Options and their values come first and differ per wrapper: every later word could
     # be where the wrapped command starts, so each suffix is judged (wrappers nest).
@@ -497,7 +516,10 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
         if i > MAX_WRAPPED_WORDS:
             raise Unplaceable(f"no command found in the first {MAX_WRAPPED_WORDS} words "
                               f"after {program}")
-        if any(c.isspace() for c in word):  # `su -c STR`, `env -S STR`, `watch STR`
+        if any(c.isspace() for c in word) and program in RUNNERS:  # `npx -c STR`
+            for script in _scripts_in(word):
+                _add_spellings(command, script, bases, depth)
+        elif any(c.isspace() for c in word):  # `su -c STR`, `env -S STR`, `watch STR`
             command.opaque = True
             for script in _scripts_in(word):
                 _add_script(command, script, bases, depth + 1)
@@ -510,7 +532,7 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
         inner = os.path.basename(word)
         if inner in SHELLS:
             _look_inside(command, argv[i:], bases, depth + 1)
-        elif inner not in WRAPPERS:
+        elif inner not in WRAPPERS and inner not in RUNNERS:
             plain += 1
             if plain >= MAX_WRAPPED_PLAIN:
                 return

@@ -405,6 +405,12 @@ RM_RF = [
     # a substitution inside double quotes (or a here-document) runs all the same
     ["sh", "-c", 'echo "$(rm -rf x)"'], ["sh", "-c", 'echo "`rm -rf x`"'],
     ["sh", "-c", 'x="a $(true; rm -rf x)"'], ["bash", "-c", "cat <<E\n'$(rm -rf x)'\nE"],
+    # project and environment runners run their arguments as a command too
+    ["uv", "run", "rm", "-rf", "x"], ["poetry", "run", "rm", "-rf", "x"],
+    ["npx", "-c", "rm -rf x"], ["bundle", "exec", "rm", "-rf", "x"],
+    ["direnv", "exec", ".", "rm", "-rf", "x"], ["nix-shell", "--run", "rm -rf x"],
+    ["hyperfine", "rm -rf x"], ["gosu", "root", "rm", "-rf", "x"],
+    ["arch", "-x86_64", "rm", "-rf", "x"], ["uv", "run", "bash", "-c", "rm -rf x"],
 ]
 
 
@@ -717,6 +723,18 @@ async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
     async with policy(ws, ALLOW_PUBLIC) as probe:
         assert await probe.reaches_editor("fs/read_text_file",
                                           {"path": f"{ws}/{path}"}) is allowed
+
+
+async def test_an_allow_command_rule_still_allows_a_runner_command_with_spaced_arguments(
+        ws: Path) -> None:
+    # `uv run` is judged as what it runs (for deny rules); its arguments stay arguments
+    options = PermissionsOptions(default="deny", rules=[
+        {"name": "tests", "command": "^uv run pytest( |$)", "action": "allow"}])
+    async with policy(ws, options) as probe:
+        assert await probe.reaches_editor("terminal/create",
+                                          terminal("uv", "run", "pytest", "-k", "a or b"))
+        assert not await probe.reaches_editor("terminal/create",
+                                              terminal("uv", "run", "sh", "-c", "pytest"))
 
 
 @pytest.mark.parametrize(("argv", "allowed"), [
