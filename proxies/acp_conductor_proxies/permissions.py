@@ -61,7 +61,9 @@ TOOL_CALL_FIELDS = ("kind", "title", "locations", "rawInput", "content")
 # editor would open there cannot be known here.
 PER_PROCESS_ROOTS = ("/proc", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh",
-                    "fish", "csh", "tcsh"})
+                    "fish", "csh", "tcsh", "ksh93", "pdksh", "oksh", "loksh", "lksh",
+                    # restricted shells run `-c` scripts all the same
+                    "rbash", "rksh", "rzsh"})
 # Programs that run their arguments as a command: `sudo rm -rf x` is judged as `rm -rf x` too.
 WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "command", "exec",
                       "builtin", "xargs", "parallel", "find", "timeout", "stdbuf", "setsid",

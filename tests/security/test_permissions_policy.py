@@ -411,6 +411,8 @@ RM_RF = [
     ["direnv", "exec", ".", "rm", "-rf", "x"], ["nix-shell", "--run", "rm -rf x"],
     ["hyperfine", "rm -rf x"], ["gosu", "root", "rm", "-rf", "x"],
     ["arch", "-x86_64", "rm", "-rf", "x"], ["uv", "run", "bash", "-c", "rm -rf x"],
+    # restricted and other-named shells are shells
+    ["rbash", "-c", "rm -rf x"], ["ksh93", "-c", "rm -rf x"], ["oksh", "-c", "rm -rf x"],
 ]
 
 
