@@ -1181,8 +1181,9 @@ def _terminal_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Sub
         raise Unplaceable("env is not a list of {name, value} strings")
     homes = [e["value"] for e in env if e.get("name") == "HOME"]
     home = os.path.join(where, homes[-1]) if homes and homes[-1] else None
-    # Some editors hand `command` to a shell: a whole command line there is judged as one.
-    script = program if not args and any(c.isspace() for c in program) else None
+    # Some editors hand `command` to a shell: without `args` it is judged as a command
+    # line too (which needs no spaces: `cat<.env`, `ls;reboot`).
+    script = program if not args else None
     command = command_of([program, *args], where, script=script, home=home)
     subject.commands.append(command)
     for e in env:

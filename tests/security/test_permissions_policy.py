@@ -303,6 +303,8 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("bash", "-O", "extglob", "-c", "cat .@(bashrc|env)"),
     # a substitution inside double quotes runs, and names what it reads
     terminal("sh", "-c", 'echo "$(cat secrets/k)"'), terminal("sh", "-c", 'echo "`cat secrets/k`"'),
+    # a command line for a shell need not have spaces
+    terminal("cat<.env"), terminal("true&&cat<secrets/k"), terminal("(cat<notsecret/k)"),
     # `~+` is the shell's working directory
     terminal("sh", "-c", "cat ~+/secrets/k"), terminal("sh", "-c", "cd ~+/secrets && cat k"),
 ])
@@ -725,6 +727,17 @@ async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
     async with policy(ws, ALLOW_PUBLIC) as probe:
         assert await probe.reaches_editor("fs/read_text_file",
                                           {"path": f"{ws}/{path}"}) is allowed
+
+
+async def test_an_allow_command_rule_judges_each_command_of_a_terminal_line_without_spaces(
+        ws: Path) -> None:
+    # an editor that hands `command` to a shell runs `reboot` too
+    options = PermissionsOptions(default="deny", rules=[
+        {"name": "ls", "command": "^ls", "action": "allow"}])
+    async with policy(ws, options) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal("ls"))
+        assert not await probe.reaches_editor("terminal/create", terminal("ls;reboot"))
+        assert not await probe.reaches_editor("terminal/create", terminal("ls&&reboot"))
 
 
 async def test_an_allow_command_rule_still_allows_a_runner_command_with_spaced_arguments(
