@@ -1280,6 +1280,8 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
             if "\0" in value:
                 raise Unplaceable(f"toolCall.rawInput.{key} {value!r} has a NUL byte")
             wheres.append(os.path.join(cwd, value))
+            if value[:1] == "~":  # the tool may expand it as a shell would
+                wheres.extend(h for h in _homes(value, None) if os.path.isabs(h))
     wheres = wheres or [cwd]
     commands: list[Command] = []
     for key in RAW_INPUT_COMMANDS:  # Codex's exec_command: cmd
@@ -1302,6 +1304,10 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
                 subject.places.extend(Placer(cwd).place(one, base=where,
                                                         strict=os.path.isabs(one))
                                       for where in wheres)
+                # an agent's tool may expand `~` (`~/.netrc`) as a shell would
+                subject.places.extend(Placer(cwd).place(home, strict=False)
+                                      for home in (_homes(one, None) if one[:1] == "~"
+                                                   else []))
     for command in commands:
         subject.commands.append(command)
         _add_words(subject, command, cwd)

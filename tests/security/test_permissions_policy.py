@@ -729,6 +729,26 @@ async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
                                           {"path": f"{ws}/{path}"}) is allowed
 
 
+async def test_a_tool_call_path_under_home_is_judged_as_the_home_file(
+        ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An agent's read tool expands `~/.netrc` to the home file, not to `{cwd}/~/.netrc`.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    options = PermissionsOptions(default="ask", rules=[
+        {"name": "netrc", "path": f"{tmp_path}/.netrc", "action": "deny"},
+        {"name": "project", "path": f"{ws}/*", "action": "allow"}])
+    async with policy(ws, options) as probe:
+        assert await probe.permission({"kind": "read",
+                                       "rawInput": {"path": "~/.netrc"}}) == "no"
+        assert await probe.permission({"kind": "read",
+                                       "rawInput": {"file_path": "~/notes.txt"}}) == "editor"
+        assert await probe.permission({"kind": "read",
+                                       "rawInput": {"file_path": "notes.txt"}}) == "yes"
+        assert await probe.permission({"kind": "execute", "rawInput": {
+            "command": "cat notes.txt", "cwd": "~"}}) == "editor"
+        assert await probe.permission({"kind": "execute", "rawInput": {
+            "command": "cat .netrc", "workdir": "~/"}}) == "no"
+
+
 async def test_an_allow_command_rule_judges_each_command_of_a_terminal_line_without_spaces(
         ws: Path) -> None:
     # an editor that hands `command` to a shell runs `reboot` too
