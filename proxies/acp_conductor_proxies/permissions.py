@@ -955,6 +955,18 @@ class Permissions(Proxy[PermissionsOptions]):
             return
         if session is not None:
             update = params.get("update") if isinstance(params, dict) else None
+            if isinstance(update, dict) and update.get("toolCallId") is not None \
+                    and not isinstance(update["toolCallId"], str):
+                # An editor may key it as a string ("1" for 1): whichever tool call a later
+                # request names, it may be this one, which no string key here finds.
+                session.state["permissions.unreadable"] = "an earlier session/update " \
+                    "named a tool call by an id that is not a string, which the editor may " \
+                    "read as the id of any other"
+                self.log.warning("a session/update for %s names tool call %.80r, which is "
+                                 "not a string: permission requests naming a tool call are "
+                                 "denied from now on", session.session_id,
+                                 update["toolCallId"])
+                return
             if isinstance(update, dict) and isinstance(update.get("toolCallId"), str):
                 calls = session.state.setdefault("permissions.tool_calls", {})
                 known = calls.pop(update["toolCallId"], {})
@@ -980,15 +992,20 @@ class Permissions(Proxy[PermissionsOptions]):
         if ctx.session is not None:
             calls = ctx.session.state.get("permissions.tool_calls", {})
             params = _with_known(params, calls)
-            forgotten = [i for i in _tool_call_ids(params)
-                         if i not in calls and _forgotten(ctx.session.state, i)]
+            ids = _tool_call_ids(params)
+            forgotten = [i for i in ids if isinstance(i, str)
+                         and i not in calls and _forgotten(ctx.session.state, i)]
             if forgotten:
                 refuse = f"tool call {forgotten[0]!r:.80} may be one announced before the " \
                     f"last {MAX_TOOL_CALLS} this policy remembers"
+            odd = [i for i in ids if not isinstance(i, str)]
+            if odd:  # an editor may read 1 as "1", the id of another tool call
+                refuse = f"tool call id {odd[0]!r:.80} is not a string (ACP)"
             unreadable = self.unreadable or ctx.session.state.get("permissions.unreadable")
             if unreadable and _names_tool_call(params):
-                refuse = "an earlier session/update could not be decoded, so what its " \
-                    "tool calls announced is unknown"
+                refuse = unreadable if isinstance(unreadable, str) else "an earlier " \
+                    "session/update could not be decoded, so what its tool calls announced " \
+                    "is unknown"
         action, _ = self._judge(ctx, message.method, params, refuse=refuse)
         if action == "ask":
             return await ctx.forward()
@@ -1066,13 +1083,13 @@ def _forgotten(state: dict[str, Any], tool_call_id: str) -> bool:
                                     for b in _bloom_bits(tool_call_id))
 
 
-def _tool_call_ids(params: dict[str, Any]) -> list[str]:
-    """The ids of the tool calls a permission request names (v1 and v2)."""
+def _tool_call_ids(params: dict[str, Any]) -> list[object]:
+    """The ids of the tool calls a permission request names (v1 and v2), strings or not."""
     about = params.get("subject")
     tools = [params.get("toolCall"), about.get("toolCall") if isinstance(about, dict)
              else None, about if isinstance(about, dict) else None]
     return [t["toolCallId"] for t in tools
-            if isinstance(t, dict) and isinstance(t.get("toolCallId"), str)]
+            if isinstance(t, dict) and t.get("toolCallId") is not None]
 
 
 def _names_tool_call(params: dict[str, Any]) -> bool:

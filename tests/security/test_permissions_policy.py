@@ -868,6 +868,22 @@ async def test_a_tool_call_announced_with_an_escaped_key_is_remembered_as_the_ed
         assert await probe.permission({}) == "no"
 
 
+@pytest.mark.parametrize(("announced_id", "requested_id"), [(1, "1"), ("1", 1), (1, 1)])
+async def test_a_tool_call_id_that_is_not_a_string_is_never_judged_as_a_new_tool_call(
+        ws: Path, announced_id: object, requested_id: object) -> None:
+    # An editor that keys tool calls by a JavaScript object's property reads 1 as "1": it
+    # shows the `.env` announced under either spelling of the id.
+    async with policy(ws, DENY_ENV_ELSE_ALLOW) as probe:
+        await probe.agent.notify("session/update", {"sessionId": probe.sid, "update": {
+            "sessionUpdate": "tool_call", "toolCallId": announced_id, "title": "Read",
+            "kind": "read", "locations": [{"path": f"{ws}/.env"}]}})
+        answer = answer_or_raise(await probe.agent.request("session/request_permission", {
+            "sessionId": probe.sid, "toolCall": {"toolCallId": requested_id},
+            "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}))
+        assert answer.result_value()["outcome"] == {"outcome": "selected", "optionId": "no"}
+
+
 @pytest.mark.parametrize("spoil", [
     # JSON with a lone surrogate: msgspec refuses it, JavaScript's JSON.parse reads it
     lambda text: text.replace('"title": "Read"', '"title": "Read\\ud800"'),
