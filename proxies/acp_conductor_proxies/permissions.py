@@ -769,8 +769,8 @@ def _homes(word: str, home: str | None, bases: Iterable[str] = ()) -> list[str]:
 def _path_words(word: str, bases: Iterable[str], in_shell: bool,
                 home: str | None = None) -> list[str]:
     """What `word` could name as a path: itself, the value of `--opt=value`, `-fVALUE` or
-    `NAME=value`, a `file://` URI's path, `~` expanded, and in a shell, what a glob
-    expands to."""
+    `NAME=value`, what follows its last `@` or `:`, a `file://` URI's path, `~` expanded,
+    and in a shell, what a glob expands to."""
     if word in ("", "-"):
         return []
     out = [] if word.startswith("-") else [word]
@@ -778,6 +778,10 @@ def _path_words(word: str, bases: Iterable[str], in_shell: bool,
         out.append(word.split("=", 1)[1])
     elif word.startswith("-") and not word.startswith("--") and len(word) > 2:
         out.append(word[2:])  # a short option's value: `-f.env`
+    for w in list(out):
+        for sep in "@:":  # curl's `-d @.env`, httpie's `f@.env`, git's `HEAD:.env`
+            if sep in w:
+                out.append(w.rsplit(sep, 1)[1])
     for w in list(out):
         if w.lower().startswith("file:"):
             out.append(unquote(urlsplit(w).path))
