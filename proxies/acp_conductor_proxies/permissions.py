@@ -676,7 +676,7 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
         return
     current: list[str] = []
     dirs = list(bases)
-    redirect = False
+    redirect = ""  # the redirection operator whose file is the next token
     reopened = False  # after `$(...)` or `<(...)`: the words may be the outer command's
     for token in [*tokens, ";"]:
         if token and set(token) <= _OPERATOR_CHARS:
@@ -686,7 +686,7 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
             assert split is not None  # every run of operator characters matches
             ends, redirection = split.group(1), split.group(2) or ""
             if redirection.endswith("("):  # `<(cmd)`, `>(cmd)`: a command, not a file
-                ends, redirection, redirect = ends + "(", "", False
+                ends, redirection, redirect = ends + "(", "", ""
             if ends:
                 _simple(command, current, dirs, depth, reopened=reopened)
                 current = []
@@ -694,11 +694,18 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
             if redirection:
                 if current and current[-1].isdigit():
                     current.pop()  # the fd of `2>`
-                redirect = True
+                redirect = redirection
             continue
         if redirect:  # the file of `> out` or `< .env` is a path the command touches
             command.add_words(_path_words(token, dirs, True, command.home), tuple(dirs))
-            redirect = False
+            program = [w for w in current if not _ASSIGNMENT.match(w)][:1]
+            if redirect.endswith("<<<") and program \
+                    and os.path.basename(program[0]) in SHELLS:
+                # `bash <<< 'rm -rf x'`: the here-string is the shell's script
+                if depth >= MAX_DEPTH:
+                    raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
+                _add_script(command, token, tuple(dirs), depth + 1)
+            redirect = ""
             continue
         current.append(token)
 

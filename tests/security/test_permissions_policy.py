@@ -411,6 +411,8 @@ RM_RF = [
     # a substitution inside double quotes (or a here-document) runs all the same
     ["sh", "-c", 'echo "$(rm -rf x)"'], ["sh", "-c", 'echo "`rm -rf x`"'],
     ["sh", "-c", 'x="a $(true; rm -rf x)"'], ["bash", "-c", "cat <<E\n'$(rm -rf x)'\nE"],
+    # a here-string is a shell's script
+    ["bash", "-c", "bash <<< 'rm -rf x'"], ["sh", "-c", 'sh -s <<<"rm -rf x"'],
     # project and environment runners run their arguments as a command too
     ["uv", "run", "rm", "-rf", "x"], ["poetry", "run", "rm", "-rf", "x"],
     ["npx", "-c", "rm -rf x"], ["bundle", "exec", "rm", "-rf", "x"],
