@@ -1324,6 +1324,11 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
     # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
     # a list under paths, file_paths).
     for key, value in raw.items():
+        if key.lower().endswith(("url", "uri")) and isinstance(value, str) \
+                and value.lower().startswith("file:"):  # a fetch tool reads a file URL too
+            path = unquote(urlsplit(value).path)
+            subject.paths.append(value)
+            subject.places.append(Placer(cwd).place(path, strict=os.path.isabs(path)))
         if not key.lower().endswith(("path", "paths")):
             continue
         for one in value if isinstance(value, list) else [value]:

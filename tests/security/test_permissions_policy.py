@@ -567,6 +567,9 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     {"kind": "read", "locations": [{"path": "/proc/self/cwd/ok.txt"}]},
     {"kind": "edit", "rawInput": {"file_path": "{ws}/.env"}},
     {"kind": "edit", "rawInput": {"path": "notsecret/k"}},
+    # a fetch tool's file:// URL reads the file
+    {"kind": "fetch", "rawInput": {"url": "file://{ws}/.env"}},
+    {"kind": "fetch", "rawInput": {"uri": "FILE://localhost{ws}/notsecret/k"}},
     # a list of files, as a read-many tool names them
     {"kind": "read", "rawInput": {"paths": ["ok.txt", "{ws}/.env"]}},
     {"kind": "read", "rawInput": {"file_paths": ["{ws}/ok.txt", "notsecret/k"]}},
