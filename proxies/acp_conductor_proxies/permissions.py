@@ -97,6 +97,8 @@ CODE_VARIABLES = re.compile(r"BASH_FUNC_.+|BASH_ENV|ENV|PROMPT_COMMAND|PS[0-4]|S
                             r"|GIT_ASKPASS|SSH_ASKPASS|NODE_OPTIONS|PERL5OPT|RUBYOPT"
                             r"|JAVA_TOOL_OPTIONS|_JAVA_OPTIONS")
 _OPERATOR_CHARS = frozenset(";&|()<>")
+# What `> FILE` may write to and still be no file written (`2>&1` duplicates, `>&-` closes)
+QUIET_FILES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
 _OPERATOR = re.compile(r"([;&|()]*?)(&?[<>].*)?")  # (command ends, then a redirection)
 
 
@@ -698,6 +700,10 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
             continue
         if redirect:  # the file of `> out` or `< .env` is a path the command touches
             command.add_words(_path_words(token, dirs, True, command.home), tuple(dirs))
+            if ">" in redirect and token not in QUIET_FILES \
+                    and not (redirect.endswith("&") and (token.isdigit() or token == "-")):
+                # `git status > ~/.bashrc` writes what no allow rule for `git status` saw
+                command.opaque = True
             program = [w for w in current if not _ASSIGNMENT.match(w)][:1]
             if redirect.endswith("<<<") and program \
                     and os.path.basename(program[0]) in SHELLS:

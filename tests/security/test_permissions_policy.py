@@ -788,6 +788,12 @@ async def test_an_allow_command_rule_still_allows_a_runner_command_with_spaced_a
     (["sudo", "git", "status"], False), (["sh", "-c", "git status 'unclosed"], False),
     (["sh", "-c", "git status;</dev/null rm -rf x"], False),
     (["sh", "-c", "git status <(rm -rf x)"], False),
+    # a redirection that writes a file is no part of what `git status` does
+    (["sh", "-c", "git status > ~/.bashrc"], False), (["sh", "-c", "git status>>out"], False),
+    (["sh", "-c", "git status &> out"], False), (["sh", "-c", "git status 1<>out"], False),
+    (["git status >| out"], False),
+    (["sh", "-c", "git status 2>&1"], True), (["sh", "-c", "git status 2>/dev/null"], True),
+    (["sh", "-c", "git status >&2"], True), (["sh", "-c", "git status < /dev/null"], True),
     # a variable that runs other code: another git on PATH, a startup file
     (["sh", "-c", "GIT_PAGER=cat git status"], True), (["sh", "-c", "PATH=. git status"], False),
     (["sh", "-c", "BASH_ENV=x bash -c 'git status'"], False),
