@@ -368,11 +368,11 @@ class Command:
         if self.placements > MAX_WORDS:
             raise Unplaceable(f"the command has more than {MAX_WORDS} words to judge")
 
-    def spell(self, into: list[str], argv: list[str]) -> None:
-        """Add `argv` as a spelling. Raises:
+    def spell(self, into: list[str], argv: list[str], *, exact: bool = False) -> None:
+        """Add `argv` as a spelling (the program by its base name, unless `exact`). Raises:
             Unplaceable: the spellings of one command would exceed MAX_SPELLING_CHARS.
         """
-        text = _spelled(argv)
+        text = " ".join(argv) if exact else _spelled(argv)
         self.budget -= len(text)
         if self.budget < 0:
             raise Unplaceable("the command is too complex to judge")
@@ -421,7 +421,13 @@ def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_s
         return
     if len(argv) > MAX_WORDS:
         raise Unplaceable(f"the command has more than {MAX_WORDS} words to judge")
-    command.spell(command.simple, argv)
+    if "/" in argv[0]:
+        # `./git status` runs that file, which an allow rule for `git` never saw: it is
+        # judged with its path; by its base name (`/bin/rm` is `rm`) for deny and ask
+        command.spell(command.simple, argv, exact=True)
+        command.spell(command.unwrapped, argv)
+    else:
+        command.spell(command.simple, argv)
     for i, word in enumerate(argv):
         if i == 0 and "/" not in word:
             continue  # a program found on PATH is not a path here
@@ -507,7 +513,7 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
         else:
             # Seen through: what runs is the script's commands, not `sh -c ...` itself
             # (kept for deny and ask rules all the same).
-            if command.simple and command.simple[-1] == _spelled(argv):
+            if command.simple and command.simple[-1] in (_spelled(argv), " ".join(argv)):
                 command.unwrapped.append(command.simple.pop())
             _add_script(command, script, bases, depth + 1)
         return

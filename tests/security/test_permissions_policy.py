@@ -788,6 +788,9 @@ async def test_an_allow_command_rule_still_allows_a_runner_command_with_spaced_a
     (["sudo", "git", "status"], False), (["sh", "-c", "git status 'unclosed"], False),
     (["sh", "-c", "git status;</dev/null rm -rf x"], False),
     (["sh", "-c", "git status <(rm -rf x)"], False),
+    # a program named by its path is that file, which may be no git at all
+    (["./git", "status"], False), (["sh", "-c", "/tmp/x/git status"], False),
+    (["/bin/sh", "-c", "git status"], True),
     # a redirection that writes a file is no part of what `git status` does
     (["sh", "-c", "git status > ~/.bashrc"], False), (["sh", "-c", "git status>>out"], False),
     (["sh", "-c", "git status &> out"], False), (["sh", "-c", "git status 1<>out"], False),
