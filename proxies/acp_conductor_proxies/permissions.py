@@ -82,7 +82,8 @@ RUNNERS = frozenset({"uv", "poetry", "pipenv", "pdm", "hatch", "rye", "conda", "
                      "bundle", "direnv", "mise", "asdf", "nix-shell", "nix", "devbox",
                      "gosu", "su-exec", "arch", "caffeinate", "ssh-agent", "dbus-launch",
                      "doppler", "op", "aws-vault", "hyperfine", "entr", "chronic",
-                     "sandbox-exec"})
+                     "sandbox-exec",
+                     "ssh"})  # its command may run on this host (localhost), ProxyCommand here
 SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while",
                             "until", "!", "{", "}", "time", "coproc"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")

@@ -419,6 +419,9 @@ RM_RF = [
     ["direnv", "exec", ".", "rm", "-rf", "x"], ["nix-shell", "--run", "rm -rf x"],
     ["hyperfine", "rm -rf x"], ["gosu", "root", "rm", "-rf", "x"],
     ["arch", "-x86_64", "rm", "-rf", "x"], ["uv", "run", "bash", "-c", "rm -rf x"],
+    # ssh runs its command on a host that may be this one, and its ProxyCommand here
+    ["ssh", "localhost", "rm -rf x"], ["ssh", "-p", "22", "localhost", "rm", "-rf", "x"],
+    ["ssh", "-o", "ProxyCommand=rm -rf x", "host"],
     # restricted and other-named shells are shells
     ["rbash", "-c", "rm -rf x"], ["ksh93", "-c", "rm -rf x"], ["oksh", "-c", "rm -rf x"],
 ]
