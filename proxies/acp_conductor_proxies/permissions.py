@@ -648,9 +648,51 @@ def _substitutions(script: str) -> list[str]:
     return bodies
 
 
+_WORD_BREAKS = frozenset(" \t\n;&|()<>")
+
+
+def _without_comments(script: str) -> str:
+    """`script` without its comments, as a shell reads them: from a `#` that starts a word,
+    outside quotes, to the end of the line, or to a `;` (a script inside a script had its
+    newlines read as `;`, below: ending there too reveals more, never less). In one pass."""
+    out: list[str] = []
+    quote = ""
+    word_start = True
+    i, n = 0, len(script)
+    ends = {"\n": -1, ";": -1}  # the next of each at or after i, found once each (linear)
+    while i < n:
+        c = script[i]
+        if c == "\\" and quote != "'":  # an escaped character, kept with its backslash
+            out.append(script[i:i + 2])
+            i, word_start = i + 2, False
+            continue
+        if quote:
+            quote = "" if c == quote else quote
+        elif c == "#" and word_start:
+            for end, at in ends.items():
+                if at < i:
+                    found = script.find(end, i)
+                    ends[end] = n if found < 0 else found
+            i = min(ends.values())
+            continue
+        elif c in "'\"":
+            quote = c
+        out.append(c)
+        word_start = not quote and c in _WORD_BREAKS
+        i += 1
+    return "".join(out)
+
+
 def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: int) -> None:
     if "$" in script or "`" in script or "<<" in script:
         command.opaque = True  # values only the running shell knows
+    if "#" in script:
+        # The lexer below takes no `#` for a comment (shlex would end `a#b` there), so a
+        # quote in a comment would hide the rest (`echo x #'` newline `rm -rf x`): the
+        # script without its comments is one more spelling.
+        uncommented = _without_comments(script)
+        if uncommented != script:  # for deny and ask: a `;` in a comment ends it here
+            _add_spellings(command, uncommented, bases, depth)
     if "$(" in script or "`" in script:
         # shlex keeps a quoted `"$(rm -rf x)"` as one word: each body is judged as a
         # script of its own as well (for deny and ask: the command is opaque to allow)
