@@ -61,7 +61,9 @@ TOOL_CALL_FIELDS = ("kind", "title", "locations", "rawInput", "content")
 # editor would open there cannot be known here.
 PER_PROCESS_ROOTS = ("/proc", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh",
-                    "fish", "csh", "tcsh"})
+                    "fish", "csh", "tcsh", "ksh93", "pdksh", "oksh", "loksh", "lksh",
+                    # restricted shells run `-c` scripts all the same
+                    "rbash", "rksh", "rzsh"})
 # Programs that run their arguments as a command: `sudo rm -rf x` is judged as `rm -rf x` too.
 WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "command", "exec",
                       "builtin", "xargs", "parallel", "find", "timeout", "stdbuf", "setsid",
@@ -72,6 +74,16 @@ WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "com
                       "valgrind", "torsocks", "proxychains", "proxychains4",
                       "dbus-run-session", "xvfb-run", "tmux", "screen",
                       "noglob", "nocorrect"})  # zsh's precommand modifiers
+# Project and environment runners (`uv run CMD`, `bundle exec CMD`, `npx -c STR`): judged
+# like wrappers, from each later word on, but a word with spaces is only an argument to
+# them (`uv run pytest -k "a or b"`), judged as a command line for deny and ask alone.
+RUNNERS = frozenset({"uv", "poetry", "pipenv", "pdm", "hatch", "rye", "conda", "mamba",
+                     "micromamba", "pixi", "npx", "npm", "pnpm", "yarn", "bun", "bunx",
+                     "bundle", "direnv", "mise", "asdf", "nix-shell", "nix", "devbox",
+                     "gosu", "su-exec", "arch", "caffeinate", "ssh-agent", "dbus-launch",
+                     "doppler", "op", "aws-vault", "hyperfine", "entr", "chronic",
+                     "sandbox-exec",
+                     "ssh"})  # its command may run on this host (localhost), ProxyCommand here
 SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while",
                             "until", "!", "{", "}", "time", "coproc"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
@@ -86,6 +98,8 @@ CODE_VARIABLES = re.compile(r"BASH_FUNC_.+|BASH_ENV|ENV|PROMPT_COMMAND|PS[0-4]|S
                             r"|GIT_ASKPASS|SSH_ASKPASS|NODE_OPTIONS|PERL5OPT|RUBYOPT"
                             r"|JAVA_TOOL_OPTIONS|_JAVA_OPTIONS")
 _OPERATOR_CHARS = frozenset(";&|()<>")
+# What `> FILE` may write to and still be no file written (`2>&1` duplicates, `>&-` closes)
+QUIET_FILES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
 _OPERATOR = re.compile(r"([;&|()]*?)(&?[<>].*)?")  # (command ends, then a redirection)
 
 
@@ -355,11 +369,11 @@ class Command:
         if self.placements > MAX_WORDS:
             raise Unplaceable(f"the command has more than {MAX_WORDS} words to judge")
 
-    def spell(self, into: list[str], argv: list[str]) -> None:
-        """Add `argv` as a spelling. Raises:
+    def spell(self, into: list[str], argv: list[str], *, exact: bool = False) -> None:
+        """Add `argv` as a spelling (the program by its base name, unless `exact`). Raises:
             Unplaceable: the spellings of one command would exceed MAX_SPELLING_CHARS.
         """
-        text = _spelled(argv)
+        text = " ".join(argv) if exact else _spelled(argv)
         self.budget -= len(text)
         if self.budget < 0:
             raise Unplaceable("the command is too complex to judge")
@@ -408,7 +422,13 @@ def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_s
         return
     if len(argv) > MAX_WORDS:
         raise Unplaceable(f"the command has more than {MAX_WORDS} words to judge")
-    command.spell(command.simple, argv)
+    if "/" in argv[0]:
+        # `./git status` runs that file, which an allow rule for `git` never saw: it is
+        # judged with its path; by its base name (`/bin/rm` is `rm`) for deny and ask
+        command.spell(command.simple, argv, exact=True)
+        command.spell(command.unwrapped, argv)
+    else:
+        command.spell(command.simple, argv)
     for i, word in enumerate(argv):
         if i == 0 and "/" not in word:
             continue  # a program found on PATH is not a path here
@@ -427,17 +447,27 @@ def _add_variable(command: Command, assignment: str, bases: tuple[str, ...],
     """
     name, value = assignment.split("=", 1)
     if any(c.isspace() for c in value):
-        if depth >= MAX_DEPTH:
-            raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
-        before, opaque = len(command.simple), command.opaque
-        _add_script(command, value, bases, depth + 1)
-        command.unwrapped.extend(command.simple[before:])
-        del command.simple[before:]
         # Read as a script only for its spellings: an ordinary variable's value is data
         # (`NAME="Conan O'Brien"`), and what cannot be parsed in it runs nowhere.
-        command.opaque = opaque
+        _add_spellings(command, value, bases, depth)
     if CODE_VARIABLES.fullmatch(name):
         command.opaque = True
+
+
+def _add_spellings(command: Command, text: str, bases: tuple[str, ...], depth: int) -> None:
+    """`text`, which may be data or a command line, judged as a script for deny and ask
+    rules only: what it adds to `simple` goes to `unwrapped`, and it makes nothing opaque.
+
+    Raises:
+        Unplaceable: nested more than MAX_DEPTH deep.
+    """
+    if depth >= MAX_DEPTH:
+        raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
+    before, opaque = len(command.simple), command.opaque
+    _add_script(command, text, bases, depth + 1)
+    command.unwrapped.extend(command.simple[before:])
+    del command.simple[before:]
+    command.opaque = opaque
 
 
 def _add_body(command: Command, argv: list[str], bases: tuple[str, ...], in_shell: bool,
@@ -484,11 +514,11 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
         else:
             # Seen through: what runs is the script's commands, not `sh -c ...` itself
             # (kept for deny and ask rules all the same).
-            if command.simple and command.simple[-1] == _spelled(argv):
+            if command.simple and command.simple[-1] in (_spelled(argv), " ".join(argv)):
                 command.unwrapped.append(command.simple.pop())
             _add_script(command, script, bases, depth + 1)
         return
-    if program not in WRAPPERS:
+    if program not in WRAPPERS and program not in RUNNERS:
         return
     # Options and their values come first and differ per wrapper: every later word could
     # be where the wrapped command starts, so each suffix is judged (wrappers nest).
@@ -497,7 +527,10 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
         if i > MAX_WRAPPED_WORDS:
             raise Unplaceable(f"no command found in the first {MAX_WRAPPED_WORDS} words "
                               f"after {program}")
-        if any(c.isspace() for c in word):  # `su -c STR`, `env -S STR`, `watch STR`
+        if any(c.isspace() for c in word) and program in RUNNERS:  # `npx -c STR`
+            for script in _scripts_in(word):
+                _add_spellings(command, script, bases, depth)
+        elif any(c.isspace() for c in word):  # `su -c STR`, `env -S STR`, `watch STR`
             command.opaque = True
             for script in _scripts_in(word):
                 _add_script(command, script, bases, depth + 1)
@@ -510,7 +543,7 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
         inner = os.path.basename(word)
         if inner in SHELLS:
             _look_inside(command, argv[i:], bases, depth + 1)
-        elif inner not in WRAPPERS:
+        elif inner not in WRAPPERS and inner not in RUNNERS:
             plain += 1
             if plain >= MAX_WRAPPED_PLAIN:
                 return
@@ -589,9 +622,84 @@ def _bash_unquoted(script: str) -> str:
     return _BASH_QUOTED.sub(plain, script)
 
 
+def _substitutions(script: str) -> list[str]:
+    """The body of each outermost `$(...)` and `` `...` `` in `script`, wherever it stands:
+    one in double quotes or a here-document runs too (in single quotes it does not, but
+    `sh -c '...'` runs it later). In one pass: a body runs to its matching `)` (or the
+    end), and a backquote's to the next unescaped backquote."""
+    bodies: list[str] = []
+    i, n = 0, len(script)
+    while i < n:
+        if script.startswith("$(", i):
+            depth, j = 1, i + 2
+            while j < n and depth:
+                depth += {"(": 1, ")": -1}.get(script[j], 0)
+                j += 1
+            bodies.append(script[i + 2:j - 1 if depth == 0 else n])
+            i = j
+        elif script[i] == "`" and (i == 0 or script[i - 1] != "\\"):
+            j = i + 1
+            while j < n and (script[j] != "`" or script[j - 1] == "\\"):
+                j += 1
+            bodies.append(script[i + 1:j])
+            i = j + 1
+        else:
+            i += 1
+    return bodies
+
+
+_WORD_BREAKS = frozenset(" \t\n;&|()<>")
+
+
+def _without_comments(script: str) -> str:
+    """`script` without its comments, as a shell reads them: from a `#` that starts a word,
+    outside quotes, to the end of the line, or to a `;` (a script inside a script had its
+    newlines read as `;`, below: ending there too reveals more, never less). In one pass."""
+    out: list[str] = []
+    quote = ""
+    word_start = True
+    i, n = 0, len(script)
+    ends = {"\n": -1, ";": -1}  # the next of each at or after i, found once each (linear)
+    while i < n:
+        c = script[i]
+        if c == "\\" and quote != "'":  # an escaped character, kept with its backslash
+            out.append(script[i:i + 2])
+            i, word_start = i + 2, False
+            continue
+        if quote:
+            quote = "" if c == quote else quote
+        elif c == "#" and word_start:
+            for end, at in ends.items():
+                if at < i:
+                    found = script.find(end, i)
+                    ends[end] = n if found < 0 else found
+            i = min(ends.values())
+            continue
+        elif c in "'\"":
+            quote = c
+        out.append(c)
+        word_start = not quote and c in _WORD_BREAKS
+        i += 1
+    return "".join(out)
+
+
 def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: int) -> None:
     if "$" in script or "`" in script or "<<" in script:
         command.opaque = True  # values only the running shell knows
+    if "#" in script:
+        # The lexer below takes no `#` for a comment (shlex would end `a#b` there), so a
+        # quote in a comment would hide the rest (`echo x #'` newline `rm -rf x`): the
+        # script without its comments is one more spelling.
+        uncommented = _without_comments(script)
+        if uncommented != script:  # for deny and ask: a `;` in a comment ends it here
+            _add_spellings(command, uncommented, bases, depth)
+    if "$(" in script or "`" in script:
+        # shlex keeps a quoted `"$(rm -rf x)"` as one word: each body is judged as a
+        # script of its own as well (for deny and ask: the command is opaque to allow)
+        for body in _substitutions(script):
+            if depth >= MAX_DEPTH:
+                raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
+            _add_script(command, body, bases, depth + 1)
     if "\\\n" in script:
         # A shell drops `\<newline>` before it splits words (`r\<newline>m -rf` is `rm -rf`);
         # one more spelling, so a `\<newline>` inside single quotes, which stays, is judged
@@ -619,7 +727,7 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
         return
     current: list[str] = []
     dirs = list(bases)
-    redirect = False
+    redirect = ""  # the redirection operator whose file is the next token
     reopened = False  # after `$(...)` or `<(...)`: the words may be the outer command's
     for token in [*tokens, ";"]:
         if token and set(token) <= _OPERATOR_CHARS:
@@ -629,7 +737,7 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
             assert split is not None  # every run of operator characters matches
             ends, redirection = split.group(1), split.group(2) or ""
             if redirection.endswith("("):  # `<(cmd)`, `>(cmd)`: a command, not a file
-                ends, redirection, redirect = ends + "(", "", False
+                ends, redirection, redirect = ends + "(", "", ""
             if ends:
                 _simple(command, current, dirs, depth, reopened=reopened)
                 current = []
@@ -637,11 +745,22 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
             if redirection:
                 if current and current[-1].isdigit():
                     current.pop()  # the fd of `2>`
-                redirect = True
+                redirect = redirection
             continue
         if redirect:  # the file of `> out` or `< .env` is a path the command touches
             command.add_words(_path_words(token, dirs, True, command.home), tuple(dirs))
-            redirect = False
+            if ">" in redirect and token not in QUIET_FILES \
+                    and not (redirect.endswith("&") and (token.isdigit() or token == "-")):
+                # `git status > ~/.bashrc` writes what no allow rule for `git status` saw
+                command.opaque = True
+            program = [w for w in current if not _ASSIGNMENT.match(w)][:1]
+            if redirect.endswith("<<<") and program \
+                    and os.path.basename(program[0]) in SHELLS:
+                # `bash <<< 'rm -rf x'`: the here-string is the shell's script
+                if depth >= MAX_DEPTH:
+                    raise Unplaceable(f"the command nests shells more than {MAX_DEPTH} deep")
+                _add_script(command, token, tuple(dirs), depth + 1)
+            redirect = ""
             continue
         current.append(token)
 
@@ -689,16 +808,20 @@ def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,
         # Later relative paths may be relative to it, or not (it was in a subshell, or
         # failed): both count. A bare `cd` goes home.
         target = rest[0] if rest else "~"
-        for where in _homes(target, command.home) if target.startswith("~") else [target]:
+        for where in _homes(target, command.home, dirs) if target.startswith("~") \
+                else [target]:
             if len(dirs) >= MAX_DIRS:
                 raise Unplaceable(f"the command changes directory more than {MAX_DIRS} "
                                   "times")
             dirs.append(os.path.join(dirs[-1] if dirs else "/", where))
 
 
-def _homes(word: str, home: str | None) -> list[str]:
+def _homes(word: str, home: str | None, bases: Iterable[str] = ()) -> list[str]:
     """`~`, `~/x` or `~user/x` expanded: by the conductor's idea of that home, and by the
-    HOME the command is given."""
+    HOME the command is given; `~+` (the shell's PWD) and `~-` (its OLDPWD) as each of
+    `bases`, the directories the command may be in."""
+    if word[1:2] in ("+", "-") and word[2:3] in ("", "/"):
+        return [base + word[2:] for base in bases]
     out = [os.path.expanduser(word)]
     if home is not None and (word == "~" or word.startswith("~/")):
         out.append(home + word[1:])
@@ -708,8 +831,8 @@ def _homes(word: str, home: str | None) -> list[str]:
 def _path_words(word: str, bases: Iterable[str], in_shell: bool,
                 home: str | None = None) -> list[str]:
     """What `word` could name as a path: itself, the value of `--opt=value`, `-fVALUE` or
-    `NAME=value`, a `file://` URI's path, `~` expanded, and in a shell, what a glob
-    expands to."""
+    `NAME=value`, what follows its last `@` or `:`, a `file://` URI's path, `~` expanded,
+    and in a shell, what a glob expands to."""
     if word in ("", "-"):
         return []
     out = [] if word.startswith("-") else [word]
@@ -718,10 +841,14 @@ def _path_words(word: str, bases: Iterable[str], in_shell: bool,
     elif word.startswith("-") and not word.startswith("--") and len(word) > 2:
         out.append(word[2:])  # a short option's value: `-f.env`
     for w in list(out):
+        for sep in "@:":  # curl's `-d @.env`, httpie's `f@.env`, git's `HEAD:.env`
+            if sep in w:
+                out.append(w.rsplit(sep, 1)[1])
+    for w in list(out):
         if w.lower().startswith("file:"):
             out.append(unquote(urlsplit(w).path))
         if w.startswith("~"):
-            out.extend(_homes(w, home))
+            out.extend(_homes(w, home, bases))
     if in_shell and any(c in word for c in "*?["):
         for base in bases:
             pattern = word if os.path.isabs(word) else os.path.join(glob.escape(base), word)
@@ -894,6 +1021,18 @@ class Permissions(Proxy[PermissionsOptions]):
             return
         if session is not None:
             update = params.get("update") if isinstance(params, dict) else None
+            if isinstance(update, dict) and update.get("toolCallId") is not None \
+                    and not isinstance(update["toolCallId"], str):
+                # An editor may key it as a string ("1" for 1): whichever tool call a later
+                # request names, it may be this one, which no string key here finds.
+                session.state["permissions.unreadable"] = "an earlier session/update " \
+                    "named a tool call by an id that is not a string, which the editor may " \
+                    "read as the id of any other"
+                self.log.warning("a session/update for %s names tool call %.80r, which is "
+                                 "not a string: permission requests naming a tool call are "
+                                 "denied from now on", session.session_id,
+                                 update["toolCallId"])
+                return
             if isinstance(update, dict) and isinstance(update.get("toolCallId"), str):
                 calls = session.state.setdefault("permissions.tool_calls", {})
                 known = calls.pop(update["toolCallId"], {})
@@ -919,25 +1058,39 @@ class Permissions(Proxy[PermissionsOptions]):
         if ctx.session is not None:
             calls = ctx.session.state.get("permissions.tool_calls", {})
             params = _with_known(params, calls)
-            forgotten = [i for i in _tool_call_ids(params)
-                         if i not in calls and _forgotten(ctx.session.state, i)]
+            ids = _tool_call_ids(params)
+            forgotten = [i for i in ids if isinstance(i, str)
+                         and i not in calls and _forgotten(ctx.session.state, i)]
             if forgotten:
                 refuse = f"tool call {forgotten[0]!r:.80} may be one announced before the " \
                     f"last {MAX_TOOL_CALLS} this policy remembers"
+            odd = [i for i in ids if not isinstance(i, str)]
+            if odd:  # an editor may read 1 as "1", the id of another tool call
+                refuse = f"tool call id {odd[0]!r:.80} is not a string (ACP)"
             unreadable = self.unreadable or ctx.session.state.get("permissions.unreadable")
             if unreadable and _names_tool_call(params):
-                refuse = "an earlier session/update could not be decoded, so what its " \
-                    "tool calls announced is unknown"
+                refuse = unreadable if isinstance(unreadable, str) else "an earlier " \
+                    "session/update could not be decoded, so what its tool calls announced " \
+                    "is unknown"
         action, _ = self._judge(ctx, message.method, params, refuse=refuse)
         if action == "ask":
             return await ctx.forward()
         wanted = ("allow_once", "allow_always") if action == "allow" else \
             ("reject_once", "reject_always")
-        options = [o for o in params.get("options") or [] if isinstance(o, dict)]
+        options = params.get("options")
+        options = [o for o in options if isinstance(o, dict)] \
+            if isinstance(options, list) else []
+        # An id that is not a string, or that names options of different kinds, is no
+        # answer the agent can surely read as the one chosen (a reject it reads as allow).
+        kinds: dict[str, set[object]] = {}
+        for option in options:
+            if isinstance(option.get("optionId"), str):
+                kinds.setdefault(option["optionId"], set()).add(option.get("kind"))
         for kind in wanted:  # prefer the one-off choice: a policy decides each time
             for option in options:
-                if option.get("kind") == kind and "optionId" in option:
-                    return {"outcome": {"outcome": "selected", "optionId": option["optionId"]}}
+                chosen = option.get("optionId")
+                if isinstance(chosen, str) and kinds.get(chosen) == {kind}:
+                    return {"outcome": {"outcome": "selected", "optionId": chosen}}
         return {"outcome": {"outcome": "cancelled"}}
 
     @on("fs/read_text_file", source="successor")
@@ -996,13 +1149,13 @@ def _forgotten(state: dict[str, Any], tool_call_id: str) -> bool:
                                     for b in _bloom_bits(tool_call_id))
 
 
-def _tool_call_ids(params: dict[str, Any]) -> list[str]:
-    """The ids of the tool calls a permission request names (v1 and v2)."""
+def _tool_call_ids(params: dict[str, Any]) -> list[object]:
+    """The ids of the tool calls a permission request names (v1 and v2), strings or not."""
     about = params.get("subject")
     tools = [params.get("toolCall"), about.get("toolCall") if isinstance(about, dict)
              else None, about if isinstance(about, dict) else None]
     return [t["toolCallId"] for t in tools
-            if isinstance(t, dict) and isinstance(t.get("toolCallId"), str)]
+            if isinstance(t, dict) and t.get("toolCallId") is not None]
 
 
 def _names_tool_call(params: dict[str, Any]) -> bool:
@@ -1111,8 +1264,9 @@ def _terminal_subject(params: dict[str, Any], cwd: str, subject: Subject) -> Sub
         raise Unplaceable("env is not a list of {name, value} strings")
     homes = [e["value"] for e in env if e.get("name") == "HOME"]
     home = os.path.join(where, homes[-1]) if homes and homes[-1] else None
-    # Some editors hand `command` to a shell: a whole command line there is judged as one.
-    script = program if not args and any(c.isspace() for c in program) else None
+    # Some editors hand `command` to a shell: without `args` it is judged as a command
+    # line too (which needs no spaces: `cat<.env`, `ls;reboot`).
+    script = program if not args else None
     command = command_of([program, *args], where, script=script, home=home)
     subject.commands.append(command)
     for e in env:
@@ -1209,16 +1363,27 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
             if "\0" in value:
                 raise Unplaceable(f"toolCall.rawInput.{key} {value!r} has a NUL byte")
             wheres.append(os.path.join(cwd, value))
+            if value[:1] == "~":  # the tool may expand it as a shell would
+                wheres.extend(h for h in _homes(value, None) if os.path.isabs(h))
     wheres = wheres or [cwd]
     commands: list[Command] = []
-    for line in (raw.get(key) for key in RAW_INPUT_COMMANDS):  # Codex's exec_command: cmd
+    for key in RAW_INPUT_COMMANDS:  # Codex's exec_command: cmd
+        line = raw.get(key)
         if isinstance(line, list) and all(isinstance(w, str) for w in line):
             commands.append(command_of(line, tuple(wheres)))
         elif isinstance(line, str):  # agents' shell tools take one command line
             commands.append(command_of([line], tuple(wheres), script=line))
+        elif line is not None:  # the editor may show it (`rm -rf x 1`): no rule saw it
+            raise Unplaceable(f"toolCall.rawInput.{key} is not a string or a list of "
+                              f"strings: {line!r:.80}")
     # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
     # a list under paths, file_paths).
     for key, value in raw.items():
+        if key.lower().endswith(("url", "uri")) and isinstance(value, str) \
+                and value.lower().startswith("file:"):  # a fetch tool reads a file URL too
+            path = unquote(urlsplit(value).path)
+            subject.paths.append(value)
+            subject.places.append(Placer(cwd).place(path, strict=os.path.isabs(path)))
         if not key.lower().endswith(("path", "paths")):
             continue
         for one in value if isinstance(value, list) else [value]:
@@ -1227,6 +1392,10 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
                 subject.places.extend(Placer(cwd).place(one, base=where,
                                                         strict=os.path.isabs(one))
                                       for where in wheres)
+                # an agent's tool may expand `~` (`~/.netrc`) as a shell would
+                subject.places.extend(Placer(cwd).place(home, strict=False)
+                                      for home in (_homes(one, None) if one[:1] == "~"
+                                                   else []))
     for command in commands:
         subject.commands.append(command)
         _add_words(subject, command, cwd)
