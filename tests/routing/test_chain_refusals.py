@@ -452,3 +452,16 @@ async def test_an_invalid_answer_fails_the_request_it_names_naming_the_sender(
     assert failed["error"]["data"]["component"] == "agent"
     assert "agent" in failed["error"]["message"]
     assert h.agent.sent == []  # the agent is not answered for its answer
+
+
+async def test_an_answer_whose_id_is_a_string_of_thousands_of_digits_is_an_unknown_id() -> None:
+    # "7" is taken for 7, but int() refuses a string of more than 4,300 digits: that must
+    # stay an answer for an unknown id (logged), not end the conductor with a ValueError.
+    h = Harness()
+    await h.start()
+    await h.line(h.client_wire, b'{"jsonrpc":"2.0","id":7,"method":"_test/echo","params":{}}')
+    await h.line(h.agent_wire, b'{"jsonrpc":"2.0","id":"%s","result":{}}' % (b"9" * 5000))
+    await h.answer_everything()
+    [answered] = h.client.sent
+    assert answered["id"] == 7
+    assert "result" in answered
