@@ -666,3 +666,35 @@ def test_a_plugin_proxy_failing_on_the_session_close_run_sends_at_its_end_is_sti
     result = run("run", "--chain", str(chain), "hello")
     assert result.returncode == 0, result.stderr
     assert "lost the session's notes" in result.stderr
+
+
+def test_a_plugin_proxy_failing_on_another_proxy_s_own_request_is_still_reported(
+        tmp_path: Path) -> None:
+    # The failure is answered to the proxy before it, which asked for itself and carries
+    # on without it: it never reaches run, so the failing proxy's own line must be shown.
+    (tmp_path / "pair.py").write_text(textwrap.dedent("""
+        from conductor.errors import RpcError
+        from conductor.plugins import Proxy, on
+
+        class Asker(Proxy):
+            @on("session/prompt")
+            async def prompt(self, ctx, message):
+                try:
+                    await ctx.request("_ext/judge", {})
+                except RpcError:
+                    pass  # no judge today: carry on
+                return await ctx.forward()
+
+        class Judge(Proxy):
+            @on("_ext/judge")
+            async def judge(self, ctx, message):
+                raise ValueError("the judge fell over")
+        """), encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[[proxy]]\nplugin = "{tmp_path / "pair.py"}:Asker"\n\n'
+                     f'[[proxy]]\nplugin = "{tmp_path / "pair.py"}:Judge"\n\n'
+                     f'[agent]\ncommand = ["{sys.executable}", "-m", "conductor.demo_agent"]\n',
+                     encoding="utf-8")
+    result = run("run", "--chain", str(chain), "hello")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("the judge fell over") == 1, result.stderr
