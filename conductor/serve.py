@@ -342,11 +342,13 @@ async def serve_connection(
                 return None, None
             return outcome[0], delays[0]
 
-        async def host_plugin(proxy: Proxy[Any], *, task_status: TaskStatus[Hop]) -> None:
+        async def host_plugin(proxy: Proxy[Any], first: bool, *,
+                              task_status: TaskStatus[Hop]) -> None:
             proxy.chain_status = chain.status
             from conductor.plugins.host import open_inprocess_hop
 
-            async with open_inprocess_hop(proxy, chain.receive, tracer=tracer) as hop:
+            async with open_inprocess_hop(proxy, chain.receive, tracer=tracer,
+                                          next_to_client=first) as hop:
                 hosted.append(hop)
                 if tracer is not None:
                     # Same event as a subprocess, so traces and `check` treat both alike; the
@@ -411,7 +413,7 @@ async def serve_connection(
             for role, spec, launch in plan:
                 if is_plugin(launch):
                     try:
-                        hop = await tg.start(host_plugin, launch)
+                        hop = await tg.start(host_plugin, launch, not links)
                     except ComponentStartError as e:  # its chain_started hook failed
                         if tracer is not None:
                             tracer.lifecycle(launch.name, "error", message=str(e))

@@ -645,3 +645,56 @@ def test_approve_ask_with_stderr_off_a_terminal_is_a_usage_error_naming_the_fix(
     assert done.stdout == ""
     assert "--approve ask" in done.stderr
     assert "stderr" in done.stderr and "--approve none" in done.stderr
+
+
+def test_a_plugin_proxy_failing_on_the_session_close_run_sends_at_its_end_is_still_reported(
+        tmp_path: Path) -> None:
+    # run ends its session best effort and does not report that answer: the proxy's own
+    # log line is then the only word of its failure, and must not be left to the client.
+    (tmp_path / "closer.py").write_text(textwrap.dedent("""
+        from conductor.plugins import Proxy, on
+
+        class Closer(Proxy):
+            @on("session/close")
+            async def close(self, ctx, message):
+                raise ValueError("lost the session's notes")
+        """), encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[[proxy]]\nplugin = "{tmp_path / "closer.py"}:Closer"\n\n'
+                     f'[agent]\ncommand = ["{sys.executable}", "-m", "conductor.demo_agent"]\n',
+                     encoding="utf-8")
+    result = run("run", "--chain", str(chain), "hello")
+    assert result.returncode == 0, result.stderr
+    assert "lost the session's notes" in result.stderr
+
+
+def test_a_plugin_proxy_failing_on_another_proxy_s_own_request_is_still_reported(
+        tmp_path: Path) -> None:
+    # The failure is answered to the proxy before it, which asked for itself and carries
+    # on without it: it never reaches run, so the failing proxy's own line must be shown.
+    (tmp_path / "pair.py").write_text(textwrap.dedent("""
+        from conductor.errors import RpcError
+        from conductor.plugins import Proxy, on
+
+        class Asker(Proxy):
+            @on("session/prompt")
+            async def prompt(self, ctx, message):
+                try:
+                    await ctx.request("_ext/judge", {})
+                except RpcError:
+                    pass  # no judge today: carry on
+                return await ctx.forward()
+
+        class Judge(Proxy):
+            @on("_ext/judge")
+            async def judge(self, ctx, message):
+                raise ValueError("the judge fell over")
+        """), encoding="utf-8")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[[proxy]]\nplugin = "{tmp_path / "pair.py"}:Asker"\n\n'
+                     f'[[proxy]]\nplugin = "{tmp_path / "pair.py"}:Judge"\n\n'
+                     f'[agent]\ncommand = ["{sys.executable}", "-m", "conductor.demo_agent"]\n',
+                     encoding="utf-8")
+    result = run("run", "--chain", str(chain), "hello")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("the judge fell over") == 1, result.stderr

@@ -350,6 +350,11 @@ def _decode_item(frame: bytes | bytearray) -> Message | InvalidMessage:
         if ident is UNSET:
             return InvalidMessage("neither a method nor an id", None, call_shaped=True)
         if (env.result is UNSET) == (env.error is UNSET):
+            if env.params is not UNSET and env.result is UNSET:
+                # `params` and no `method` (misspelt, say): a broken request, answered
+                # -32600. Taken for a broken answer, it would fail the request of ours
+                # that happens to have its id, and its sender would wait for ever.
+                return InvalidMessage("a request needs a method", ident, call_shaped=True)
             # Response-shaped junk: never answered (protocol.md §1), or the error could look
             # like the answer to the peer's own request with that id.
             return InvalidMessage("a response needs exactly one of result and error", ident,

@@ -186,8 +186,12 @@ class _CallbackSink:
 class ProxyHost:
     """One plugin instance speaking the proxy protocol to one conductor."""
 
-    def __init__(self, proxy: Proxy[Any], sink: MessageSink) -> None:
+    def __init__(self, proxy: Proxy[Any], sink: MessageSink, *,
+                 next_to_client: bool = True) -> None:
         self._proxy = proxy
+        # Whether its predecessor is the client: only then does an error answer to a
+        # request from there reach the client (behind a proxy, it may be that proxy's own).
+        self._next_to_client = next_to_client
         self.name = proxy.name
         self.endpoint = Endpoint(proxy.name, sink)
         self.endpoint.before_wait = self.release_dispatch
@@ -496,9 +500,9 @@ class ProxyHost:
             except RpcError:
                 raise
             except Exception as e:
-                # Answered with an error: towards the client, it reaches the client.
-                self._log_failure(e, request.method,
-                                  reaches_client=ctx.source is Side.PREDECESSOR)
+                # Answered with an error: to the client itself, it reaches the client.
+                self._log_failure(e, request.method, reaches_client=self._next_to_client
+                                  and ctx.source is Side.PREDECESSOR)
                 raise
         return run
 
@@ -778,11 +782,11 @@ class _InboxSink:
 
 
 @asynccontextmanager
-async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Callable[[Message], Awaitable[None]]
-                               ) -> AsyncIterator[_InboxSink]:
+async def open_inprocess_proxy(proxy: Proxy[Any], deliver: Callable[[Message], Awaitable[None]],
+                               *, next_to_client: bool = True) -> AsyncIterator[_InboxSink]:
     """Run `proxy` in this process. Yields the sink the conductor writes to; what the proxy
     sends goes to `deliver` (the router, as if read from the proxy's hop)."""
-    host = ProxyHost(proxy, _CallbackSink(deliver))
+    host = ProxyHost(proxy, _CallbackSink(deliver), next_to_client=next_to_client)
     await host.start_chain()
     send, receive = anyio.create_memory_object_stream[_InboxItem](INBOX_SIZE)
     try:
@@ -851,14 +855,16 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
 @asynccontextmanager
 async def open_inprocess_hop(proxy: Proxy[Any],
                              receive: Callable[[Hop, Message], Awaitable[None]],
-                             *, tracer: TraceSink | None = None) -> AsyncIterator[Hop]:
+                             *, tracer: TraceSink | None = None,
+                             next_to_client: bool = True) -> AsyncIterator[Hop]:
     """`proxy` in this process behind a router Hop: what is sent on the hop reaches the
     plugin as message objects (nothing encoded), and what the plugin sends comes back
-    through `receive(hop, message)` (the router's `Chain.receive`)."""
+    through `receive(hop, message)` (the router's `Chain.receive`). `next_to_client`:
+    the client is its predecessor."""
     async def deliver(message: Message) -> None:
         await receive(hop, message)
 
-    async with open_inprocess_proxy(proxy, deliver) as sink:
+    async with open_inprocess_proxy(proxy, deliver, next_to_client=next_to_client) as sink:
         hop = Hop(proxy.name, sink, dialect=Dialect.PROXY, passes=sink.passes, watch=sink.watch,
                   relay=sink.relay, release=sink.release, tracer=tracer)
         yield hop

@@ -44,6 +44,7 @@ from conductor.record import Record
 from conductor.rpc.failure import cancelled_response, failure_response, raise_for_error
 
 log = logging.getLogger("acp_conductor.rpc")
+_ID_DIGITS = 20  # more than any id the conductor allocates (2**64 has 20 digits)
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.head import Head
@@ -343,9 +344,11 @@ class Endpoint:
             key = id_key(ident)
         except ValueError:
             return None
-        if isinstance(key, str) and key.isdecimal() and key == str(int(key)):
+        if isinstance(key, str) and len(key) <= _ID_DIGITS and key.isdecimal() \
+                and key == str(int(key)):
             # "7" for our 7 (some JSON-RPC libraries keep ids as text): strictly it
-            # matches nothing, and the asker would wait for ever. Ours are only integers.
+            # matches nothing, and the asker would wait for ever. Ours are only integers
+            # (and short: int() refuses a string of thousands of digits, a crash here).
             outgoing = self.pending.pop(int(key), None)
             if outgoing is not None:
                 log.warning("%s answered request %s with the id as a string; taken as %s",

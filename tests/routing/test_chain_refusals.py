@@ -452,3 +452,40 @@ async def test_an_invalid_answer_fails_the_request_it_names_naming_the_sender(
     assert failed["error"]["data"]["component"] == "agent"
     assert "agent" in failed["error"]["message"]
     assert h.agent.sent == []  # the agent is not answered for its answer
+
+
+async def test_an_answer_whose_id_is_a_string_of_thousands_of_digits_is_an_unknown_id() -> None:
+    # "7" is taken for 7, but int() refuses a string of more than 4,300 digits: that must
+    # stay an answer for an unknown id (logged), not end the conductor with a ValueError.
+    h = Harness()
+    await h.start()
+    await h.line(h.client_wire, b'{"jsonrpc":"2.0","id":7,"method":"_test/echo","params":{}}')
+    await h.line(h.agent_wire, b'{"jsonrpc":"2.0","id":"%s","result":{}}' % (b"9" * 5000))
+    await h.answer_everything()
+    [answered] = h.client.sent
+    assert answered["id"] == 7
+    assert "result" in answered
+
+
+async def test_a_request_without_its_method_is_refused_and_fails_no_request_of_the_same_id(
+        ) -> None:
+    # `params` and an id but no `method` (a misspelt member) is a broken request, not a
+    # broken answer: it gets its -32600, and the agent's permission request that happens
+    # to be open at the editor under that id is still answered by the editor.
+    h = Harness()
+    await h.start()
+    await h.line(h.agent_wire, b'{"jsonrpc":"2.0","id":"p","method":"session/request_'
+                               b'permission","params":{"sessionId":"s","options":[]}}')
+    [asked] = h.client.sent
+    h.client.sent.clear()
+    await h.line(h.client_wire, json.dumps({"jsonrpc": "2.0", "id": asked["id"],
+                                            "methd": "session/prompt",
+                                            "params": {"sessionId": "s"}}).encode())
+    [refused] = h.client.sent
+    assert refused["id"] == asked["id"]
+    assert refused["error"]["code"] == -32600
+    assert h.agent.sent == []  # the agent's request is not failed
+    await h.line(h.client_wire, json.dumps({"jsonrpc": "2.0", "id": asked["id"],
+                                            "result": {"outcome": "ok"}}).encode())
+    [answered] = h.agent.sent
+    assert answered == {"jsonrpc": "2.0", "id": "p", "result": {"outcome": "ok"}}
