@@ -129,7 +129,9 @@ async def serve_connection(
     def failed(error: ComponentError) -> None:
         if outcome.fatal is None:  # the first failure is the one reported
             outcome.fatal = error
-            log.error("%s", error, extra=REACHES_CLIENT)
+            # Said to the client in the answers it fails (run/check/call report those, so
+            # they show this line only at debug); with none open, nobody else would say it.
+            log.error("%s", error, extra=REACHES_CLIENT if client.inbound else None)
 
     def fatal(error: ComponentError) -> None:
         failed(error)

@@ -1,0 +1,73 @@
+"""A component's failure is said once: in the answers it fails when the client has
+requests open (run/check/call report those), else in the log (docs/run.md)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+
+from conductor.config import parse_chain
+from conductor.jsonrpc.message import Notification, Request, Response, raw
+from conductor.serve import RunOptions, serve_connection
+from conductor.transport.memory import message_pipe
+
+if TYPE_CHECKING:
+    from conductor.jsonrpc.message import Message
+
+# Answers initialize, answers `_ask`, and exits with status 7 on `_die` (a request or a
+# notification).
+_AGENT = """
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("method") == "_die":
+        raise SystemExit(7)
+    if "id" in msg:
+        print(json.dumps({"jsonrpc": "2.0", "id": msg["id"],
+                          "result": {"protocolVersion": 1, "agentCapabilities": {}}}),
+              flush=True)
+"""
+
+
+@pytest.mark.parametrize("open_request", [False, True])
+async def test_a_failure_no_open_request_will_report_is_logged_for_the_user(
+        open_request: bool, caplog: pytest.LogCaptureFixture) -> None:
+    config = parse_chain({"agent": {"name": "dier", "command": [sys.executable, "-c", _AGENT]}},
+                         file="<test>")
+    to_chain, chain_reads = message_pipe()
+    from_chain, editor_reads = message_pipe(1 << 16)
+    answers: list[Message] = []
+    initialized = anyio.Event()
+
+    async def read(item: object) -> None:
+        answers.append(item)  # type: ignore[arg-type]
+        initialized.set()
+
+    async def editor() -> None:
+        await to_chain.send(Request(id=raw(1), method="initialize",
+                                    params=raw({"protocolVersion": 1})))
+        await initialized.wait()
+        if open_request:
+            await to_chain.send(Request(id=raw(2), method="_die", params=raw({})))
+        else:
+            await to_chain.send(Notification(method="_die", params=raw({})))
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(editor)
+            tg.start_soon(editor_reads.serve, read)
+            await serve_connection(config, from_chain, chain_reads,
+                                   RunOptions(handle_signals=False))
+            await to_chain.aclose()
+            tg.cancel_scope.cancel()
+    [record] = [r for r in caplog.records if "exited with status 7" in r.getMessage()
+                and r.name.startswith("acp_conductor") and r.levelname == "ERROR"]
+    # Marked for the client (shown by run/check/call only at debug) only when an answer
+    # will say it: with nothing open, nobody else would.
+    assert getattr(record, "reaches_client", False) is open_request
+    if open_request:
+        [failed] = [m for m in answers if isinstance(m, Response) and bytes(m.id) == b"2"]
+        assert "exited with status 7" in str(failed.error_value())
