@@ -929,13 +929,13 @@ class Chain:
                    for outgoing in list(target.pending.values())
                    if isinstance(outgoing.context, Forward) and outgoing.context.origin is hop]
         # What it had asked upstream (a permission dialog at the editor): nobody can take
-        # the answer. Proxies (and an outer conductor) speak the conductor protocol, which
-        # has $/cancel_request; an editor only from v2 on (v1 SDK clients print a traceback).
+        # the answer, so it is cancelled, hop by hop. Only toward an editor whose protocol
+        # has $/cancel_request (v2; an outer conductor): a proxy told so cancels its own
+        # forward, which would reach a v1 editor too (v1 SDK clients print a traceback).
         editor_cancels = self.topology.proxy_mode or (self.handshake.version or 0) >= 2
         asked = [(held.hop, outgoing) for held in self.topology.nodes
-                 if node is not None and held.index < node.index
+                 if node is not None and editor_cancels and held.index < node.index
                  and held.hop.failure is None and held.role is not Role.SUCCESSOR
-                 and (held.role is not Role.CLIENT or editor_cancels)
                  for outgoing in list(held.hop.pending.values())
                  if isinstance(outgoing.context, Forward) and outgoing.context.origin is hop]
         await hop.fail(error, component=hop.name)

@@ -157,9 +157,19 @@ async def test_an_answer_whose_id_is_the_request_s_number_as_a_string_still_answ
     assert result == {"quoted": True}
 
 
-@pytest.mark.parametrize(("version", "proxies"), [(2, 0), (2, 1), (1, 0), (1, 1)])
+class AsksOnward(Proxy):
+    """Handles the agent's permission requests (as redact, transcript, permissions do)."""
+
+    @on("session/request_permission", source="successor")
+    async def permission(self, ctx: ProxyContext, message: Request) -> object:
+        return await ctx.forward()
+
+
+@pytest.mark.parametrize(("version", "proxies"), [
+    (2, []), (2, [Passthrough]), (2, [AsksOnward]),
+    (1, []), (1, [Passthrough]), (1, [AsksOnward])])
 async def test_a_dialog_the_dead_agent_opened_is_cancelled_at_a_v2_editor_and_left_at_v1(
-        transport: Transport, version: int, proxies: int) -> None:
+        transport: Transport, version: int, proxies: list[type[Proxy]]) -> None:
     # The agent asked the editor for permission and died: nobody can take the answer, so a
     # v2 editor (whose protocol has $/cancel_request) is told to close the dialog. A v1
     # editor is not sent what its protocol lacks (SDK clients print a traceback for it).
@@ -180,7 +190,7 @@ async def test_a_dialog_the_dead_agent_opened_is_cancelled_at_a_v2_editor_and_le
 
     client = TestClient({"session/request_permission": hold})
     agent = ScriptedAgent({"_ext/go": ask_then_die})
-    async with open_test_chain([Passthrough()] * proxies, agent, client=client,
+    async with open_test_chain([proxy() for proxy in proxies], agent, client=client,
                                transport=transport, initialize=False) as client:
         with anyio.fail_after(5):
             await client.initialize(version)
