@@ -573,3 +573,23 @@ async def test_a_connection_to_a_server_of_two_sessions_ends_when_both_have_clos
             "params": {"connectionId": conn}} in h.out["agent"].sent
     assert h.chain.mcp_routes.connections == {}
     assert h.chain.mcp_routes.declarations == {}
+
+
+async def test_a_tool_call_in_flight_when_its_session_closes_is_answered_and_cancelled(
+        ) -> None:
+    # The editor is told to disconnect; nothing obliges it to answer what it was asked on
+    # that connection, and the agent must not wait for that answer for ever.
+    h = Harness()
+    await h.start()
+    await h.new_session("s1", [acp_server("tools", "ed-1")], [])
+    conn = await connect_through(h, "ed-1", "client", "c1")
+    call = await h.agent_asks("mcp/message", {"connectionId": conn, "method": "tools/call"})
+    at_editor = h.out["client"].take()
+    await h.close_session("s1")
+    answered = [f for f in h.out["agent"].sent if f.get("id") == call]
+    assert [f["error"]["code"] for f in answered] == [-32800]
+    assert "session closed" in answered[0]["error"]["message"]
+    assert {"jsonrpc": "2.0", "method": "$/cancel_request",
+            "params": {"requestId": at_editor["id"]}} in h.out["client"].sent
+    await h.frame("client", {"id": at_editor["id"], "result": {"content": []}})  # too late
+    assert [f for f in h.out["agent"].sent if f.get("id") == call] == answered
