@@ -268,13 +268,13 @@ class McpRoutes:
         try:
             await self._forward(origin, msg, acp.MCP_CONNECT, out_params, source,
                                 decl.provider, self._connected_hook(decl, source, session,
-                                                                    place))
+                                                                    place, origin))
         except BaseException:
             self._connecting.discard(place)
             raise
 
     def _connected_hook(self, decl: Declaration, connector: Node, session: str | None,
-                        place: object) -> ResponseHook:
+                        place: object, origin: Hop) -> ResponseHook:
         async def connected(answer: Response) -> Response:
             self._connecting.discard(place)
             if answer.is_error:
@@ -287,6 +287,11 @@ class McpRoutes:
                     {"component": decl.provider.name, "serverId": decl.server_id})
             if decl.provider.hop.failure is not None:
                 return answer  # the provider is gone: the next message is refused
+            if origin.failure is not None:
+                # The connector left while connecting (the answer goes nowhere): nobody
+                # can use or end what the provider opened, so it is ended there now.
+                await self._tell(decl.provider, connector, provider_ident, request=True)
+                return answer
             if decl.server_id not in self.declarations:
                 # Released meanwhile (its session closed): nobody can reach the connection
                 # the provider opened, so it is ended there, and the connector told so.

@@ -593,3 +593,20 @@ async def test_a_tool_call_in_flight_when_its_session_closes_is_answered_and_can
             "params": {"requestId": at_editor["id"]}} in h.out["client"].sent
     await h.frame("client", {"id": at_editor["id"], "result": {"content": []}})  # too late
     assert [f for f in h.out["agent"].sent if f.get("id") == call] == answered
+
+
+async def test_a_connect_answered_after_the_agent_exited_is_ended_at_the_provider() -> None:
+    # Nobody is left to use or end the connection the provider opened: it must hear
+    # mcp/disconnect now, not hold the connection (and a place under the limit) until
+    # the session closes.
+    h = Harness()
+    await h.start()
+    await h.new_session("s1", [acp_server("tools", "ed-1")], [])
+    await h.agent_asks("mcp/connect", {"serverId": "ed-1"})
+    connect = h.out["client"].take()
+    await h.chain.fail_hop(h.hops["agent"], ComponentExitedError("agent", 1, ["boom"]))
+    h.out["client"].sent.clear()
+    await h.frame("client", {"id": connect["id"], "result": {"connectionId": "late"}})
+    disconnects = [f for f in h.out["client"].sent if f.get("method") == "mcp/disconnect"]
+    assert [f["params"] for f in disconnects] == [{"connectionId": "late"}]
+    assert h.chain.mcp_routes.connections == {}
