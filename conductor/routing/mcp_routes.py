@@ -306,8 +306,9 @@ class McpRoutes:
             conn = Connection(f"mcp-{next(self._ids)}", provider_ident, decl.server_id,
                               decl.provider, connector, bound)
             stale = self._by_provider.get((decl.provider.name, provider_ident))
-            if stale is not None:  # the provider reused an id it gave before
-                self._drop(stale, "its connectionId was given again")
+            if stale is not None:  # the provider reused an id it gave before: that one
+                self._drop(stale, "its connectionId was given again")  # is over for it
+                await self._tell(stale.connector, stale.provider, stale.ident)
             self.connections[conn.ident] = conn
             self._by_provider[(decl.provider.name, provider_ident)] = conn
             self._trace(connector.name, "mcp-connected", connectionId=conn.ident,

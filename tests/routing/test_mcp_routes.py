@@ -610,3 +610,21 @@ async def test_a_connect_answered_after_the_agent_exited_is_ended_at_the_provide
     disconnects = [f for f in h.out["client"].sent if f.get("method") == "mcp/disconnect"]
     assert [f["params"] for f in disconnects] == [{"connectionId": "late"}]
     assert h.chain.mcp_routes.connections == {}
+
+
+async def test_a_connection_id_the_provider_gives_again_ends_the_older_connection_at_the_agent(
+        ) -> None:
+    # The provider reusing an id says its older connection is over; the agent holding it
+    # must hear so, not find out by a refusal of its next message.
+    h = Harness()
+    await h.start()
+    await h.new_session("s1", [acp_server("tools", "ed-1")], [])
+    first = await connect_through(h, "ed-1", "client", "c1")
+    ident = await h.agent_asks("mcp/connect", {"serverId": "ed-1"})
+    await h.frame("client", {"id": h.out["client"].take()["id"],
+                             "result": {"connectionId": "c1"}})
+    assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": "mcp/disconnect",
+                                     "params": {"connectionId": first}}
+    second = h.out["agent"].take()
+    assert second["id"] == ident and second["result"]["connectionId"] != first
+    assert list(h.chain.mcp_routes.connections) == [second["result"]["connectionId"]]
