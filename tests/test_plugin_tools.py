@@ -266,6 +266,30 @@ async def test_a_low_level_server_works_too() -> None:
     assert result["content"][0]["text"] == "pong from low"
 
 
+
+async def test_a_low_level_handler_that_raises_is_an_internal_error_naming_proxy_and_server(
+        ) -> None:
+    # The SDK answers a handler's exception with code 0, which is no JSON-RPC code, and
+    # only the exception's text: the agent could not tell who failed.
+    async def list_tools(ctx: Any, params: Any) -> mcp_types.ListToolsResult:
+        return mcp_types.ListToolsResult(tools=[mcp_types.Tool(
+            name="ping", input_schema={"type": "object"})])
+
+    async def call_tool(ctx: Any, params: Any) -> mcp_types.CallToolResult:
+        raise ValueError("the disk is full")
+
+    server = Server("low", on_list_tools=list_tools, on_call_tool=call_tool)
+    agent = McpAgent()
+    async with open_test_chain([Docs(server)], agent) as client:
+        with anyio.fail_after(5):
+            conn = await agent.open_mcp(await client.new_session())
+            with pytest.raises(RpcError) as failed:
+                await agent.mcp(conn, "tools/call", {"name": "ping", "arguments": {}})
+            assert await agent.mcp(conn, "tools/list")  # the connection still serves
+    assert failed.value.code == -32603
+    assert "proxy docs" in failed.value.message and "'low'" in failed.value.message
+    assert "tools/call" in failed.value.message and "the disk is full" in failed.value.message
+
 class PerSession(Proxy):
     """A server per session."""
 

@@ -478,8 +478,16 @@ class _Connection:
             await waiter.done.wait()
         finally:
             self._waiting.pop(local, None)
-        if waiter.error is not None:
-            raise RpcError(waiter.error.code, waiter.error.message, waiter.error.data)
+        error = waiter.error
+        if error is not None and error.code == 0:
+            # The SDK's answer for a handler that raised (its message the exception's text;
+            # it logged the traceback): 0 is no JSON-RPC code, and the agent is told who.
+            name = self.decl.offer.declared_name
+            raise RpcError(ErrorCode.INTERNAL_ERROR, f"proxy {self._host.name}: its MCP "
+                           f"server {name!r} failed on {method}: {error.message}",
+                           {"component": self._host.name, "server": name, "method": method})
+        if error is not None:
+            raise RpcError(error.code, error.message, error.data)
         return waiter.result
 
     async def cancel_call(self, params: dict[str, Any] | None) -> None:

@@ -40,7 +40,7 @@ from conductor.routing.recovery import Recovery
 from conductor.routing.roles import Role
 from conductor.routing.sessions import CloseReason, Lifecycle, SessionTable, Step, lifecycle
 from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Topology, Watch
-from conductor.rpc.endpoint import Inbound, Outgoing
+from conductor.rpc.endpoint import Endpoint, Inbound, Outgoing
 from conductor.rpc.failure import failure_response
 from conductor.transport.base import NotJson, Oversized, Unreadable
 
@@ -117,7 +117,7 @@ class Chain:
         # -- MCP: what the agent takes, global servers, MCP-over-ACP routes, the bridge --
         self.mcp_support = mcp.support if mcp is not None else McpSupport()
         self.mcp_routes = McpRoutes(self._forward_direct, self._originate, self._send,
-                                    tracer=tracer)
+                                    self._abandon, tracer=tracer)
         self.sessions.observe(lambda event, record: self.mcp_routes.session_closed(
             record.session_id) if event == "closed" else None)
         self._bridge = bridge
@@ -849,6 +849,16 @@ class Chain:
                               timeout=expired.timeout)
         assert self._timers is not None  # expiries come from serve_timers
         self._timers.start_soon(self._cancel_held, hop, outgoing.ident, expired.session_id)
+
+    async def _abandon(self, target: Endpoint, outgoing: Outgoing, answer: Response) -> None:
+        """Answer a forwarded request for its target, which is no longer bound to (its MCP
+        connection ended), and cancel it there."""
+        forward = outgoing.context
+        if isinstance(forward, Forward):
+            forward.timed_out = True  # the conductor's answer: it waits behind no proxy
+        if await target.expire(outgoing, answer) and isinstance(target, Hop) \
+                and target.failure is None:
+            await self._cancel_held(target, outgoing.ident, None)
 
     async def _cancel_held(self, hop: Hop, ident: int, session_id: str | None) -> None:
         node = self.topology.find(hop)

@@ -15,6 +15,9 @@ and `mcp/disconnect` ends it. An unknown serverId or connectionId is answered -3
 naming it.
 
 Connections end with their session (session/close, session/delete), and with either end:
+an ending the router decides (the session, its failed setup) also answers the requests in
+flight on the connection and cancels them where they went, as no end is bound to answer
+what it was asked on a connection it was told is gone;
 when a provider's hop fails, the other end of each of its connections gets an
 `mcp/disconnect` notification (its requests in flight are failed by the hop); when a
 connector's hop fails, the provider gets `mcp/disconnect`. State is bounded (declarations
@@ -34,7 +37,14 @@ from msgspec import Raw, UnsetType
 
 from conductor import acp
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.message import Notification, Request, Response, error_response, raw
+from conductor.jsonrpc.message import (
+    Notification,
+    Request,
+    Response,
+    error_response,
+    id_key,
+    raw,
+)
 from conductor.record import Record
 from conductor.routing.mcp import acp_declarations
 
@@ -42,6 +52,7 @@ if TYPE_CHECKING:
     from conductor.jsonrpc.message import Call
     from conductor.routing.handshake import ResponseHook
     from conductor.routing.topology import Hop, Node
+    from conductor.rpc.endpoint import Endpoint, Inbound, Outgoing
     from conductor.tracing.sink import TraceSink
 
 log = logging.getLogger("acp_conductor.mcp")
@@ -56,6 +67,8 @@ Forwarder = Callable[["Hop", "Call", str, "Raw | UnsetType", "Node", "Node",
 # (source, target, method, params, as_request): a message the conductor itself originates
 Originator = Callable[["Node", "Node", str, Raw, bool], Awaitable[None]]
 Replier = Callable[["Hop", Response], Awaitable[None]]
+# (target, its request, the answer): answer a forwarded request now, and cancel it there
+Abandoner = Callable[["Endpoint", "Outgoing", Response], Awaitable[None]]
 
 
 class Declaration(Record, eq=False):
@@ -73,17 +86,22 @@ class Connection(Record, eq=False):
     provider: Node
     connector: Node
     session: str | None
+    # mcp/message requests in flight either way, by id: (the hop they came in on, where
+    # they went). Ids are per hop; a connection's requests come from its two ends only.
+    calls: dict[object, tuple[Hop, Inbound]] = msgspec.field(default_factory=dict)
 
 
 class McpRoutes:
     """The serverId and connectionId tables of one chain, and the routing over them."""
 
-    def __init__(self, forward: Forwarder, originate: Originator, reply: Replier, *,
-                 tracer: TraceSink | None = None, max_declarations: int = MAX_DECLARATIONS,
+    def __init__(self, forward: Forwarder, originate: Originator, reply: Replier,
+                 abandon: Abandoner, *, tracer: TraceSink | None = None,
+                 max_declarations: int = MAX_DECLARATIONS,
                  max_connections: int = MAX_CONNECTIONS) -> None:
         self._forward = forward
         self._originate = originate
         self._reply = reply
+        self._abandon = abandon
         self._tracer = tracer
         self.max_declarations = max_declarations
         self.max_connections = max_connections
@@ -142,8 +160,7 @@ class McpRoutes:
             elif not decl.sessions and not decl.pending:
                 self._release(decl)
                 for conn in early:
-                    self._drop(conn, "its session setup failed")
-                    await self._tell_both(conn)
+                    await self._end(conn, "its session setup failed")
 
     def _release(self, decl: Declaration) -> None:
         self.declarations.pop(decl.server_id, None)
@@ -182,7 +199,25 @@ class McpRoutes:
         out_params = acp.set_key(params, "connectionId", raw(out_id))
         if method == acp.MCP_DISCONNECT:
             self._drop(conn, f"{source.name} disconnected")
-        await self._forward(origin, msg, method, out_params, source, target, None)
+        if method != acp.MCP_MESSAGE or not isinstance(msg, Request):
+            await self._forward(origin, msg, method, out_params, source, target, None)
+            return
+        # A call is tracked until its answer, so that the connection's end can answer it.
+        answered = False
+
+        async def settled(answer: Response) -> Response:
+            nonlocal answered
+            answered = True
+            conn.calls.pop(key, None)
+            return answer
+        try:
+            key: object = (origin.name, id_key(msg.id))
+        except ValueError:
+            key = None  # (an id no table can hold: left to the ends, as before)
+        await self._forward(origin, msg, method, out_params, source, target, settled)
+        inbound = origin.inbound.get(key[1]) if isinstance(key, tuple) else None
+        if not answered and inbound is not None and inbound.target is not None:
+            conn.calls[key] = (origin, inbound)
 
     async def _cancel(self, origin: Hop, params: Raw | UnsetType, source: Node) -> None:
         """An MCP `notifications/cancelled` names the request by its sender's id, which is
@@ -233,13 +268,13 @@ class McpRoutes:
         try:
             await self._forward(origin, msg, acp.MCP_CONNECT, out_params, source,
                                 decl.provider, self._connected_hook(decl, source, session,
-                                                                    place))
+                                                                    place, origin))
         except BaseException:
             self._connecting.discard(place)
             raise
 
     def _connected_hook(self, decl: Declaration, connector: Node, session: str | None,
-                        place: object) -> ResponseHook:
+                        place: object, origin: Hop) -> ResponseHook:
         async def connected(answer: Response) -> Response:
             self._connecting.discard(place)
             if answer.is_error:
@@ -252,6 +287,11 @@ class McpRoutes:
                     {"component": decl.provider.name, "serverId": decl.server_id})
             if decl.provider.hop.failure is not None:
                 return answer  # the provider is gone: the next message is refused
+            if origin.failure is not None:
+                # The connector left while connecting (the answer goes nowhere): nobody
+                # can use or end what the provider opened, so it is ended there now.
+                await self._tell(decl.provider, connector, provider_ident, request=True)
+                return answer
             if decl.server_id not in self.declarations:
                 # Released meanwhile (its session closed): nobody can reach the connection
                 # the provider opened, so it is ended there, and the connector told so.
@@ -266,8 +306,9 @@ class McpRoutes:
             conn = Connection(f"mcp-{next(self._ids)}", provider_ident, decl.server_id,
                               decl.provider, connector, bound)
             stale = self._by_provider.get((decl.provider.name, provider_ident))
-            if stale is not None:  # the provider reused an id it gave before
-                self._drop(stale, "its connectionId was given again")
+            if stale is not None:  # the provider reused an id it gave before: that one
+                self._drop(stale, "its connectionId was given again")  # is over for it
+                await self._tell(stale.connector, stale.provider, stale.ident)
             self.connections[conn.ident] = conn
             self._by_provider[(decl.provider.name, provider_ident)] = conn
             self._trace(connector.name, "mcp-connected", connectionId=conn.ident,
@@ -293,6 +334,22 @@ class McpRoutes:
         self._trace(conn.connector.name, "mcp-disconnected", connectionId=conn.ident,
                     provider=conn.provider.name, reason=reason)
 
+    async def _end(self, conn: Connection, reason: str) -> None:
+        """End `conn` for `reason`: its calls in flight are answered (cancelled at their
+        target, which need not answer them any more), and both ends are told."""
+        self._drop(conn, reason)
+        calls, conn.calls = list(conn.calls.values()), {}
+        for _, inbound in calls:
+            target = inbound.target
+            outgoing = target.pending.get(inbound.target_id) if target is not None else None
+            if target is None or outgoing is None:
+                continue
+            await self._abandon(target, outgoing, error_response(
+                outgoing.id, ErrorCode.REQUEST_CANCELLED, f"Request cancelled: the "
+                f"MCP connection {conn.ident} ended ({reason})",
+                {"connectionId": conn.ident, "reason": reason}))
+        await self._tell_both(conn)
+
     # -- endings ---------------------------------------------------------------------------
 
     def session_closed(self, session_id: str) -> None:
@@ -306,8 +363,7 @@ class McpRoutes:
         if not closed:
             return
         for conn in [c for c in self.connections.values() if c.session in closed]:
-            self._drop(conn, "its session closed")
-            await self._tell_both(conn)
+            await self._end(conn, "its session closed")
         for decl in list(self.declarations.values()):
             if decl.sessions & closed:
                 decl.sessions -= closed
@@ -317,8 +373,7 @@ class McpRoutes:
                     # of them alone: it ends with the last of them.
                     for conn in [c for c in self.connections.values()
                                  if c.server_id == decl.server_id]:
-                        self._drop(conn, "the sessions that declared its server closed")
-                        await self._tell_both(conn)
+                        await self._end(conn, "the sessions that declared its server closed")
 
     async def hop_failed(self, node: Node) -> None:
         """`node`'s component is gone: its connections end, its declarations go."""

@@ -573,3 +573,58 @@ async def test_a_connection_to_a_server_of_two_sessions_ends_when_both_have_clos
             "params": {"connectionId": conn}} in h.out["agent"].sent
     assert h.chain.mcp_routes.connections == {}
     assert h.chain.mcp_routes.declarations == {}
+
+
+async def test_a_tool_call_in_flight_when_its_session_closes_is_answered_and_cancelled(
+        ) -> None:
+    # The editor is told to disconnect; nothing obliges it to answer what it was asked on
+    # that connection, and the agent must not wait for that answer for ever.
+    h = Harness()
+    await h.start()
+    await h.new_session("s1", [acp_server("tools", "ed-1")], [])
+    conn = await connect_through(h, "ed-1", "client", "c1")
+    call = await h.agent_asks("mcp/message", {"connectionId": conn, "method": "tools/call"})
+    at_editor = h.out["client"].take()
+    await h.close_session("s1")
+    answered = [f for f in h.out["agent"].sent if f.get("id") == call]
+    assert [f["error"]["code"] for f in answered] == [-32800]
+    assert "session closed" in answered[0]["error"]["message"]
+    assert {"jsonrpc": "2.0", "method": "$/cancel_request",
+            "params": {"requestId": at_editor["id"]}} in h.out["client"].sent
+    await h.frame("client", {"id": at_editor["id"], "result": {"content": []}})  # too late
+    assert [f for f in h.out["agent"].sent if f.get("id") == call] == answered
+
+
+async def test_a_connect_answered_after_the_agent_exited_is_ended_at_the_provider() -> None:
+    # Nobody is left to use or end the connection the provider opened: it must hear
+    # mcp/disconnect now, not hold the connection (and a place under the limit) until
+    # the session closes.
+    h = Harness()
+    await h.start()
+    await h.new_session("s1", [acp_server("tools", "ed-1")], [])
+    await h.agent_asks("mcp/connect", {"serverId": "ed-1"})
+    connect = h.out["client"].take()
+    await h.chain.fail_hop(h.hops["agent"], ComponentExitedError("agent", 1, ["boom"]))
+    h.out["client"].sent.clear()
+    await h.frame("client", {"id": connect["id"], "result": {"connectionId": "late"}})
+    disconnects = [f for f in h.out["client"].sent if f.get("method") == "mcp/disconnect"]
+    assert [f["params"] for f in disconnects] == [{"connectionId": "late"}]
+    assert h.chain.mcp_routes.connections == {}
+
+
+async def test_a_connection_id_the_provider_gives_again_ends_the_older_connection_at_the_agent(
+        ) -> None:
+    # The provider reusing an id says its older connection is over; the agent holding it
+    # must hear so, not find out by a refusal of its next message.
+    h = Harness()
+    await h.start()
+    await h.new_session("s1", [acp_server("tools", "ed-1")], [])
+    first = await connect_through(h, "ed-1", "client", "c1")
+    ident = await h.agent_asks("mcp/connect", {"serverId": "ed-1"})
+    await h.frame("client", {"id": h.out["client"].take()["id"],
+                             "result": {"connectionId": "c1"}})
+    assert h.out["agent"].take() == {"jsonrpc": "2.0", "method": "mcp/disconnect",
+                                     "params": {"connectionId": first}}
+    second = h.out["agent"].take()
+    assert second["id"] == ident and second["result"]["connectionId"] != first
+    assert list(h.chain.mcp_routes.connections) == [second["result"]["connectionId"]]
