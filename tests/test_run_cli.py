@@ -132,7 +132,7 @@ def test_a_failing_agent_exits_3_and_names_it(tmp_path: Path) -> None:
     chain.write_text(f'[agent]\nname = "crashy"\ncommand = ["{sys.executable}", "-c", '
                      '"import sys; sys.stderr.write(\'boom happened\\\\n\'); sys.exit(7)"]\n',
                      encoding="utf-8")
-    result = run("run", "--chain", str(chain), "hi", "--json")
+    result = run("run", "--chain", chain, "hi", "--json")
     assert result.returncode == 3, result.stderr
     final = events(result.stdout)[-1]
     assert final["error"]["data"]["component"] == "crashy"
@@ -142,7 +142,7 @@ def test_a_failing_agent_exits_3_and_names_it(tmp_path: Path) -> None:
 def test_a_bad_chain_file_exits_2_with_the_key(tmp_path: Path) -> None:
     chain = tmp_path / "typo.toml"
     chain.write_text('[agent]\ncommand = "x"\ncomand = "y"\n', encoding="utf-8")
-    result = run("run", "--chain", str(chain), "hi")
+    result = run("run", "--chain", chain, "hi")
     assert result.returncode == 2
     assert "comand" in result.stderr
     assert result.stdout == ""
@@ -260,7 +260,7 @@ def test_session_id_is_a_usage_error_when_the_agent_cannot_reopen(tmp_path: Path
     chain = tmp_path / "scripted.toml"
     chain.write_text(f'[agent]\ncommand = ["{sys.executable}", "{BIN / "scripted_agent.py"}"]\n',
                      encoding="utf-8")
-    result = run("run", "--chain", str(chain), "again", "--session-id", "old-7")
+    result = run("run", "--chain", chain, "again", "--session-id", "old-7")
     assert result.returncode == 2
     assert "cannot reopen session" in result.stderr
 
@@ -379,7 +379,7 @@ def test_a_bad_proxy_exits_2_with_the_config_message(tmp_path: Path, proxy: str,
     chain = tmp_path / "bad.toml"
     chain.write_text(f'[[proxy]]\n{proxy}\n[agent]\ncommand = ["{sys.executable}", "-m", '
                      f'"conductor.demo_agent"]\n', encoding="utf-8")
-    result = run("run", "--chain", str(chain), "hi")
+    result = run("run", "--chain", chain, "hi")
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr
     assert "internal error" not in result.stderr
@@ -448,21 +448,31 @@ def test_an_unanswered_question_does_not_keep_run_alive_after_the_timeout() -> N
     assert "The agent asks" in tty  # and it exited: _on_a_terminal fails on one that hangs
 
 
+RAISER = """
+    from conductor.plugins import Proxy, on
+
+    class Raiser(Proxy):
+        @on("session/prompt")
+        async def prompt(self, ctx, message):
+            raise ValueError("broken plugin")
+    """
+
+
+def plugin_chain(tmp_path: Path, source: str, *classes: str) -> str:
+    """A chain of the plugin proxies `classes`, defined by `source`, before the demo agent."""
+    (tmp_path / "plugins.py").write_text(textwrap.dedent(source), encoding="utf-8")
+    proxies = "".join(f'[[proxy]]\nplugin = "{tmp_path / "plugins.py"}:{name}"\n\n'
+                      for name in classes)
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'{proxies}[agent]\ncommand = ["{sys.executable}", "-m", '
+                     '"conductor.demo_agent"]\n', encoding="utf-8")
+    return str(chain)
+
+
 def test_a_plugin_proxy_that_raises_fails_the_prompt_with_exit_1_not_as_a_component(
         tmp_path: Path) -> None:
-    (tmp_path / "raiser.py").write_text(textwrap.dedent("""
-        from conductor.plugins import Proxy, on
-
-        class Raiser(Proxy):
-            @on("session/prompt")
-            async def prompt(self, ctx, message):
-                raise ValueError("broken plugin")
-        """), encoding="utf-8")
-    chain = tmp_path / "chain.toml"
-    chain.write_text(f'[[proxy]]\nplugin = "{tmp_path / "raiser.py"}:Raiser"\n\n'
-                     f'[agent]\ncommand = ["{sys.executable}", "-m", "conductor.demo_agent"]\n',
-                     encoding="utf-8")
-    result = run("run", "--chain", str(chain), "hello", "--json")
+    chain = plugin_chain(tmp_path, RAISER, "Raiser")
+    result = run("run", "--chain", chain, "hello", "--json")
     assert result.returncode == 1, result.stderr  # nothing exited: the prompt failed
     final = events(result.stdout)[-1]
     assert final["exitReason"] == "failed"
@@ -479,7 +489,7 @@ def test_giving_up_on_a_turn_sends_session_cancel_and_never_a_cancel_request(
     # shutdown_grace: after giving up, the prompt it never answers is not waited on for 3 s.
     chain.write_text(f"[conductor]\nshutdown_grace = 0.2\n\n"
                      f"[agent]\ncommand = {json.dumps(argv)}\n", encoding="utf-8")
-    result = run("run", "--chain", str(chain), "hello", "--json", "--timeout", "2",
+    result = run("run", "--chain", chain, "hello", "--json", "--timeout", "2",
                  "--cancel-grace", "0.3")  # --timeout: set-up done even on a loaded machine
     assert result.returncode == 124, result.stderr
     methods = [json.loads(line).get("method") for line in record.read_text().splitlines()]
@@ -613,19 +623,8 @@ def test_quiet_writes_one_line_of_its_own_when_a_component_crashes(crashing_chai
 
 
 def test_a_plugin_proxy_that_fails_a_prompt_is_reported_once(tmp_path: Path) -> None:
-    (tmp_path / "raiser.py").write_text(textwrap.dedent("""
-        from conductor.plugins import Proxy, on
-
-        class Raiser(Proxy):
-            @on("session/prompt")
-            async def prompt(self, ctx, message):
-                raise ValueError("broken plugin")
-        """), encoding="utf-8")
-    chain = tmp_path / "chain.toml"
-    chain.write_text(f'[[proxy]]\nplugin = "{tmp_path / "raiser.py"}:Raiser"\n\n'
-                     f'[agent]\ncommand = ["{sys.executable}", "-m", "conductor.demo_agent"]\n',
-                     encoding="utf-8")
-    result = run("run", "--chain", str(chain), "hello")
+    chain = plugin_chain(tmp_path, RAISER, "Raiser")
+    result = run("run", "--chain", chain, "hello")
     assert result.returncode == 1, result.stderr
     assert result.stderr.count("broken plugin") == 1, result.stderr
     assert "[error] raiser failed handling session/prompt: ValueError: broken plugin" \
@@ -651,19 +650,15 @@ def test_a_plugin_proxy_failing_on_the_session_close_run_sends_at_its_end_is_sti
         tmp_path: Path) -> None:
     # run ends its session best effort and does not report that answer: the proxy's own
     # log line is then the only word of its failure, and must not be left to the client.
-    (tmp_path / "closer.py").write_text(textwrap.dedent("""
+    chain = plugin_chain(tmp_path, """
         from conductor.plugins import Proxy, on
 
         class Closer(Proxy):
             @on("session/close")
             async def close(self, ctx, message):
                 raise ValueError("lost the session's notes")
-        """), encoding="utf-8")
-    chain = tmp_path / "chain.toml"
-    chain.write_text(f'[[proxy]]\nplugin = "{tmp_path / "closer.py"}:Closer"\n\n'
-                     f'[agent]\ncommand = ["{sys.executable}", "-m", "conductor.demo_agent"]\n',
-                     encoding="utf-8")
-    result = run("run", "--chain", str(chain), "hello")
+        """, "Closer")
+    result = run("run", "--chain", chain, "hello")
     assert result.returncode == 0, result.stderr
     assert "lost the session's notes" in result.stderr
 
@@ -672,7 +667,7 @@ def test_a_plugin_proxy_failing_on_another_proxy_s_own_request_is_still_reported
         tmp_path: Path) -> None:
     # The failure is answered to the proxy before it, which asked for itself and carries
     # on without it: it never reaches run, so the failing proxy's own line must be shown.
-    (tmp_path / "pair.py").write_text(textwrap.dedent("""
+    chain = plugin_chain(tmp_path, """
         from conductor.errors import RpcError
         from conductor.plugins import Proxy, on
 
@@ -689,12 +684,7 @@ def test_a_plugin_proxy_failing_on_another_proxy_s_own_request_is_still_reported
             @on("_ext/judge")
             async def judge(self, ctx, message):
                 raise ValueError("the judge fell over")
-        """), encoding="utf-8")
-    chain = tmp_path / "chain.toml"
-    chain.write_text(f'[[proxy]]\nplugin = "{tmp_path / "pair.py"}:Asker"\n\n'
-                     f'[[proxy]]\nplugin = "{tmp_path / "pair.py"}:Judge"\n\n'
-                     f'[agent]\ncommand = ["{sys.executable}", "-m", "conductor.demo_agent"]\n',
-                     encoding="utf-8")
-    result = run("run", "--chain", str(chain), "hello")
+        """, "Asker", "Judge")
+    result = run("run", "--chain", chain, "hello")
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("the judge fell over") == 1, result.stderr
