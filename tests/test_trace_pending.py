@@ -126,6 +126,15 @@ def test_trace_show_pending_lists_them_and_the_timeline_marks_them(stuck_trace: 
         if "pair" not in e)
 
 
+def test_each_pending_request_is_set_apart_by_a_blank_line_not_a_control_symbol(
+        stuck_trace: Path) -> None:
+    from conductor.cli.trace import trace_group
+
+    out = CliRunner().invoke(trace_group, ["show", str(stuck_trace), "--pending"]).output
+    assert "\u240a" not in out
+    assert "\n\n_ext/hang #3" in out and "\n\n_ext/hold" in out
+
+
 def test_a_hung_agent_is_found_in_the_trace_of_a_run_that_gave_up(tmp_path: Path) -> None:
     chain = tmp_path / "mute.toml"
     # shutdown_grace: once run gives up, the initialize nobody will answer is not waited on

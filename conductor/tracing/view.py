@@ -316,7 +316,8 @@ def render_pending(trace: Trace, items: list[Pending], console: Console) -> None
                        "(the way each took, and who has it):", style="bold"))
     for item in items:
         first, stopped = item.first, item.stopped
-        head = Text(f"\n{first.get('method') or '?'}", style="bold cyan")
+        console.print()  # apart from the one before; a "\n" in `head` would show as ␊
+        head = Text(f"{first.get('method') or '?'}", style="bold cyan")
         if first.get("client_id") is not None:
             head.append(f" #{first['client_id']}", style="bold")
         if first.get("session"):
