@@ -3,6 +3,7 @@ long silences, and a page that keeps a long chain's lanes in view."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -133,6 +134,47 @@ def test_each_pending_request_is_set_apart_by_a_blank_line_not_a_control_symbol(
     out = CliRunner().invoke(trace_group, ["show", str(stuck_trace), "--pending"]).output
     assert "\u240a" not in out
     assert "\n\n_ext/hang #3" in out and "\n\n_ext/hold" in out
+
+
+class Swallow(Visit):
+    """Forwards `_ext/slow`, then keeps whatever answer it gets: never passes it on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept = anyio.Event()
+
+    @on("_ext/slow")
+    async def slow(self, ctx: ProxyContext, message: Message) -> object:
+        with contextlib.suppress(Exception):
+            await ctx.forward()
+        self.kept.set()
+        await anyio.sleep_forever()
+
+
+async def test_a_request_answered_for_a_dead_agent_is_held_by_the_proxy_that_kept_the_answer(
+        tmp_path: Path) -> None:
+    path = tmp_path / "swallowed.jsonl"
+    sink = JsonlTraceSink(path)
+    swallow = Swallow()
+    swallow.rename("swallow")
+
+    async def die(agent: ScriptedAgent, message: Message) -> object:
+        await agent.hang_up()
+        await anyio.sleep_forever()
+
+    agent = ScriptedAgent(replies={"_ext/slow": die})
+    with anyio.fail_after(10):
+        async with open_test_chain([swallow], agent, tracer=sink) as client, \
+                anyio.create_task_group() as tg:
+            tg.start_soon(client.request, "_ext/slow", {})
+            await agent.wait_for("_ext/slow")
+            await swallow.kept.wait()  # the conductor answered it for the agent
+            tg.cancel_scope.cancel()
+    sink.close()
+    [item] = pending(load_trace(path).events)
+    # the conductor answered swallow's request for the agent (it exited); swallow kept it
+    assert item.holder == "swallow"
+    assert item.path == ["client", "swallow"]
 
 
 def test_a_hung_agent_is_found_in_the_trace_of_a_run_that_gave_up(tmp_path: Path) -> None:

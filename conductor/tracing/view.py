@@ -177,8 +177,25 @@ def pending(events: list[dict[str, Any]]) -> list[Pending]:
         first = requests[0]
         answer = next((a for a in answers.get(key, ()) if a["hop"] == first["hop"]
                        and a["dir"] != first["dir"]), None)
-        out.append(Pending(key, requests, unanswered[-1], answer))
+        out.append(Pending(key, requests, _holder(requests, unanswered), answer))
     return out
+
+
+def _holder(requests: list[dict[str, Any]],
+            unanswered: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where it stopped: the last request some component never answered, skipping those
+    the conductor answered for (it exited or timed out, so the request that one forwards
+    got an answer): the answer went back up, and whoever never passed it on has it. If
+    the conductor answered for every one, the last (the component that never did)."""
+    live = [e for e in unanswered if not _answered_for(requests, e)]
+    return (live or unanswered)[-1]
+
+
+def _answered_for(requests: list[dict[str, Any]], event: dict[str, Any]) -> bool:
+    if event["dir"] != "out":
+        return False
+    given = [e for e in requests if e["dir"] == "in" and e["seq"] < event["seq"]]
+    return bool(given) and "pair" in given[-1]  # what it forwards was answered
 
 
 def lanes_of(events: list[dict[str, Any]]) -> list[str]:
