@@ -114,9 +114,10 @@ LIFECYCLE = '{"seq":2,"time":100.1,"type":"lifecycle","component":"agent","event
     (HEADER + LIFECYCLE.replace('"component":"agent",', ""), "component"),
     (HEADER + LIFECYCLE.replace('"agent"', '["agent"]'), "component"),
     (HEADER + REQUEST.replace('"flow":1', '"flow":[1]'), "flow"),
+    (HEADER + REQUEST.replace('"kind":"request"', '"kind":["request"]'), "kind"),
     (HEADER.replace('"time":100.0', '"time":"noon"') + LIFECYCLE, "time"),
 ], ids=["lifecycle-without-component", "component-not-a-name", "flow-not-a-number",
-        "header-time-not-a-number"])
+        "kind-not-a-name", "header-time-not-a-number"])
 @pytest.mark.parametrize("command", [["show"], ["show", "--pending"], ["html", "-o", "x.html"]])
 def test_an_event_with_a_field_of_the_wrong_shape_is_refused_naming_it_not_an_internal_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, field: str,

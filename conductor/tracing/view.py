@@ -30,7 +30,8 @@ class Trace(Record):
 # What the readers below rely on, by event type: a file from another version or tool that
 # lacks one is refused naming the line and field, not shown as an internal KeyError.
 _REQUIRED: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
-    "message": (("hop", (str,)), ("dir", (str,)), ("flow", (int, type(None)))),
+    "message": (("hop", (str,)), ("dir", (str,)), ("kind", (str,)),
+                ("flow", (int, type(None)))),
     "lifecycle": (("component", (str,)), ("event", (str,))),
 }
 
