@@ -177,6 +177,48 @@ async def test_a_request_answered_for_a_dead_agent_is_held_by_the_proxy_that_kep
     assert item.path == ["client", "swallow"]
 
 
+class Gate(Visit):
+    """Answers the first `_ext/ask` itself, forwards the ones after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    @on("_ext/ask")
+    async def ask(self, ctx: ProxyContext, message: Message) -> object:
+        self.asked += 1
+        return {"answered": "by the gate"} if self.asked == 1 else await ctx.forward()
+
+
+async def test_what_a_proxy_forwards_belongs_to_the_request_it_forwards_not_one_it_answered(
+        tmp_path: Path) -> None:
+    path = tmp_path / "gate.jsonl"
+    sink = JsonlTraceSink(path)
+    gate = Gate()
+    gate.rename("gate")
+
+    async def hang(agent: ScriptedAgent, message: Message) -> object:
+        await anyio.sleep_forever()
+
+    agent = ScriptedAgent(replies={"_ext/ask": hang})
+    with anyio.fail_after(10):
+        async with open_test_chain([gate], agent, tracer=sink) as client, \
+                anyio.create_task_group() as tg:
+            answered = await client.request("_ext/ask", {})
+            tg.start_soon(client.request, "_ext/ask", {})
+            await agent.wait_for("_ext/ask")
+            tg.cancel_scope.cancel()
+    sink.close()
+    events = load_trace(path).events
+    [asked] = [e for e in events if e.get("hop") == "client" and e.get("method") == "_ext/ask"
+               and e["dir"] == "in" and e["id"] != json.loads(bytes(answered.id))]
+    [to_agent] = [e for e in events if e.get("hop") == "agent" and e.get("method") == "_ext/ask"]
+    assert (to_agent["flow"], to_agent["client_id"]) == (asked["flow"], asked["id"])
+    [item] = pending(events)
+    assert (item.first["id"], item.holder, item.path) == (asked["id"], "agent",
+                                                          ["client", "gate", "agent"])
+
+
 def test_a_hung_agent_is_found_in_the_trace_of_a_run_that_gave_up(tmp_path: Path) -> None:
     chain = tmp_path / "mute.toml"
     # shutdown_grace: once run gives up, the initialize nobody will answer is not waited on
