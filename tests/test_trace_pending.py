@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from conductor.jsonrpc.message import Request, Response, int_id, payload
 from conductor.plugins import Proxy, ProxyContext, on
-from conductor.testing import ScriptedAgent, open_test_chain
+from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 from conductor.tracing.sink import JsonlTraceSink
 from conductor.tracing.view import load_trace, pending
 from tests.conftest import child_env, conductor_argv
@@ -25,7 +25,7 @@ from tests.conftest import child_env, conductor_argv
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from conductor.jsonrpc.message import Message
+    from conductor.jsonrpc.message import JsonValue, Message
 
 PROXIES = 10
 SILENCE = 2.5  # seconds added before the last request, as if the chain had waited
@@ -217,6 +217,43 @@ async def test_what_a_proxy_forwards_belongs_to_the_request_it_forwards_not_one_
     [item] = pending(events)
     assert (item.first["id"], item.holder, item.path) == (asked["id"], "agent",
                                                           ["client", "gate", "agent"])
+
+
+async def test_a_request_from_an_agent_that_died_is_not_said_to_be_never_forwarded(
+        tmp_path: Path) -> None:
+    from conductor.cli.trace import trace_group
+
+    path = tmp_path / "orphan.jsonl"
+    sink = JsonlTraceSink(path)
+    asked, go, sent = anyio.Event(), anyio.Event(), anyio.Event()
+
+    class Editor(TestClient):
+        async def answer(self, message: Request) -> JsonValue:
+            asked.set()
+            await go.wait()
+            return {"outcome": {"outcome": "cancelled"}}
+
+        async def _serve(self, request: Request) -> None:
+            await super()._serve(request)
+            sent.set()
+
+    agent = ScriptedAgent()
+    with anyio.fail_after(10):
+        async with open_test_chain([], agent, client=Editor(), tracer=sink) as client, \
+                anyio.create_task_group() as tg:
+            sid = await client.new_session()
+            tg.start_soon(agent.request, "session/request_permission",
+                          {"sessionId": sid, "toolCall": {}, "options": []})
+            await asked.wait()
+            await agent.hang_up()  # it dies waiting for the editor's answer
+            go.set()
+            await sent.wait()
+            await anyio.wait_all_tasks_blocked()  # the conductor has read it
+            tg.cancel_scope.cancel()
+    sink.close()
+    out = CliRunner().invoke(trace_group, ["show", str(path), "--pending"]).output
+    assert "neither forwarded nor answered" not in out
+    assert "forwarded to client, answered at +" in out
 
 
 def test_a_hung_agent_is_found_in_the_trace_of_a_run_that_gave_up(tmp_path: Path) -> None:

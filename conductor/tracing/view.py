@@ -322,6 +322,11 @@ def render(trace: Trace, events: list[dict[str, Any]], console: Console) -> None
                           overflow="ellipsis", crop=False)
 
 
+def _answered_at(trace: Trace, request: dict[str, Any]) -> float:
+    """When `request` (a paired one) got its answer."""
+    return float(next(e["time"] for e in trace.events if e["seq"] == request["pair"]))
+
+
 def render_pending(trace: Trace, items: list[Pending], console: Console) -> None:
     """Each unanswered request: where it came from, the way it took, where it stopped."""
     start = trace.header.get("time") or (trace.events[0]["time"] if trace.events else 0.0)
@@ -351,8 +356,14 @@ def render_pending(trace: Trace, items: list[Pending], console: Console) -> None
             where.append(f" (sent #{stopped.get('id')} at +{stopped['time'] - start:.3f}s, "
                          f"no answer in the {waited:.3f}s the trace goes on)")
         else:
-            where.append(f" (received from {stopped['hop']} at +{stopped['time'] - start:.3f}s,"
-                         f" neither forwarded nor answered in the {waited:.3f}s after)")
+            where.append(f" (received from {stopped['hop']} at +{stopped['time'] - start:.3f}s,")
+            onward = next((e for e in item.requests if e["seq"] > stopped["seq"]), None)
+            if onward is not None and "pair" in onward:  # its sender had gone, most likely
+                where.append(f" forwarded to {onward['hop']}, answered at "
+                             f"+{_answered_at(trace, onward) - start:.3f}s; that answer never "
+                             f"went back to {stopped['hop']})")
+            else:
+                where.append(f" neither forwarded nor answered in the {waited:.3f}s after)")
         console.print(_shown(where))
         if item.answer is not None:
             err = (item.answer.get("payload") or {}).get("error") \
