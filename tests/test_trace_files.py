@@ -114,9 +114,10 @@ LIFECYCLE = '{"seq":2,"time":100.1,"type":"lifecycle","component":"agent","event
     (HEADER + LIFECYCLE.replace('"component":"agent",', ""), "component"),
     (HEADER + LIFECYCLE.replace('"agent"', '["agent"]'), "component"),
     (HEADER + REQUEST.replace('"flow":1', '"flow":[1]'), "flow"),
+    (HEADER + REQUEST.replace('"kind":"request"', '"kind":["request"]'), "kind"),
     (HEADER.replace('"time":100.0', '"time":"noon"') + LIFECYCLE, "time"),
 ], ids=["lifecycle-without-component", "component-not-a-name", "flow-not-a-number",
-        "header-time-not-a-number"])
+        "kind-not-a-name", "header-time-not-a-number"])
 @pytest.mark.parametrize("command", [["show"], ["show", "--pending"], ["html", "-o", "x.html"]])
 def test_an_event_with_a_field_of_the_wrong_shape_is_refused_naming_it_not_an_internal_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, field: str,
@@ -127,3 +128,30 @@ def test_an_event_with_a_field_of_the_wrong_shape_is_refused_naming_it_not_an_in
     assert done.exit_code == 2, done.output
     assert "internal error" not in done.stderr
     assert repr(field) in done.stderr and str(path) in done.stderr
+
+
+def test_the_pages_close_button_reads_a_cross_not_an_escape(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from html.parser import HTMLParser
+
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(trace_group, ["html", str(trace_file(tmp_path, HEADER + REQUEST)),
+                                            "-o", "x.html"])
+    assert done.exit_code == 0, done.output
+
+    texts: list[str] = []
+
+    class Buttons(HTMLParser):
+        inside = False
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            self.inside = tag == "button"
+
+        def handle_data(self, data: str) -> None:
+            if self.inside:
+                texts.append(data)
+                self.inside = False
+
+    parser = Buttons()
+    parser.feed((tmp_path / "x.html").read_text(encoding="utf-8"))
+    assert texts == ["\u00d7"]

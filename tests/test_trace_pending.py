@@ -3,6 +3,7 @@ long silences, and a page that keeps a long chain's lanes in view."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from click.testing import CliRunner
 
 from conductor.jsonrpc.message import Request, Response, int_id, payload
 from conductor.plugins import Proxy, ProxyContext, on
-from conductor.testing import ScriptedAgent, open_test_chain
+from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 from conductor.tracing.sink import JsonlTraceSink
 from conductor.tracing.view import load_trace, pending
 from tests.conftest import child_env, conductor_argv
@@ -24,7 +25,7 @@ from tests.conftest import child_env, conductor_argv
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from conductor.jsonrpc.message import Message
+    from conductor.jsonrpc.message import JsonValue, Message
 
 PROXIES = 10
 SILENCE = 2.5  # seconds added before the last request, as if the chain had waited
@@ -124,6 +125,135 @@ def test_trace_show_pending_lists_them_and_the_timeline_marks_them(stuck_trace: 
     assert timeline.output.count("no answer") == sum(
         1 for p in pending(load_trace(stuck_trace).events) for e in p.requests
         if "pair" not in e)
+
+
+def test_each_pending_request_is_set_apart_by_a_blank_line_not_a_control_symbol(
+        stuck_trace: Path) -> None:
+    from conductor.cli.trace import trace_group
+
+    out = CliRunner().invoke(trace_group, ["show", str(stuck_trace), "--pending"]).output
+    assert "\u240a" not in out
+    assert "\n\n_ext/hang #3" in out and "\n\n_ext/hold" in out
+
+
+class Swallow(Visit):
+    """Forwards `_ext/slow`, then keeps whatever answer it gets: never passes it on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept = anyio.Event()
+
+    @on("_ext/slow")
+    async def slow(self, ctx: ProxyContext, message: Message) -> object:
+        with contextlib.suppress(Exception):
+            await ctx.forward()
+        self.kept.set()
+        await anyio.sleep_forever()
+
+
+async def test_a_request_answered_for_a_dead_agent_is_held_by_the_proxy_that_kept_the_answer(
+        tmp_path: Path) -> None:
+    path = tmp_path / "swallowed.jsonl"
+    sink = JsonlTraceSink(path)
+    swallow = Swallow()
+    swallow.rename("swallow")
+
+    async def die(agent: ScriptedAgent, message: Message) -> object:
+        await agent.hang_up()
+        await anyio.sleep_forever()
+
+    agent = ScriptedAgent(replies={"_ext/slow": die})
+    with anyio.fail_after(10):
+        async with open_test_chain([swallow], agent, tracer=sink) as client, \
+                anyio.create_task_group() as tg:
+            tg.start_soon(client.request, "_ext/slow", {})
+            await agent.wait_for("_ext/slow")
+            await swallow.kept.wait()  # the conductor answered it for the agent
+            tg.cancel_scope.cancel()
+    sink.close()
+    [item] = pending(load_trace(path).events)
+    # the conductor answered swallow's request for the agent (it exited); swallow kept it
+    assert item.holder == "swallow"
+    assert item.path == ["client", "swallow"]
+
+
+class Gate(Visit):
+    """Answers the first `_ext/ask` itself, forwards the ones after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    @on("_ext/ask")
+    async def ask(self, ctx: ProxyContext, message: Message) -> object:
+        self.asked += 1
+        return {"answered": "by the gate"} if self.asked == 1 else await ctx.forward()
+
+
+async def test_what_a_proxy_forwards_belongs_to_the_request_it_forwards_not_one_it_answered(
+        tmp_path: Path) -> None:
+    path = tmp_path / "gate.jsonl"
+    sink = JsonlTraceSink(path)
+    gate = Gate()
+    gate.rename("gate")
+
+    async def hang(agent: ScriptedAgent, message: Message) -> object:
+        await anyio.sleep_forever()
+
+    agent = ScriptedAgent(replies={"_ext/ask": hang})
+    with anyio.fail_after(10):
+        async with open_test_chain([gate], agent, tracer=sink) as client, \
+                anyio.create_task_group() as tg:
+            answered = await client.request("_ext/ask", {})
+            tg.start_soon(client.request, "_ext/ask", {})
+            await agent.wait_for("_ext/ask")
+            tg.cancel_scope.cancel()
+    sink.close()
+    events = load_trace(path).events
+    [asked] = [e for e in events if e.get("hop") == "client" and e.get("method") == "_ext/ask"
+               and e["dir"] == "in" and e["id"] != json.loads(bytes(answered.id))]
+    [to_agent] = [e for e in events if e.get("hop") == "agent" and e.get("method") == "_ext/ask"]
+    assert (to_agent["flow"], to_agent["client_id"]) == (asked["flow"], asked["id"])
+    [item] = pending(events)
+    assert (item.first["id"], item.holder, item.path) == (asked["id"], "agent",
+                                                          ["client", "gate", "agent"])
+
+
+async def test_a_request_from_an_agent_that_died_is_not_said_to_be_never_forwarded(
+        tmp_path: Path) -> None:
+    from conductor.cli.trace import trace_group
+
+    path = tmp_path / "orphan.jsonl"
+    sink = JsonlTraceSink(path)
+    asked, go, sent = anyio.Event(), anyio.Event(), anyio.Event()
+
+    class Editor(TestClient):
+        async def answer(self, message: Request) -> JsonValue:
+            asked.set()
+            await go.wait()
+            return {"outcome": {"outcome": "cancelled"}}
+
+        async def _serve(self, request: Request) -> None:
+            await super()._serve(request)
+            sent.set()
+
+    agent = ScriptedAgent()
+    with anyio.fail_after(10):
+        async with open_test_chain([], agent, client=Editor(), tracer=sink) as client, \
+                anyio.create_task_group() as tg:
+            sid = await client.new_session()
+            tg.start_soon(agent.request, "session/request_permission",
+                          {"sessionId": sid, "toolCall": {}, "options": []})
+            await asked.wait()
+            await agent.hang_up()  # it dies waiting for the editor's answer
+            go.set()
+            await sent.wait()
+            await anyio.wait_all_tasks_blocked()  # the conductor has read it
+            tg.cancel_scope.cancel()
+    sink.close()
+    out = CliRunner().invoke(trace_group, ["show", str(path), "--pending"]).output
+    assert "neither forwarded nor answered" not in out
+    assert "forwarded to client, answered at +" in out
 
 
 def test_a_hung_agent_is_found_in_the_trace_of_a_run_that_gave_up(tmp_path: Path) -> None:

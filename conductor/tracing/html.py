@@ -65,7 +65,7 @@ svg text{font:12px system-ui,sans-serif}
 <label><input type="checkbox" id="only"> unanswered only</label>
 <span id="count"></span></header>
 <div id="pending"></div>
-<div id="wrap"><div id="chart"></div><div id="detail" hidden><button id="close" title="close">\\u00d7</button><pre id="json"></pre></div></div>
+<div id="wrap"><div id="chart"></div><div id="detail" hidden><button id="close" title="close">&times;</button><pre id="json"></pre></div></div>
 <script type="application/json" id="trace-data">__DATA__</script>
 <script>
 "use strict";

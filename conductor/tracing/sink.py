@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
@@ -84,6 +84,7 @@ class JsonlTraceSink:
     # sent on: past this many, the oldest is forgotten (its late answer, if any, is traced
     # without its method and flow), so a long run keeps no more than this.
     MAX_OPEN_REQUESTS = 10_000
+    MAX_UNCLAIMED = 256  # per hop: requests a component may still forward
 
     def __init__(self, path: str | os.PathLike[str], *, redactor: Redactor | None = None) -> None:
         from conductor.output import open_output
@@ -99,7 +100,8 @@ class JsonlTraceSink:
         # requests the conductor sent on a hop; requests it received (oldest first)
         self._out: OrderedDict[tuple[str, Any], _Flow] = OrderedDict()
         self._in: OrderedDict[tuple[str, Any], _Flow] = OrderedDict()
-        self._unclaimed: dict[str, deque[_Flow]] = {}     # forwarded to a proxy, not yet re-sent
+        # given to a component, which has neither re-sent (forwarded) nor answered it yet
+        self._unclaimed: dict[str, OrderedDict[int, _Flow]] = {}
         self._closed = False
         self._write({"type": "trace", "version": TRACE_FORMAT_VERSION, "time": time.time(),
                      "redacted": redactor is not None, "pid": os.getpid()})
@@ -154,6 +156,9 @@ class JsonlTraceSink:
             event["kind"] = "error" if msg.error is not UNSET else "response"
             table = self._out if direction == "in" else self._in
             flow = table.pop((hop, _key(msg.id)), None)
+            waiting = self._unclaimed.get(hop) if direction == "in" else None
+            if flow is not None and waiting is not None:  # answered: it will not forward it
+                waiting.pop(flow.number, None)  # (a later request of the same method, it does)
             event["method"] = flow.method if flow else None
             session = flow.session if flow else None
             if session is None and msg.result is not UNSET:
@@ -180,7 +185,10 @@ class JsonlTraceSink:
             if hop == "client":  # the editor answers this id: that is the flow's editor-side id
                 flow.client_id = Raw(bytes(ident))
             self._open(self._out, (hop, _key(ident)), flow)
-            self._unclaimed.setdefault(hop, deque(maxlen=256)).append(flow)
+            waiting = self._unclaimed.setdefault(hop, OrderedDict())
+            waiting[flow.number] = flow
+            if len(waiting) > self.MAX_UNCLAIMED:  # e.g. the agent's: it forwards nothing
+                waiting.popitem(last=False)
         else:
             if hop == "client":
                 flow = self._new_flow(method, session)
@@ -200,11 +208,11 @@ class JsonlTraceSink:
         """A component sent a request: most likely it forwards one we gave it (same method)."""
         waiting = self._unclaimed.get(hop)
         if waiting:
-            for flow in waiting:
+            for flow in waiting.values():
                 same_method = flow.method == method or (
                     flow.method == acp.INITIALIZE and method == acp.INITIALIZE)
                 if same_method and (session is None or flow.session in (None, session)):
-                    waiting.remove(flow)
+                    del waiting[flow.number]
                     return flow
         return self._new_flow(method, session)
 

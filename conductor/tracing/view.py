@@ -30,7 +30,8 @@ class Trace(Record):
 # What the readers below rely on, by event type: a file from another version or tool that
 # lacks one is refused naming the line and field, not shown as an internal KeyError.
 _REQUIRED: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
-    "message": (("hop", (str,)), ("dir", (str,)), ("flow", (int, type(None)))),
+    "message": (("hop", (str,)), ("dir", (str,)), ("kind", (str,)),
+                ("flow", (int, type(None)))),
     "lifecycle": (("component", (str,)), ("event", (str,))),
 }
 
@@ -177,8 +178,25 @@ def pending(events: list[dict[str, Any]]) -> list[Pending]:
         first = requests[0]
         answer = next((a for a in answers.get(key, ()) if a["hop"] == first["hop"]
                        and a["dir"] != first["dir"]), None)
-        out.append(Pending(key, requests, unanswered[-1], answer))
+        out.append(Pending(key, requests, _holder(requests, unanswered), answer))
     return out
+
+
+def _holder(requests: list[dict[str, Any]],
+            unanswered: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where it stopped: the last request some component never answered, skipping those
+    the conductor answered for (it exited or timed out, so the request that one forwards
+    got an answer): the answer went back up, and whoever never passed it on has it. If
+    the conductor answered for every one, the last (the component that never did)."""
+    live = [e for e in unanswered if not _answered_for(requests, e)]
+    return (live or unanswered)[-1]
+
+
+def _answered_for(requests: list[dict[str, Any]], event: dict[str, Any]) -> bool:
+    if event["dir"] != "out":
+        return False
+    given = [e for e in requests if e["dir"] == "in" and e["seq"] < event["seq"]]
+    return bool(given) and "pair" in given[-1]  # what it forwards was answered
 
 
 def lanes_of(events: list[dict[str, Any]]) -> list[str]:
@@ -304,6 +322,11 @@ def render(trace: Trace, events: list[dict[str, Any]], console: Console) -> None
                           overflow="ellipsis", crop=False)
 
 
+def _answered_at(trace: Trace, request: dict[str, Any]) -> float:
+    """When `request` (a paired one) got its answer."""
+    return float(next(e["time"] for e in trace.events if e["seq"] == request["pair"]))
+
+
 def render_pending(trace: Trace, items: list[Pending], console: Console) -> None:
     """Each unanswered request: where it came from, the way it took, where it stopped."""
     start = trace.header.get("time") or (trace.events[0]["time"] if trace.events else 0.0)
@@ -316,7 +339,8 @@ def render_pending(trace: Trace, items: list[Pending], console: Console) -> None
                        "(the way each took, and who has it):", style="bold"))
     for item in items:
         first, stopped = item.first, item.stopped
-        head = Text(f"\n{first.get('method') or '?'}", style="bold cyan")
+        console.print()  # apart from the one before; a "\n" in `head` would show as ␊
+        head = Text(f"{first.get('method') or '?'}", style="bold cyan")
         if first.get("client_id") is not None:
             head.append(f" #{first['client_id']}", style="bold")
         if first.get("session"):
@@ -332,8 +356,14 @@ def render_pending(trace: Trace, items: list[Pending], console: Console) -> None
             where.append(f" (sent #{stopped.get('id')} at +{stopped['time'] - start:.3f}s, "
                          f"no answer in the {waited:.3f}s the trace goes on)")
         else:
-            where.append(f" (received from {stopped['hop']} at +{stopped['time'] - start:.3f}s,"
-                         f" neither forwarded nor answered in the {waited:.3f}s after)")
+            where.append(f" (received from {stopped['hop']} at +{stopped['time'] - start:.3f}s,")
+            onward = next((e for e in item.requests if e["seq"] > stopped["seq"]), None)
+            if onward is not None and "pair" in onward:  # its sender had gone, most likely
+                where.append(f" forwarded to {onward['hop']}, answered at "
+                             f"+{_answered_at(trace, onward) - start:.3f}s; that answer never "
+                             f"went back to {stopped['hop']})")
+            else:
+                where.append(f" neither forwarded nor answered in the {waited:.3f}s after)")
         console.print(_shown(where))
         if item.answer is not None:
             err = (item.answer.get("payload") or {}).get("error") \
