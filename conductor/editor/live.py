@@ -21,10 +21,10 @@ from conductor.editor.render import (
     _read_choice,
     _Tools,
     _usage_line,
-    _visible,
     agent_info,
     plan_entries,
 )
+from conductor.terminal_text import shown
 
 
 class RichEvents:
@@ -59,8 +59,8 @@ class RichEvents:
     def _tool_line(self, call: dict[str, Any]) -> Text:
         status = call.get("status", "pending")
         text = Text(f"{STATUS_MARK.get(status, '?')} ", style=STATUS_STYLE.get(status, ""))
-        text.append(f"{_visible(call.get('kind', 'other'))} ", style="bold")
-        text.append(_visible(call.get("title", call["toolCallId"])))
+        text.append(f"{shown(call.get('kind', 'other'))} ", style="bold")
+        text.append(shown(call.get("title", call["toolCallId"])))
         text.append(f"  {status}", style=STATUS_STYLE.get(status, "dim"))
         return text
 
@@ -68,7 +68,7 @@ class RichEvents:
         text = Text("Plan\n", style="bold")
         for entry in self.plan:
             status = entry.get("status", "pending")
-            text.append(f"  {PLAN_MARK.get(status, '[ ]')} {_visible(entry.get('content', ''))}\n",
+            text.append(f"  {PLAN_MARK.get(status, '[ ]')} {shown(entry.get('content', ''))}\n",
                         style="dim strike" if status == "completed" else "")
         text.rstrip()
         return text
@@ -84,8 +84,8 @@ class RichEvents:
 
     def session(self, record: dict[str, Any]) -> None:
         info = agent_info(record)
-        name = escape(_visible(info.get("name", "?")))
-        self.err.print(f"[dim]session {escape(_visible(record.get('sessionId')))} "
+        name = escape(shown(info.get("name", "?")))
+        self.err.print(f"[dim]session {escape(shown(record.get('sessionId')))} "
                        f"({record.get('how')}), agent {name}[/dim]")
 
     def update(self, session_id: str | None, update: dict[str, Any]) -> None:
@@ -96,7 +96,7 @@ class RichEvents:
                 self.text_kind = kind
             style = {"agent_thought_chunk": "dim italic",
                      "user_message_chunk": "blue"}.get(kind, "")
-            self.text.append(_visible(_content_text(update), text=True), style=style)
+            self.text.append(shown(_content_text(update), text=True), style=style)
         elif kind in ("tool_call", "tool_call_update"):
             self._commit_text()
             call = self.tools.merge(update)
@@ -119,13 +119,13 @@ class RichEvents:
             choice = record.get("optionId") or record["outcome"]
             style = "green" if (record.get("optionKind") or "").startswith("allow") else "red"
             self.console.print(Text.assemble(("permission ", "bold"),
-                                             _visible(tool.get("title", "tool call")), ": ",
+                                             shown(tool.get("title", "tool call")), ": ",
                                              (str(choice), style),
                                              (f"  (--approve {record['policy']})", "dim")))
         elif not record.get("allowed"):
             self.console.print(Text.assemble(("refused ", "bold red"),
-                                             f"{record['op']} {_visible(record['target'])}: ",
-                                             (_visible(record.get("reason")), "red")))
+                                             f"{record['op']} {shown(record['target'])}: ",
+                                             (shown(record.get("reason")), "red")))
 
     def notice(self, text: str) -> None:
         self.err.print(f"[yellow]{escape(text)}[/yellow]")

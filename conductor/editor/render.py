@@ -15,6 +15,8 @@ from typing import Any, TextIO
 import anyio
 import msgspec
 
+from conductor.terminal_text import SHOWN, SHOWN_TEXT
+
 STATUS_MARK = {"pending": "○", "in_progress": "◐", "completed": "✓", "failed": "✗"}
 STATUS_STYLE = {"pending": "yellow", "in_progress": "cyan", "completed": "green",
                 "failed": "red"}
@@ -76,18 +78,7 @@ def plan_entries(update: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 
-# The agent's words on the terminal are shown, never obeyed: an ESC or CR in them could
-# repaint a permission question (the person would approve what they did not see) or the
-# lines around it. Each control character becomes one visible one; in running text
-# (thoughts) newlines and tabs are kept.
-_CONTROL = {**{c: 0x2400 + c for c in range(0x20)}, 0x7F: 0x2421,
-            **{c: 0xFFFD for c in range(0x80, 0xA0)}}
-_CONTROL_TEXT = {c: v for c, v in _CONTROL.items() if c not in (0x09, 0x0A)}
-
-
-def _visible(value: object, *, text: bool = False) -> str:
-    """`value` as a string fit for the terminal (`text`: running text, lines kept)."""
-    return str(value).translate(_CONTROL_TEXT if text else _CONTROL)
+# The agent's words on the terminal are shown, never obeyed (conductor/terminal_text.py).
 
 
 def _question(tool_call: dict[str, Any], options: list[dict[str, Any]]) -> list[str]:
@@ -95,7 +86,7 @@ def _question(tool_call: dict[str, Any], options: list[dict[str, Any]]) -> list[
     lines = [f"The agent asks: {tool_call.get('title', 'a tool call')} "
              f"({tool_call.get('kind', 'other')})",
              *(f"  {i}. {o.get('name', o.get('optionId'))}" for i, o in enumerate(options, 1))]
-    return [line.translate(_CONTROL) for line in lines]
+    return [line.translate(SHOWN) for line in lines]
 
 
 ANSWER_PROMPT = "choose a number (empty: cancel): "
@@ -202,7 +193,7 @@ class PlainEvents:
         if self._thought_open:
             self.err.write("\n")
             self._thought_open = False
-        self.err.write(text.translate(_CONTROL) + "\n")
+        self.err.write(text.translate(SHOWN) + "\n")
         self.err.flush()
 
     def session(self, record: dict[str, Any]) -> None:
@@ -222,7 +213,7 @@ class PlainEvents:
             if not self._thought_open:
                 self.err.write("[thought] ")
                 self._thought_open = True
-            self.err.write(_content_text(update).translate(_CONTROL_TEXT))
+            self.err.write(_content_text(update).translate(SHOWN_TEXT))
             self.err.flush()
         elif kind in ("tool_call", "tool_call_update"):
             call = self.tools.merge(update)

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from conductor.errors import ConfigError
 from conductor.record import Record
+from conductor.terminal_text import SHOWN
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -235,15 +236,10 @@ def select(trace: Trace, *, session: str | None = None, method: str | None = Non
     return out
 
 
-# What a component wrote (stderr, methods, ids, error messages) is shown, never obeyed: an
-# ESC or BEL in it would reach the reader's terminal (clear it, retitle it, write its
-# clipboard). Each control character becomes one visible one, so styles keep their places.
-_CONTROL = {**{c: 0x2400 + c for c in range(0x20)}, 0x7F: 0x2421,
-            **{c: 0xFFFD for c in range(0x80, 0xA0)}}
-
-
 def _shown(text: Text) -> Text:
-    text.plain = text.plain.translate(_CONTROL)
+    """What a component wrote (stderr, methods, ids, error messages) is shown, never obeyed
+    (conductor/terminal_text.py); one character for one, so styles keep their places."""
+    text.plain = text.plain.translate(SHOWN)
     return text
 
 

@@ -59,6 +59,17 @@ async def test_the_agents_words_in_the_question_cannot_move_the_cursor_or_recolo
     assert "rm -rf ~" in shown and "read README.md" in shown
 
 
+async def test_the_agents_words_in_the_question_cannot_reorder_themselves(
+        terminal: int) -> None:
+    # Unicode direction overrides ("Trojan Source"): a terminal that honours them would show
+    # `rm -rf ~` written backwards after harmless words, and the person approve that.
+    tool = {"title": "read README.md \u202e~ fr- mr\u202c \u2066x\u2069", "kind": "read"}
+    options = [{"optionId": "yes", "name": "Allow\u200f", "kind": "allow_once"}]
+    _, shown = await ask(terminal, "", tool, options)
+    assert not any(c in shown for c in "\u202e\u202c\u2066\u2069\u200f"), ascii(shown)
+    assert "read README.md" in shown
+
+
 def test_the_plain_view_shows_the_agents_control_characters_instead_of_obeying_them() -> None:
     # While a question waits for its answer, updates keep coming: an ESC in a tool title
     # or a thought could move the cursor up and rewrite the question on the terminal.
