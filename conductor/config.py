@@ -54,16 +54,66 @@ Float = Annotated[float, _Exact()]
 
 
 _NAME = r"[A-Za-z0-9_.:-]+"  # a component's name
-# A default may name variables itself (`${XDG_CONFIG:-${HOME}/.config}`), one level deep.
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-((?:[^$}]|\$(?!\{)|\$\{[^}]*\})*))?\}")
-# `${NAME` with no `}` anywhere after it: a typo, not a shell expression (`${HOME%/}`, left
-# for the shell a command runs), and passed on literally it would reach the component.
-_UNCLOSED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?![A-Za-z0-9_])(?!.*\})", re.DOTALL)
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class _Unclosed(Exception):
+    """`${NAME` (or `${NAME:-...`) whose `}` never comes."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _parts(text: str) -> list[str | tuple[str, str | None]]:
+    """`text` as literal strings and `(NAME, default)` references. A default is read up to
+    its own `}`, each `${` in it opening a brace of its own, so defaults nest as a shell's do
+    (`${A:-${B:-${C}}}`). A `${...}` that is not `${NAME}` or `${NAME:-...}` (`${1}`,
+    `${HOME%/}`) is left as text, for the shell a command runs.
+
+    Raises:
+        _Unclosed: a `${NAME` with no `}` to close it: a typo, that passed on literally would
+            reach the component.
+    """
+    out: list[str | tuple[str, str | None]] = []
+    i = done = 0
+    while (i := text.find("${", i)) != -1:
+        name = _VAR_NAME.match(text, i + 2)
+        if name is None:
+            i += 2
+            continue
+        after = name.end()
+        if text.startswith("}", after):
+            default, end = None, after + 1
+        elif text.startswith(":-", after):
+            depth, j = 0, after + 2
+            while j < len(text) and (depth or text[j] != "}"):
+                if text.startswith("${", j):
+                    depth, j = depth + 1, j + 2
+                    continue
+                depth -= text[j] == "}"
+                j += 1
+            if j == len(text):
+                raise _Unclosed(name.group())
+            default, end = text[after + 2:j], j + 1
+        elif "}" in text[after:]:
+            i = after  # a shell expression (`${HOME%/}`): the shell's
+            continue
+        else:
+            raise _Unclosed(name.group())
+        out += [text[done:i], (name.group(), default)]
+        i = done = end
+    out.append(text[done:])
+    return out
 
 
 def variables(text: str) -> list[tuple[str, str | None]]:
-    """The `${VAR}`s a value names, each with its default (None when it has none)."""
-    return [(m.group(1), m.group(2)) for m in _VAR.finditer(text)]
+    """The `${VAR}`s a value names, each with its default (None when it has none); those
+    before an unclosed one only."""
+    try:
+        return [part for part in _parts(text) if isinstance(part, tuple)]
+    except _Unclosed:
+        return []
 
 
 _EMPTY_COMMAND = ('command: command is empty (hint: give the program to run and its arguments, '
@@ -72,8 +122,11 @@ _EMPTY_COMMAND = ('command: command is empty (hint: give the program to run and 
 
 def unclosed_variable(text: str) -> str | None:
     """NAME of a `${NAME` that is never closed, or None."""
-    found = _UNCLOSED.search(text)
-    return found.group(1) if found else None
+    try:
+        _parts(text)
+    except _Unclosed as e:
+        return e.name
+    return None
 
 
 def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) -> str:
@@ -82,22 +135,27 @@ def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) 
     Raises:
         ConfigError: a variable is unset and has no default, or `${NAME` is not closed.
     """
-    name = unclosed_variable(text)
-    if name is not None:
-        raise ConfigError(f"${{{name} is not closed", file=file, field=where,
-                          hint=f"write ${{{name}}} (or ${{{name}:-default}})")
-
-    def sub(m: re.Match[str]) -> str:
-        name, default = m.group(1), m.group(2)
+    try:
+        parts = _parts(text)
+    except _Unclosed as e:
+        raise ConfigError(f"${{{e.name} is not closed", file=file, field=where,
+                          hint=f"write ${{{e.name}}} (or ${{{e.name}:-default}})") from None
+    out: list[str] = []
+    for part in parts:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        name, default = part
         if name == "PYTHON":
-            return sys.executable
-        if name in environ:
-            return environ[name]
-        if default is not None:
-            return expand(default, environ, where=where, file=file)
-        raise ConfigError(f"environment variable {name} is not set", file=file, field=where,
-                          hint=f"export {name}, or write ${{{name}:-default}}")
-    return _VAR.sub(sub, text)
+            out.append(sys.executable)
+        elif name in environ:
+            out.append(environ[name])
+        elif default is not None:
+            out.append(expand(default, environ, where=where, file=file))
+        else:
+            raise ConfigError(f"environment variable {name} is not set", file=file,
+                              field=where, hint=f"export {name}, or write ${{{name}:-default}}")
+    return "".join(out)
 
 
 @dataclass

@@ -222,6 +222,23 @@ def test_a_default_may_itself_name_a_variable(
                   where="agent.command", file="c.toml") == expected
 
 
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"A": "a"}, "a/x"), ({"B": "b"}, "b/x"), ({"C": "c"}, "c/x"),
+    ({"B": "b", "C": "c"}, "b/x"),
+])
+def test_defaults_nest_as_deep_as_a_shell_reads_them(
+        environ: dict[str, str], expected: str) -> None:
+    # Two levels used to give "a}/x" (a stray brace) or the literal "${B:-c/x", silently.
+    assert expand("${A:-${B:-${C}}}/x", environ, where="agent.command",
+                  file="c.toml") == expected
+
+
+def test_a_variable_whose_default_is_never_closed_is_a_config_error() -> None:
+    # `${A:-${B}`: the `}` is B's, and A's is missing; it used to pass on `${A:-b`.
+    with pytest.raises(ConfigError, match=r"agent.command: \$\{A is not closed"):
+        expand("${A:-${B}", {"B": "b"}, where="agent.command", file="c.toml")
+
+
 @pytest.mark.parametrize(("text", "field"), [
     ("[[proxy]]\ncommand = 'p'\noptions = { level = 1 }", "proxy[0].options"),
     ("[[proxy]]\nuse = 'redact'\ncwd = 'work'", "proxy[0].cwd"),
