@@ -724,11 +724,17 @@ def component_environment(spec: ComponentSpec, *, file: str | None, where: str) 
     """The environment a component starts with.
 
     Raises:
-        ConfigError: an `${VAR}` names an unset variable.
+        ConfigError: an `${VAR}` names an unset variable (every such one).
     """
     base = dict(os.environ) if spec.inherit_env else {"PATH": os.environ.get("PATH", "")}
+    found: list[ConductorError] = []
     for key, value in spec.env.items():
-        base[key] = expand(value, dict(os.environ), where=f"{where}.env.{key}", file=file)
+        try:
+            base[key] = expand(value, dict(os.environ), where=f"{where}.env.{key}", file=file)
+        except ConfigError as e:
+            found.append(e)
+    if found:
+        raise ConfigError.combine(found, file)
     return base
 
 
@@ -772,7 +778,15 @@ def component_argv(spec: ComponentSpec, *, file: str | None, where: str,
         ConfigError: a variable is unset, or the relative program does not exist.
     """
     env = dict(os.environ if environ is None else environ)
-    argv = [expand(a, env, where=f"{where}.command", file=file) for a in spec.argv()]
+    argv: list[str] = []
+    found: list[ConductorError] = []
+    for arg in spec.argv():
+        try:
+            argv.append(expand(arg, env, where=f"{where}.command", file=file))
+        except ConfigError as e:  # and the other arguments' variables too
+            found.append(e)
+    if found:
+        raise ConfigError.combine(found, file)
     program = argv[0]
     if base_dir and "/" in program and not os.path.isabs(program):
         argv[0] = os.path.normpath(os.path.join(base_dir, program))
@@ -814,8 +828,16 @@ def component_headers(spec: ComponentSpec, *, file: str | None, where: str) -> d
         ConfigError: an `${VAR}` names an unset variable.
     """
     env = dict(os.environ)
-    return {key: expand(value, env, where=f"{where}.headers.{key}", file=file)
-            for key, value in spec.headers.items()}
+    headers: dict[str, str] = {}
+    found: list[ConductorError] = []
+    for key, value in spec.headers.items():
+        try:
+            headers[key] = expand(value, env, where=f"{where}.headers.{key}", file=file)
+        except ConfigError as e:
+            found.append(e)
+    if found:
+        raise ConfigError.combine(found, file)
+    return headers
 
 
 def mcp_servers(config: ChainConfig) -> list[McpServer]:
@@ -842,9 +864,14 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
     import shutil
 
     env = dict(os.environ)
+    found: list[ConfigError] = []
 
     def x(text: str, key: str) -> str:
-        return expand(text, env, where=f"{where}.{key}", file=config.source)
+        try:
+            return expand(text, env, where=f"{where}.{key}", file=config.source)
+        except ConfigError as e:  # the others are still checked: every problem at once
+            found.append(e)
+            return text
 
     if spec.type == "acp":
         assert spec.provider is not None
@@ -852,6 +879,10 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
     if spec.type == "stdio":
         assert spec.command is not None
         command = x(spec.command, "command")
+        args = tuple(x(a, "args") for a in spec.args)
+        server_env = tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items())
+        if found and found[0].field == f"{where}.command":
+            raise ConfigError.combine(found, config.source)  # no command to look for
         if "/" in command and not os.path.isabs(command) and config.base_dir:
             relative = command  # a path, as a shell would see it: from the chain's folder
             command = os.path.normpath(os.path.join(config.base_dir, command))
@@ -865,22 +896,26 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
             hint = "give the program alone in `command`, and its arguments in `args`" \
                 if " " in command.strip() and not spec.args else \
                 "ACP wants an absolute path; give one, or fix PATH"
-            raise ConfigError(f"command not found: {missing}", file=config.source,
-                              field=f"{where}.command", hint=hint)
-        return McpServer(spec.name, "stdio", command=resolved,
-                         args=tuple(x(a, "args") for a in spec.args),
-                         env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items()),
+            found.insert(0, ConfigError(f"command not found: {missing}", file=config.source,
+                                        field=f"{where}.command", hint=hint))
+        if found:
+            raise ConfigError.combine(found, config.source)
+        assert resolved is not None
+        return McpServer(spec.name, "stdio", command=resolved, args=args, env=server_env,
                          required=spec.required)
     assert spec.url is not None
     url = x(spec.url, "url")  # checked once expanded: `url = "${SEARCH_URL}"` is fine
-    if not re.match(r"(?i)https?://[^/?#\s]+", url):
-        raise ConfigError(f"{url!r} is not an http:// or https:// address", file=config.source,
-                          field=f"{where}.url",
-                          hint=f"an {spec.type} MCP server's url looks like "
-                               "http://127.0.0.1:8000/mcp")
-    return McpServer(spec.name, spec.type, url=url,
-                     headers=tuple((k, x(v, f"headers.{k}")) for k, v in spec.headers.items()),
-                     required=spec.required)
+    if not found and not re.match(r"(?i)https?://[^/?#\s]+", url):
+        found.append(ConfigError(f"{url!r} is not an http:// or https:// address",
+                                 file=config.source, field=f"{where}.url",
+                                 hint=f"an {spec.type} MCP server's url looks like "
+                                      "http://127.0.0.1:8000/mcp"))
+    server = McpServer(spec.name, spec.type, url=url,
+                       headers=tuple((k, x(v, f"headers.{k}")) for k, v in spec.headers.items()),
+                       required=spec.required)
+    if found:
+        raise ConfigError.combine(found, config.source)
+    return server
 
 
 def trace_redactor(config: ChainConfig | None, *, unredacted: bool = False) -> Redactor | None:

@@ -328,3 +328,24 @@ def test_an_empty_command_is_told_what_to_write(tmp_path: Path, command: str) ->
         command = {command}
     """)
     assert "c.toml: agent.command: command is empty (hint: give the program" in message
+
+
+def test_every_problem_of_one_component_is_reported_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each used to hide the ones after it: fix one, run again, meet the next.
+    for name in ("UNSET_A", "UNSET_B", "UNSET_C", "UNSET_D"):
+        monkeypatch.delenv(name, raising=False)
+    message = problem(tmp_path, """
+        [agent]
+        command = "./missing-agent"
+        env = { A = "${UNSET_A}", B = "${UNSET_B}" }
+        cwd = "missing-dir"
+
+        [[mcp_server]]
+        name = "files"
+        command = "${UNSET_C}"
+        env = { D = "${UNSET_D}" }
+    """)
+    for field in ("agent.command", "agent.env.A", "agent.env.B", "agent.cwd",
+                  "mcp_server[0].command", "mcp_server[0].env.D"):
+        assert f"  {field}: " in message, field
