@@ -94,6 +94,25 @@ def chain_text(name: str, agent: KnownAgent, file: Path) -> str:
                         command=agent.command, secrets=secrets, login=login)
 
 
+def _check_command(command: str) -> None:
+    """Refuse what the chain file would be refused for, rather than write it.
+
+    Raises:
+        ConfigError: the command line cannot be split, or a `${NAME` is not closed.
+    """
+    from conductor.config import ComponentSpec, unclosed_variable
+
+    try:
+        ComponentSpec(command=command)
+    except ValueError as e:  # "command: <problem> (hint: ...)"
+        problem, _, hint = str(e).partition(": ")[2].partition(" (hint: ")
+        raise ConfigError(problem, field="--agent-command",
+                          hint=hint.removesuffix(")") or None) from None
+    if (name := unclosed_variable(command)) is not None:
+        raise ConfigError(f"${{{name} is not closed", field="--agent-command",
+                          hint=f"write ${{{name}}} (or ${{{name}:-default}})")
+
+
 def _refuse_existing(path: Path) -> None:
     if path.exists() or path.is_symlink():
         raise ConfigError(f"{path} already exists; not overwriting it", field="--output",
@@ -298,6 +317,8 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
     if agent_command is not None and not agent_command.strip():
         raise ConfigError("the command is empty", field="--agent-command",
                           hint='give the agent\'s command line, e.g. "my-agent --acp"')
+    if agent_command is not None:
+        _check_command(agent_command)
     chosen = AGENTS[agent] if agent else KnownAgent(
         # one line: the title goes in a comment line, which a newline would end
         f"`{' '.join(str(agent_command).split())}`", json.dumps(agent_command), (),
