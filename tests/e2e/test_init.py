@@ -151,6 +151,25 @@ def test_an_agent_command_no_chain_could_run_is_refused_and_nothing_is_written(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_agent_program_given_by_a_relative_path_is_the_same_file_from_the_chain_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Typed in a shell, `./agent.sh` is in the current folder; a chain file takes it from its
+    # own folder: written as is into sub/chain.toml, `check` said "./agent.sh not found".
+    from click.testing import CliRunner
+
+    from conductor.cli.app import main
+    from conductor.plan import read_chain
+
+    (tmp_path / "agent.sh").write_text("#!/bin/sh\n", encoding="utf-8")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["init", "--agent-command", "./agent.sh --acp",
+                                       "-o", "sub/chain.toml"])
+    assert result.exit_code == 0, result.output
+    [(_, _, launch)] = _plan(read_chain("sub/chain.toml"), "agent")
+    assert launch.argv == [str(tmp_path / "agent.sh"), "--acp"]  # type: ignore[union-attr]
+
+
 def test_an_agent_command_over_several_lines_still_makes_a_chain_that_loads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The command is also shown in the file's first comment line: a newline in it left the
