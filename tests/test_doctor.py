@@ -158,3 +158,12 @@ def test_a_variable_reference_never_closed_fails_as_the_chain_would(tmp_path: Pa
                      {"PATH": "/usr/bin:/bin", "HOME": "/home/me"})
     assert found["${HOME"].status == "fail"
     assert "agent.env.K" in found["${HOME"].detail and "not closed" in found["${HOME"].detail
+
+
+def test_a_program_on_the_path_the_components_own_env_gives_it_is_found(tmp_path: Path) -> None:
+    # The component is started with its `env`'s PATH, which finds it: doctor looked in the
+    # editor's PATH alone and said it would not start.
+    tool(tmp_path / "mybin", "myagent")
+    chain = '[agent]\ncommand = "myagent"\nenv = { PATH = "${HERE}/mybin:${PATH}" }\n'
+    found = findings(tmp_path, chain, {"PATH": "/usr/bin:/bin", "HERE": str(tmp_path)})
+    assert found["agent"] == Finding("ok", "agent", f"`myagent` is {tmp_path}/mybin/myagent")

@@ -102,6 +102,21 @@ def _program_findings(name: str, argv0: str, spec: ComponentSpec, config: ChainC
     return out
 
 
+def _own_path(spec: ComponentSpec, environ: dict[str, str], *, file: str | None,
+              where: str) -> dict[str, str]:
+    """The environment a component's program is looked up in: with the PATH of its `env`,
+    when it sets one (the component is started with that)."""
+    from conductor.config import expand
+
+    if "PATH" not in spec.env:
+        return environ
+    try:
+        path = expand(spec.env["PATH"], environ, where=f"{where}.env.PATH", file=file)
+    except ConductorError:
+        return environ  # the variable findings say what is unset
+    return {**environ, "PATH": path}
+
+
 def _node_finding(name: str, environ: dict[str, str]) -> Finding:
     node = _which("node", environ)
     if node is None:
@@ -218,7 +233,8 @@ def chain_findings(path: str, environ: dict[str, str]) -> list[Finding]:
         except ConductorError as e:
             out.append(Finding("fail", name, str(e)))
             continue
-        out += _program_findings(name, argv[0], spec, config, environ)
+        out += _program_findings(name, argv[0], spec, config,
+                                 _own_path(spec, environ, file=config.source, where=where))
         if spec.cwd is not None and "${" not in spec.cwd:
             cwd = spec.cwd if os.path.isabs(spec.cwd) or not config.base_dir else \
                 os.path.join(config.base_dir, spec.cwd)
