@@ -30,7 +30,7 @@ from conductor.errors import ConfigError
 WORDS = st.sampled_from(["", " ", "x", "python agent.py", "proxy", "spec", "legacy", "never",
                          "on-failure", "stdio", "http", "sse", "acp", "auto", "off",
                          "wss://box:8765/acp", "ws://h", "http://h", "p0", "bad name!",
-                         "${HOME}", "[", "redact"])
+                         "${HOME}", "[", "redact", "é", "a\n", "${A:-${B:-c}}", "WSS://H"])
 # TOML also has inf and nan, dates and times, and tables within tables.
 SCALARS = st.one_of(WORDS, st.booleans(), st.integers(-2, 2_000_000),
                     st.floats(-1, 400, allow_nan=False), st.sampled_from([inf, -inf, nan]),
@@ -43,7 +43,9 @@ VALUES = st.one_of(SCALARS, st.lists(WORDS, max_size=3),
 
 
 WORD_LISTS = st.lists(WORDS, max_size=2)
-NUMBERS = st.one_of(st.integers(-2, 2_000_000), st.floats(-1, 400, allow_nan=False))
+# TOML's integers reach 2**63 - 1: past 2**53 a float cannot hold them exactly.
+NUMBERS = st.one_of(st.integers(-2, 2_000_000), st.floats(-1, 400, allow_nan=False),
+                    st.integers(-(2**63), 2**63 - 1), st.sampled_from([inf, -0.0]))
 # The type each key takes, so that most tables are nearly right and the rules between
 # fields (not only the types) are what decides.
 FITTING: dict[str, st.SearchStrategy[Any]] = {
