@@ -644,7 +644,7 @@ def chain_path(ref: str | os.PathLike[str]) -> Path:
     """
     path = Path(ref)
     text = str(ref)
-    if path.exists() or "/" in text or text.endswith(".toml"):
+    if path.is_file() or "/" in text or text.endswith(".toml"):
         return path
     builtin = builtin_chains().get(text)
     if builtin is None:
@@ -677,6 +677,9 @@ def load_chain(path: str | os.PathLike[str]) -> ChainConfig:
             "file not found", file=file,
             hint="give the path of a chain TOML file, or a built-in chain's name "
                  "(`acp-conductor chains` lists them)") from None
+    except IsADirectoryError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", file=file,
+                          hint="give the path of a chain TOML file, not its folder") from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", file=file) from None
     except UnicodeDecodeError as e:  # TOML is UTF-8; say where, not a traceback
