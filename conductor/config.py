@@ -198,6 +198,13 @@ class ComponentSpec:
                 raise ValueError(_EMPTY_COMMAND)
         elif isinstance(self.command, list) and not self.command[0].strip():
             raise ValueError("command: the program (its first item) is empty")
+        argv = [self.command] if isinstance(self.command, str) else self.command or []
+        if any("\0" in a for a in argv):
+            raise ValueError(f"command: it has a NUL character{_NUL_HINT}")
+        if self.cwd is not None and "\0" in self.cwd:
+            raise ValueError(f"cwd: it has a NUL character{_NUL_HINT}")
+        if (problem := _env_problem(self.env)) is not None:
+            raise ValueError(f"env: {problem}")
         if self.shutdown_grace is not None and not 0 <= self.shutdown_grace <= 300:
             raise ValueError("shutdown_grace: give a number of seconds from 0 to 300")
         given = [k for k in ("command", "use", "plugin", "url") if getattr(self, k) is not None]
@@ -277,6 +284,8 @@ class McpServerSpec:
             return
         if self.provider:
             raise ValueError("provider: only acp MCP servers have a provider")
+        if (problem := _env_problem(self.env)) is not None:
+            raise ValueError(f"env: {problem}")
         if self.type == "stdio":
             if not self.command and self.url:  # `type` left out: it defaults to stdio
                 raise ValueError('type: a server reached at `url` needs type = "http" (or '
@@ -293,6 +302,20 @@ class McpServerSpec:
             extra = _given(self, "command", "args", "env")
             if extra:
                 raise ValueError(f"{extra}: `command`, `args` and `env` are for stdio servers")
+
+
+_NUL_HINT = " (hint: a process cannot be given one; remove the \\u0000)"
+
+
+def _env_problem(env: dict[str, str]) -> str | None:
+    """What no process's environment can hold (the start would fail naming no key)."""
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name:
+            return (f"{name!r} cannot be an environment variable's name (hint: a name is not "
+                    "empty and has no '=')")
+        if "\0" in value:
+            return f"{name}'s value has a NUL character{_NUL_HINT}"
+    return None
 
 
 def _given(spec: object, *keys: str) -> str | None:

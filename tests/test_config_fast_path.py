@@ -30,7 +30,8 @@ from conductor.errors import ConfigError
 WORDS = st.sampled_from(["", " ", "x", "python agent.py", "proxy", "spec", "legacy", "never",
                          "on-failure", "stdio", "http", "sse", "acp", "auto", "off",
                          "wss://box:8765/acp", "ws://h", "http://h", "p0", "bad name!",
-                         "${HOME}", "[", "redact", "é", "a\n", "${A:-${B:-c}}", "WSS://H"])
+                         "${HOME}", "[", "redact", "é", "a\n", "${A:-${B:-c}}", "WSS://H",
+                         "A=B", "x\x00"])
 # TOML also has inf and nan, dates and times, and tables within tables.
 SCALARS = st.one_of(WORDS, st.booleans(), st.integers(-2, 2_000_000),
                     st.floats(-1, 400, allow_nan=False), st.sampled_from([inf, -inf, nan]),

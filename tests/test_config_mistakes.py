@@ -349,3 +349,30 @@ def test_every_problem_of_one_component_is_reported_at_once(
     for field in ("agent.command", "agent.env.A", "agent.env.B", "agent.cwd",
                   "mcp_server[0].command", "mcp_server[0].env.D"):
         assert f"  {field}: " in message, field
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ('env = { "A=B" = "x" }', "agent.env: 'A=B' cannot be an environment variable's name"),
+    ('env = { "" = "x" }', "agent.env: '' cannot be an environment variable's name"),
+    ('env = { A = "x\\u0000y" }', "agent.env: A's value has a NUL character"),
+    ('cwd = "a\\u0000b"', "agent.cwd: it has a NUL character"),
+])
+def test_an_environment_no_process_can_be_given_is_a_config_error(
+        tmp_path: Path, line: str, said: str) -> None:
+    # Before, the first two and the NUL were a start failure ("illegal environment variable
+    # name", "embedded null byte") naming neither file nor key, and an empty name was dropped.
+    message = problem(tmp_path, f"""
+        [agent]
+        command = "my-agent"
+        {line}
+    """)
+    assert f"c.toml: {said}" in message
+
+
+@pytest.mark.parametrize("command", ['"my-agent\\u0000"', '["my-agent", "a\\u0000"]'])
+def test_a_command_with_a_nul_character_is_a_config_error(tmp_path: Path, command: str) -> None:
+    message = problem(tmp_path, f"""
+        [agent]
+        command = {command}
+    """)
+    assert "c.toml: agent.command: it has a NUL character" in message
