@@ -167,3 +167,27 @@ def test_a_program_on_the_path_the_components_own_env_gives_it_is_found(tmp_path
     chain = '[agent]\ncommand = "myagent"\nenv = { PATH = "${HERE}/mybin:${PATH}" }\n'
     found = findings(tmp_path, chain, {"PATH": "/usr/bin:/bin", "HERE": str(tmp_path)})
     assert found["agent"] == Finding("ok", "agent", f"`myagent` is {tmp_path}/mybin/myagent")
+
+
+def test_every_stdio_mcp_server_command_is_looked_for_as_the_chain_will(tmp_path: Path) -> None:
+    # Doctor passed over a relative path, an absolute one and one behind a ${VAR}: it said
+    # "0 failed" for a chain that then would not start.
+    tool(tmp_path / "bin", "mcp-here")
+    chain = ('[agent]\ncommand = "true"\n'
+             '[[mcp_server]]\nname = "a"\ncommand = "./missing-mcp"\n'
+             '[[mcp_server]]\nname = "b"\ncommand = "${MCPBIN:-nosuch-mcp}"\n'
+             '[[mcp_server]]\nname = "c"\ncommand = "/abs/missing-mcp"\n'
+             '[[mcp_server]]\nname = "d"\ncommand = "./bin/mcp-here"\n'
+             '[[mcp_server]]\nname = "e"\ncommand = "${MCPDIR}/mcp-here"\n')
+    found = findings(tmp_path, chain, {"PATH": "/usr/bin:/bin", "MCPDIR": str(tmp_path / "bin")})
+    assert found["mcp_server[0]"].status == "fail"
+    assert f"./missing-mcp (relative to {tmp_path}, the chain file's folder)" in \
+        found["mcp_server[0]"].detail
+    assert found["mcp_server[1]"].status == "fail"
+    assert "`nosuch-mcp` is not on PATH" in found["mcp_server[1]"].detail
+    assert found["mcp_server[2]"].status == "fail"
+    assert "/abs/missing-mcp is not an executable file" in found["mcp_server[2]"].detail
+    assert found["mcp_server[3]"] == Finding("ok", "mcp_server[3]",
+                                             f"`./bin/mcp-here` is {tmp_path}/bin/mcp-here")
+    assert found["mcp_server[4]"] == Finding(
+        "ok", "mcp_server[4]", f"`{tmp_path}/bin/mcp-here` is {tmp_path}/bin/mcp-here")

@@ -241,13 +241,35 @@ def chain_findings(path: str, environ: dict[str, str]) -> list[Finding]:
             if not os.path.isdir(cwd):
                 out.append(Finding("fail", name, f"cwd {cwd} is not a directory"))
     for i, server in enumerate(config.mcp_server):
-        if server.command and "${" not in server.command and "/" not in server.command:
-            found = _which(server.command, environ)
-            out.append(Finding("ok", f"mcp_server[{i}]", f"`{server.command}` is {found}")
-                       if found else
-                       Finding("fail", f"mcp_server[{i}]",
-                               f"`{server.command}` is not on PATH"))
+        if server.command:
+            out += _mcp_command_findings(f"mcp_server[{i}]", server.command, config, environ)
     return out + _variable_findings(config, environ)
+
+
+def _mcp_command_findings(where: str, command: str, config: ChainConfig,
+                          environ: dict[str, str]) -> list[Finding]:
+    """A stdio MCP server's program, looked for as the chain will (`config._mcp_server`)."""
+    from conductor.config import expand, relative_to_chain
+
+    try:
+        command = expand(command, environ, where=f"{where}.command", file=config.source)
+    except ConductorError:
+        return []  # the variable findings say what is unset
+    if "/" in command:  # a path, as a shell would see it; a relative one from the chain's
+        relative = not os.path.isabs(command) and config.base_dir
+        path = os.path.normpath(os.path.join(config.base_dir or "", command))
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return [Finding("ok", where, f"`{command}` is {path}")]
+        shown = f"{command} ({relative_to_chain(config.base_dir)})" if relative else command
+        return [Finding("fail", where, f"{shown} is not an executable file; give the path of "
+                                       "the MCP server's program in the chain file")]
+    found = _which(command, environ)
+    if found is None:
+        return [Finding("fail", where, f"`{command}` is not on PATH ({environ.get('PATH', '')})"
+                                       "; give its absolute path in the chain file, or add "
+                                       "its folder to the PATH the editor starts the "
+                                       "conductor with")]
+    return [Finding("ok", where, f"`{command}` is {found}")]
 
 
 def file_findings(trace: str | None, log_file: str | None) -> list[Finding]:
