@@ -376,3 +376,16 @@ def test_a_command_with_a_nul_character_is_a_config_error(tmp_path: Path, comman
         command = {command}
     """)
     assert "c.toml: agent.command: it has a NUL character" in message
+
+
+@pytest.mark.parametrize(("key", "meant"), [
+    ("cmd", "command"), ("COMMAND", "command"), ("CWD", "cwd"), ("URL", "url")])
+def test_an_abbreviated_or_capitalised_key_is_told_the_key_it_means(
+        tmp_path: Path, key: str, meant: str) -> None:
+    # `cmd` was told "did you mean 'cwd'?" (nearest by letters), and capitals got no hint.
+    message = problem(tmp_path, f"""
+        [agent]
+        command = "my-agent"
+        {key} = "x"
+    """)
+    assert f"agent.{key}: unknown key '{key}' (hint: did you mean '{meant}'?)" in message
