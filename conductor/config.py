@@ -55,6 +55,10 @@ Float = Annotated[float, _Exact()]
 
 _NAME = r"[A-Za-z0-9_.:-]+"  # a component's name
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What the conductor calls the ends of a chain in routing and traces (their lanes): a
+# component by one of these names would be drawn as, and taken for, that end.
+_OWN_NAMES = {"client": "the editor's side", "conductor": "itself",
+              "successor": "what follows it when it runs as a proxy"}
 
 
 class _Unclosed(Exception):
@@ -185,6 +189,9 @@ class ComponentSpec:
     def __post_init__(self) -> None:
         if self.name is not None and not re.fullmatch(_NAME, self.name):
             raise ValueError("name: use letters, digits and _ . : - only")
+        if self.name in _OWN_NAMES:
+            raise ValueError(f"name: {self.name!r} is the conductor's own name for "
+                             f"{_OWN_NAMES[self.name]} (hint: choose another)")
         if (isinstance(self.command, str) and not self.command.strip()) or (
                 isinstance(self.command, list) and not self.command):
             raise ValueError(_EMPTY_COMMAND)
@@ -379,7 +386,7 @@ class ChainConfig:
         """Each proxy's name: its `name`, else what it runs (`use = "redact"` is `redact`,
         `plugin = "pkg.mod:Guard"` is `guard`; a second `redact` is `redact-2`), else
         `proxy:N` for a command. A default never takes a name given explicitly."""
-        taken = {p.name for p in self.proxy if p.name} | {self.agent_name()}
+        taken = {p.name for p in self.proxy if p.name} | {self.agent_name(), *_OWN_NAMES}
         names: list[str] = []
         for i, spec in enumerate(self.proxy):
             if spec.name:
@@ -635,7 +642,8 @@ def _stand_in(raw: object) -> ComponentSpec:
     what it `use`s), so that its siblings keep their default names."""
     entry: dict[str, Any] = raw if isinstance(raw, dict) else {}
     name = entry.get("name")
-    named = name if isinstance(name, str) and re.fullmatch(_NAME, name) else None
+    named = name if isinstance(name, str) and re.fullmatch(_NAME, name) \
+        and name not in _OWN_NAMES else None
     if isinstance(entry.get("use"), str):
         return ComponentSpec(name=named, use=entry["use"])
     if isinstance(entry.get("plugin"), str):

@@ -10,7 +10,7 @@ from math import inf, nan
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
@@ -31,7 +31,7 @@ WORDS = st.sampled_from(["", " ", "x", "python agent.py", "proxy", "spec", "lega
                          "on-failure", "stdio", "http", "sse", "acp", "auto", "off",
                          "wss://box:8765/acp", "ws://h", "http://h", "p0", "bad name!",
                          "${HOME}", "[", "redact", "é", "a\n", "${A:-${B:-c}}", "WSS://H",
-                         "A=B", "x\x00"])
+                         "A=B", "x\x00", "client", "successor"])
 # TOML also has inf and nan, dates and times, and tables within tables.
 SCALARS = st.one_of(WORDS, st.booleans(), st.integers(-2, 2_000_000),
                     st.floats(-1, 400, allow_nan=False), st.sampled_from([inf, -inf, nan]),
@@ -139,3 +139,16 @@ def test_a_key_msgspec_would_ignore_is_left_to_pydantic_which_names_it() -> None
     assert _well_formed(data) is None
     with pytest.raises(ConfigError, match="comand"):
         parse_chain(data)
+
+
+@settings(max_examples=500)
+@given(chains())
+@example({"proxy": [{"name": "client", "command": 5}]})
+def test_any_chain_file_is_read_or_refused_with_a_config_error_never_a_crash(
+        data: dict[str, Any]) -> None:
+    # A malformed [[proxy]] named "client" is held by a stand-in: building that stand-in
+    # raised pydantic's ValidationError, a traceback, out of the config error.
+    try:
+        parse_chain(data, file="c.toml")
+    except ConfigError:
+        pass
