@@ -822,6 +822,11 @@ def component_argv(spec: ComponentSpec, *, file: str | None, where: str,
     if found:
         raise ConfigError.combine(found, file)
     program = argv[0]
+    if not program.strip():  # else "cannot execute : Permission denied", naming no key
+        named = ", ".join(f"${{{name}}}" for name, _ in variables(spec.argv()[0]))
+        raise ConfigError("the program is empty once its variables are expanded",
+                          file=file, field=f"{where}.command",
+                          hint=f"set {named or 'them'} to the program, or give a default")
     if base_dir and "/" in program and not os.path.isabs(program):
         argv[0] = os.path.normpath(os.path.join(base_dir, program))
         if not os.path.exists(argv[0]):

@@ -389,3 +389,18 @@ def test_an_abbreviated_or_capitalised_key_is_told_the_key_it_means(
         {key} = "x"
     """)
     assert f"agent.{key}: unknown key '{key}' (hint: did you mean '{meant}'?)" in message
+
+
+@pytest.mark.parametrize("command", ['["${EMPTY_PROGRAM}", "--acp"]', '"${EMPTY_PROGRAM} --acp"',
+                                     '"${UNSET_PROGRAM:-}"'])
+def test_a_program_that_expands_to_nothing_is_a_config_error_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    # It was a start failure naming neither file nor key: "cannot execute : Permission denied".
+    monkeypatch.setenv("EMPTY_PROGRAM", "")
+    monkeypatch.delenv("UNSET_PROGRAM", raising=False)
+    message = problem(tmp_path, f"""
+        [agent]
+        command = {command}
+    """)
+    assert "c.toml: agent.command: the program is empty once its variables are expanded" \
+        in message
