@@ -860,6 +860,10 @@ def remote_url(spec: ComponentSpec, *, file: str | None, where: str) -> str:
     return url
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
+_HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")
+
+
 def component_headers(spec: ComponentSpec, *, file: str | None, where: str) -> dict[str, str]:
     """The headers a remote component is connected with, `${VAR}` expanded.
 
@@ -870,10 +874,21 @@ def component_headers(spec: ComponentSpec, *, file: str | None, where: str) -> d
     headers: dict[str, str] = {}
     found: list[ConductorError] = []
     for key, value in spec.headers.items():
+        field = f"{where}.headers.{key}"
         try:
-            headers[key] = expand(value, env, where=f"{where}.headers.{key}", file=file)
+            headers[key] = expand(value, env, where=field, file=file)
         except ConfigError as e:
             found.append(e)
+            continue
+        # Checked here, once expanded: at connect time these are a traceback or a failure
+        # that names no key.
+        if not _HEADER_NAME.fullmatch(key):
+            found.append(ConfigError(f"{key!r} is not a header name", file=file, field=field,
+                                     hint="letters, digits and - (e.g. Authorization)"))
+        elif not _HEADER_VALUE.fullmatch(headers[key]):
+            found.append(ConfigError("its value is not printable ASCII", file=file,
+                                     field=field, hint="no newlines, control characters or "
+                                                       "letters beyond ASCII"))
     if found:
         raise ConfigError.combine(found, file)
     return headers

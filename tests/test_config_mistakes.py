@@ -404,3 +404,22 @@ def test_a_program_that_expands_to_nothing_is_a_config_error_naming_it(
     """)
     assert "c.toml: agent.command: the program is empty once its variables are expanded" \
         in message
+
+
+@pytest.mark.parametrize(("headers", "field", "said"), [
+    ('{ B = "café" }', "agent.headers.B", "its value is not printable ASCII"),
+    ('{ B = "${HEADER_VALUE}" }', "agent.headers.B", "its value is not printable ASCII"),
+    ('{ "B C" = "z" }', "agent.headers.B C", "'B C' is not a header name"),
+])
+def test_a_header_no_http_request_can_carry_is_a_config_error_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, headers: str, field: str,
+        said: str) -> None:
+    # Non-ASCII was "internal error: UnicodeEncodeError"; a space in a name, or a newline in
+    # a value, a failure to connect naming no key.
+    monkeypatch.setenv("HEADER_VALUE", "a\nb")
+    message = problem(tmp_path, f"""
+        [agent]
+        url = "wss://build-box:8765/acp"
+        headers = {headers}
+    """)
+    assert f"c.toml: {field}: {said}" in message
