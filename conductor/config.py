@@ -772,7 +772,8 @@ def component_environment(spec: ComponentSpec, *, file: str | None, where: str) 
     return base
 
 
-def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str) -> str | None:
+def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str,
+                  environ: Mapping[str, str] | None = None) -> str | None:
     """The directory a component runs in: `cwd` (relative to the chain file's folder), else
     that folder itself, so relative arguments (`python agent.py`) mean the same wherever the
     editor started the conductor. None (inherit) only for a chain that has no folder.
@@ -782,7 +783,8 @@ def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str) -> st
     """
     if spec.cwd is None:
         return config.base_dir
-    cwd = expand(spec.cwd, dict(os.environ), where=f"{where}.cwd", file=config.source)
+    cwd = expand(spec.cwd, dict(os.environ if environ is None else environ),
+                 where=f"{where}.cwd", file=config.source)
     given = cwd
     if config.base_dir and not os.path.isabs(cwd):
         cwd = os.path.join(config.base_dir, cwd)

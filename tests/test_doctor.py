@@ -191,3 +191,20 @@ def test_every_stdio_mcp_server_command_is_looked_for_as_the_chain_will(tmp_path
                                              f"`./bin/mcp-here` is {tmp_path}/bin/mcp-here")
     assert found["mcp_server[4]"] == Finding(
         "ok", "mcp_server[4]", f"`{tmp_path}/bin/mcp-here` is {tmp_path}/bin/mcp-here")
+
+
+def test_a_working_directory_is_looked_for_with_its_variables_and_the_fix_is_said(
+        tmp_path: Path) -> None:
+    # A cwd behind a ${VAR} went unchecked, and a missing one was told no fix.
+    (tmp_path / "chain.toml").write_text(
+        '[[proxy]]\ncommand = "true"\ncwd = "${WORK}/src"\n'
+        '[agent]\ncommand = "true"\ncwd = "missing"\n', encoding="utf-8")
+    found = [f for f in chain_findings(str(tmp_path / "chain.toml"),
+                                       {"PATH": "/usr/bin:/bin", "WORK": str(tmp_path)})
+             if f.detail.startswith("cwd ")]
+    assert found == [
+        Finding("fail", "proxy:0", f"cwd {tmp_path}/src not found; give a folder relative to "
+                                   "the chain file, or an absolute one"),
+        Finding("fail", "agent", f"cwd missing not found (relative to {tmp_path}, the chain "
+                                 "file's folder); give a folder relative to the chain file, "
+                                 "or an absolute one")]

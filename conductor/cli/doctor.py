@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import click
 
 from conductor.cli.context import global_options, globals_of, handle_errors
-from conductor.errors import ConductorError
+from conductor.errors import ConductorError, ConfigError
 from conductor.record import Record
 
 if TYPE_CHECKING:
@@ -235,15 +235,29 @@ def chain_findings(path: str, environ: dict[str, str]) -> list[Finding]:
             continue
         out += _program_findings(name, argv[0], spec, config,
                                  _own_path(spec, environ, file=config.source, where=where))
-        if spec.cwd is not None and "${" not in spec.cwd:
-            cwd = spec.cwd if os.path.isabs(spec.cwd) or not config.base_dir else \
-                os.path.join(config.base_dir, spec.cwd)
-            if not os.path.isdir(cwd):
-                out.append(Finding("fail", name, f"cwd {cwd} is not a directory"))
+        if spec.cwd is not None:
+            out += _cwd_findings(name, where, spec, config, environ)
     for i, server in enumerate(config.mcp_server):
         if server.command:
             out += _mcp_command_findings(f"mcp_server[{i}]", server.command, config, environ)
     return out + _variable_findings(config, environ)
+
+
+def _cwd_findings(name: str, where: str, spec: ComponentSpec, config: ChainConfig,
+                  environ: dict[str, str]) -> list[Finding]:
+    """A missing working directory, found as the chain will (`component_cwd`)."""
+    from conductor.config import component_cwd, expand
+
+    assert spec.cwd is not None
+    try:
+        expand(spec.cwd, environ, where=f"{where}.cwd", file=config.source)
+    except ConductorError:
+        return []  # the variable findings say what is unset
+    try:
+        component_cwd(spec, config, where=where, environ=environ)
+    except ConfigError as e:
+        return [Finding("fail", name, f"cwd {e.message}; {e.hint}")]
+    return []
 
 
 def _mcp_command_findings(where: str, command: str, config: ChainConfig,
