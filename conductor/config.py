@@ -54,16 +54,70 @@ Float = Annotated[float, _Exact()]
 
 
 _NAME = r"[A-Za-z0-9_.:-]+"  # a component's name
-# A default may name variables itself (`${XDG_CONFIG:-${HOME}/.config}`), one level deep.
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-((?:[^$}]|\$(?!\{)|\$\{[^}]*\})*))?\}")
-# `${NAME` with no `}` anywhere after it: a typo, not a shell expression (`${HOME%/}`, left
-# for the shell a command runs), and passed on literally it would reach the component.
-_UNCLOSED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?![A-Za-z0-9_])(?!.*\})", re.DOTALL)
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What the conductor calls the ends of a chain in routing and traces (their lanes): a
+# component by one of these names would be drawn as, and taken for, that end.
+_OWN_NAMES = {"client": "the editor's side", "conductor": "itself",
+              "successor": "what follows it when it runs as a proxy"}
+
+
+class _Unclosed(Exception):
+    """`${NAME` (or `${NAME:-...`) whose `}` never comes."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _parts(text: str) -> list[str | tuple[str, str | None]]:
+    """`text` as literal strings and `(NAME, default)` references. A default is read up to
+    its own `}`, each `${` in it opening a brace of its own, so defaults nest as a shell's do
+    (`${A:-${B:-${C}}}`). A `${...}` that is not `${NAME}` or `${NAME:-...}` (`${1}`,
+    `${HOME%/}`) is left as text, for the shell a command runs.
+
+    Raises:
+        _Unclosed: a `${NAME` with no `}` to close it: a typo, that passed on literally would
+            reach the component.
+    """
+    out: list[str | tuple[str, str | None]] = []
+    i = done = 0
+    while (i := text.find("${", i)) != -1:
+        name = _VAR_NAME.match(text, i + 2)
+        if name is None:
+            i += 2
+            continue
+        after = name.end()
+        if text.startswith("}", after):
+            default, end = None, after + 1
+        elif text.startswith(":-", after):
+            depth, j = 0, after + 2
+            while j < len(text) and (depth or text[j] != "}"):
+                if text.startswith("${", j):
+                    depth, j = depth + 1, j + 2
+                    continue
+                depth -= text[j] == "}"
+                j += 1
+            if j == len(text):
+                raise _Unclosed(name.group())
+            default, end = text[after + 2:j], j + 1
+        elif "}" in text[after:]:
+            i = after  # a shell expression (`${HOME%/}`): the shell's
+            continue
+        else:
+            raise _Unclosed(name.group())
+        out += [text[done:i], (name.group(), default)]
+        i = done = end
+    out.append(text[done:])
+    return out
 
 
 def variables(text: str) -> list[tuple[str, str | None]]:
-    """The `${VAR}`s a value names, each with its default (None when it has none)."""
-    return [(m.group(1), m.group(2)) for m in _VAR.finditer(text)]
+    """The `${VAR}`s a value names, each with its default (None when it has none); those
+    before an unclosed one only."""
+    try:
+        return [part for part in _parts(text) if isinstance(part, tuple)]
+    except _Unclosed:
+        return []
 
 
 _EMPTY_COMMAND = ('command: command is empty (hint: give the program to run and its arguments, '
@@ -72,8 +126,11 @@ _EMPTY_COMMAND = ('command: command is empty (hint: give the program to run and 
 
 def unclosed_variable(text: str) -> str | None:
     """NAME of a `${NAME` that is never closed, or None."""
-    found = _UNCLOSED.search(text)
-    return found.group(1) if found else None
+    try:
+        _parts(text)
+    except _Unclosed as e:
+        return e.name
+    return None
 
 
 def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) -> str:
@@ -82,22 +139,27 @@ def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) 
     Raises:
         ConfigError: a variable is unset and has no default, or `${NAME` is not closed.
     """
-    name = unclosed_variable(text)
-    if name is not None:
-        raise ConfigError(f"${{{name} is not closed", file=file, field=where,
-                          hint=f"write ${{{name}}} (or ${{{name}:-default}})")
-
-    def sub(m: re.Match[str]) -> str:
-        name, default = m.group(1), m.group(2)
+    try:
+        parts = _parts(text)
+    except _Unclosed as e:
+        raise ConfigError(f"${{{e.name} is not closed", file=file, field=where,
+                          hint=f"write ${{{e.name}}} (or ${{{e.name}:-default}})") from None
+    out: list[str] = []
+    for part in parts:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        name, default = part
         if name == "PYTHON":
-            return sys.executable
-        if name in environ:
-            return environ[name]
-        if default is not None:
-            return expand(default, environ, where=where, file=file)
-        raise ConfigError(f"environment variable {name} is not set", file=file, field=where,
-                          hint=f"export {name}, or write ${{{name}:-default}}")
-    return _VAR.sub(sub, text)
+            out.append(sys.executable)
+        elif name in environ:
+            out.append(environ[name])
+        elif default is not None:
+            out.append(expand(default, environ, where=where, file=file))
+        else:
+            raise ConfigError(f"environment variable {name} is not set", file=file,
+                              field=where, hint=f"export {name}, or write ${{{name}:-default}}")
+    return "".join(out)
 
 
 @dataclass
@@ -127,6 +189,9 @@ class ComponentSpec:
     def __post_init__(self) -> None:
         if self.name is not None and not re.fullmatch(_NAME, self.name):
             raise ValueError("name: use letters, digits and _ . : - only")
+        if self.name in _OWN_NAMES:
+            raise ValueError(f"name: {self.name!r} is the conductor's own name for "
+                             f"{_OWN_NAMES[self.name]} (hint: choose another)")
         if (isinstance(self.command, str) and not self.command.strip()) or (
                 isinstance(self.command, list) and not self.command):
             raise ValueError(_EMPTY_COMMAND)
@@ -140,6 +205,13 @@ class ComponentSpec:
                 raise ValueError(_EMPTY_COMMAND)
         elif isinstance(self.command, list) and not self.command[0].strip():
             raise ValueError("command: the program (its first item) is empty")
+        argv = [self.command] if isinstance(self.command, str) else self.command or []
+        if any("\0" in a for a in argv):
+            raise ValueError(f"command: it has a NUL character{_NUL_HINT}")
+        if self.cwd is not None and "\0" in self.cwd:
+            raise ValueError(f"cwd: it has a NUL character{_NUL_HINT}")
+        if (problem := _env_problem(self.env)) is not None:
+            raise ValueError(f"env: {problem}")
         if self.shutdown_grace is not None and not 0 <= self.shutdown_grace <= 300:
             raise ValueError("shutdown_grace: give a number of seconds from 0 to 300")
         given = [k for k in ("command", "use", "plugin", "url") if getattr(self, k) is not None]
@@ -219,6 +291,8 @@ class McpServerSpec:
             return
         if self.provider:
             raise ValueError("provider: only acp MCP servers have a provider")
+        if (problem := _env_problem(self.env)) is not None:
+            raise ValueError(f"env: {problem}")
         if self.type == "stdio":
             if not self.command and self.url:  # `type` left out: it defaults to stdio
                 raise ValueError('type: a server reached at `url` needs type = "http" (or '
@@ -235,6 +309,20 @@ class McpServerSpec:
             extra = _given(self, "command", "args", "env")
             if extra:
                 raise ValueError(f"{extra}: `command`, `args` and `env` are for stdio servers")
+
+
+_NUL_HINT = " (hint: a process cannot be given one; remove the \\u0000)"
+
+
+def _env_problem(env: dict[str, str]) -> str | None:
+    """What no process's environment can hold (the start would fail naming no key)."""
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name:
+            return (f"{name!r} cannot be an environment variable's name (hint: a name is not "
+                    "empty and has no '=')")
+        if "\0" in value:
+            return f"{name}'s value has a NUL character{_NUL_HINT}"
+    return None
 
 
 def _given(spec: object, *keys: str) -> str | None:
@@ -298,7 +386,7 @@ class ChainConfig:
         """Each proxy's name: its `name`, else what it runs (`use = "redact"` is `redact`,
         `plugin = "pkg.mod:Guard"` is `guard`; a second `redact` is `redact-2`), else
         `proxy:N` for a command. A default never takes a name given explicitly."""
-        taken = {p.name for p in self.proxy if p.name} | {self.agent_name()}
+        taken = {p.name for p in self.proxy if p.name} | {self.agent_name(), *_OWN_NAMES}
         names: list[str] = []
         for i, spec in enumerate(self.proxy):
             if spec.name:
@@ -554,7 +642,8 @@ def _stand_in(raw: object) -> ComponentSpec:
     what it `use`s), so that its siblings keep their default names."""
     entry: dict[str, Any] = raw if isinstance(raw, dict) else {}
     name = entry.get("name")
-    named = name if isinstance(name, str) and re.fullmatch(_NAME, name) else None
+    named = name if isinstance(name, str) and re.fullmatch(_NAME, name) \
+        and name not in _OWN_NAMES else None
     if isinstance(entry.get("use"), str):
         return ComponentSpec(name=named, use=entry["use"])
     if isinstance(entry.get("plugin"), str):
@@ -586,7 +675,7 @@ def chain_path(ref: str | os.PathLike[str]) -> Path:
     """
     path = Path(ref)
     text = str(ref)
-    if path.exists() or "/" in text or text.endswith(".toml"):
+    if path.is_file() or "/" in text or text.endswith(".toml"):
         return path
     builtin = builtin_chains().get(text)
     if builtin is None:
@@ -619,6 +708,9 @@ def load_chain(path: str | os.PathLike[str]) -> ChainConfig:
             "file not found", file=file,
             hint="give the path of a chain TOML file, or a built-in chain's name "
                  "(`acp-conductor chains` lists them)") from None
+    except IsADirectoryError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", file=file,
+                          hint="give the path of a chain TOML file, not its folder") from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", file=file) from None
     except UnicodeDecodeError as e:  # TOML is UTF-8; say where, not a traceback
@@ -666,15 +758,22 @@ def component_environment(spec: ComponentSpec, *, file: str | None, where: str) 
     """The environment a component starts with.
 
     Raises:
-        ConfigError: an `${VAR}` names an unset variable.
+        ConfigError: an `${VAR}` names an unset variable (every such one).
     """
     base = dict(os.environ) if spec.inherit_env else {"PATH": os.environ.get("PATH", "")}
+    found: list[ConductorError] = []
     for key, value in spec.env.items():
-        base[key] = expand(value, dict(os.environ), where=f"{where}.env.{key}", file=file)
+        try:
+            base[key] = expand(value, dict(os.environ), where=f"{where}.env.{key}", file=file)
+        except ConfigError as e:
+            found.append(e)
+    if found:
+        raise ConfigError.combine(found, file)
     return base
 
 
-def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str) -> str | None:
+def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str,
+                  environ: Mapping[str, str] | None = None) -> str | None:
     """The directory a component runs in: `cwd` (relative to the chain file's folder), else
     that folder itself, so relative arguments (`python agent.py`) mean the same wherever the
     editor started the conductor. None (inherit) only for a chain that has no folder.
@@ -684,7 +783,8 @@ def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str) -> st
     """
     if spec.cwd is None:
         return config.base_dir
-    cwd = expand(spec.cwd, dict(os.environ), where=f"{where}.cwd", file=config.source)
+    cwd = expand(spec.cwd, dict(os.environ if environ is None else environ),
+                 where=f"{where}.cwd", file=config.source)
     given = cwd
     if config.base_dir and not os.path.isabs(cwd):
         cwd = os.path.join(config.base_dir, cwd)
@@ -714,8 +814,21 @@ def component_argv(spec: ComponentSpec, *, file: str | None, where: str,
         ConfigError: a variable is unset, or the relative program does not exist.
     """
     env = dict(os.environ if environ is None else environ)
-    argv = [expand(a, env, where=f"{where}.command", file=file) for a in spec.argv()]
+    argv: list[str] = []
+    found: list[ConductorError] = []
+    for arg in spec.argv():
+        try:
+            argv.append(expand(arg, env, where=f"{where}.command", file=file))
+        except ConfigError as e:  # and the other arguments' variables too
+            found.append(e)
+    if found:
+        raise ConfigError.combine(found, file)
     program = argv[0]
+    if not program.strip():  # else "cannot execute : Permission denied", naming no key
+        named = ", ".join(f"${{{name}}}" for name, _ in variables(spec.argv()[0]))
+        raise ConfigError("the program is empty once its variables are expanded",
+                          file=file, field=f"{where}.command",
+                          hint=f"set {named or 'them'} to the program, or give a default")
     if base_dir and "/" in program and not os.path.isabs(program):
         argv[0] = os.path.normpath(os.path.join(base_dir, program))
         if not os.path.exists(argv[0]):
@@ -749,6 +862,10 @@ def remote_url(spec: ComponentSpec, *, file: str | None, where: str) -> str:
     return url
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
+_HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")
+
+
 def component_headers(spec: ComponentSpec, *, file: str | None, where: str) -> dict[str, str]:
     """The headers a remote component is connected with, `${VAR}` expanded.
 
@@ -756,8 +873,27 @@ def component_headers(spec: ComponentSpec, *, file: str | None, where: str) -> d
         ConfigError: an `${VAR}` names an unset variable.
     """
     env = dict(os.environ)
-    return {key: expand(value, env, where=f"{where}.headers.{key}", file=file)
-            for key, value in spec.headers.items()}
+    headers: dict[str, str] = {}
+    found: list[ConductorError] = []
+    for key, value in spec.headers.items():
+        field = f"{where}.headers.{key}"
+        try:
+            headers[key] = expand(value, env, where=field, file=file)
+        except ConfigError as e:
+            found.append(e)
+            continue
+        # Checked here, once expanded: at connect time these are a traceback or a failure
+        # that names no key.
+        if not _HEADER_NAME.fullmatch(key):
+            found.append(ConfigError(f"{key!r} is not a header name", file=file, field=field,
+                                     hint="letters, digits and - (e.g. Authorization)"))
+        elif not _HEADER_VALUE.fullmatch(headers[key]):
+            found.append(ConfigError("its value is not printable ASCII", file=file,
+                                     field=field, hint="no newlines, control characters or "
+                                                       "letters beyond ASCII"))
+    if found:
+        raise ConfigError.combine(found, file)
+    return headers
 
 
 def mcp_servers(config: ChainConfig) -> list[McpServer]:
@@ -784,9 +920,14 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
     import shutil
 
     env = dict(os.environ)
+    found: list[ConfigError] = []
 
     def x(text: str, key: str) -> str:
-        return expand(text, env, where=f"{where}.{key}", file=config.source)
+        try:
+            return expand(text, env, where=f"{where}.{key}", file=config.source)
+        except ConfigError as e:  # the others are still checked: every problem at once
+            found.append(e)
+            return text
 
     if spec.type == "acp":
         assert spec.provider is not None
@@ -794,6 +935,10 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
     if spec.type == "stdio":
         assert spec.command is not None
         command = x(spec.command, "command")
+        args = tuple(x(a, "args") for a in spec.args)
+        server_env = tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items())
+        if found and found[0].field == f"{where}.command":
+            raise ConfigError.combine(found, config.source)  # no command to look for
         if "/" in command and not os.path.isabs(command) and config.base_dir:
             relative = command  # a path, as a shell would see it: from the chain's folder
             command = os.path.normpath(os.path.join(config.base_dir, command))
@@ -807,22 +952,26 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
             hint = "give the program alone in `command`, and its arguments in `args`" \
                 if " " in command.strip() and not spec.args else \
                 "ACP wants an absolute path; give one, or fix PATH"
-            raise ConfigError(f"command not found: {missing}", file=config.source,
-                              field=f"{where}.command", hint=hint)
-        return McpServer(spec.name, "stdio", command=resolved,
-                         args=tuple(x(a, "args") for a in spec.args),
-                         env=tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items()),
+            found.insert(0, ConfigError(f"command not found: {missing}", file=config.source,
+                                        field=f"{where}.command", hint=hint))
+        if found:
+            raise ConfigError.combine(found, config.source)
+        assert resolved is not None
+        return McpServer(spec.name, "stdio", command=resolved, args=args, env=server_env,
                          required=spec.required)
     assert spec.url is not None
     url = x(spec.url, "url")  # checked once expanded: `url = "${SEARCH_URL}"` is fine
-    if not re.match(r"(?i)https?://[^/?#\s]+", url):
-        raise ConfigError(f"{url!r} is not an http:// or https:// address", file=config.source,
-                          field=f"{where}.url",
-                          hint=f"an {spec.type} MCP server's url looks like "
-                               "http://127.0.0.1:8000/mcp")
-    return McpServer(spec.name, spec.type, url=url,
-                     headers=tuple((k, x(v, f"headers.{k}")) for k, v in spec.headers.items()),
-                     required=spec.required)
+    if not found and not re.match(r"(?i)https?://[^/?#\s]+", url):
+        found.append(ConfigError(f"{url!r} is not an http:// or https:// address",
+                                 file=config.source, field=f"{where}.url",
+                                 hint=f"an {spec.type} MCP server's url looks like "
+                                      "http://127.0.0.1:8000/mcp"))
+    server = McpServer(spec.name, spec.type, url=url,
+                       headers=tuple((k, x(v, f"headers.{k}")) for k, v in spec.headers.items()),
+                       required=spec.required)
+    if found:
+        raise ConfigError.combine(found, config.source)
+    return server
 
 
 def trace_redactor(config: ChainConfig | None, *, unredacted: bool = False) -> Redactor | None:

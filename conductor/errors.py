@@ -89,6 +89,8 @@ class ConfigError(ConductorError):
     def combine(cls, errors: Sequence[ConductorError], file: str | None) -> ConductorError:
         """One error reporting all of `errors`, one per line (the error itself when alone),
         so a chain file's problems are all fixed in one go."""
+        errors = [p for e in errors  # one that stands for several: each of them
+                  for p in (e.problems if isinstance(e, ConfigError) and e.problems else [e])]
         if len(errors) == 1:
             return errors[0]
         lines = [e.line() if isinstance(e, ConfigError) else str(e).removeprefix(f"{file}: ")

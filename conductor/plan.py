@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import sys
 from contextlib import contextmanager, redirect_stdout
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard, TypeVar
 
 import msgspec
 
@@ -33,14 +33,35 @@ from conductor.supervise.spawn import LaunchSpec
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from conductor.plugins.api import Proxy
 
 
+T = TypeVar("T")
+
+
+def _each(found: list[ConductorError], resolve: Callable[[], T]) -> T | None:
+    """What `resolve` gives, or None with its error added to `found`: the parts of a
+    component after it are still resolved, so every problem is reported at once."""
+    try:
+        return resolve()
+    except ConfigError as e:
+        found.append(e)
+        return None
+
+
 def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig,
                  grace: float) -> LaunchSpec:
-    env = component_environment(spec, file=config.source, where=where)
+    found: list[ConductorError] = []
+    argv = _each(found, lambda: component_argv(spec, file=config.source, where=where,
+                                               base_dir=config.base_dir))
+    env = _each(found, lambda: component_environment(spec, file=config.source, where=where))
+    cwd = _each(found, lambda: component_cwd(spec, config, where=where))
+    if found:
+        raise ConfigError.combine(found, config.source)
+    assert argv is not None
+    assert env is not None
     # A provider run as a command is told which of its opt-in servers the chain asks for
     # (in-process ones are told by `ask_providers`).
     requested = [s.name for s in config.mcp_server if s.type == "acp" and s.provider == name]
@@ -48,10 +69,7 @@ def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig
     if requested:
         env[MCP_REQUESTED_ENV] = msgspec.json.encode(requested).decode()
     return LaunchSpec(
-        name=name,
-        argv=component_argv(spec, file=config.source, where=where, base_dir=config.base_dir),
-        env=env,
-        cwd=component_cwd(spec, config, where=where),
+        name=name, argv=argv, env=env, cwd=cwd,
         shutdown_grace=spec.shutdown_grace if spec.shutdown_grace is not None else grace,
     )
 
@@ -76,8 +94,14 @@ class RemoteSpec(Record, frozen=True):
 
 def _remote_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig) -> RemoteSpec:
     # `${VAR}` in the url too: a host or port from the environment, like its headers' token.
-    url = remote_url(spec, file=config.source, where=where)
-    return RemoteSpec(name, url, component_headers(spec, file=config.source, where=where))
+    found: list[ConductorError] = []
+    url = _each(found, lambda: remote_url(spec, file=config.source, where=where))
+    headers = _each(found, lambda: component_headers(spec, file=config.source, where=where))
+    if found:
+        raise ConfigError.combine(found, config.source)
+    assert url is not None
+    assert headers is not None
+    return RemoteSpec(name, url, headers)
 
 
 if TYPE_CHECKING:

@@ -34,6 +34,24 @@ def test_a_file_of_that_name_in_the_current_directory_wins_over_the_built_in(
     assert "demo: not valid TOML" in result.stderr
 
 
+def test_a_folder_of_that_name_in_the_current_directory_leaves_the_built_in_its_name(
+        tmp_path: Path) -> None:
+    # Only a file wins (docs/configuration.md): a `demo/` folder made `--chain demo` a usage
+    # error, "File 'demo' is a directory".
+    (tmp_path / "demo").mkdir()
+    result = conductor("check", "--chain", "demo", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "ok" in result.stdout
+
+
+def test_a_chain_path_that_is_a_folder_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "chains.toml").mkdir()
+    result = conductor("check", "--chain", "chains.toml", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "acp-conductor: error: chains.toml: cannot read: Is a directory (hint: give the " \
+           "path of a chain TOML file" in result.stderr
+
+
 def test_an_unknown_chain_name_is_refused_with_the_built_in_names(tmp_path: Path) -> None:
     result = conductor("run", "--chain", "dmeo", "hello", cwd=tmp_path)
     assert result.returncode == 2

@@ -43,6 +43,26 @@ def test_a_default_name_never_takes_a_name_given_explicitly() -> None:
         "agent-2"]
 
 
+@pytest.mark.parametrize("name", ["client", "conductor", "successor"])
+def test_the_names_the_conductor_gives_its_own_ends_are_refused_for_a_component(
+        name: str) -> None:
+    # A proxy named "client" drew the editor's lane in traces: "client→client" arrows and
+    # requests shown as never answered.
+    for table in ("proxy", "agent"):
+        spec = {"name": name, "command": "x"}
+        data = {"proxy": [spec], "agent": AGENT} if table == "proxy" else {"agent": spec}
+        with pytest.raises(ConfigError) as caught:
+            parse_chain(data, file="c.toml")
+        where = "proxy[0]" if table == "proxy" else "agent"
+        assert f"c.toml: {where}.name: {name!r} is the conductor's own name for " in \
+            str(caught.value)
+
+
+def test_a_default_name_steps_aside_for_the_conductors_own() -> None:
+    assert names({"plugin": "guards.py:Client"}, {"plugin": "x.py:Conductor"}) == [
+        "client-2", "conductor-2"]
+
+
 def test_every_problem_of_a_chain_files_shape_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_chain({"proxy": [{"nmae": "p", "command": "x"}],

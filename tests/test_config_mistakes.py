@@ -222,6 +222,23 @@ def test_a_default_may_itself_name_a_variable(
                   where="agent.command", file="c.toml") == expected
 
 
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"A": "a"}, "a/x"), ({"B": "b"}, "b/x"), ({"C": "c"}, "c/x"),
+    ({"B": "b", "C": "c"}, "b/x"),
+])
+def test_defaults_nest_as_deep_as_a_shell_reads_them(
+        environ: dict[str, str], expected: str) -> None:
+    # Two levels used to give "a}/x" (a stray brace) or the literal "${B:-c/x", silently.
+    assert expand("${A:-${B:-${C}}}/x", environ, where="agent.command",
+                  file="c.toml") == expected
+
+
+def test_a_variable_whose_default_is_never_closed_is_a_config_error() -> None:
+    # `${A:-${B}`: the `}` is B's, and A's is missing; it used to pass on `${A:-b`.
+    with pytest.raises(ConfigError, match=r"agent.command: \$\{A is not closed"):
+        expand("${A:-${B}", {"B": "b"}, where="agent.command", file="c.toml")
+
+
 @pytest.mark.parametrize(("text", "field"), [
     ("[[proxy]]\ncommand = 'p'\noptions = { level = 1 }", "proxy[0].options"),
     ("[[proxy]]\nuse = 'redact'\ncwd = 'work'", "proxy[0].cwd"),
@@ -311,3 +328,98 @@ def test_an_empty_command_is_told_what_to_write(tmp_path: Path, command: str) ->
         command = {command}
     """)
     assert "c.toml: agent.command: command is empty (hint: give the program" in message
+
+
+def test_every_problem_of_one_component_is_reported_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each used to hide the ones after it: fix one, run again, meet the next.
+    for name in ("UNSET_A", "UNSET_B", "UNSET_C", "UNSET_D"):
+        monkeypatch.delenv(name, raising=False)
+    message = problem(tmp_path, """
+        [agent]
+        command = "./missing-agent"
+        env = { A = "${UNSET_A}", B = "${UNSET_B}" }
+        cwd = "missing-dir"
+
+        [[mcp_server]]
+        name = "files"
+        command = "${UNSET_C}"
+        env = { D = "${UNSET_D}" }
+    """)
+    for field in ("agent.command", "agent.env.A", "agent.env.B", "agent.cwd",
+                  "mcp_server[0].command", "mcp_server[0].env.D"):
+        assert f"  {field}: " in message, field
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ('env = { "A=B" = "x" }', "agent.env: 'A=B' cannot be an environment variable's name"),
+    ('env = { "" = "x" }', "agent.env: '' cannot be an environment variable's name"),
+    ('env = { A = "x\\u0000y" }', "agent.env: A's value has a NUL character"),
+    ('cwd = "a\\u0000b"', "agent.cwd: it has a NUL character"),
+])
+def test_an_environment_no_process_can_be_given_is_a_config_error(
+        tmp_path: Path, line: str, said: str) -> None:
+    # Before, the first two and the NUL were a start failure ("illegal environment variable
+    # name", "embedded null byte") naming neither file nor key, and an empty name was dropped.
+    message = problem(tmp_path, f"""
+        [agent]
+        command = "my-agent"
+        {line}
+    """)
+    assert f"c.toml: {said}" in message
+
+
+@pytest.mark.parametrize("command", ['"my-agent\\u0000"', '["my-agent", "a\\u0000"]'])
+def test_a_command_with_a_nul_character_is_a_config_error(tmp_path: Path, command: str) -> None:
+    message = problem(tmp_path, f"""
+        [agent]
+        command = {command}
+    """)
+    assert "c.toml: agent.command: it has a NUL character" in message
+
+
+@pytest.mark.parametrize(("key", "meant"), [
+    ("cmd", "command"), ("COMMAND", "command"), ("CWD", "cwd"), ("URL", "url")])
+def test_an_abbreviated_or_capitalised_key_is_told_the_key_it_means(
+        tmp_path: Path, key: str, meant: str) -> None:
+    # `cmd` was told "did you mean 'cwd'?" (nearest by letters), and capitals got no hint.
+    message = problem(tmp_path, f"""
+        [agent]
+        command = "my-agent"
+        {key} = "x"
+    """)
+    assert f"agent.{key}: unknown key '{key}' (hint: did you mean '{meant}'?)" in message
+
+
+@pytest.mark.parametrize("command", ['["${EMPTY_PROGRAM}", "--acp"]', '"${EMPTY_PROGRAM} --acp"',
+                                     '"${UNSET_PROGRAM:-}"'])
+def test_a_program_that_expands_to_nothing_is_a_config_error_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    # It was a start failure naming neither file nor key: "cannot execute : Permission denied".
+    monkeypatch.setenv("EMPTY_PROGRAM", "")
+    monkeypatch.delenv("UNSET_PROGRAM", raising=False)
+    message = problem(tmp_path, f"""
+        [agent]
+        command = {command}
+    """)
+    assert "c.toml: agent.command: the program is empty once its variables are expanded" \
+        in message
+
+
+@pytest.mark.parametrize(("headers", "field", "said"), [
+    ('{ B = "café" }', "agent.headers.B", "its value is not printable ASCII"),
+    ('{ B = "${HEADER_VALUE}" }', "agent.headers.B", "its value is not printable ASCII"),
+    ('{ "B C" = "z" }', "agent.headers.B C", "'B C' is not a header name"),
+])
+def test_a_header_no_http_request_can_carry_is_a_config_error_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, headers: str, field: str,
+        said: str) -> None:
+    # Non-ASCII was "internal error: UnicodeEncodeError"; a space in a name, or a newline in
+    # a value, a failure to connect naming no key.
+    monkeypatch.setenv("HEADER_VALUE", "a\nb")
+    message = problem(tmp_path, f"""
+        [agent]
+        url = "wss://build-box:8765/acp"
+        headers = {headers}
+    """)
+    assert f"c.toml: {field}: {said}" in message

@@ -158,3 +158,53 @@ def test_a_variable_reference_never_closed_fails_as_the_chain_would(tmp_path: Pa
                      {"PATH": "/usr/bin:/bin", "HOME": "/home/me"})
     assert found["${HOME"].status == "fail"
     assert "agent.env.K" in found["${HOME"].detail and "not closed" in found["${HOME"].detail
+
+
+def test_a_program_on_the_path_the_components_own_env_gives_it_is_found(tmp_path: Path) -> None:
+    # The component is started with its `env`'s PATH, which finds it: doctor looked in the
+    # editor's PATH alone and said it would not start.
+    tool(tmp_path / "mybin", "myagent")
+    chain = '[agent]\ncommand = "myagent"\nenv = { PATH = "${HERE}/mybin:${PATH}" }\n'
+    found = findings(tmp_path, chain, {"PATH": "/usr/bin:/bin", "HERE": str(tmp_path)})
+    assert found["agent"] == Finding("ok", "agent", f"`myagent` is {tmp_path}/mybin/myagent")
+
+
+def test_every_stdio_mcp_server_command_is_looked_for_as_the_chain_will(tmp_path: Path) -> None:
+    # Doctor passed over a relative path, an absolute one and one behind a ${VAR}: it said
+    # "0 failed" for a chain that then would not start.
+    tool(tmp_path / "bin", "mcp-here")
+    chain = ('[agent]\ncommand = "true"\n'
+             '[[mcp_server]]\nname = "a"\ncommand = "./missing-mcp"\n'
+             '[[mcp_server]]\nname = "b"\ncommand = "${MCPBIN:-nosuch-mcp}"\n'
+             '[[mcp_server]]\nname = "c"\ncommand = "/abs/missing-mcp"\n'
+             '[[mcp_server]]\nname = "d"\ncommand = "./bin/mcp-here"\n'
+             '[[mcp_server]]\nname = "e"\ncommand = "${MCPDIR}/mcp-here"\n')
+    found = findings(tmp_path, chain, {"PATH": "/usr/bin:/bin", "MCPDIR": str(tmp_path / "bin")})
+    assert found["mcp_server[0]"].status == "fail"
+    assert f"./missing-mcp (relative to {tmp_path}, the chain file's folder)" in \
+        found["mcp_server[0]"].detail
+    assert found["mcp_server[1]"].status == "fail"
+    assert "`nosuch-mcp` is not on PATH" in found["mcp_server[1]"].detail
+    assert found["mcp_server[2]"].status == "fail"
+    assert "/abs/missing-mcp is not an executable file" in found["mcp_server[2]"].detail
+    assert found["mcp_server[3]"] == Finding("ok", "mcp_server[3]",
+                                             f"`./bin/mcp-here` is {tmp_path}/bin/mcp-here")
+    assert found["mcp_server[4]"] == Finding(
+        "ok", "mcp_server[4]", f"`{tmp_path}/bin/mcp-here` is {tmp_path}/bin/mcp-here")
+
+
+def test_a_working_directory_is_looked_for_with_its_variables_and_the_fix_is_said(
+        tmp_path: Path) -> None:
+    # A cwd behind a ${VAR} went unchecked, and a missing one was told no fix.
+    (tmp_path / "chain.toml").write_text(
+        '[[proxy]]\ncommand = "true"\ncwd = "${WORK}/src"\n'
+        '[agent]\ncommand = "true"\ncwd = "missing"\n', encoding="utf-8")
+    found = [f for f in chain_findings(str(tmp_path / "chain.toml"),
+                                       {"PATH": "/usr/bin:/bin", "WORK": str(tmp_path)})
+             if f.detail.startswith("cwd ")]
+    assert found == [
+        Finding("fail", "proxy:0", f"cwd {tmp_path}/src not found; give a folder relative to "
+                                   "the chain file, or an absolute one"),
+        Finding("fail", "agent", f"cwd missing not found (relative to {tmp_path}, the chain "
+                                 "file's folder); give a folder relative to the chain file, "
+                                 "or an absolute one")]

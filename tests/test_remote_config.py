@@ -225,3 +225,17 @@ def test_a_token_no_client_could_send_is_refused_at_start_naming_its_line(
         read_tokens(str(tokens), "ACP_CONDUCTOR_TOKEN", no_token=False)
     assert (refused.value.file, refused.value.field) == (str(tokens), "line 2")
     assert "ASCII" in str(refused.value)
+
+
+def test_a_token_file_that_is_not_utf8_is_a_config_error_naming_its_line(
+        tmp_path: Path) -> None:
+    from conductor.cli.serve import read_tokens
+
+    tokens = tmp_path / "tokens"
+    tokens.write_bytes(f"{TOKEN}\n\xff{TOKEN}\n".encode("latin-1"))
+    tokens.chmod(0o600)
+    # Before, serve ended with "internal error: UnicodeDecodeError".
+    with pytest.raises(ConfigError) as refused:
+        read_tokens(str(tokens), "ACP_CONDUCTOR_TOKEN", no_token=False)
+    assert str(refused.value) == (f"{tokens}: not UTF-8: byte 0xff on line 2 (hint: save it "
+                                  "as UTF-8; a token is printable ASCII)")

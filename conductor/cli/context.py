@@ -45,7 +45,9 @@ def _complete_chain(ctx: click.Context, param: click.Parameter,
 def global_options(func: F) -> F:
     """Add the global options to a command (the group or any subcommand)."""
     options = [
-        click.option("--chain", "chain_file", type=click.Path(dir_okay=False),
+        # A plain string: `--chain demo` names the built-in chain even beside a demo/
+        # folder, and a folder given as the file is the chain's config error (load_chain).
+        click.option("--chain", "chain_file", type=click.Path(),
                      expose_value=False, callback=_record("chain_file"),
                      shell_complete=_complete_chain,
                      help="Chain file (TOML), or a built-in chain's name (demo, ...)."),

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import click
 
 from conductor.cli.context import global_options, globals_of, handle_errors
-from conductor.errors import ConductorError
+from conductor.errors import ConductorError, ConfigError
 from conductor.record import Record
 
 if TYPE_CHECKING:
@@ -100,6 +100,21 @@ def _program_findings(name: str, argv0: str, spec: ComponentSpec, config: ChainC
     if os.path.basename(argv0) in NODE_PROGRAMS:
         out.append(_node_finding(name, environ))
     return out
+
+
+def _own_path(spec: ComponentSpec, environ: dict[str, str], *, file: str | None,
+              where: str) -> dict[str, str]:
+    """The environment a component's program is looked up in: with the PATH of its `env`,
+    when it sets one (the component is started with that)."""
+    from conductor.config import expand
+
+    if "PATH" not in spec.env:
+        return environ
+    try:
+        path = expand(spec.env["PATH"], environ, where=f"{where}.env.PATH", file=file)
+    except ConductorError:
+        return environ  # the variable findings say what is unset
+    return {**environ, "PATH": path}
 
 
 def _node_finding(name: str, environ: dict[str, str]) -> Finding:
@@ -218,20 +233,57 @@ def chain_findings(path: str, environ: dict[str, str]) -> list[Finding]:
         except ConductorError as e:
             out.append(Finding("fail", name, str(e)))
             continue
-        out += _program_findings(name, argv[0], spec, config, environ)
-        if spec.cwd is not None and "${" not in spec.cwd:
-            cwd = spec.cwd if os.path.isabs(spec.cwd) or not config.base_dir else \
-                os.path.join(config.base_dir, spec.cwd)
-            if not os.path.isdir(cwd):
-                out.append(Finding("fail", name, f"cwd {cwd} is not a directory"))
+        out += _program_findings(name, argv[0], spec, config,
+                                 _own_path(spec, environ, file=config.source, where=where))
+        if spec.cwd is not None:
+            out += _cwd_findings(name, where, spec, config, environ)
     for i, server in enumerate(config.mcp_server):
-        if server.command and "${" not in server.command and "/" not in server.command:
-            found = _which(server.command, environ)
-            out.append(Finding("ok", f"mcp_server[{i}]", f"`{server.command}` is {found}")
-                       if found else
-                       Finding("fail", f"mcp_server[{i}]",
-                               f"`{server.command}` is not on PATH"))
+        if server.command:
+            out += _mcp_command_findings(f"mcp_server[{i}]", server.command, config, environ)
     return out + _variable_findings(config, environ)
+
+
+def _cwd_findings(name: str, where: str, spec: ComponentSpec, config: ChainConfig,
+                  environ: dict[str, str]) -> list[Finding]:
+    """A missing working directory, found as the chain will (`component_cwd`)."""
+    from conductor.config import component_cwd, expand
+
+    assert spec.cwd is not None
+    try:
+        expand(spec.cwd, environ, where=f"{where}.cwd", file=config.source)
+    except ConductorError:
+        return []  # the variable findings say what is unset
+    try:
+        component_cwd(spec, config, where=where, environ=environ)
+    except ConfigError as e:
+        return [Finding("fail", name, f"cwd {e.message}; {e.hint}")]
+    return []
+
+
+def _mcp_command_findings(where: str, command: str, config: ChainConfig,
+                          environ: dict[str, str]) -> list[Finding]:
+    """A stdio MCP server's program, looked for as the chain will (`config._mcp_server`)."""
+    from conductor.config import expand, relative_to_chain
+
+    try:
+        command = expand(command, environ, where=f"{where}.command", file=config.source)
+    except ConductorError:
+        return []  # the variable findings say what is unset
+    if "/" in command:  # a path, as a shell would see it; a relative one from the chain's
+        relative = not os.path.isabs(command) and config.base_dir
+        path = os.path.normpath(os.path.join(config.base_dir or "", command))
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return [Finding("ok", where, f"`{command}` is {path}")]
+        shown = f"{command} ({relative_to_chain(config.base_dir)})" if relative else command
+        return [Finding("fail", where, f"{shown} is not an executable file; give the path of "
+                                       "the MCP server's program in the chain file")]
+    found = _which(command, environ)
+    if found is None:
+        return [Finding("fail", where, f"`{command}` is not on PATH ({environ.get('PATH', '')})"
+                                       "; give its absolute path in the chain file, or add "
+                                       "its folder to the PATH the editor starts the "
+                                       "conductor with")]
+    return [Finding("ok", where, f"`{command}` is {found}")]
 
 
 def file_findings(trace: str | None, log_file: str | None) -> list[Finding]:

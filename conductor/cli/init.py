@@ -6,6 +6,7 @@ Nothing is overwritten: an existing file or directory is refused.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import textwrap
@@ -92,6 +93,39 @@ def chain_text(name: str, agent: KnownAgent, file: Path) -> str:
     return CHAIN.format(title=agent.title, file=shlex.quote(str(file)),
                         absolute=shlex.quote(str(file.resolve())), name=name,
                         command=agent.command, secrets=secrets, login=login)
+
+
+def _check_command(command: str) -> None:
+    """Refuse what the chain file would be refused for, rather than write it.
+
+    Raises:
+        ConfigError: the command line cannot be split, or a `${NAME` is not closed.
+    """
+    from conductor.config import ComponentSpec, unclosed_variable
+
+    try:
+        ComponentSpec(command=command)
+    except ValueError as e:  # "command: <problem> (hint: ...)"
+        problem, _, hint = str(e).partition(": ")[2].partition(" (hint: ")
+        raise ConfigError(problem, field="--agent-command",
+                          hint=hint.removesuffix(")") or None) from None
+    if (name := unclosed_variable(command)) is not None:
+        raise ConfigError(f"${{{name} is not closed", field="--agent-command",
+                          hint=f"write ${{{name}}} (or ${{{name}:-default}})")
+
+
+def _command_toml(command: str, file: Path) -> str:
+    """The `command` value for the chain at `file`. A program given by a relative path was
+    typed from the current folder; the chain takes it from its own, so it is rewritten
+    relative to that (as an argv list) when the two differ."""
+    argv = shlex.split(command)
+    program = argv[0]
+    folder = file.absolute().parent
+    if "/" not in program or "$" in program or Path(program).is_absolute() \
+            or folder == Path.cwd():
+        return json.dumps(command)
+    moved = os.path.relpath(Path.cwd() / program, folder)
+    return json.dumps([moved if "/" in moved else f"./{moved}", *argv[1:]])
 
 
 def _refuse_existing(path: Path) -> None:
@@ -298,11 +332,13 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
     if agent_command is not None and not agent_command.strip():
         raise ConfigError("the command is empty", field="--agent-command",
                           hint='give the agent\'s command line, e.g. "my-agent --acp"')
+    if agent_command is not None:
+        _check_command(agent_command)
+    file = output or Path("chain.toml")
     chosen = AGENTS[agent] if agent else KnownAgent(
         # one line: the title goes in a comment line, which a newline would end
-        f"`{' '.join(str(agent_command).split())}`", json.dumps(agent_command), (),
-        "give the agent what it needs in your environment")
-    file = output or Path("chain.toml")
+        f"`{' '.join(str(agent_command).split())}`", _command_toml(str(agent_command), file),
+        (), "give the agent what it needs in your environment")
     _refuse_existing(file)
     _write_new(file, chain_text(agent or "agent", chosen, file))
     click.echo(f"wrote {file}: try `acp-conductor check --chain {shlex.quote(str(file))}`")

@@ -58,6 +58,11 @@ def read_tokens(token_file: str | None, token_env: str, no_token: bool) -> tuple
             text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is no token
         except OSError as e:
             raise ConfigError(f"cannot read: {e.strerror}", file=token_file) from None
+        except UnicodeDecodeError as e:  # say where, not a traceback
+            line = e.object[:e.start].count(b"\n") + 1
+            raise ConfigError(f"not UTF-8: byte 0x{e.object[e.start]:02x} on line {line}",
+                              file=token_file,
+                              hint="save it as UTF-8; a token is printable ASCII") from None
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise ConfigError("a token file must be readable by its owner only",
                               file=token_file, hint=f"chmod 600 {token_file}")

@@ -135,8 +135,19 @@ def _spawn(spec: LaunchSpec, *, stdin: int, stdout: int, stderr: int) -> subproc
         raise ComponentStartError(
             spec.name, f"{what} not found: {missing} ({e.strerror})") from None
     except PermissionError as e:
-        raise ComponentStartError(
-            spec.name, f"cannot execute {spec.argv[0]}: {e.strerror}") from None
+        import shutil  # here: an error path only
+
+        program = shutil.which(spec.argv[0], path=spec.environment().get("PATH")) \
+            if "/" not in spec.argv[0] else spec.argv[0]
+        program = program or spec.argv[0]
+        if os.path.isdir(program):  # a stat or two on an error path: the fix is worth it
+            why = f"{program} is a directory (hint: give the program's path)"
+        elif os.path.isfile(program) and not os.access(program, os.X_OK):
+            why = (f"{program} is not executable (hint: make it so, chmod +x {program}, or "
+                   "start it through its interpreter)")
+        else:
+            why = f"cannot execute {spec.argv[0]}: {e.strerror}"
+        raise ComponentStartError(spec.name, why) from None
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         # ValueError: a NUL in the argv, the environment or the working directory (a chain
         # file's "\u0000"), which no exec can carry.

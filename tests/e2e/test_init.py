@@ -132,6 +132,44 @@ def test_an_empty_agent_command_or_output_is_refused_by_name_and_nothing_is_writ
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("command", "said"), [
+    ('my-agent "--acp', "--agent-command: cannot split it as a shell would: No closing "
+                        "quotation (hint: close the quote"),
+    ("my-agent --home ${HOME", "--agent-command: ${HOME is not closed (hint: write ${HOME}"),
+])
+def test_an_agent_command_no_chain_could_run_is_refused_and_nothing_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, said: str) -> None:
+    # It used to write the chain, say "try check", and `check` then refused the file.
+    from click.testing import CliRunner
+
+    from conductor.cli.app import main
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["init", "--agent-command", command])
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr and result.stdout == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_agent_program_given_by_a_relative_path_is_the_same_file_from_the_chain_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Typed in a shell, `./agent.sh` is in the current folder; a chain file takes it from its
+    # own folder: written as is into sub/chain.toml, `check` said "./agent.sh not found".
+    from click.testing import CliRunner
+
+    from conductor.cli.app import main
+    from conductor.plan import read_chain
+
+    (tmp_path / "agent.sh").write_text("#!/bin/sh\n", encoding="utf-8")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["init", "--agent-command", "./agent.sh --acp",
+                                       "-o", "sub/chain.toml"])
+    assert result.exit_code == 0, result.output
+    [(_, _, launch)] = _plan(read_chain("sub/chain.toml"), "agent")
+    assert launch.argv == [str(tmp_path / "agent.sh"), "--acp"]  # type: ignore[union-attr]
+
+
 def test_an_agent_command_over_several_lines_still_makes_a_chain_that_loads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The command is also shown in the file's first comment line: a newline in it left the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import anyio
 import pytest
@@ -12,6 +13,9 @@ import pytest
 from conductor.errors import ComponentStartError
 from conductor.supervise.component import open_component
 from conductor.supervise.spawn import LaunchSpec
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 ECHO = "import sys\nfor line in sys.stdin: sys.stdout.write(line.upper()); sys.stdout.flush()"
 
@@ -54,3 +58,23 @@ async def test_running_out_of_fds_for_the_pipes_is_a_start_error_and_leaks_none(
     for fd in made:
         with pytest.raises(OSError):
             os.fstat(fd)
+
+
+@pytest.mark.parametrize(("make", "said"), [
+    ("file", "{p} is not executable (hint: make it so, chmod +x {p}, or start it through its "
+             "interpreter)"),
+    ("folder", "{p} is a directory (hint: give the program's path)"),
+])
+async def test_a_program_that_cannot_be_executed_is_told_why_and_the_fix(
+        tmp_path: Path, make: str, said: str) -> None:
+    # It was "cannot execute PATH: Permission denied": for a folder, or a script saved without
+    # its x bit, the reason and the fix were left to guess.
+    path = tmp_path / "agent"
+    if make == "file":
+        path.write_text("#!/bin/sh\n", encoding="utf-8")
+    else:
+        path.mkdir()
+    with pytest.raises(ComponentStartError) as refused:
+        async with open_component(LaunchSpec("agent", [str(path)]), lambda name, line: None):
+            pass
+    assert said.format(p=path) in str(refused.value)

@@ -248,18 +248,18 @@ def test_an_unexpected_error_while_starting_early_stops_what_had_started(
     assert not alive
 
 
-def test_a_command_with_a_nul_in_its_environment_is_answered_as_a_start_error(
+def test_a_command_with_a_nul_in_its_environment_is_refused_before_anything_starts(
         tmp_path: Path) -> None:
+    # Once an internal error with no answer, then a start error; now the chain file's own
+    # error, naming the key, as every value no process can be given.
     chain = tmp_path / "chain.toml"
     agent = json.dumps(shlex.split(agent_cmd()))
     chain.write_text(f'[agent]\ncommand = {agent}\nenv = {{ FOO = "a\\u0000b" }}\n')
     answers, stderr, code = serve(waiting_pipe(INIT), "--chain", chain)
     assert "internal error" not in stderr
-    assert code != 0
-    [answer] = answers
-    error = answer["error"]
-    assert error["data"]["component"] == "agent", error  # type: ignore[index]
-    assert "null" in error["message"]  # type: ignore[index]
+    assert code == 2
+    assert answers == []
+    assert "chain.toml: agent.env: FOO's value has a NUL character" in stderr
 
 
 def test_a_conductor_started_with_stdin_closed_sees_the_end_of_its_input() -> None:
