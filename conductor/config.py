@@ -152,9 +152,9 @@ def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) 
         name, default = part
         if name == "PYTHON":
             out.append(sys.executable)
-        elif name in environ:
+        elif environ.get(name) or (name in environ and default is None):
             out.append(environ[name])
-        elif default is not None:
+        elif default is not None:  # unset or empty, as a shell's `:-` reads it
             out.append(expand(default, environ, where=where, file=file))
         else:
             raise ConfigError(f"environment variable {name} is not set", file=file,

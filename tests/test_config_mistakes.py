@@ -423,3 +423,17 @@ def test_a_header_no_http_request_can_carry_is_a_config_error_naming_it(
         headers = {headers}
     """)
     assert f"c.toml: {field}: {said}" in message
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("${AGENT_BIN:-claude-code-acp}", "claude-code-acp"),
+    ("${A:-${B:-c}}/x", "c/x"),
+    ("${AGENT_BIN}", ""),  # no default: set empty is what it is
+])
+def test_a_variable_set_empty_takes_its_default_as_a_shell_gives_it(
+        text: str, expected: str) -> None:
+    # `${VAR:-default}` is the default when VAR is unset or empty, in every shell; an
+    # exported-but-empty AGENT_BIN gave "", then "the program is empty ... or give a default"
+    # for a command that gives one.
+    environ = {"AGENT_BIN": "", "A": "", "B": ""}
+    assert expand(text, environ, where="agent.command", file="c.toml") == expected
