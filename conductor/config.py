@@ -893,6 +893,11 @@ def component_headers(spec: ComponentSpec, *, file: str | None, where: str) -> d
             found.append(ConfigError("its value is not printable ASCII", file=file,
                                      field=field, hint="no newlines, control characters or "
                                                        "letters beyond ASCII"))
+        elif headers[key] != headers[key].strip(" \t"):  # HTTP refuses it ("Illegal header")
+            found.append(ConfigError("its value begins or ends with a space", file=file,
+                                     field=field, hint="an empty ${VAR} leaves one "
+                                                       "(`Bearer ${TOKEN}`): set it, or "
+                                                       "remove the space"))
     if found:
         raise ConfigError.combine(found, file)
     return headers
