@@ -64,9 +64,10 @@ _OWN_NAMES = {"client": "the editor's side", "conductor": "itself",
 class _Unclosed(Exception):
     """`${NAME` (or `${NAME:-...`) whose `}` never comes."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, before: list[str | tuple[str, str | None]]) -> None:
         super().__init__(name)
         self.name = name
+        self.before = before  # what was read before it
 
 
 def _parts(text: str) -> list[str | tuple[str, str | None]]:
@@ -98,13 +99,13 @@ def _parts(text: str) -> list[str | tuple[str, str | None]]:
                 depth -= text[j] == "}"
                 j += 1
             if j == len(text):
-                raise _Unclosed(name.group())
+                raise _Unclosed(name.group(), out)
             default, end = text[after + 2:j], j + 1
         elif "}" in text[after:]:
             i = after  # a shell expression (`${HOME%/}`): the shell's
             continue
         else:
-            raise _Unclosed(name.group())
+            raise _Unclosed(name.group(), out)
         out += [text[done:i], (name.group(), default)]
         i = done = end
     out.append(text[done:])
@@ -115,9 +116,10 @@ def variables(text: str) -> list[tuple[str, str | None]]:
     """The `${VAR}`s a value names, each with its default (None when it has none); those
     before an unclosed one only."""
     try:
-        return [part for part in _parts(text) if isinstance(part, tuple)]
-    except _Unclosed:
-        return []
+        parts = _parts(text)
+    except _Unclosed as e:
+        parts = e.before
+    return [part for part in parts if isinstance(part, tuple)]
 
 
 _EMPTY_COMMAND = ('command: command is empty (hint: give the program to run and its arguments, '
@@ -152,9 +154,9 @@ def expand(text: str, environ: dict[str, str], *, where: str, file: str | None) 
         name, default = part
         if name == "PYTHON":
             out.append(sys.executable)
-        elif name in environ:
+        elif environ.get(name) or (name in environ and default is None):
             out.append(environ[name])
-        elif default is not None:
+        elif default is not None:  # unset or empty, as a shell's `:-` reads it
             out.append(expand(default, environ, where=where, file=file))
         else:
             raise ConfigError(f"environment variable {name} is not set", file=file,
@@ -891,6 +893,11 @@ def component_headers(spec: ComponentSpec, *, file: str | None, where: str) -> d
             found.append(ConfigError("its value is not printable ASCII", file=file,
                                      field=field, hint="no newlines, control characters or "
                                                        "letters beyond ASCII"))
+        elif headers[key] != headers[key].strip(" \t"):  # HTTP refuses it ("Illegal header")
+            found.append(ConfigError("its value begins or ends with a space", file=file,
+                                     field=field, hint="an empty ${VAR} leaves one "
+                                                       "(`Bearer ${TOKEN}`): set it, or "
+                                                       "remove the space"))
     if found:
         raise ConfigError.combine(found, file)
     return headers

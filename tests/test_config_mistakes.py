@@ -410,6 +410,9 @@ def test_a_program_that_expands_to_nothing_is_a_config_error_naming_it(
     ('{ B = "café" }', "agent.headers.B", "its value is not printable ASCII"),
     ('{ B = "${HEADER_VALUE}" }', "agent.headers.B", "its value is not printable ASCII"),
     ('{ "B C" = "z" }', "agent.headers.B C", "'B C' is not a header name"),
+    # An empty token leaves "Bearer ": it was "cannot connect ...: Illegal header value".
+    ('{ Authorization = "Bearer ${EMPTY_TOKEN}" }', "agent.headers.Authorization",
+     "its value begins or ends with a space"),
 ])
 def test_a_header_no_http_request_can_carry_is_a_config_error_naming_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, headers: str, field: str,
@@ -417,9 +420,24 @@ def test_a_header_no_http_request_can_carry_is_a_config_error_naming_it(
     # Non-ASCII was "internal error: UnicodeEncodeError"; a space in a name, or a newline in
     # a value, a failure to connect naming no key.
     monkeypatch.setenv("HEADER_VALUE", "a\nb")
+    monkeypatch.setenv("EMPTY_TOKEN", "")
     message = problem(tmp_path, f"""
         [agent]
         url = "wss://build-box:8765/acp"
         headers = {headers}
     """)
     assert f"c.toml: {field}: {said}" in message
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("${AGENT_BIN:-claude-code-acp}", "claude-code-acp"),
+    ("${A:-${B:-c}}/x", "c/x"),
+    ("${AGENT_BIN}", ""),  # no default: set empty is what it is
+])
+def test_a_variable_set_empty_takes_its_default_as_a_shell_gives_it(
+        text: str, expected: str) -> None:
+    # `${VAR:-default}` is the default when VAR is unset or empty, in every shell; an
+    # exported-but-empty AGENT_BIN gave "", then "the program is empty ... or give a default"
+    # for a command that gives one.
+    environ = {"AGENT_BIN": "", "A": "", "B": ""}
+    assert expand(text, environ, where="agent.command", file="c.toml") == expected

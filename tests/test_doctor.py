@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -208,3 +209,20 @@ def test_a_working_directory_is_looked_for_with_its_variables_and_the_fix_is_sai
         Finding("fail", "agent", f"cwd missing not found (relative to {tmp_path}, the chain "
                                  "file's folder); give a folder relative to the chain file, "
                                  "or an absolute one")]
+
+
+def test_a_variable_set_empty_is_said_to_take_its_default(tmp_path: Path) -> None:
+    # As the chain reads `${VAR:-default}` (a shell's `:-`): empty takes the default too.
+    found = findings(tmp_path, '[agent]\ncommand = "${AGENT_BIN:-sh} -c true"\n',
+                     {"PATH": os.defpath, "AGENT_BIN": ""})
+    assert found["${AGENT_BIN}"].status == "ok"
+    assert "empty; agent.command uses its default 'sh'" in found["${AGENT_BIN}"].detail
+
+
+def test_an_unset_variable_before_an_unclosed_one_is_reported_with_it(tmp_path: Path) -> None:
+    # Both at once: `variables` gave nothing for a value with an unclosed `${`, so the
+    # unset variable before it was met only after fixing the brace.
+    found = findings(tmp_path, '[agent]\ncommand = "sh ${DOCTOR_UNSET_A} ${DOCTOR_B"\n',
+                     {"PATH": os.defpath})
+    assert found["${DOCTOR_B"].status == "fail"
+    assert found["${DOCTOR_UNSET_A}"].status == "fail"

@@ -164,10 +164,11 @@ def _variable_findings(config: ChainConfig, environ: dict[str, str]) -> list[Fin
             if name == "PYTHON" or name in seen:
                 continue
             seen.add(name)
-            if name in environ:
+            if environ.get(name) or (name in environ and default is None):
                 out.append(Finding("ok", f"${{{name}}}", f"set (used by {where})"))
             elif default is not None:
-                out.append(Finding("ok", f"${{{name}}}", f"not set; {where} uses its "
+                state = "empty" if name in environ else "not set"  # `:-` takes either
+                out.append(Finding("ok", f"${{{name}}}", f"{state}; {where} uses its "
                                                          f"default {default!r}"))
                 texts.append((where, default))  # then its own `${VAR}`s are needed
             else:

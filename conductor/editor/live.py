@@ -128,7 +128,7 @@ class RichEvents:
                                              (shown(record.get("reason")), "red")))
 
     def notice(self, text: str) -> None:
-        self.err.print(f"[yellow]{escape(text)}[/yellow]")
+        self.err.print(f"[yellow]{escape(shown(text))}[/yellow]")
 
     def prompting(self, number: int) -> None:
         pass
@@ -157,7 +157,7 @@ class RichEvents:
         if usage:
             self.console.print(Text(usage, style="dim"))
         if record.get("error"):
-            self.err.print(f"[red]error:[/red] {escape(str(record['error'].get('message')))}")
+            self.err.print(f"[red]error:[/red] {escape(shown(record['error'].get('message')))}")
         ok = record["exitCode"] == 0
         self.console.print(Text.assemble(
             ("■ ", "green" if ok else "red"),

@@ -301,7 +301,7 @@ class QuietEvents:
         pass
 
     def notice(self, text: str) -> None:
-        self.err.write(f"acp-conductor: {text}\n")
+        self.err.write(f"acp-conductor: {text.translate(SHOWN)}\n")
         self.err.flush()
 
     def prompting(self, number: int) -> None:
@@ -320,7 +320,7 @@ class QuietEvents:
         error = record.get("error")
         if isinstance(error, dict) and error.get("message"):
             line += f": {error['message']}"
-        self.err.write(line + "\n")
+        self.err.write(line.translate(SHOWN) + "\n")  # the agent's words: shown, not obeyed
         self.err.flush()
 
     async def ask_permission(self, tool_call: dict[str, Any],

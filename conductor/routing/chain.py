@@ -857,8 +857,14 @@ class Chain:
         if isinstance(forward, Forward):
             forward.timed_out = True  # the conductor's answer: it waits behind no proxy
         if await target.expire(outgoing, answer) and isinstance(target, Hop) \
-                and target.failure is None:
+                and target.failure is None \
+                and (target is not self.client or self._editor_cancels()):
             await self._cancel_held(target, outgoing.ident, None)
+
+    def _editor_cancels(self) -> bool:
+        """The editor side has $/cancel_request: an outer conductor, or a v2 editor (v1 SDK
+        clients print a traceback for it)."""
+        return self.topology.proxy_mode or (self.handshake.version or 0) >= 2
 
     async def _cancel_held(self, hop: Hop, ident: int, session_id: str | None) -> None:
         node = self.topology.find(hop)
@@ -942,7 +948,7 @@ class Chain:
         # the answer, so it is cancelled, hop by hop. Only toward an editor whose protocol
         # has $/cancel_request (v2; an outer conductor): a proxy told so cancels its own
         # forward, which would reach a v1 editor too (v1 SDK clients print a traceback).
-        editor_cancels = self.topology.proxy_mode or (self.handshake.version or 0) >= 2
+        editor_cancels = self._editor_cancels()
         asked = [(held.hop, outgoing) for held in self.topology.nodes
                  if node is not None and editor_cancels and held.index < node.index
                  and held.hop.failure is None and held.role is not Role.SUCCESSOR

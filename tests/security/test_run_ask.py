@@ -108,3 +108,29 @@ def test_the_live_view_shows_the_agents_control_characters_instead_of_obeying_th
     for sent in ("\x1b]0;", "\x1b[2A", "\x1b[8m", "\x1b[5A"):
         assert sent not in shown, repr(shown)
     assert "read README.md" in shown
+
+
+_HOSTILE_ERROR = {"code": -32603, "message": "failed \x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J "
+                                              "\u202eevil"}
+
+
+def test_the_error_a_run_ends_with_is_shown_not_obeyed_in_every_view() -> None:
+    # The agent writes the error a turn ends with: an ESC in it could write the clipboard
+    # or clear the screen, and a direction override reverse what follows it.
+    from rich.console import Console
+
+    from conductor.editor.live import RichEvents
+    from conductor.editor.render import QuietEvents
+
+    record = {"exitCode": 1, "exitReason": "error", "durationMs": 1.0, "usage": None,
+              "error": _HOSTILE_ERROR}
+    live_err = io.StringIO()
+    live = RichEvents(Console(file=io.StringIO(), force_terminal=True, width=100),
+                      Console(file=live_err, force_terminal=True, width=100))
+    live.result(record)
+    quiet_err = io.StringIO()
+    QuietEvents(io.StringIO(), quiet_err).result(record)
+    for shown in (live_err.getvalue(), quiet_err.getvalue()):
+        for sent in ("\x1b]52", "\x1b[2J", "\u202e"):
+            assert sent not in shown, repr(shown)
+        assert "failed" in shown and "evil" in shown
