@@ -258,3 +258,26 @@ def test_the_table_on_a_terminal_shows_names_and_commands_as_written() -> None:
     shown = console.file.getvalue()  # type: ignore[attr-defined]
     assert "[red]y [/]" in shown and "[i]chain.toml: ok" in shown
     assert "[bold]image" in shown
+
+
+def test_what_components_answered_is_shown_not_obeyed_in_every_check_view(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.console import Console
+
+    from conductor.cli.check import _line, _table
+    from conductor.editor.check import CheckReport, ComponentReport
+
+    # An agent's answer (an auth method's name), a command, or a failing component's
+    # stderr could clear the terminal, write its clipboard (OSC 52) or turn text around.
+    tricks = ("\x1b[2J", "\x1b]52;c;cm0gLXJmIH4=\x07", "\u202e")
+    agent = ComponentReport(name="x", role="agent", argv=["sh", "-c", "true\x1b[2J"],
+                            result={"protocolVersion": 1, "agentCapabilities": {},
+                                    "authMethods": [{"name": "x", "id":
+                                                     "login\x1b]52;c;cm0gLXJmIH4=\x07\u202e"}]})
+    report = CheckReport(ok=True, components=[agent])
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(_table(report, "chain.toml"))
+    views = [console.file.getvalue(), _line(agent)]  # type: ignore[attr-defined]
+    for view in views:
+        assert not any(trick in view for trick in tricks), ascii(view)
+        assert "login" in view

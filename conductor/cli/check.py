@@ -16,6 +16,7 @@ from conductor.cli.logs import leave_to_the_client
 from conductor.cli.run import claim_stdout, flush
 from conductor.editor.check import CheckReport, ComponentReport, check_chain
 from conductor.plan import read_chain
+from conductor.terminal_text import shown
 from conductor.tracing.sink import run_flushed
 
 if TYPE_CHECKING:
@@ -65,13 +66,15 @@ def _table(report: CheckReport, path: str) -> Table:
 
     # Every cell as Text, never markup: commands, the path and what components answered
     # are anybody's text (a `[/]` in them would raise, a `[bold]` would vanish).
-    table = Table(title=Text(f"{path}: {'ok' if report.ok else 'FAILED'}"))
+    # Shown, never obeyed (conductor/terminal_text.py): an ESC or a direction override in
+    # them would reach the terminal.
+    table = Table(title=Text(shown(f"{path}: {'ok' if report.ok else 'FAILED'}")))
     for column in ("name", "role", "command", "pid", "protocol", "capabilities",
                    "MCP transports", "auth methods"):
         table.add_column(column, overflow="fold", min_width=len(column) if
                          column in ("name", "role", "pid", "protocol") else None)
     for c in report.components:
-        table.add_row(*map(Text, _cells(c).values()))
+        table.add_row(*(Text(shown(cell, text=True)) for cell in _cells(c).values()))
     return table
 
 
@@ -83,7 +86,7 @@ def _line(c: ComponentReport) -> str:
     if cells["capabilities"] != "-":
         parts.append(cells["capabilities"].replace("\n", "; "))
     parts += [f"MCP: {cells['MCP transports']}", f"auth: {cells['auth methods']}"]
-    return f"{cells['name']}: {', '.join(parts)}"
+    return shown(f"{cells['name']}: {', '.join(parts)}")
 
 
 def _show(report: CheckReport, path: str, *, as_json: bool, out: TextIO) -> None:
@@ -136,10 +139,11 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
         # soft_wrap: off a terminal rich would cut lines at 80 columns, splitting the one
         # line a CI log is grepped for.
         err = Console(stderr=True, soft_wrap=True)
-        err.print(Text(f"acp-conductor: check failed: {report.reason}", style="bold red"))
+        err.print(Text(shown(f"acp-conductor: check failed: {report.reason}"),
+                       style="bold red"))
         if report.failed:
             err.print(Text(f"failing component: {report.failed}"))
         for line in report.stderr_tail:
-            err.print(Text(f"  {report.failed}| {line}", style="dim"))
+            err.print(Text(shown(f"  {report.failed}| {line}"), style="dim"))
     flush(out)
     sys.exit(report.exit_code)
