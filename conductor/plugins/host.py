@@ -584,6 +584,10 @@ class ProxyHost:
         elif sent.fresh and rule.session_id is not None \
                 and self._loads.answered(rule.session_id, not answer.is_error):
             await self.release(rule.session_id, CloseReason.REFUSED)  # every load refused
+        elif opened is not None and opened not in self._sessions:
+            # A close answered while this load was on its way released the session; the
+            # load succeeding after it means it is open downstream again.
+            await self._install(opened, rule.method, sent.owned, sent.params)
         closed = rule.closed_by(answer)
         if closed is not None:
             # `release`: a session_closed hook's failure is logged, not answered: the session

@@ -731,7 +731,9 @@ class Chain:
             assert rule.session_id is not None
             record = table.loading(rule.session_id, by=source.name, rank=source.index,
                                    served_by=last.name, how=method, setup=setup)
-            return None if table.loads.confirmed(rule.session_id) else self._refused_hook(record)
+            refused = None if table.loads.confirmed(rule.session_id) \
+                else self._refused_hook(record)
+            return self._reloaded_hook(rule, source, setup, refused)
         if rule.step is Step.OPEN_ON_ANSWER:
             return self._opened_hook(rule, source, setup)
         if target is not last:
@@ -751,6 +753,22 @@ class Chain:
                              how=rule.method, setup=setup)
             return answer
         return opened
+
+    def _reloaded_hook(self, rule: Lifecycle, source: Node, setup: Raw | UnsetType,
+                       refused: ResponseHook | None) -> ResponseHook:
+        table, last = self.sessions, self.topology.last
+
+        async def reloaded(answer: Response) -> Response | None:
+            if refused is not None and (await refused(answer)) is None:
+                return None
+            # A close answered while this load was on its way released the record; the
+            # load succeeding after it means the session is open at the agent again.
+            sid = rule.opened_by(answer)
+            if sid is not None and sid not in table:
+                table.opened(sid, by=source.name, rank=source.index, served_by=last.name,
+                             how=rule.method, setup=setup)
+            return answer
+        return reloaded
 
     def _refused_hook(self, record: SessionRecord) -> ResponseHook:
         table = self.sessions

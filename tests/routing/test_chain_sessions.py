@@ -247,3 +247,22 @@ async def test_a_turn_answered_after_its_session_was_closed_and_reloaded_ends_on
     record = h.chain.sessions.get("S1")
     assert record is not None
     assert (record.state, record.prompts) == (SessionState.PROMPTING, 1)
+
+
+async def test_a_session_loaded_again_after_its_close_was_answered_stays_open() -> None:
+    # A close and a load of one session race: the agent answers the close, then the load
+    # with success. The session is open at the agent, so the router must still know it
+    # (a restart reopens it; its traces and MCP-over-ACP connections follow it).
+    h = Harness()
+    await h.through("initialize", {"protocolVersion": 1}, {"protocolVersion": 1}, 0)
+    for ident, method, params in (("p1", "session/load", {"sessionId": "S", "cwd": "/"}),
+                                  ("p2", "session/close", {"sessionId": "S"})):
+        await h.frame("proxy", {"jsonrpc": "2.0", "id": ident, "method": "_proxy/successor",
+                                "params": {"method": method, "params": params}})
+    load, close = h.out["agent"].take(), h.out["agent"].take()
+    await h.frame("agent", {"jsonrpc": "2.0", "id": close["id"], "result": {}})
+    assert "S" not in h.chain.sessions
+    await h.frame("agent", {"jsonrpc": "2.0", "id": load["id"], "result": {}})
+    record = h.chain.sessions.get("S")
+    assert record is not None
+    assert record.how == "session/load"

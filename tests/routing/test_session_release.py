@@ -225,3 +225,30 @@ async def test_v2_fork_resume_close_and_delete_release_every_session(
             assert alive(SessionRecord, objects_made_since_start) == 0
     assert recorder.ended == [("gone", CloseReason.REFUSED), (sid, CloseReason.CLOSED),
                               ("forked", CloseReason.DELETED), ("old", CloseReason.CLOSED)]
+
+
+async def test_a_session_loaded_again_after_its_close_was_answered_is_open_in_the_proxies(
+) -> None:
+    # A load and a close race: the agent answers the close, then the load with success. The
+    # session is open at the agent, so an in-process proxy has it open again too: its next
+    # close ends it there (session_closed runs), not a session the proxy forgot.
+    recorder = Recorder()
+    closed = anyio.Event()
+
+    async def load_after_close(agent: ScriptedAgent, message: Request) -> object:
+        await closed.wait()
+        return None
+
+    agent = ScriptedAgent({"session/load": load_after_close})
+    async with open_test_chain([recorder], agent) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.request, "session/load",
+                              {"sessionId": sid, "cwd": "/", "mcpServers": []})
+                await agent.wait_for("session/load")
+                await client.request("session/close", {"sessionId": sid})
+                await recorder.wait_ended(1)
+                closed.set()
+            await client.request("session/close", {"sessionId": sid})  # ended before answered
+    assert recorder.ended == [(sid, CloseReason.CLOSED), (sid, CloseReason.CLOSED)]
