@@ -756,6 +756,34 @@ async def _echo(message: Request) -> object:
     return message.params_value()
 
 
+class NotJson(Proxy):
+    """Answers, and notifies the editor, with a Raw that is not JSON (a plugin's typo)."""
+
+    @on("_ext/answer")
+    async def answer(self, ctx: ProxyContext, message: Request) -> object:
+        return Raw(b'{"a": 1')
+
+    @on("_ext/notify")
+    async def notify(self, ctx: ProxyContext, message: Request) -> object:
+        await ctx.notify("_ext/note", Raw(b"not json"), to="predecessor")
+        return {}
+
+
+async def test_a_raw_payload_a_plugin_wrote_that_is_not_json_is_an_error_naming_the_proxy(
+        ) -> None:
+    # Raw is sent as is: unchecked, it reached the editor as a frame it cannot read (and
+    # the request it answered was never answered).
+    async with open_test_chain([NotJson()], ScriptedAgent(), transport="pipes") as client:
+        with anyio.fail_after(5):
+            for method in ("_ext/answer", "_ext/notify"):
+                with pytest.raises(RpcError) as failed:
+                    await client.call(method)
+                assert failed.value.code == ErrorCode.HANDLER_FAILED
+                assert "notjson" in failed.value.message
+                assert "not JSON" in failed.value.message
+    assert not [m for m in client.received if m.method == "_ext/note"]
+
+
 async def test_a_stand_alone_proxy_initialized_in_the_legacy_dialect_accepts_the_proxy_role(
         ) -> None:
     # @thinkwell/conductor initializes proxies with `initialize` + `_meta.proxy: true` and

@@ -180,6 +180,14 @@ def payload(value: object) -> Raw:
     or a JSON value."""
     if isinstance(value, Raw):
         data = bytes(value)
+        try:
+            # Sent as is, so checked here: a Raw that is not JSON would reach the peer as a
+            # frame it cannot read (and a request it answered, never answered).
+            _raw_decoder.decode(data)
+        except msgspec.DecodeError as e:
+            raise ValueError(f"a Raw payload is not JSON ({e}): {data[:60]!r}") from None
+        except RecursionError:
+            pass  # too deep for msgspec to check, not wrong: JSON sets no depth limit
         if b"\n" not in data and b"\r" not in data:
             return value
         # JSON holds line breaks only as whitespace (never inside a string): a Raw written
@@ -238,6 +246,7 @@ _STRUCTURED: Final = frozenset(b"{[n")  # params: an object, an array (or null, 
 _ID_START: Final = frozenset(b'"-0123456789n')  # a string, a number or null (Raw is valid JSON)
 _batch_decoder: Final = msgspec.json.Decoder(list[Raw])
 _encoder: Final = msgspec.json.Encoder()
+_raw_decoder: Final = msgspec.json.Decoder(Raw)  # checks JSON without building it
 NULL: Final = Raw(b"null")
 _BOM: Final = b"\xef\xbb\xbf"
 
