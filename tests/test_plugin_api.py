@@ -756,6 +756,26 @@ async def _echo(message: Request) -> object:
     return message.params_value()
 
 
+class Unawaited(Proxy):
+    """Returns what it forgot to await: `return ctx.forward()`."""
+
+    @on("_ext/forgot")
+    async def forgot(self, ctx: ProxyContext, message: Request) -> object:
+        return ctx.forward()
+
+
+async def test_a_handler_that_returns_an_unawaited_coroutine_is_told_it_forgot_await(
+        ) -> None:
+    # It was "TypeError: Encoding objects of type coroutine is unsupported", and the
+    # coroutine, never awaited nor closed, a RuntimeWarning that fails a pytest run.
+    async with open_test_chain([Unawaited()], ScriptedAgent()) as client:
+        with anyio.fail_after(5), pytest.raises(RpcError) as failed:
+            await client.call("_ext/forgot")
+    assert failed.value.code == ErrorCode.HANDLER_FAILED
+    assert "unawaited" in failed.value.message
+    assert "missing `await`" in failed.value.message
+
+
 class NotJson(Proxy):
     """Answers, and notifies the editor, with a Raw that is not JSON (a plugin's typo)."""
 
