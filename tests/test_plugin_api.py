@@ -13,7 +13,7 @@ from msgspec import Raw
 from acp_conductor_proxies.passthrough import Passthrough
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.plugins import Proxy, ProxyContext, SessionScope, on
+from conductor.plugins import Proxy, ProxyContext, SessionScope, on, watch
 from conductor.testing import ScriptedAgent, open_test_chain
 
 if TYPE_CHECKING:
@@ -511,6 +511,43 @@ def test_a_per_session_handler_that_never_arrives_is_warned_about_as_at_on(
         scope.on(method, handler, source=source)
     assert says in str(caught[0].message)
     assert caught[0].filename == __file__  # at the line that registers it
+
+
+def test_on_written_without_its_method_is_an_error_where_written() -> None:
+    # `@on` bare made the handler the decorator's inner function: never called, silently.
+    with pytest.raises(TypeError, match=r"@on needs the method it handles: "
+                                        r"@on\("):
+        class Bare(Proxy):
+            @on  # type: ignore[arg-type]
+            async def handler(self, ctx: ProxyContext, message: Message) -> object:
+                return None
+    with pytest.raises(TypeError, match=r"@watch needs the method it watches"):
+        watch(["session/update"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("register", [
+    lambda: on("session/prompt", source="agent"),
+    lambda: watch("session/update", source="agent"),
+])
+def test_a_source_that_is_no_side_says_which_sides_there_are(register: Any) -> None:
+    # It was "'agent' is not a valid Side", naming neither the argument nor the choices.
+    with pytest.raises(ValueError, match="'agent' is not a side: use 'predecessor' "
+                                         r"\(the editor side\) or 'successor'"):
+        register()
+
+
+def test_two_handlers_in_one_class_for_the_same_method_are_warned_about() -> None:
+    # The later one silently won: the first was never called.
+    with pytest.warns(UserWarning, match="Twice: @on\\('session/prompt'\\) marks both "
+                                         "first and second; only second is called"):
+        class Twice(Proxy):
+            @on("session/prompt")
+            async def first(self, ctx: ProxyContext, message: Message) -> object:
+                return None
+
+            @on("session/prompt")
+            async def second(self, ctx: ProxyContext, message: Message) -> object:
+                return None
 
 
 def test_handlers_for_acp_extension_and_wildcard_methods_are_not_warned_about() -> None:
