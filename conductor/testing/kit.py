@@ -189,7 +189,17 @@ class TestPeer:
                 if len(found) >= count:
                     return found
                 await self._changed.wait()
-        raise TimeoutError(self._waited(f"{count} {method} message(s)"))
+        # Say what fell short: too few arrived, or they failed the condition.
+        params = self.received_params(method)
+        arrived = len(params)
+        what = f"{count} {method} message(s)"
+        if where is not None:
+            matched = sum(1 for p in params if where(p))
+            what += (f" where {getattr(where, '__name__', repr(where))}; "
+                     f"{arrived} arrived, {matched} matched")
+        elif arrived:
+            what += f"; {arrived} arrived"
+        raise TimeoutError(self._waited(what))
 
     def _waited(self, what: str) -> str:
         return (f"{self.name} waited {self.timeout:g}s for {what}; it received: "
