@@ -813,6 +813,33 @@ async def test_a_handler_that_returns_an_unawaited_coroutine_is_told_it_forgot_a
     assert "missing `await`" in failed.value.message
 
 
+class ScalarParams(Proxy):
+    """Sends its own messages with params JSON-RPC does not allow (a string, a number)."""
+
+    @on("_ext/go")
+    async def go(self, ctx: ProxyContext, message: Request) -> object:
+        to = message.params_value()["to"]
+        try:
+            await ctx.notify("_ext/note", "hello", to=to)
+        except TypeError as e:
+            return {"refused": str(e)}
+        return {"sent": True}
+
+
+@pytest.mark.parametrize("to", ["predecessor", "successor"])
+async def test_own_params_that_are_neither_object_nor_array_are_refused_at_the_call(
+        to: str) -> None:
+    # Toward the editor it went out as is (a message JSON-RPC forbids); toward the agent
+    # the conductor dropped it with a warning while the handler carried on as if sent.
+    agent = ScriptedAgent()
+    async with open_test_chain([ScalarParams()], agent) as client:
+        with anyio.fail_after(5):
+            answer = await client.call("_ext/go", {"to": to})
+    assert answer == {"refused": "params must be an object or an array (JSON-RPC), "
+                                 "not 'hello'"}
+    assert "_ext/note" not in client.received_methods() + agent.received_methods()
+
+
 class NotJson(Proxy):
     """Answers, and notifies the editor, with a Raw that is not JSON (a plugin's typo)."""
 

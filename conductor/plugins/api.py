@@ -688,7 +688,16 @@ def tool_context() -> ToolContext:
 
 
 def _params(params: object) -> Raw | UnsetType:
-    return UNSET if params is None else payload(params)
+    """A plugin's own params. JSON-RPC allows an object or an array only: anything else
+    would reach the editor as a message it may refuse, or be dropped by the conductor
+    while the handler carried on as if it had been sent."""
+    if params is None:
+        return UNSET
+    raw = payload(params)
+    if bytes(raw).lstrip()[:1] not in (b"{", b"["):
+        shown = params if not isinstance(params, Raw) else bytes(params)
+        raise TypeError(f"params must be an object or an array (JSON-RPC), not {shown!r:.60}")
+    return raw
 
 
 __all__ = ["CloseReason", "Handler", "McpOffer", "NoOptions", "Notification", "PendingRequest",
