@@ -840,6 +840,36 @@ async def test_own_params_that_are_neither_object_nor_array_are_refused_at_the_c
     assert "_ext/note" not in client.received_methods() + agent.received_methods()
 
 
+class ForwardsOdd(Proxy):
+    """Forwards a changed copy with scalar params, or something that is not a message."""
+
+    @on("_ext/scalar")
+    async def scalar(self, ctx: ProxyContext, message: Request) -> object:
+        return await ctx.forward(message.with_params("hello"))
+
+    @on("_ext/text")
+    async def text(self, ctx: ProxyContext, message: Request) -> object:
+        return await ctx.forward("hello")  # type: ignore[arg-type]
+
+
+async def test_forwarding_params_neither_object_nor_array_or_a_non_message_names_the_mistake(
+        ) -> None:
+    # The scalar copy was sent as is (the conductor refused it as a malformed envelope,
+    # the handler saw an unexplained -32602); a str, "'str' object has no attribute 'method'".
+    agent = ScriptedAgent()
+    async with open_test_chain([ForwardsOdd()], agent) as client:
+        with anyio.fail_after(5):
+            for method, says in [
+                    ("_ext/scalar", "params must be an object or an array (JSON-RPC), not "),
+                    ("_ext/text", "ctx.forward() takes the message to forward (a Request "
+                                  "or Notification), not 'hello'")]:
+                with pytest.raises(RpcError) as failed:
+                    await client.call(method, {})
+                assert failed.value.code == ErrorCode.HANDLER_FAILED
+                assert says in failed.value.message
+    assert not [m for m in agent.received if m.method.startswith("_ext/")]
+
+
 class NotJson(Proxy):
     """Answers, and notifies the editor, with a Raw that is not JSON (a plugin's typo)."""
 

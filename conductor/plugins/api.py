@@ -535,7 +535,15 @@ class ProxyContext(_MessageContext):
         For a request, returns the response as received (errors included, not raised);
         the handler may return it as is, or changed. For a notification, returns None.
         """
-        message = message if message is not None else self.message
+        if message is None:
+            message = self.message
+        elif not isinstance(message, Request | Notification):
+            raise TypeError("ctx.forward() takes the message to forward (a Request or "
+                            f"Notification), not {message!r:.60}")
+        elif message.params is not UNSET and not _structured(message.params):
+            # A changed copy (what arrived was checked): `with_params` of a scalar.
+            raise TypeError("params must be an object or an array (JSON-RPC), not "
+                            f"{bytes(message.params)!r:.60}")
         to = self.source.other
         if self.source is Side.SUCCESSOR and self._host.owns(self.message):
             raise RuntimeError("messages of a proxy's own session never go to its predecessor")
@@ -687,6 +695,14 @@ def tool_context() -> ToolContext:
                           "server a proxy offers (Proxy.mcp_servers)") from None
 
 
+def _structured(raw: Raw) -> bool:
+    """Whether a payload is an object or an array (without copying a large one)."""
+    head = memoryview(raw)[:1].tobytes()
+    if head in (b"{", b"["):
+        return True
+    return bytes(raw).lstrip()[:1] in (b"{", b"[")
+
+
 def _params(params: object) -> Raw | UnsetType:
     """A plugin's own params. JSON-RPC allows an object or an array only: anything else
     would reach the editor as a message it may refuse, or be dropped by the conductor
@@ -694,7 +710,7 @@ def _params(params: object) -> Raw | UnsetType:
     if params is None:
         return UNSET
     raw = payload(params)
-    if bytes(raw).lstrip()[:1] not in (b"{", b"["):
+    if not _structured(raw):
         shown = params if not isinstance(params, Raw) else bytes(params)
         raise TypeError(f"params must be an object or an array (JSON-RPC), not {shown!r:.60}")
     return raw
