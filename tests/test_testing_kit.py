@@ -219,3 +219,26 @@ def test_the_testing_example_in_writing_a_proxy_runs_as_written(
     # As the author runs it: no pytest or anyio configuration of their own.
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_upper.py")
     result.assert_outcomes(passed=3)
+
+
+async def test_a_process_that_exits_without_answering_fails_the_test_at_once_saying_so(
+        ) -> None:
+    # A chain file the conductor refuses (exit 2): the client waited its whole timeout
+    # (30 s), then said only "waited 30s for an answer to initialize; it received: nothing".
+    import sys
+
+    from conductor.errors import ConnectionClosedError
+    from conductor.testing import open_process_client
+
+    exited = "import sys; sys.stdin.readline(); sys.exit(2)"
+    failures: list[BaseException] = []
+    with anyio.fail_after(10):
+        try:
+            async with open_process_client([sys.executable, "-c", exited]):
+                pass
+        except* ConnectionClosedError as group:
+            failures += group.exceptions
+    (failure,) = failures
+    assert "exited with code 2" in str(failure)
+    assert "initialize unanswered" in str(failure)
+    assert "its stderr says why" in str(failure)
