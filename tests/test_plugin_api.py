@@ -13,7 +13,7 @@ from msgspec import Raw
 from acp_conductor_proxies.passthrough import Passthrough
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.plugins import Proxy, ProxyContext, SessionScope, on
+from conductor.plugins import Proxy, ProxyContext, SessionScope, on, watch
 from conductor.testing import ScriptedAgent, open_test_chain
 
 if TYPE_CHECKING:
@@ -513,6 +513,43 @@ def test_a_per_session_handler_that_never_arrives_is_warned_about_as_at_on(
     assert caught[0].filename == __file__  # at the line that registers it
 
 
+def test_on_written_without_its_method_is_an_error_where_written() -> None:
+    # `@on` bare made the handler the decorator's inner function: never called, silently.
+    with pytest.raises(TypeError, match=r"@on needs the method it handles: "
+                                        r"@on\("):
+        class Bare(Proxy):
+            @on  # type: ignore[arg-type]
+            async def handler(self, ctx: ProxyContext, message: Message) -> object:
+                return None
+    with pytest.raises(TypeError, match=r"@watch needs the method it watches"):
+        watch(["session/update"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("register", [
+    lambda: on("session/prompt", source="agent"),
+    lambda: watch("session/update", source="agent"),
+])
+def test_a_source_that_is_no_side_says_which_sides_there_are(register: Any) -> None:
+    # It was "'agent' is not a valid Side", naming neither the argument nor the choices.
+    with pytest.raises(ValueError, match="'agent' is not a side: use 'predecessor' "
+                                         r"\(the editor side\) or 'successor'"):
+        register()
+
+
+def test_two_handlers_in_one_class_for_the_same_method_are_warned_about() -> None:
+    # The later one silently won: the first was never called.
+    with pytest.warns(UserWarning, match="Twice: @on\\('session/prompt'\\) marks both "
+                                         "first and second; only second is called"):
+        class Twice(Proxy):
+            @on("session/prompt")
+            async def first(self, ctx: ProxyContext, message: Message) -> object:
+                return None
+
+            @on("session/prompt")
+            async def second(self, ctx: ProxyContext, message: Message) -> object:
+                return None
+
+
 def test_handlers_for_acp_extension_and_wildcard_methods_are_not_warned_about() -> None:
     import warnings
 
@@ -754,6 +791,111 @@ async def test_a_payload_a_plugin_wrote_over_several_lines_crosses_a_line_framed
 
 async def _echo(message: Request) -> object:
     return message.params_value()
+
+
+class Unawaited(Proxy):
+    """Returns what it forgot to await: `return ctx.forward()`."""
+
+    @on("_ext/forgot")
+    async def forgot(self, ctx: ProxyContext, message: Request) -> object:
+        return ctx.forward()
+
+
+async def test_a_handler_that_returns_an_unawaited_coroutine_is_told_it_forgot_await(
+        ) -> None:
+    # It was "TypeError: Encoding objects of type coroutine is unsupported", and the
+    # coroutine, never awaited nor closed, a RuntimeWarning that fails a pytest run.
+    async with open_test_chain([Unawaited()], ScriptedAgent()) as client:
+        with anyio.fail_after(5), pytest.raises(RpcError) as failed:
+            await client.call("_ext/forgot")
+    assert failed.value.code == ErrorCode.HANDLER_FAILED
+    assert "unawaited" in failed.value.message
+    assert "missing `await`" in failed.value.message
+
+
+class ScalarParams(Proxy):
+    """Sends its own messages with params JSON-RPC does not allow (a string, a number)."""
+
+    @on("_ext/go")
+    async def go(self, ctx: ProxyContext, message: Request) -> object:
+        to = message.params_value()["to"]
+        try:
+            await ctx.notify("_ext/note", "hello", to=to)
+        except TypeError as e:
+            return {"refused": str(e)}
+        return {"sent": True}
+
+
+@pytest.mark.parametrize("to", ["predecessor", "successor"])
+async def test_own_params_that_are_neither_object_nor_array_are_refused_at_the_call(
+        to: str) -> None:
+    # Toward the editor it went out as is (a message JSON-RPC forbids); toward the agent
+    # the conductor dropped it with a warning while the handler carried on as if sent.
+    agent = ScriptedAgent()
+    async with open_test_chain([ScalarParams()], agent) as client:
+        with anyio.fail_after(5):
+            answer = await client.call("_ext/go", {"to": to})
+    assert answer == {"refused": "params must be an object or an array (JSON-RPC), "
+                                 "not 'hello'"}
+    assert "_ext/note" not in client.received_methods() + agent.received_methods()
+
+
+class ForwardsOdd(Proxy):
+    """Forwards a changed copy with scalar params, or something that is not a message."""
+
+    @on("_ext/scalar")
+    async def scalar(self, ctx: ProxyContext, message: Request) -> object:
+        return await ctx.forward(message.with_params("hello"))
+
+    @on("_ext/text")
+    async def text(self, ctx: ProxyContext, message: Request) -> object:
+        return await ctx.forward("hello")  # type: ignore[arg-type]
+
+
+async def test_forwarding_params_neither_object_nor_array_or_a_non_message_names_the_mistake(
+        ) -> None:
+    # The scalar copy was sent as is (the conductor refused it as a malformed envelope,
+    # the handler saw an unexplained -32602); a str, "'str' object has no attribute 'method'".
+    agent = ScriptedAgent()
+    async with open_test_chain([ForwardsOdd()], agent) as client:
+        with anyio.fail_after(5):
+            for method, says in [
+                    ("_ext/scalar", "params must be an object or an array (JSON-RPC), not "),
+                    ("_ext/text", "ctx.forward() takes the message to forward (a Request "
+                                  "or Notification), not 'hello'")]:
+                with pytest.raises(RpcError) as failed:
+                    await client.call(method, {})
+                assert failed.value.code == ErrorCode.HANDLER_FAILED
+                assert says in failed.value.message
+    assert not [m for m in agent.received if m.method.startswith("_ext/")]
+
+
+class NotJson(Proxy):
+    """Answers, and notifies the editor, with a Raw that is not JSON (a plugin's typo)."""
+
+    @on("_ext/answer")
+    async def answer(self, ctx: ProxyContext, message: Request) -> object:
+        return Raw(b'{"a": 1')
+
+    @on("_ext/notify")
+    async def notify(self, ctx: ProxyContext, message: Request) -> object:
+        await ctx.notify("_ext/note", Raw(b"not json"), to="predecessor")
+        return {}
+
+
+async def test_a_raw_payload_a_plugin_wrote_that_is_not_json_is_an_error_naming_the_proxy(
+        ) -> None:
+    # Raw is sent as is: unchecked, it reached the editor as a frame it cannot read (and
+    # the request it answered was never answered).
+    async with open_test_chain([NotJson()], ScriptedAgent(), transport="pipes") as client:
+        with anyio.fail_after(5):
+            for method in ("_ext/answer", "_ext/notify"):
+                with pytest.raises(RpcError) as failed:
+                    await client.call(method)
+                assert failed.value.code == ErrorCode.HANDLER_FAILED
+                assert "notjson" in failed.value.message
+                assert "not JSON" in failed.value.message
+    assert not [m for m in client.received if m.method == "_ext/note"]
 
 
 async def test_a_stand_alone_proxy_initialized_in_the_legacy_dialect_accepts_the_proxy_role(

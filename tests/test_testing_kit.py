@@ -142,6 +142,24 @@ async def test_a_wait_for_that_never_comes_fails_with_what_arrived() -> None:
             await client.wait_for("session/update")
 
 
+async def test_a_wait_for_with_a_condition_says_how_many_arrived_and_how_many_matched(
+        ) -> None:
+    # It said "waited for 1 session/update message(s)" with the updates it waited for in
+    # plain sight among what arrived: the condition they failed went unmentioned.
+    def has_tool_call(params: object) -> bool:
+        return False
+
+    agent = ScriptedAgent()
+    async with open_test_chain([], agent, client=TestClient(timeout=5)) as client:
+        await agent.notify("session/update", {"sessionId": "s-1", "update": {}})
+        await client.wait_for("session/update")
+        client.timeout = 0.1
+        with pytest.raises(TimeoutError, match=r"client waited 0.1s for 1 session/update "
+                                               r"message\(s\) where has_tool_call; 1 "
+                                               r"arrived, 0 matched; it received: "):
+            await client.wait_for("session/update", where=has_tool_call)
+
+
 def test_a_plugin_authors_async_tests_run_on_asyncio_without_configuring_anyio(
         pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_author=textwrap.dedent("""
@@ -201,3 +219,26 @@ def test_the_testing_example_in_writing_a_proxy_runs_as_written(
     # As the author runs it: no pytest or anyio configuration of their own.
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_upper.py")
     result.assert_outcomes(passed=3)
+
+
+async def test_a_process_that_exits_without_answering_fails_the_test_at_once_saying_so(
+        ) -> None:
+    # A chain file the conductor refuses (exit 2): the client waited its whole timeout
+    # (30 s), then said only "waited 30s for an answer to initialize; it received: nothing".
+    import sys
+
+    from conductor.errors import ConnectionClosedError
+    from conductor.testing import open_process_client
+
+    exited = "import sys; sys.stdin.readline(); sys.exit(2)"
+    failures: list[BaseException] = []
+    with anyio.fail_after(10):
+        try:
+            async with open_process_client([sys.executable, "-c", exited]):
+                pass
+        except* ConnectionClosedError as group:
+            failures += group.exceptions
+    (failure,) = failures
+    assert "exited with code 2" in str(failure)
+    assert "initialize unanswered" in str(failure)
+    assert "its stderr says why" in str(failure)

@@ -11,6 +11,7 @@ JSON-RPC), or a `Batch` of those.
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 from typing import Any, Final, Literal, TypeVar
@@ -180,6 +181,15 @@ def payload(value: object) -> Raw:
     or a JSON value."""
     if isinstance(value, Raw):
         data = bytes(value)
+        try:
+            # Sent as is, so checked here: a Raw that is not JSON would reach the peer as a
+            # frame it cannot read (and a request it answered, never answered).
+            _raw_decoder.decode(data)
+        except msgspec.DecodeError as e:
+            if not _json_all_the_same(data):
+                raise ValueError(f"a Raw payload is not JSON ({e}): {data[:60]!r}") from None
+        except RecursionError:
+            pass  # too deep for msgspec to check, not wrong: JSON sets no depth limit
         if b"\n" not in data and b"\r" not in data:
             return value
         # JSON holds line breaks only as whitespace (never inside a string): a Raw written
@@ -189,6 +199,20 @@ def payload(value: object) -> Raw:
     if dump is not None:
         return Raw(dump(by_alias=True, exclude_none=True).encode())
     return Raw(_encoder.encode(value))
+
+
+def _json_all_the_same(data: bytes) -> bool:
+    """Whether JSON msgspec refuses is JSON all the same (a lone surrogate escape, which
+    the grammar allows and a JavaScript peer reads). Only on that error path: slow."""
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)  # NaN, Infinity: Python's extension, not JSON
+    try:
+        json.loads(data, parse_constant=refuse)
+    except RecursionError:
+        return True
+    except ValueError:
+        return False
+    return True
 
 
 class _Envelope(msgspec.Struct, gc=False):
@@ -238,6 +262,7 @@ _STRUCTURED: Final = frozenset(b"{[n")  # params: an object, an array (or null, 
 _ID_START: Final = frozenset(b'"-0123456789n')  # a string, a number or null (Raw is valid JSON)
 _batch_decoder: Final = msgspec.json.Decoder(list[Raw])
 _encoder: Final = msgspec.json.Encoder()
+_raw_decoder: Final = msgspec.json.Decoder(Raw)  # checks JSON without building it
 NULL: Final = Raw(b"null")
 _BOM: Final = b"\xef\xbb\xbf"
 

@@ -60,6 +60,12 @@ class Side(enum.StrEnum):
     def other(self) -> Side:
         return Side.SUCCESSOR if self is Side.PREDECESSOR else Side.PREDECESSOR
 
+    @classmethod
+    def _missing_(cls, value: object) -> Side:
+        # Every `source=` / `to=` goes through here: name the choices, not the enum.
+        raise ValueError(f"{value!r} is not a side: use 'predecessor' (the editor side) or "
+                         "'successor' (the agent side)")
+
 
 def __getattr__(name: str) -> Any:
     # `NoOptions` is a pydantic model, made on first use: a chain of plugins that take no
@@ -105,6 +111,7 @@ def on(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[Any],
     `method` may be "*" for everything from that side that has no handler of its own.
     The decorated method is `async def handler(self, ctx, message) -> Reply`.
     """
+    _check_method(method, "@on", "handles")
     side = Side(source)
 
     def mark(func: Any) -> Any:
@@ -125,6 +132,7 @@ def watch(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[An
     the notification goes on. A method may have both a watcher and an `@on` handler: the
     watcher sees the notification first. `method` may be "*".
     """
+    _check_method(method, "@watch", "watches")
     side = Side(source)
 
     def mark(func: Any) -> Any:
@@ -137,6 +145,13 @@ def watch(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[An
             problem = f"{method} is a request, and watchers see notifications only (use @on)"
         return _register(func, "watch", _WATCHES, method, side, problem)
     return mark
+
+
+def _check_method(method: object, decorator: str, does: str) -> None:
+    """A bare `@on` (or a list of methods) would register nothing, silently."""
+    if not isinstance(method, str):
+        raise TypeError(f"{decorator} needs the method it {does}: "
+                        f"{decorator}(\"session/prompt\"), not {method!r}")
 
 
 def _register(func: Any, decorator: str, attr: str, method: str, side: Side,
@@ -173,6 +188,14 @@ def _never_arrives(method: str, side: Side, spelling: str = "@on({method}{source
         f"{spelling.format(method=repr(method), source=source_arg)}"
 
 
+def _twice(klass: type, key: tuple[Side, str], first: str, second: str) -> None:
+    side, method = key
+    source_arg = "" if side is Side.PREDECESSOR else f", source={side.value!r}"
+    warnings.warn(f"{klass.__qualname__.rpartition('.<locals>.')[2]}: @on({method!r}"
+                  f"{source_arg}) marks both {first} and {second}; only {second} is called",
+                  UserWarning, stacklevel=3)
+
+
 class Proxy(Generic[OptionsT]):
     """Base class of every plugin proxy. Anything without a handler is forwarded untouched.
 
@@ -202,9 +225,12 @@ class Proxy(Generic[OptionsT]):
         table: dict[tuple[Side, str], str] = {}
         watchers: dict[tuple[Side, str], str] = {}
         for klass in reversed(cls.__mro__):
+            marked: dict[tuple[Side, str], str] = {}
             for attr, value in vars(klass).items():
                 for key in getattr(value, _HANDLES, ()):
-                    table[key] = attr
+                    if key in marked:  # (a subclass's handler replacing a base's is fine)
+                        _twice(klass, key, marked[key], attr)
+                    table[key] = marked[key] = attr
                 for key in getattr(value, _WATCHES, ()):
                     watchers[key] = attr
         cls._handler_table = table
@@ -509,7 +535,15 @@ class ProxyContext(_MessageContext):
         For a request, returns the response as received (errors included, not raised);
         the handler may return it as is, or changed. For a notification, returns None.
         """
-        message = message if message is not None else self.message
+        if message is None:
+            message = self.message
+        elif not isinstance(message, Request | Notification):
+            raise TypeError("ctx.forward() takes the message to forward (a Request or "
+                            f"Notification), not {message!r:.60}")
+        elif message.params is not UNSET and not _structured(message.params):
+            # A changed copy (what arrived was checked): `with_params` of a scalar.
+            raise TypeError("params must be an object or an array (JSON-RPC), not "
+                            f"{bytes(message.params)!r:.60}")
         to = self.source.other
         if self.source is Side.SUCCESSOR and self._host.owns(self.message):
             raise RuntimeError("messages of a proxy's own session never go to its predecessor")
@@ -661,8 +695,25 @@ def tool_context() -> ToolContext:
                           "server a proxy offers (Proxy.mcp_servers)") from None
 
 
+def _structured(raw: Raw) -> bool:
+    """Whether a payload is an object or an array (without copying a large one)."""
+    head = memoryview(raw)[:1].tobytes()
+    if head in (b"{", b"["):
+        return True
+    return bytes(raw).lstrip()[:1] in (b"{", b"[")
+
+
 def _params(params: object) -> Raw | UnsetType:
-    return UNSET if params is None else payload(params)
+    """A plugin's own params. JSON-RPC allows an object or an array only: anything else
+    would reach the editor as a message it may refuse, or be dropped by the conductor
+    while the handler carried on as if it had been sent."""
+    if params is None:
+        return UNSET
+    raw = payload(params)
+    if not _structured(raw):
+        shown = params if not isinstance(params, Raw) else bytes(params)
+        raise TypeError(f"params must be an object or an array (JSON-RPC), not {shown!r:.60}")
+    return raw
 
 
 __all__ = ["CloseReason", "Handler", "McpOffer", "NoOptions", "Notification", "PendingRequest",

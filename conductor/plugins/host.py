@@ -20,6 +20,7 @@ import contextvars
 import functools
 import logging
 from collections import deque
+from collections.abc import Coroutine
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
 
@@ -486,6 +487,13 @@ class ProxyHost:
         async def run(request: Request) -> object:
             try:
                 reply = await handler(ctx, request)
+                if isinstance(reply, Coroutine):
+                    # `return ctx.forward()`: closed, or its "never awaited" warning would
+                    # blame nobody (and fail a test run), and named for what it is.
+                    reply.close()
+                    name = getattr(handler, "__qualname__", repr(handler))
+                    raise TypeError(f"{name} returned an unawaited coroutine for "
+                                    f"{request.method}: a missing `await`?")
                 if reply is None and (ctx.forwarded or request.method in _OBJECT_ANSWERS):
                     # A missing `return`: a null answer would leave the editor puzzling over
                     # an empty result (every ACP method's is an object), blaming nobody.

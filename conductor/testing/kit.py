@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from conductor.errors import ComponentExitedError, RpcError
+from conductor.errors import ComponentExitedError, ConnectionClosedError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import (
     Batch,
@@ -189,7 +189,17 @@ class TestPeer:
                 if len(found) >= count:
                     return found
                 await self._changed.wait()
-        raise TimeoutError(self._waited(f"{count} {method} message(s)"))
+        # Say what fell short: too few arrived, or they failed the condition.
+        params = self.received_params(method)
+        arrived = len(params)
+        what = f"{count} {method} message(s)"
+        if where is not None:
+            matched = sum(1 for p in params if where(p))
+            what += (f" where {getattr(where, '__name__', repr(where))}; "
+                     f"{arrived} arrived, {matched} matched")
+        elif arrived:
+            what += f"; {arrived} arrived"
+        raise TimeoutError(self._waited(what))
 
     def _waited(self, what: str) -> str:
         return (f"{self.name} waited {self.timeout:g}s for {what}; it received: "
@@ -459,7 +469,7 @@ async def open_process_client(argv: Sequence[str], *, env: dict[str, str] | None
     process = await anyio.open_process(list(argv), env=env, stderr=stderr)
     assert process.stdin is not None
     assert process.stdout is not None
-    sink = PipeSink(process.stdin)
+    sink, stdout = PipeSink(process.stdin), process.stdout
     try:
         async with anyio.create_task_group() as tg:
             client.connect(sink, tg)
@@ -473,7 +483,22 @@ async def open_process_client(argv: Sequence[str], *, env: dict[str, str] | None
                     raise AssertionError(f"not JSON-RPC on the wire: {item!r}")
                 await client.deliver(item)
 
-            tg.start_soon(PipeSource(process.stdout).serve, read)
+            async def serve() -> None:
+                await PipeSource(stdout).serve(read)
+                # Its stdout ended: nothing it owes can come. Say so now, not after the
+                # whole timeout as a bare "waited 30s ... received nothing".
+                owed = sorted({o.method for o in client._ep.pending.values()})
+                if not owed:
+                    return
+                with anyio.move_on_after(1):
+                    await process.wait()
+                how = "closed its stdout" if process.returncode is None \
+                    else f"exited with code {process.returncode}"
+                await client._ep.fail(ConnectionClosedError(
+                    f"{os.path.basename(argv[0])} {how} with {', '.join(owed)} unanswered "
+                    "(its stderr says why)"))
+
+            tg.start_soon(serve)
             try:
                 if initialize:
                     await client.initialize()
