@@ -81,6 +81,28 @@ async def test_a_proxy_whose_chain_started_raises_fails_initialize_naming_it() -
     assert error["data"]["component"] == "store"
 
 
+class HangsAtStart(Proxy):
+    """Waits for a server that never answers."""
+
+    async def chain_started(self) -> None:
+        await anyio.sleep_forever()
+
+
+async def test_a_proxy_whose_chain_started_never_returns_fails_initialize_naming_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Else the editor's initialize waits for ever (no request_timeout covers the start).
+    monkeypatch.setattr("conductor.plugins.host.START_HOOK_BOUND", 0.2)
+    proxy = HangsAtStart()
+    proxy.rename("store")
+    async with open_test_chain([proxy], initialize=False) as client:
+        with anyio.fail_after(5):
+            answer = await client.request("initialize", {"protocolVersion": 1})
+    error = answer.error_value()
+    assert error["code"] == ErrorCode.COMPONENT_FAILED
+    assert "chain_started did not return within 0.2s" in error["message"]
+    assert error["data"]["component"] == "store"
+
+
 class BrokenHooks(Recorder):
     async def session_closed(self, session: SessionScope) -> None:
         await super().session_closed(session)

@@ -81,6 +81,9 @@ _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 # How long a proxy's stop hooks (session_closed for each open session, chain_stopped) may
 # take: a plugin flushing its files must not hold the conductor's exit for ever.
 STOP_HOOKS_GRACE: Final = 5.0
+# How long `chain_started` may take (a plugin connecting to a server that never answers
+# must not keep the editor's initialize waiting for ever: nothing else bounds the start).
+START_HOOK_BOUND = 60.0
 # How long a cancelled handler waits for the far end to answer a request it sent (so its
 # own answer follows what the far end streamed before answering).
 CANCELLED_ANSWER_GRACE: Final = 5.0
@@ -669,14 +672,21 @@ class ProxyHost:
         """`chain_started`, before the first message.
 
         Raises:
-            ComponentStartError: the hook raised (the chain's start fails, naming the proxy).
+            ComponentStartError: the hook raised or did not return within
+                `START_HOOK_BOUND` (the chain's start fails, naming the proxy).
         """
         try:
-            await self._proxy.chain_started()
+            with anyio.move_on_after(START_HOOK_BOUND) as bound:
+                await self._proxy.chain_started()
         except Exception as e:
             self._log_failure(e, "chain_started")
             raise ComponentStartError(self.name, f"chain_started failed: "
                                                  f"{type(e).__name__}: {e}") from None
+        if bound.cancelled_caught:
+            self._proxy.log.error("proxy %s: chain_started did not return within %gs",
+                                  self.name, START_HOOK_BOUND)
+            raise ComponentStartError(self.name, "chain_started did not return within "
+                                                 f"{START_HOOK_BOUND:g}s")
 
     async def stop_chain(self) -> None:
         """The chain is gone: every session still open ends (`session_closed`, reason
