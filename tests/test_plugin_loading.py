@@ -406,10 +406,7 @@ def test_python_dash_m_proxies_passthrough_still_runs_as_a_stdio_proxy() -> None
 ])
 def test_a_plugin_file_whose_code_raises_is_a_chain_error_naming_the_file_and_line(
         tmp_path: Path, code: str, line: int, says: str) -> None:
-    (tmp_path / "mine.py").write_text(code, encoding="utf-8")
-    chain = tmp_path / "x.toml"
-    chain.write_text('[[proxy]]\nplugin = "mine.py:S"\n[agent]\ncommand = "true"\n',
-                     encoding="utf-8")
+    chain = _plugin_chain(tmp_path, "mine.py", "mine.py:S", code)
     with pytest.raises(PluginNotFoundError) as caught:
         _plan(load_chain(chain), "agent")
     text = str(caught.value)
@@ -454,12 +451,19 @@ class NeedsToken(Proxy):
 """
 
 
+def _plugin_chain(tmp_path: Path, file: str, plugin: str, code: str = RAISING_CONSTRUCTOR
+                  ) -> Path:
+    """A chain whose one proxy is `plugin`, with `code` written to `file`."""
+    (tmp_path / file).write_text(code, encoding="utf-8")
+    chain = tmp_path / "x.toml"
+    chain.write_text(f'[[proxy]]\nplugin = "{plugin}"\n[agent]\ncommand = "true"\n',
+                     encoding="utf-8")
+    return chain
+
+
 def test_a_plugin_whose_constructor_raises_is_a_chain_error_naming_the_proxy_and_line(
         tmp_path: Path) -> None:
-    (tmp_path / "mine.py").write_text(RAISING_CONSTRUCTOR, encoding="utf-8")
-    chain = tmp_path / "x.toml"
-    chain.write_text('[[proxy]]\nplugin = "mine.py:NeedsToken"\n[agent]\ncommand = "true"\n',
-                     encoding="utf-8")
+    chain = _plugin_chain(tmp_path, "mine.py", "mine.py:NeedsToken")
     with pytest.raises(PluginError) as caught:
         _plan(load_chain(chain), "agent")
     text = str(caught.value)
@@ -471,10 +475,7 @@ def test_a_plugin_whose_constructor_raises_is_a_chain_error_naming_the_proxy_and
 
 def test_run_with_a_plugin_whose_constructor_raises_exits_2_without_an_internal_error(
         tmp_path: Path) -> None:
-    (tmp_path / "mine.py").write_text(RAISING_CONSTRUCTOR, encoding="utf-8")
-    chain = tmp_path / "x.toml"
-    chain.write_text('[[proxy]]\nplugin = "mine.py:NeedsToken"\n[agent]\ncommand = "true"\n',
-                     encoding="utf-8")
+    chain = _plugin_chain(tmp_path, "mine.py", "mine.py:NeedsToken")
     done = subprocess.run(conductor_argv("run", "--chain", str(chain), "hi"), env=child_env(),
                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert done.returncode == 2, done.stderr
@@ -486,10 +487,7 @@ def test_a_module_path_for_a_file_next_to_the_chain_file_suggests_the_file_path(
         tmp_path: Path) -> None:
     # The docs' rule (a module path is imported from the environment, a file path is
     # relative to the chain file) is easy to miss: the error now spells the fix.
-    (tmp_path / "guardmod.py").write_text(RAISING_CONSTRUCTOR, encoding="utf-8")
-    chain = tmp_path / "x.toml"
-    chain.write_text('[[proxy]]\nplugin = "guardmod:NeedsToken"\n[agent]\ncommand = "true"\n',
-                     encoding="utf-8")
+    chain = _plugin_chain(tmp_path, "guardmod.py", "guardmod:NeedsToken")
     with pytest.raises(PluginNotFoundError) as caught:
         _plan(load_chain(chain), "agent")
     assert "write plugin = \"guardmod.py:NeedsToken\"" in str(caught.value)
