@@ -20,7 +20,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
 from conductor.acp import Dialect  # noqa: TC001 (pydantic resolves the annotations)
 from conductor.errors import ChainShapeError, ConductorError, ConfigError
@@ -31,7 +31,7 @@ from conductor.routing.mcp import McpServer
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pydantic import ValidationError
+    from pydantic import TypeAdapter, ValidationError
 
     from conductor.tracing.redact import Redactor
 
@@ -524,14 +524,31 @@ def _validated(data: dict[str, Any], *, file: str | None, base_dir: str | None) 
         ChainShapeError: every problem of the file's shape, and those between its
             well-formed entries, with the chain they make.
     """
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import ValidationError
 
     try:
-        return TypeAdapter(ChainConfig).validate_python(data)
+        return _validate(ChainConfig, data)
     except ValidationError as e:
         partial = _partial(data, e, file=file, base_dir=base_dir)
         raise _shape_error([*_shape_problems(e, file), *_chain_problems(partial)], file,
                            partial) from None
+
+
+_T = TypeVar("_T")
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
+def _validate(kind: type[_T], raw: object) -> _T:
+    """`raw` validated as `kind` by pydantic, whose validator for `kind` is built once per
+    process: a build costs 5-10 ms, paid again for each entry of a misshapen file, and for
+    each file a program reads after its first (nested chains, `doctor`, a plugin's tests)."""
+    adapter = _ADAPTERS.get(kind)
+    if adapter is None:
+        from pydantic import TypeAdapter
+
+        adapter = _ADAPTERS[kind] = TypeAdapter(kind)
+    validated: _T = adapter.validate_python(raw)
+    return validated
 
 
 def _shape_error(found: list[ConductorError], file: str | None,
@@ -599,7 +616,7 @@ def _partial(data: dict[str, Any], error: ValidationError, *, file: str | None,
     would meet at start-up along with the shape problems. A malformed [[proxy]] or
     [[mcp_server]] keeps its place as a stand-in named as the file names it (so key paths
     and default names stay the file's), listed in `malformed` and never resolved."""
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import ValidationError
 
     malformed: set[str] = set()
     for item in error.errors():
@@ -612,7 +629,7 @@ def _partial(data: dict[str, Any], error: ValidationError, *, file: str | None,
     def entry(kind: type[Any], raw: object, where: str) -> Any:
         if where not in malformed:
             try:
-                return TypeAdapter(kind).validate_python(raw)
+                return _validate(kind, raw)
             except ValidationError:
                 malformed.add(where)  # pydantic said nothing of it above; be safe anyway
         return None
