@@ -8,6 +8,7 @@ import contextlib
 import functools
 import json
 import logging
+import ssl
 import sys
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,17 @@ OTHER = "token-" + "b" * 26
 AUTH = {"Authorization": f"Bearer {TOKEN}"}  # httpx-ws adds to the dict it is given: copy
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": 1, "clientCapabilities": {}}}
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    return ssl.create_default_context()
+
+
+def http_client(**options: Any) -> httpx.AsyncClient:
+    """An httpx client that shares one TLS context: each would load the CA bundle (≈ 20 ms
+    of CPU) for listeners that speak plain HTTP."""
+    return httpx.AsyncClient(verify=_tls(), **options)
 
 
 def demo_chain(agent: list[str] | None = None) -> Any:
@@ -88,7 +100,7 @@ async def open_events(response: httpx.Response) -> AsyncIterator[Callable[[], Aw
 
 
 async def test_initialize_over_http_answers_with_the_chain_result_and_a_connection_id() -> None:
-    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+    async with open_listener() as (_, url), http_client() as client:
         with anyio.fail_after(15):
             answer = await initialize(client, url)
             assert answer.status_code == 200
@@ -103,7 +115,7 @@ async def test_initialize_over_http_answers_with_the_chain_result_and_a_connecti
 async def test_a_request_without_a_token_is_refused_and_the_log_names_no_token(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="acp_conductor")
-    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+    async with open_listener() as (_, url), http_client() as client:
         with anyio.fail_after(15):
             missing = await initialize(client, url, headers={})
             wrong = await initialize(client, url,
@@ -118,7 +130,7 @@ async def test_a_request_without_a_token_is_refused_and_the_log_names_no_token(
 
 
 async def test_a_connection_opened_with_one_token_refuses_requests_bearing_another() -> None:
-    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+    async with open_listener() as (_, url), http_client() as client:
         with anyio.fail_after(15):
             opened = await initialize(client, url)
             ident = opened.headers["acp-connection-id"]
@@ -135,7 +147,7 @@ async def test_a_connection_opened_with_one_token_refuses_requests_bearing_anoth
 
 
 async def test_a_session_of_one_connection_is_unknown_on_another() -> None:
-    async with open_listener() as (_, url), httpx.AsyncClient(timeout=10) as client:
+    async with open_listener() as (_, url), http_client(timeout=10) as client:
         with anyio.fail_after(20):
             first = (await initialize(client, url)).headers["acp-connection-id"]
             second = (await initialize(client, url)).headers["acp-connection-id"]
@@ -161,7 +173,7 @@ async def test_a_session_of_one_connection_is_unknown_on_another() -> None:
 
 
 async def test_session_traffic_goes_to_the_session_stream_while_one_is_open() -> None:
-    async with open_listener() as (_, url), httpx.AsyncClient(timeout=10) as client:
+    async with open_listener() as (_, url), http_client(timeout=10) as client:
         with anyio.fail_after(20):
             ident = (await initialize(client, url)).headers["acp-connection-id"]
             base = {**AUTH, "Acp-Connection-Id": ident}
@@ -187,7 +199,7 @@ async def test_session_traffic_goes_to_the_session_stream_while_one_is_open() ->
 
 
 async def test_the_rfd_status_codes_for_malformed_requests() -> None:
-    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+    async with open_listener() as (_, url), http_client() as client:
         with anyio.fail_after(15):
             ident = (await initialize(client, url)).headers["acp-connection-id"]
             base = {**AUTH, "Acp-Connection-Id": ident}
@@ -212,7 +224,7 @@ async def test_the_rfd_status_codes_for_malformed_requests() -> None:
 async def test_a_browser_origin_is_refused_unless_allowed_and_then_gets_cors_headers() -> None:
     allowed = "http://localhost:5173"
     async with open_listener(origins=frozenset({allowed})) as (_, url), \
-            httpx.AsyncClient() as client:
+            http_client() as client:
         with anyio.fail_after(15):
             foreign = await initialize(client, url, {**AUTH, "Origin": "https://evil.example"})
             preflight = await client.options(url, headers={"Origin": allowed})
@@ -226,7 +238,7 @@ async def test_a_browser_origin_is_refused_unless_allowed_and_then_gets_cors_hea
 
 
 async def test_connections_over_the_limit_are_refused() -> None:
-    async with open_listener(max_connections=1) as (_, url), httpx.AsyncClient() as client:
+    async with open_listener(max_connections=1) as (_, url), http_client() as client:
         with anyio.fail_after(15):
             first = await initialize(client, url)
             second = await initialize(client, url)
@@ -249,7 +261,7 @@ async def test_a_client_that_hangs_up_before_its_initialize_is_answered_frees_it
     chain = parse_chain({"conductor": {"shutdown_grace": 0.3}, "agent": {"command": agent}},
                         file="<test>")
     async with open_listener(chain, max_connections=1) as (_, url), \
-            httpx.AsyncClient() as client:
+            http_client() as client:
         with anyio.fail_after(20):
             with pytest.raises(httpx.ReadTimeout):  # its agent never answers: give up
                 await client.post(url, json=INIT, headers=AUTH, timeout=0.5)
@@ -260,7 +272,7 @@ async def test_a_client_that_hangs_up_before_its_initialize_is_answered_frees_it
 
 
 async def test_an_idle_connection_is_closed_and_its_stream_ends() -> None:
-    async with open_listener(idle_timeout=0.5) as (_, url), httpx.AsyncClient() as client:
+    async with open_listener(idle_timeout=0.5) as (_, url), http_client() as client:
         with anyio.fail_after(15):
             ident = (await initialize(client, url)).headers["acp-connection-id"]
             headers = {**AUTH, "Acp-Connection-Id": ident, "Accept": "text/event-stream"}
@@ -272,7 +284,7 @@ async def test_an_idle_connection_is_closed_and_its_stream_ends() -> None:
 
 
 async def test_websocket_carries_the_chain_and_takes_the_token_as_a_subprotocol() -> None:
-    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+    async with open_listener() as (_, url), http_client() as client:
         with anyio.fail_after(15):
             async with httpx_ws.aconnect_ws(url, client,
                                             subprotocols=["acp", f"bearer.{TOKEN}"]) as ws:
@@ -293,7 +305,7 @@ async def test_a_conductor_reaching_an_agent_chain_as_its_proxy_is_told_to_serve
     # What the hop of a `[[proxy]] url = ...` sends first, to a server started without
     # --as-proxy. Before, the answer said only "`_proxy/initialize` is only sent by the
     # conductor", and the user's client got that, with nothing about the fix.
-    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+    async with open_listener() as (_, url), http_client() as client:
         with anyio.fail_after(15):
             async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)) as ws:
                 await ws.send_text(json.dumps({**INIT, "method": "_proxy/initialize"}))
@@ -310,7 +322,7 @@ async def test_payload_bytes_cross_a_websocket_hop_unchanged(tmp_path: Any) -> N
              "conductor.demo_agent"]
     params = ('{ "protocolVersion" : 1,"clientCapabilities":{},"x":1e2,"y":"\\u00e9",'
               '"z":123456789012345678901234567890,"_meta":null}')
-    async with open_listener(demo_chain(agent)) as (_, url), httpx.AsyncClient() as client:
+    async with open_listener(demo_chain(agent)) as (_, url), http_client() as client:
         with anyio.fail_after(15):
             async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)) as ws:
                 await ws.send_text('{"jsonrpc":"2.0","id":"7","method":"initialize",'
@@ -329,7 +341,7 @@ async def test_a_connection_whose_trace_file_is_a_planted_link_is_answered_and_t
     victim.write_text("precious\n", encoding="utf-8")
     (tmp_path / "t.1.jsonl").symlink_to(victim)  # where the first connection's trace goes
     async with open_listener(trace=str(tmp_path / "t.jsonl")) as (ws_url, http_url), \
-            httpx.AsyncClient() as client:
+            http_client() as client:
         with anyio.fail_after(15):
             if transport == "http":
                 refused = (await initialize(client, http_url)).json()
@@ -350,7 +362,7 @@ async def test_a_connection_whose_trace_file_is_a_planted_link_is_answered_and_t
 async def test_a_websocket_client_sending_binary_pings_and_oversized_frames_is_still_served(
         ) -> None:
     async with open_listener(max_frame_bytes=4096) as (_, url), \
-            httpx.AsyncClient() as client:
+            http_client() as client:
         with anyio.fail_after(15):
             async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH),
                                             max_message_size_bytes=1 << 20) as ws:
@@ -373,7 +385,7 @@ async def test_a_websocket_message_past_twice_the_limit_closes_with_1009_and_the
     # raised TypeError in its connection task: a traceback on asyncio, the whole server
     # gone on trio.
     async with open_listener(max_frame_bytes=4096) as (_, url), \
-            httpx.AsyncClient() as client:
+            http_client() as client:
         with anyio.fail_after(15):
             async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)) as ws:
                 await ws.send_text(json.dumps(INIT))
@@ -437,7 +449,7 @@ async def test_two_messages_in_one_websocket_message_each_get_their_answer() -> 
     # request got -32700 and the second no answer at all, its sender waiting for ever.
     second = {"jsonrpc": "2.0", "id": "b", "method": "session/new",
               "params": {"cwd": "/", "mcpServers": []}}
-    async with open_listener() as (url, _), httpx.AsyncClient() as client:
+    async with open_listener() as (url, _), http_client() as client:
         with anyio.fail_after(15):
             async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)) as ws:
                 await ws.send_text(json.dumps({**INIT, "id": "a"}) + "\r\n"
@@ -460,7 +472,7 @@ async def test_an_initialize_post_that_breaks_a_json_rpc_rule_is_told_which(
         change: dict[str, Any], rule: str) -> None:
     # Before, the answer was 400 "no Acp-Connection-Id header (POST initialize first)": the
     # client had posted initialize, and learnt nothing of what was wrong with it.
-    async with open_listener() as (_, url), httpx.AsyncClient() as client:
+    async with open_listener() as (_, url), http_client() as client:
         with anyio.fail_after(15):
             refused = await client.post(url, json={**INIT, **change}, headers=AUTH)
     assert refused.status_code == 400
@@ -472,7 +484,7 @@ async def test_an_initialize_post_that_breaks_a_json_rpc_rule_is_told_which(
 
 async def test_a_blank_websocket_message_is_no_message_as_a_blank_line_is_none() -> None:
     # Before, each got a -32700 with id null: an error the client had not asked for.
-    async with open_listener() as (url, _), httpx.AsyncClient() as client:
+    async with open_listener() as (url, _), http_client() as client:
         with anyio.fail_after(15):
             async with httpx_ws.aconnect_ws(url, client, headers=dict(AUTH)) as ws:
                 for blank in ["", "\n", " \r\n\t"]:
