@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -63,6 +64,13 @@ def open_pidfd(pid: int) -> int | None:
         return None
 
 
+# A process in the middle of an exec reads as having no environment for a moment (its new
+# image is mapped, its environment not yet): one that reads empty is read again, briefly.
+_EXEC_REREADS = 20
+_EXEC_REREAD_PAUSE = 0.001
+_PF_KTHREAD = 0x00200000
+
+
 def processes_with_env(entry_prefix: bytes) -> list[int]:
     """Pids (other than ours) whose initial environment has an entry starting with
     `entry_prefix`. Reads /proc; finds nothing elsewhere, and skips processes not ours."""
@@ -72,16 +80,56 @@ def processes_with_env(entry_prefix: bytes) -> list[int]:
         entries = os.listdir("/proc")
     except OSError:
         return found
+    blank: list[int] = []
     for entry in entries:
         if not entry.isdigit() or int(entry) == me:
             continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if any(item.startswith(entry_prefix) for item in f.read().split(b"\0")):
-                    found.append(int(entry))
-        except OSError:
+        environ = _environ(int(entry))
+        if environ is None:
             continue  # gone, or not ours to read
+        if not environ:
+            blank.append(int(entry))
+        elif _carries(environ, entry_prefix):
+            found.append(int(entry))
+    blank = [pid for pid in blank if _may_be_in_exec(pid)]
+    for _ in range(_EXEC_REREADS):
+        if not blank:
+            break
+        time.sleep(_EXEC_REREAD_PAUSE)
+        still: list[int] = []
+        for pid in blank:
+            environ = _environ(pid)
+            if environ == b"":
+                still.append(pid)
+            elif environ is not None and _carries(environ, entry_prefix):
+                found.append(pid)
+        blank = still
     return found
+
+
+def _environ(pid: int) -> bytes | None:
+    """The initial environment of `pid` as /proc has it; None: gone, or not ours to read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _carries(environ: bytes, entry_prefix: bytes) -> bool:
+    return any(item.startswith(entry_prefix) for item in environ.split(b"\0"))
+
+
+def _may_be_in_exec(pid: int) -> bool:
+    """Not a zombie and not a kernel thread: both read as having no environment for good."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(b")") + 2:].split()  # state ppid pgrp session tty tpgid flags
+    return len(fields) > 6 and fields[0] not in (b"Z", b"X") \
+        and not int(fields[6]) & _PF_KTHREAD
 
 
 def group_has_live_members(pgid: int) -> bool | None:
