@@ -568,7 +568,8 @@ class Chain:
                 del hop.pending[outgoing.ident]
                 origin.untrack_inbound(msg.id, forward.inbound)
                 with anyio.CancelScope(shield=True):
-                    await self._cancel_held(hop, outgoing.ident, forward.turn)
+                    await self._cancel_held(hop, outgoing.ident, forward.turn,
+                                            down=downward)
                     # No answer will run its hooks: they see it cancelled, so the records
                     # they keep end with it (a prompt's session is idle again, a setup's
                     # declared MCP servers are forgotten).
@@ -884,7 +885,10 @@ class Chain:
         clients print a traceback for it)."""
         return self.topology.proxy_mode or (self.handshake.version or 0) >= 2
 
-    async def _cancel_held(self, hop: Hop, ident: int, session_id: str | None) -> None:
+    async def _cancel_held(self, hop: Hop, ident: int, session_id: str | None, *,
+                           down: bool = True) -> None:
+        """Stop the request `ident` sent on `hop` (`down`: toward the agent), and the turn
+        `session_id` it is, if any."""
         node = self.topology.find(hop)
         # An agent is sent only what its protocol has: a turn is stopped the ACP way, and
         # $/cancel_request is in v2's stable protocol, not v1's (SDK agents print a
@@ -893,12 +897,19 @@ class Chain:
         v2 = (self.handshake.agent_version or 0) >= 2  # as the agent was initialized
         cancel_request = not to_agent or (session_id is None and v2)
         with anyio.move_on_after(CANCEL_WRITE_BOUND):
-            if cancel_request:
+            if cancel_request:  # (for our successor: the envelope's own id, plain)
                 await self._send(hop, Notification(method=acp.CANCEL_REQUEST,
                                                    params=payload({"requestId": ident})))
             if session_id is not None:  # the turn itself: ACP's way to stop it
-                await self._send(hop, Notification(method=acp.SESSION_CANCEL,
-                                                   params=payload({"sessionId": session_id})))
+                params = payload({"sessionId": session_id})
+                if down and hop is self.client and self.topology.proxy_mode:
+                    # Our successor's turn: wrapped like the prompt was. Plain, it would
+                    # go up to the editor.
+                    await self._originate(self.topology.nodes[-2], self.topology.last,
+                                          acp.SESSION_CANCEL, params, as_request=False)
+                else:
+                    await self._send(hop, Notification(method=acp.SESSION_CANCEL,
+                                                       params=params))
 
     def disconnected(self) -> None:
         """The client's connection ended: every record goes (in-process proxies release

@@ -1,0 +1,113 @@
+"""The conductor as a proxy (`acp-conductor proxy`): its successor is reached through its
+client's own connection, wrapped in `_proxy/successor`. Driven in memory through the real
+router: the client (an outer conductor) and a proxy of the inner chain are in the test's
+hands."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+
+from conductor.jsonrpc.message import Message, decode, encode
+from conductor.routing.chain import Chain
+from conductor.routing.deadlines import Timeouts
+from conductor.routing.roles import Role
+from conductor.routing.topology import ComponentLink, Hop
+
+
+class Outbox:
+    """A MessageSink that keeps what the router sent, as JSON."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+        self.changed = anyio.Event()
+
+    async def send(self, item: Message | list[Message]) -> None:
+        for message in item if isinstance(item, list) else [item]:
+            self.sent.append(json.loads(encode(message)))
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    async def aclose(self) -> None:
+        pass
+
+
+class ProxyMode:
+    """outer conductor (the client) -> this conductor: proxy:0 -> (successor, the client)."""
+
+    def __init__(self, *, proxies: int = 1, timeouts: Timeouts | None = None) -> None:
+        self.client = Outbox()
+        self.client_wire = Hop("client", self.client)
+        self.boxes = [Outbox() for _ in range(proxies)]
+        self.wires = [Hop(f"proxy:{i}", box) for i, box in enumerate(self.boxes)]
+        self.init_ids: list[Any] = []
+
+        async def starter() -> list[ComponentLink]:
+            return [ComponentLink(w.name, Role.PROXY, w) for w in self.wires]
+
+        self.chain = Chain(self.client_wire, starter, proxy_mode=True, timeouts=timeouts)
+
+    async def line(self, wire: Hop, message: Any) -> None:
+        with anyio.fail_after(5):
+            await self.chain.receive(wire, decode(json.dumps(message).encode()))
+
+    async def from_client(self, message: Any) -> None:
+        await self.line(self.client_wire, {"jsonrpc": "2.0", **message})
+
+    async def from_proxy(self, i: int, message: Any) -> None:
+        await self.line(self.wires[i], {"jsonrpc": "2.0", **message})
+
+    async def start(self) -> None:
+        """Initialized as the outer conductor does it, through every proxy and back."""
+        await self.from_client({"id": 0, "method": "_proxy/initialize",
+                                "params": {"protocolVersion": 1}})
+        for i, box in enumerate(self.boxes):
+            asked = box.sent.pop()
+            assert asked["method"] == "_proxy/initialize"
+            self.init_ids.append(asked["id"])
+            await self.from_proxy(i, {"id": f"init-{i}", "method": "_proxy/successor",
+                                      "params": {"method": "initialize",
+                                                 "params": {"protocolVersion": 1}}})
+        wrapped = self.client.sent.pop()
+        assert wrapped["method"] == "_proxy/successor", wrapped
+        await self.from_client({"id": wrapped["id"], "result": {"protocolVersion": 1}})
+        for i in reversed(range(len(self.boxes))):
+            assert self.boxes[i].sent.pop() == {"jsonrpc": "2.0", "id": f"init-{i}",
+                                                "result": {"protocolVersion": 1}}
+            await self.from_proxy(i, {"id": self.init_ids[i],
+                                      "result": {"protocolVersion": 1}})
+        assert self.client.sent.pop() == {"jsonrpc": "2.0", "id": 0,
+                                          "result": {"protocolVersion": 1}}
+
+
+async def test_a_turn_the_successor_holds_past_prompt_timeout_is_cancelled_at_the_successor(
+        ) -> None:
+    # The turn was sent on wrapped, to our successor: its session/cancel must go the same
+    # way. Sent plain on the client's connection it went up, to the editor, as if the inner
+    # chain asked the editor to cancel, and the successor's turn ran on.
+    h = ProxyMode(timeouts=Timeouts(prompt=0.2))
+    await h.start()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(h.chain.serve_timers)
+        await h.from_client({"id": "p", "method": "session/prompt",
+                             "params": {"sessionId": "s1", "prompt": []}})
+        h.boxes[0].sent.clear()  # the turn, on its way through proxy:0
+        await h.from_proxy(0, {"id": 7, "method": "_proxy/successor",
+                               "params": {"method": "session/prompt",
+                                          "params": {"sessionId": "s1", "prompt": []}}})
+        [wrapped] = h.client.sent
+        with anyio.fail_after(5):
+            while not h.boxes[0].sent:
+                await h.boxes[0].changed.wait()
+        tg.cancel_scope.cancel()
+    [timed_out] = h.boxes[0].sent
+    assert timed_out["id"] == 7 and timed_out["error"]["code"] == -33005
+    cancels = h.client.sent[1:]
+    assert {"jsonrpc": "2.0", "method": "$/cancel_request",
+            "params": {"requestId": wrapped["id"]}} in cancels
+    assert {"jsonrpc": "2.0", "method": "_proxy/successor",
+            "params": {"method": "session/cancel", "params": {"sessionId": "s1"}}} in cancels
+    assert all(c.get("method") != "session/cancel" for c in cancels), cancels
+
