@@ -81,6 +81,7 @@ class Forward(Record):
     # A prompt's params (else UNSET), whose session id tells an agent which turn to stop:
     # read only when one is stopped, not for every prompt on its way.
     prompt: Raw | UnsetType = UNSET
+    down: bool = False  # toward the agent (in proxy mode: the successor, past the client)
 
     @property
     def turn(self) -> str | None:
@@ -542,7 +543,8 @@ class Chain:
             await self._send(hop, out, source=source.name)
             return
         forward = Forward(origin, msg.id, hop, chain_hooks(hooks),
-                          prompt=params if method == acp.SESSION_PROMPT else UNSET)
+                          prompt=params if method == acp.SESSION_PROMPT else UNSET,
+                          down=downward)
         if wrap:
             outgoing, request = hop.open_request(
                 out_method, out_params, deliver=self._answered, context=forward,
@@ -661,7 +663,7 @@ class Chain:
         time an answer comes), e.g. the record a restarted proxy's re-initialize replays."""
         async def resend(method: str, params: Raw) -> None:
             assert isinstance(msg, Request)
-            forward = Forward(origin, msg.id, target.hop, chain_hooks(then))
+            forward = Forward(origin, msg.id, target.hop, chain_hooks(then), down=True)
             outgoing, request = target.hop.open_request(method, params, deliver=self._answered,
                                                         context=forward)
             forward.inbound = Inbound(target=target.hop, target_id=outgoing.ident)
@@ -967,22 +969,21 @@ class Chain:
         and stop what it had sent on toward the agent (nobody can take those answers; a
         turn left running holds its session, and a retried prompt would wait behind it)."""
         node = self.topology.find(hop)
-        orphans = [(target, outgoing) for target in self.topology.hops()
-                   if node is not None and target.failure is None
-                   and (held := self.topology.find(target)) is not None
-                   and held.index > node.index
-                   for outgoing in list(target.pending.values())
-                   if isinstance(outgoing.context, Forward) and outgoing.context.origin is hop]
+        # In proxy mode the client's hop holds both what went up to the editor and what
+        # went on to our successor: which is which, each forward says (`down`).
+        held = [(each.hop, outgoing) for each in self.topology.nodes
+                if node is not None and each.index != node.index
+                and each.role is not Role.SUCCESSOR and each.hop.failure is None
+                for outgoing in list(each.hop.pending.values())
+                if isinstance(outgoing.context, Forward) and outgoing.context.origin is hop]
+        orphans = [(target, outgoing) for target, outgoing in held if outgoing.context.down]
         # What it had asked upstream (a permission dialog at the editor): nobody can take
         # the answer, so it is cancelled, hop by hop. Only toward an editor whose protocol
         # has $/cancel_request (v2; an outer conductor): a proxy told so cancels its own
         # forward, which would reach a v1 editor too (v1 SDK clients print a traceback).
         editor_cancels = self._editor_cancels()
-        asked = [(held.hop, outgoing) for held in self.topology.nodes
-                 if node is not None and editor_cancels and held.index < node.index
-                 and held.hop.failure is None and held.role is not Role.SUCCESSOR
-                 for outgoing in list(held.hop.pending.values())
-                 if isinstance(outgoing.context, Forward) and outgoing.context.origin is hop]
+        asked = [(target, outgoing) for target, outgoing in held
+                 if editor_cancels and not outgoing.context.down]
         await hop.fail(error, component=hop.name)
         if node is not None:
             await self.mcp_routes.hop_failed(node)

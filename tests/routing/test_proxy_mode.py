@@ -111,3 +111,28 @@ async def test_a_turn_the_successor_holds_past_prompt_timeout_is_cancelled_at_th
             "params": {"method": "session/cancel", "params": {"sessionId": "s1"}}} in cancels
     assert all(c.get("method") != "session/cancel" for c in cancels), cancels
 
+
+
+async def test_a_turn_a_failed_proxy_left_at_the_successor_is_cancelled_there() -> None:
+    # Nobody can take its answer, and a turn left running holds its session: a retried
+    # prompt would wait behind it (as for an agent: Chain.fail_hop).
+    from conductor.errors import ComponentExitedError
+
+    h = ProxyMode()
+    await h.start()
+    await h.from_client({"id": "p", "method": "session/prompt",
+                         "params": {"sessionId": "s1", "prompt": []}})
+    h.boxes[0].sent.clear()
+    await h.from_proxy(0, {"id": 7, "method": "_proxy/successor",
+                           "params": {"method": "session/prompt",
+                                      "params": {"sessionId": "s1", "prompt": []}}})
+    [wrapped] = h.client.sent
+    with anyio.fail_after(5):
+        await h.chain.fail_hop(h.wires[0], ComponentExitedError("proxy:0", 7, []))
+    sent = h.client.sent[1:]
+    assert sent.count({"jsonrpc": "2.0", "method": "$/cancel_request",
+                       "params": {"requestId": wrapped["id"]}}) == 1, sent
+    assert {"jsonrpc": "2.0", "method": "_proxy/successor",
+            "params": {"method": "session/cancel", "params": {"sessionId": "s1"}}} in sent
+    [failed] = [m for m in sent if m.get("id") == "p"]
+    assert failed["error"]["data"]["component"] == "proxy:0"
