@@ -187,7 +187,7 @@ class McpRoutes:
         ident = acp.get_str(params, "connectionId")
         conn = self._find(ident, source) if ident is not None else None
         if conn is None:
-            await self._refuse(origin, msg, "connectionId", ident, source)
+            await self._refuse(origin, msg, method, "connectionId", ident, source)
             return
         if method == acp.MCP_MESSAGE and isinstance(msg, Notification) \
                 and acp.get_str(params, "method") == MCP_CANCELLED:
@@ -243,7 +243,7 @@ class McpRoutes:
         server_id = acp.get_str(params, "serverId")
         decl = self.declarations.get(server_id) if server_id is not None else None
         if decl is None:
-            await self._refuse(origin, msg, "serverId", server_id, source)
+            await self._refuse(origin, msg, acp.MCP_CONNECT, "serverId", server_id, source)
             return
         if not isinstance(msg, Request):
             log.warning("%s sent mcp/connect as a notification; dropped", source.name)
@@ -318,14 +318,15 @@ class McpRoutes:
                                                   raw(conn.ident)))
         return connected
 
-    async def _refuse(self, origin: Hop, msg: Call, key: str, value: str | None,
-                      source: Node) -> None:
+    async def _refuse(self, origin: Hop, msg: Call, method: str, key: str,
+                      value: str | None, source: Node) -> None:
+        # `method` is the MCP method: `msg` may be the successor envelope that carried it.
         what = f"unknown {key} {value!r}" if value is not None else f"no {key}"
-        log.warning("%s sent %s with %s", source.name, msg.method, what)
+        log.warning("%s sent %s with %s", source.name, method, what)
         if isinstance(msg, Request):
             await self._reply(origin, error_response(
                 msg.id, ErrorCode.INVALID_PARAMS, f"Invalid params: {what}",
-                {key: value, "method": msg.method}))
+                {key: value, "method": method}))
 
     def _drop(self, conn: Connection, reason: str) -> None:
         if self.connections.pop(conn.ident, None) is None:

@@ -136,3 +136,19 @@ async def test_a_turn_a_failed_proxy_left_at_the_successor_is_cancelled_there() 
             "params": {"method": "session/cancel", "params": {"sessionId": "s1"}}} in sent
     [failed] = [m for m in sent if m.get("id") == "p"]
     assert failed["error"]["data"]["component"] == "proxy:0"
+
+
+async def test_an_mcp_message_from_the_successor_for_an_unknown_server_is_refused_naming_it(
+        ) -> None:
+    # What was refused is the MCP method inside the envelope, not the envelope.
+    h = ProxyMode()
+    await h.start()
+    await h.from_client({"id": "c", "method": "_proxy/successor",
+                         "params": {"method": "mcp/connect", "params": {"serverId": "nope"}}})
+    await h.from_client({"id": "m", "method": "_proxy/successor",
+                         "params": {"method": "mcp/message",
+                                    "params": {"connectionId": "gone", "method": "x"}}})
+    connect, message = h.client.sent
+    assert connect["error"]["code"] == -32602
+    assert connect["error"]["data"] == {"serverId": "nope", "method": "mcp/connect"}
+    assert message["error"]["data"] == {"connectionId": "gone", "method": "mcp/message"}
