@@ -272,11 +272,20 @@ class Chain:
                                         {"component": hop.name}))
 
     async def _not_json(self, hop: Hop, item: NotJson) -> None:
+        top = item.top
         if hop is self.client:
             await self._send(hop, error_response(None, ErrorCode.PARSE_ERROR, "Parse error",
                                                  item.reason))
+            if top is not None and top.id is not None and not top.has_method \
+                    and not top.is_batch:
+                # A broken answer (to an agent's question; in proxy mode, our successor's
+                # too): the request it answers fails, naming the client, or its asker waits
+                # for ever.
+                reason = f"{hop.name} sent an answer that is not valid JSON ({item.reason})"
+                log.error("%s; dropped", reason)
+                await hop.settle(error_response(top.id, ErrorCode.PARSE_ERROR, reason,
+                                                {"component": hop.name}))
             return
-        top = item.top
         if top is not None and top.id is not None and not top.is_batch:
             # A broken message with an id (an answer whose JSON does not decode, e.g. a lone
             # surrogate escape): the request it answers fails, naming the sender; a request

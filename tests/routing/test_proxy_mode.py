@@ -15,6 +15,7 @@ from conductor.routing.chain import Chain
 from conductor.routing.deadlines import Timeouts
 from conductor.routing.roles import Role
 from conductor.routing.topology import ComponentLink, Hop
+from conductor.transport.pipes import incoming
 
 
 class Outbox:
@@ -152,3 +153,24 @@ async def test_an_mcp_message_from_the_successor_for_an_unknown_server_is_refuse
     assert connect["error"]["code"] == -32602
     assert connect["error"]["data"] == {"serverId": "nope", "method": "mcp/connect"}
     assert message["error"]["data"] == {"connectionId": "gone", "method": "mcp/message"}
+
+
+async def test_an_answer_from_the_client_that_is_not_json_fails_the_request_it_answers(
+        ) -> None:
+    # In proxy mode the client's pipe carries our successor's answers: one cut short (or
+    # otherwise broken) must fail the envelope request it answers, naming the client, as
+    # for any component; answered only with a parse error, the proxy that asked waited for
+    # ever.
+    h = ProxyMode()
+    await h.start()
+    await h.from_proxy(0, {"id": 9, "method": "_proxy/successor",
+                           "params": {"method": "_x/ask", "params": {}}})
+    [wrapped] = h.client.sent
+    h.client.sent.clear()
+    with anyio.fail_after(5):
+        await h.chain.receive(h.client_wire, incoming(
+            b'{"jsonrpc":"2.0","id":%d,"result":{"x": tru}}' % wrapped["id"]))
+    [failed] = h.boxes[0].sent
+    assert failed["id"] == 9
+    assert failed["error"]["code"] == -32700
+    assert failed["error"]["data"] == {"component": "client"}
