@@ -341,7 +341,8 @@ class Chain:
             await hop.cancel_inbound(msg.params)
             return
         if method in acp.MCP_METHODS:  # routed by serverId / connectionId (mcp_routes.py)
-            await self.mcp_routes.receive(hop, msg, method, msg.params, src)
+            await self.mcp_routes.receive(hop, msg, method, msg.params, src,
+                                          down=src.role is Role.CLIENT)
             return
         wrapped = acp.SUCCESSOR_METHODS.get(method)
         if wrapped is not None:
@@ -457,7 +458,8 @@ class Chain:
         else:  # proxy mode: the client wire carried a message from our successor, going up
             source, target = self.topology.last, self.topology.nodes[-2]
         if inner in acp.MCP_METHODS:
-            await self.mcp_routes.receive(hop, msg, inner, env.params, source)
+            await self.mcp_routes.receive(hop, msg, inner, env.params, source,
+                                          down=src.role is Role.PROXY)
             return
         await self._forward(hop, msg, inner, env.params, source, target, meta=env.any_meta)
 

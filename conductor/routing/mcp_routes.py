@@ -179,13 +179,14 @@ class McpRoutes:
     # -- routing -----------------------------------------------------------------------
 
     async def receive(self, origin: Hop, msg: Call, method: str, params: Raw | UnsetType,
-                      source: Node) -> None:
-        """An `mcp/*` message arrived from `source` (on `origin`, unwrapped)."""
+                      source: Node, *, down: bool) -> None:
+        """An `mcp/*` message arrived from `source` (on `origin`, unwrapped), travelling
+        toward the agent (`down`: a proxy wrapped it, or the client sent it) or the client."""
         if method == acp.MCP_CONNECT:
             await self._connect(origin, msg, params, source)
             return
         ident = acp.get_str(params, "connectionId")
-        conn = self._find(ident, source) if ident is not None else None
+        conn = self._find(ident, source, down) if ident is not None else None
         if conn is None:
             await self._refuse(origin, msg, method, "connectionId", ident, source)
             return
@@ -232,11 +233,16 @@ class McpRoutes:
             log.debug("%s cancelled an MCP request that is not open (answered meanwhile, "
                       "or never sent): dropped", source.name)
 
-    def _find(self, ident: str, source: Node) -> Connection | None:
-        conn = self.connections.get(ident)
-        if conn is not None and conn.connector is source:
-            return conn
-        return self._by_provider.get((source.name, ident))
+    def _find(self, ident: str, source: Node, down: bool) -> Connection | None:
+        mine = self.connections.get(ident)
+        if mine is not None and mine.connector is not source:
+            mine = None
+        theirs = self._by_provider.get((source.name, ident))
+        if mine is not None and theirs is not None:
+            # `source` is a connector (our id) and a provider (its own) under one string: a
+            # nested conductor mints `mcp-N` too. The end the message travels toward decides.
+            return theirs if (theirs.connector.index > source.index) == down else mine
+        return mine or theirs
 
     async def _connect(self, origin: Hop, msg: Call, params: Raw | UnsetType,
                        source: Node) -> None:
