@@ -702,23 +702,30 @@ class Chain:
         # Only the target's own answer queues behind what the proxies it was routed past
         # still hold: the conductor's (a timeout, the target gone) is in no component's
         # stream, so it overtakes nothing, and must not wait on a proxy stuck in dispatch.
-        past = self._routed_past(origin, forward.target) if source != "conductor" else None
+        past = self._routed_past(forward) if source != "conductor" else None
         if past:
             await self._send_past(past, origin, reply, source)
         else:
             await self._send(origin, reply, source=source)
 
-    def _routed_past(self, origin: Hop, target: Hop) -> list[Hop]:
-        """The in-process proxies between `target` and `origin` (a request routed past
-        them), in the order its answer travels back."""
-        find = self.topology.find
-        to, back = find(target), find(origin)
+    def _routed_past(self, forward: Forward) -> list[Hop]:
+        """The in-process proxies between the target and the origin of `forward` (a request
+        routed past them), in the order its answer travels back."""
+        to = self._node_at(forward.target, far=forward.down)
+        back = self._node_at(forward.origin, far=not forward.down)
         if to is None or back is None or abs(to.index - back.index) < 2:
             return []
         lo, hi = sorted((to.index, back.index))
         hops = [n.hop for n in self.topology.nodes[lo + 1:hi]
                 if n.role is Role.PROXY and n.hop.passes is not None]
         return hops[::-1] if to.index > back.index else hops
+
+    def _node_at(self, hop: Hop, *, far: bool) -> Node | None:
+        """`hop`'s node; in proxy mode the client's hop is also our successor's, the node
+        at the far end (`far`: the end toward the agent)."""
+        if far and hop is self.client and self.topology.proxy_mode:
+            return self.topology.last
+        return self.topology.find(hop)
 
     async def _send_past(self, past: list[Hop], origin: Hop, reply: Response,
                          source: str) -> None:
