@@ -34,6 +34,7 @@ from conductor.errors import REACHES_CLIENT, ComponentStartError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import (
     Batch,
+    InvalidMessage,
     Message,
     Notification,
     Request,
@@ -900,6 +901,15 @@ async def serve_proxy(proxy: Proxy[Any], stdin: ByteReceiveStream, stdout: ByteS
     source = PipeSource(stdin) if max_frame_bytes is None \
         else PipeSource(stdin, max_frame_bytes=max_frame_bytes)
 
+    def invalid(one: InvalidMessage) -> Response | None:
+        """What answers an invalid message: a request-shaped one is refused (its sender
+        waits for it); an answer or a notification is only logged."""
+        log.warning("%s: invalid message from the conductor: %s", proxy.name, one.reason)
+        if not one.call_shaped:
+            return None
+        return error_response(one.id, ErrorCode.INVALID_REQUEST, "Invalid Request",
+                              one.reason)
+
     async def handle(item: Incoming) -> None:
         if isinstance(item, Request | Notification | Response):
             await host.dispatch(item)
@@ -911,15 +921,35 @@ async def serve_proxy(proxy: Proxy[Any], stdin: ByteReceiveStream, stdout: ByteS
             await host.endpoint.refuse_unread(item.head, code, reason,
                                               {"component": proxy.name})
         elif isinstance(item, Batch):
+            if not item.items:  # one error, as JSON-RPC 2.0 has it
+                await host.endpoint.send(error_response(None, ErrorCode.INVALID_REQUEST,
+                                                        "Invalid Request", "empty batch"))
+                return
+            # Answered as one array, as protocol.md §1 has every hop do.
+            replies = host.endpoint.open_batch([m.id for m in item.items
+                                                if isinstance(m, Request)])
             for one in item.items:
-                if isinstance(one, Request | Notification | Response):
-                    await host.dispatch(one)
+                if isinstance(one, InvalidMessage):
+                    refusal = invalid(one)
+                    if refusal is not None:
+                        replies.replies.append(refusal)
                 else:
-                    log.warning("%s: invalid message from the conductor: %s", proxy.name,
-                                one.reason)
-        else:
-            log.warning("%s: unusable input from the conductor (dropped): %r", proxy.name,
-                        item)
+                    await host.dispatch(one)
+            await host.endpoint.end_batch(replies)
+        elif isinstance(item, InvalidMessage):
+            refusal = invalid(item)
+            if refusal is not None:
+                await host.endpoint.send(refusal)
+        else:  # not JSON: answered by what its top level showed (a request, an answer)
+            log.warning("%s: a line from the conductor that is not JSON: %s", proxy.name,
+                        item.reason)
+            if item.top is not None:
+                await host.endpoint.refuse_unread(item.top, ErrorCode.PARSE_ERROR,
+                                                  f"Parse error: {item.reason}",
+                                                  {"component": proxy.name})
+            else:
+                await host.endpoint.send(error_response(None, ErrorCode.PARSE_ERROR,
+                                                        "Parse error", item.reason))
 
     try:
         await host.start_chain()

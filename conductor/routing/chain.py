@@ -81,6 +81,7 @@ class Forward(Record):
     # A prompt's params (else UNSET), whose session id tells an agent which turn to stop:
     # read only when one is stopped, not for every prompt on its way.
     prompt: Raw | UnsetType = UNSET
+    down: bool = False  # toward the agent (in proxy mode: the successor, past the client)
 
     @property
     def turn(self) -> str | None:
@@ -271,11 +272,20 @@ class Chain:
                                         {"component": hop.name}))
 
     async def _not_json(self, hop: Hop, item: NotJson) -> None:
+        top = item.top
         if hop is self.client:
             await self._send(hop, error_response(None, ErrorCode.PARSE_ERROR, "Parse error",
                                                  item.reason))
+            if top is not None and top.id is not None and not top.has_method \
+                    and not top.is_batch:
+                # A broken answer (to an agent's question; in proxy mode, our successor's
+                # too): the request it answers fails, naming the client, or its asker waits
+                # for ever.
+                reason = f"{hop.name} sent an answer that is not valid JSON ({item.reason})"
+                log.error("%s; dropped", reason)
+                await hop.settle(error_response(top.id, ErrorCode.PARSE_ERROR, reason,
+                                                {"component": hop.name}))
             return
-        top = item.top
         if top is not None and top.id is not None and not top.is_batch:
             # A broken message with an id (an answer whose JSON does not decode, e.g. a lone
             # surrogate escape): the request it answers fails, naming the sender; a request
@@ -331,7 +341,8 @@ class Chain:
             await hop.cancel_inbound(msg.params)
             return
         if method in acp.MCP_METHODS:  # routed by serverId / connectionId (mcp_routes.py)
-            await self.mcp_routes.receive(hop, msg, method, msg.params, src)
+            await self.mcp_routes.receive(hop, msg, method, msg.params, src,
+                                          down=src.role is Role.CLIENT)
             return
         wrapped = acp.SUCCESSOR_METHODS.get(method)
         if wrapped is not None:
@@ -447,7 +458,8 @@ class Chain:
         else:  # proxy mode: the client wire carried a message from our successor, going up
             source, target = self.topology.last, self.topology.nodes[-2]
         if inner in acp.MCP_METHODS:
-            await self.mcp_routes.receive(hop, msg, inner, env.params, source)
+            await self.mcp_routes.receive(hop, msg, inner, env.params, source,
+                                          down=src.role is Role.PROXY)
             return
         await self._forward(hop, msg, inner, env.params, source, target, meta=env.any_meta)
 
@@ -542,7 +554,8 @@ class Chain:
             await self._send(hop, out, source=source.name)
             return
         forward = Forward(origin, msg.id, hop, chain_hooks(hooks),
-                          prompt=params if method == acp.SESSION_PROMPT else UNSET)
+                          prompt=params if method == acp.SESSION_PROMPT else UNSET,
+                          down=downward)
         if wrap:
             outgoing, request = hop.open_request(
                 out_method, out_params, deliver=self._answered, context=forward,
@@ -568,7 +581,8 @@ class Chain:
                 del hop.pending[outgoing.ident]
                 origin.untrack_inbound(msg.id, forward.inbound)
                 with anyio.CancelScope(shield=True):
-                    await self._cancel_held(hop, outgoing.ident, forward.turn)
+                    await self._cancel_held(hop, outgoing.ident, forward.turn,
+                                            down=downward)
                     # No answer will run its hooks: they see it cancelled, so the records
                     # they keep end with it (a prompt's session is idle again, a setup's
                     # declared MCP servers are forgotten).
@@ -660,7 +674,7 @@ class Chain:
         time an answer comes), e.g. the record a restarted proxy's re-initialize replays."""
         async def resend(method: str, params: Raw) -> None:
             assert isinstance(msg, Request)
-            forward = Forward(origin, msg.id, target.hop, chain_hooks(then))
+            forward = Forward(origin, msg.id, target.hop, chain_hooks(then), down=True)
             outgoing, request = target.hop.open_request(method, params, deliver=self._answered,
                                                         context=forward)
             forward.inbound = Inbound(target=target.hop, target_id=outgoing.ident)
@@ -688,23 +702,30 @@ class Chain:
         # Only the target's own answer queues behind what the proxies it was routed past
         # still hold: the conductor's (a timeout, the target gone) is in no component's
         # stream, so it overtakes nothing, and must not wait on a proxy stuck in dispatch.
-        past = self._routed_past(origin, forward.target) if source != "conductor" else None
+        past = self._routed_past(forward) if source != "conductor" else None
         if past:
             await self._send_past(past, origin, reply, source)
         else:
             await self._send(origin, reply, source=source)
 
-    def _routed_past(self, origin: Hop, target: Hop) -> list[Hop]:
-        """The in-process proxies between `target` and `origin` (a request routed past
-        them), in the order its answer travels back."""
-        find = self.topology.find
-        to, back = find(target), find(origin)
+    def _routed_past(self, forward: Forward) -> list[Hop]:
+        """The in-process proxies between the target and the origin of `forward` (a request
+        routed past them), in the order its answer travels back."""
+        to = self._node_at(forward.target, far=forward.down)
+        back = self._node_at(forward.origin, far=not forward.down)
         if to is None or back is None or abs(to.index - back.index) < 2:
             return []
         lo, hi = sorted((to.index, back.index))
         hops = [n.hop for n in self.topology.nodes[lo + 1:hi]
                 if n.role is Role.PROXY and n.hop.passes is not None]
         return hops[::-1] if to.index > back.index else hops
+
+    def _node_at(self, hop: Hop, *, far: bool) -> Node | None:
+        """`hop`'s node; in proxy mode the client's hop is also our successor's, the node
+        at the far end (`far`: the end toward the agent)."""
+        if far and hop is self.client and self.topology.proxy_mode:
+            return self.topology.last
+        return self.topology.find(hop)
 
     async def _send_past(self, past: list[Hop], origin: Hop, reply: Response,
                          source: str) -> None:
@@ -884,7 +905,10 @@ class Chain:
         clients print a traceback for it)."""
         return self.topology.proxy_mode or (self.handshake.version or 0) >= 2
 
-    async def _cancel_held(self, hop: Hop, ident: int, session_id: str | None) -> None:
+    async def _cancel_held(self, hop: Hop, ident: int, session_id: str | None, *,
+                           down: bool = True) -> None:
+        """Stop the request `ident` sent on `hop` (`down`: toward the agent), and the turn
+        `session_id` it is, if any."""
         node = self.topology.find(hop)
         # An agent is sent only what its protocol has: a turn is stopped the ACP way, and
         # $/cancel_request is in v2's stable protocol, not v1's (SDK agents print a
@@ -893,12 +917,19 @@ class Chain:
         v2 = (self.handshake.agent_version or 0) >= 2  # as the agent was initialized
         cancel_request = not to_agent or (session_id is None and v2)
         with anyio.move_on_after(CANCEL_WRITE_BOUND):
-            if cancel_request:
+            if cancel_request:  # (for our successor: the envelope's own id, plain)
                 await self._send(hop, Notification(method=acp.CANCEL_REQUEST,
                                                    params=payload({"requestId": ident})))
             if session_id is not None:  # the turn itself: ACP's way to stop it
-                await self._send(hop, Notification(method=acp.SESSION_CANCEL,
-                                                   params=payload({"sessionId": session_id})))
+                params = payload({"sessionId": session_id})
+                if down and hop is self.client and self.topology.proxy_mode:
+                    # Our successor's turn: wrapped like the prompt was. Plain, it would
+                    # go up to the editor.
+                    await self._originate(self.topology.nodes[-2], self.topology.last,
+                                          acp.SESSION_CANCEL, params, as_request=False)
+                else:
+                    await self._send(hop, Notification(method=acp.SESSION_CANCEL,
+                                                       params=params))
 
     def disconnected(self) -> None:
         """The client's connection ended: every record goes (in-process proxies release
@@ -956,22 +987,21 @@ class Chain:
         and stop what it had sent on toward the agent (nobody can take those answers; a
         turn left running holds its session, and a retried prompt would wait behind it)."""
         node = self.topology.find(hop)
-        orphans = [(target, outgoing) for target in self.topology.hops()
-                   if node is not None and target.failure is None
-                   and (held := self.topology.find(target)) is not None
-                   and held.index > node.index
-                   for outgoing in list(target.pending.values())
-                   if isinstance(outgoing.context, Forward) and outgoing.context.origin is hop]
+        # In proxy mode the client's hop holds both what went up to the editor and what
+        # went on to our successor: which is which, each forward says (`down`).
+        held = [(each.hop, outgoing) for each in self.topology.nodes
+                if node is not None and each.index != node.index
+                and each.role is not Role.SUCCESSOR and each.hop.failure is None
+                for outgoing in list(each.hop.pending.values())
+                if isinstance(outgoing.context, Forward) and outgoing.context.origin is hop]
+        orphans = [(target, outgoing) for target, outgoing in held if outgoing.context.down]
         # What it had asked upstream (a permission dialog at the editor): nobody can take
         # the answer, so it is cancelled, hop by hop. Only toward an editor whose protocol
         # has $/cancel_request (v2; an outer conductor): a proxy told so cancels its own
         # forward, which would reach a v1 editor too (v1 SDK clients print a traceback).
         editor_cancels = self._editor_cancels()
-        asked = [(held.hop, outgoing) for held in self.topology.nodes
-                 if node is not None and editor_cancels and held.index < node.index
-                 and held.hop.failure is None and held.role is not Role.SUCCESSOR
-                 for outgoing in list(held.hop.pending.values())
-                 if isinstance(outgoing.context, Forward) and outgoing.context.origin is hop]
+        asked = [(target, outgoing) for target, outgoing in held
+                 if editor_cancels and not outgoing.context.down]
         await hop.fail(error, component=hop.name)
         if node is not None:
             await self.mcp_routes.hop_failed(node)

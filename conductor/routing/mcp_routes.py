@@ -179,15 +179,16 @@ class McpRoutes:
     # -- routing -----------------------------------------------------------------------
 
     async def receive(self, origin: Hop, msg: Call, method: str, params: Raw | UnsetType,
-                      source: Node) -> None:
-        """An `mcp/*` message arrived from `source` (on `origin`, unwrapped)."""
+                      source: Node, *, down: bool) -> None:
+        """An `mcp/*` message arrived from `source` (on `origin`, unwrapped), travelling
+        toward the agent (`down`: a proxy wrapped it, or the client sent it) or the client."""
         if method == acp.MCP_CONNECT:
             await self._connect(origin, msg, params, source)
             return
         ident = acp.get_str(params, "connectionId")
-        conn = self._find(ident, source) if ident is not None else None
+        conn = self._find(ident, source, down) if ident is not None else None
         if conn is None:
-            await self._refuse(origin, msg, "connectionId", ident, source)
+            await self._refuse(origin, msg, method, "connectionId", ident, source)
             return
         if method == acp.MCP_MESSAGE and isinstance(msg, Notification) \
                 and acp.get_str(params, "method") == MCP_CANCELLED:
@@ -232,18 +233,23 @@ class McpRoutes:
             log.debug("%s cancelled an MCP request that is not open (answered meanwhile, "
                       "or never sent): dropped", source.name)
 
-    def _find(self, ident: str, source: Node) -> Connection | None:
-        conn = self.connections.get(ident)
-        if conn is not None and conn.connector is source:
-            return conn
-        return self._by_provider.get((source.name, ident))
+    def _find(self, ident: str, source: Node, down: bool) -> Connection | None:
+        mine = self.connections.get(ident)
+        if mine is not None and mine.connector is not source:
+            mine = None
+        theirs = self._by_provider.get((source.name, ident))
+        if mine is not None and theirs is not None:
+            # `source` is a connector (our id) and a provider (its own) under one string: a
+            # nested conductor mints `mcp-N` too. The end the message travels toward decides.
+            return theirs if (theirs.connector.index > source.index) == down else mine
+        return mine or theirs
 
     async def _connect(self, origin: Hop, msg: Call, params: Raw | UnsetType,
                        source: Node) -> None:
         server_id = acp.get_str(params, "serverId")
         decl = self.declarations.get(server_id) if server_id is not None else None
         if decl is None:
-            await self._refuse(origin, msg, "serverId", server_id, source)
+            await self._refuse(origin, msg, acp.MCP_CONNECT, "serverId", server_id, source)
             return
         if not isinstance(msg, Request):
             log.warning("%s sent mcp/connect as a notification; dropped", source.name)
@@ -318,14 +324,15 @@ class McpRoutes:
                                                   raw(conn.ident)))
         return connected
 
-    async def _refuse(self, origin: Hop, msg: Call, key: str, value: str | None,
-                      source: Node) -> None:
+    async def _refuse(self, origin: Hop, msg: Call, method: str, key: str,
+                      value: str | None, source: Node) -> None:
+        # `method` is the MCP method: `msg` may be the successor envelope that carried it.
         what = f"unknown {key} {value!r}" if value is not None else f"no {key}"
-        log.warning("%s sent %s with %s", source.name, msg.method, what)
+        log.warning("%s sent %s with %s", source.name, method, what)
         if isinstance(msg, Request):
             await self._reply(origin, error_response(
                 msg.id, ErrorCode.INVALID_PARAMS, f"Invalid params: {what}",
-                {key: value, "method": msg.method}))
+                {key: value, "method": method}))
 
     def _drop(self, conn: Connection, reason: str) -> None:
         if self.connections.pop(conn.ident, None) is None:

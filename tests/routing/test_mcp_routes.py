@@ -636,3 +636,33 @@ async def test_a_connection_id_the_provider_gives_again_ends_the_older_connectio
     second = h.out["agent"].take()
     assert second["id"] == ident and second["result"]["connectionId"] != first
     assert list(h.chain.mcp_routes.connections) == [second["result"]["connectionId"]]
+
+
+async def test_a_proxy_that_is_a_connector_and_a_provider_under_one_connection_id_is_understood(
+        ) -> None:
+    # A nested conductor as proxy:0 mints connectionIds `mcp-1`, ... as its own provider
+    # ids, and so does this conductor for the connections proxy:0 makes as a connector.
+    # Which one a message means is told by the way it travels: wrapped, toward its
+    # successor (it speaks as a provider to the agent); plain, toward the editor (as a
+    # connector). Taken for the connector's, the agent's tool traffic went to the editor.
+    h = Harness()
+    await h.start()
+    await h.new_session("s1", [acp_server("editor-tools", "ed-1")],
+                        [acp_server("proxy-tools", "px-1")])
+    await h.frame("proxy", {"id": "pc", "method": "mcp/connect", "params": {"serverId": "ed-1"}})
+    at_editor = h.out["client"].take()
+    await h.frame("client", {"id": at_editor["id"], "result": {"connectionId": "e7"}})
+    as_connector = h.out["proxy"].take()["result"]["connectionId"]
+    to_agent = await connect_through(h, "px-1", "proxy", as_connector)  # the same string
+    await h.frame("proxy", {"method": "_proxy/successor", "params": {
+        "method": "mcp/message", "params": {"connectionId": as_connector,
+                                            "method": "notifications/progress"}}})
+    assert h.out["client"].sent == []
+    assert h.out["agent"].take()["params"] == {"connectionId": to_agent,
+                                               "method": "notifications/progress"}
+    # ... and plain, it is the connector's, to the editor
+    await h.frame("proxy", {"method": "mcp/message", "params": {
+        "connectionId": as_connector, "method": "notifications/initialized"}})
+    assert h.out["client"].take()["params"] == {"connectionId": "e7",
+                                                "method": "notifications/initialized"}
+    assert h.out["agent"].sent == []
