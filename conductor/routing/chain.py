@@ -910,9 +910,9 @@ class Chain:
         """Stop the request `ident` sent on `hop` (`down`: toward the agent), and the turn
         `session_id` it is, if any."""
         node = self.topology.find(hop)
-        # An agent is sent only what its protocol has: a turn is stopped the ACP way, and
-        # $/cancel_request is in v2's stable protocol, not v1's (SDK agents print a
-        # traceback for it; issue 10.13). Proxies speak the conductor protocol: they have it.
+        # A turn is stopped the ACP way. $/cancel_request goes to a v2 agent only: v1 lets a
+        # peer ignore `$/` notifications, and the SDKs' v1 agents print a traceback for it
+        # (issue 10.13). Proxies speak the conductor protocol: they act on it.
         to_agent = node is not None and node.role is Role.AGENT
         v2 = (self.handshake.agent_version or 0) >= 2  # as the agent was initialized
         cancel_request = not to_agent or (session_id is None and v2)
