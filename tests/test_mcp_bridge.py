@@ -539,3 +539,39 @@ async def test_an_agent_cancel_naming_no_open_request_is_not_passed_on() -> None
                                     "params": {"progressToken": 1, "progress": 1}})
     assert [json.loads(bytes(m.params))["method"] for m in sent  # type: ignore[attr-defined]
             ] == ["notifications/progress"]
+
+
+async def test_what_an_agent_sends_reaches_the_provider_in_the_order_it_sent_it() -> None:
+    # A request and the notification right behind it (its cancel, say) read from one
+    # buffer: the notification must not overtake the request, or the provider gets a
+    # cancel for nothing it knows and then runs the call to its end.
+    sent: list[object] = []
+
+    class Sink:
+        async def send(self, item: object) -> None:
+            sent.append(item)
+
+        async def aclose(self) -> None:
+            return None
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        return None
+
+    async def close_agent() -> None:
+        return None
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            relay = Relay(Endpoint("mcp-bridge", Sink()), tg, "c1", "srv", to_agent,
+                          close_agent)
+            await relay.from_agent({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                    "params": {"name": "slow"}})
+            await relay.from_agent({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                    "params": {"requestId": 1}})
+            await relay.from_agent({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+            await relay.from_agent({"jsonrpc": "2.0", "method": "notifications/progress",
+                                    "params": {"progressToken": 1, "progress": 1}})
+            tg.cancel_scope.cancel()
+    seen = [m.method if m.method != "mcp/message"  # type: ignore[attr-defined]
+            else json.loads(bytes(m.params))["method"] for m in sent]  # type: ignore[attr-defined]
+    assert seen == ["tools/call", "$/cancel_request", "ping", "notifications/progress"]

@@ -87,16 +87,25 @@ class Relay:
         outgoing, request = self.endpoint.open_request(
             acp.MCP_MESSAGE, payload(self._envelope(method, params)))
         self._outgoing[_key(ident)] = outgoing
-        self.tg.start_soon(self._ask_provider, ident, token, outgoing, request)
+        # Sent here, not in the task that waits: what the agent sends next (its cancel of
+        # this request, say) must not reach the provider first.
+        try:
+            await self.endpoint.send(request)
+        except Exception as e:  # the chain is going away: the agent still gets an answer
+            self.endpoint.pending.pop(outgoing.ident, None)
+            failed: Response | None = error_response(request.id, -32603,
+                                                     f"{type(e).__name__}: {e}")
+        else:
+            failed = None
+        self.tg.start_soon(self._ask_provider, ident, token, outgoing, failed)
 
     async def _ask_provider(self, ident: Any, token: Any, outgoing: Outgoing,
-                            request: Request) -> None:
+                            failed: Response | None) -> None:
         try:
             try:
-                await self.endpoint.send(request)
-                answer = await self.endpoint.wait(outgoing, cancel_on_abort=False)
+                answer = failed or await self.endpoint.wait(outgoing, cancel_on_abort=False)
             except Exception as e:  # the chain is going away: the agent still gets an answer
-                answer = error_response(request.id, -32603, f"{type(e).__name__}: {e}")
+                answer = error_response(outgoing.id, -32603, f"{type(e).__name__}: {e}")
             reply: dict[str, Any] = {"jsonrpc": "2.0", "id": ident}
             if answer.is_error:
                 reply["error"] = self._mcp_error(answer.error_value())
