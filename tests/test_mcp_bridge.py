@@ -23,6 +23,8 @@ from conductor.jsonrpc.message import Notification, Request, Response, raw
 from conductor.rpc.endpoint import Endpoint
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from anyio.abc import TaskGroup
 from conductor.routing.mcp import McpRefusedError, McpSupport, for_agent
 
@@ -66,9 +68,27 @@ async def test_stdio_rewrites_run_the_shim_with_the_socket_and_token_in_its_env(
         assert stat.S_ISSOCK(os.stat(env[SOCKET_ENV]).st_mode)
     assert entry["type"] == "stdio"  # v2: every entry has a type
     assert entry["command"] == sys.executable
-    assert entry["args"][:3] == ["-m", "conductor", "mcp-shim"]  # type: ignore[index]
+    assert entry["args"][:4] == ["-P", "-m", "conductor", "mcp-shim"]  # type: ignore[index]
     assert len(env[TOKEN_ENV]) > 40
     assert not await anyio.Path(directory).exists()  # removed when the bridge stops
+
+
+async def test_the_shim_command_runs_the_shim_in_a_project_with_a_conductor_module_of_its_own(
+        tmp_path: Path) -> None:
+    # The agent runs the command in a directory of its choosing (the session's, often):
+    # `python -m conductor` there imported the project's conductor.py, not the shim.
+    (tmp_path / "conductor.py").write_text("print('the project, not the shim')\n")
+    async with open_mcp_bridge("stdio") as bridge:
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(1, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        env[TOKEN_ENV] = "not-the-token"
+        with anyio.fail_after(20):
+            done = await anyio.run_process(
+                [str(entry["command"]), *entry["args"]],  # type: ignore[misc]
+                cwd=tmp_path, env={**os.environ, **env}, check=False)
+    assert done.stdout == b""
+    assert b"mcp-shim: the conductor refused" in done.stderr
 
 
 async def test_the_http_endpoint_refuses_a_request_without_or_with_a_wrong_token() -> None:
@@ -137,7 +157,7 @@ async def test_a_shim_with_a_wrong_hello_is_refused_and_the_bridge_keeps_serving
         [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
                                                   frozenset()))
         env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
-        key = entry["args"][3]  # type: ignore[index]
+        key = entry["args"][-1]  # type: ignore[index]
         line = hello.replace(b"KEY", key.encode()).replace(b"TOKEN", env[TOKEN_ENV].encode())
         with anyio.fail_after(10):
             answer = await _hello(env[SOCKET_ENV], line)
@@ -263,7 +283,7 @@ async def test_a_bad_message_from_a_shim_is_answered_and_its_session_keeps_servi
         [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
                                                   frozenset()))
         env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
-        key = entry["args"][3]  # type: ignore[index]
+        key = entry["args"][-1]  # type: ignore[index]
         with anyio.fail_after(10):
             async with await anyio.connect_unix(env[SOCKET_ENV]) as stream:
                 lines = BufferedByteReceiveStream(stream)
@@ -483,7 +503,7 @@ async def test_a_shim_that_leaves_before_its_refusal_does_not_stop_the_bridge() 
             gone.sendall(b'{"server": "nope", "token": "' + env[TOKEN_ENV].encode() + b'"}\n')
         with anyio.fail_after(10):
             await refused.wait()
-            answer = await _served(env[SOCKET_ENV], entry["args"][3],  # type: ignore[index]
+            answer = await _served(env[SOCKET_ENV], entry["args"][-1],  # type: ignore[index]
                                    env[TOKEN_ENV])
             await provider.disconnected.wait()  # (that shim's session is over)
     assert json.loads(answer) == {"ok": True}
@@ -496,7 +516,7 @@ async def test_a_shim_that_leaves_while_the_bridge_connects_is_disconnected_at_t
         [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
                                                   frozenset()))
         env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
-        hello = {"server": entry["args"][3], "token": env[TOKEN_ENV]}  # type: ignore[index]
+        hello = {"server": entry["args"][-1], "token": env[TOKEN_ENV]}  # type: ignore[index]
         with anyio.fail_after(10):
             async with await anyio.connect_unix(env[SOCKET_ENV]) as stream:
                 await stream.send(json.dumps(hello).encode() + b"\n")

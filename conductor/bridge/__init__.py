@@ -154,8 +154,11 @@ class McpBridge:
                                       "headers": [{"name": "Authorization",
                                                    "value": f"Bearer {server.token}"}]}
             else:
+                # -P: the agent picks the directory it runs in, whose own conductor.py
+                # (or package) `-m` would otherwise import instead of ours.
                 body: dict[str, Any] = {"name": name, "command": sys.executable,
-                                        "args": ["-m", "conductor", "mcp-shim", server.key],
+                                        "args": ["-P", "-m", "conductor", "mcp-shim",
+                                                 server.key],
                                         "env": [{"name": SOCKET_ENV, "value": sock.path},
                                                 {"name": TOKEN_ENV, "value": server.token}]}
                 entries[server_id] = {"type": "stdio", **body} if support.version >= 2 \
