@@ -400,6 +400,33 @@ async def test_two_sessions_opened_at_once_cannot_both_take_the_last_place(
     assert statuses == [503, 200]
 
 
+async def test_two_shims_opened_at_once_cannot_both_take_the_last_place(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("conductor.bridge.stdio.MAX_SHIMS", 1)
+    answers: list[bytes] = []
+    async with open_mcp_bridge("stdio") as bridge:
+        provider = _SlowProvider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        hello = json.dumps({"server": entry["args"][-1],  # type: ignore[index]
+                            "token": env[TOKEN_ENV]}).encode() + b"\n"
+        with anyio.fail_after(10):
+            async with await anyio.connect_unix(env[SOCKET_ENV]) as first:
+                await first.send(hello)
+                await provider.asked.wait()  # the first is connecting: not a session yet
+                async with anyio.create_task_group() as race:
+                    async def connects_too() -> None:
+                        await provider.asked_again.wait()
+                        race.cancel_scope.cancel()
+                    race.start_soon(connects_too)
+                    answers.append(await _hello(env[SOCKET_ENV], hello))
+                    race.cancel_scope.cancel()
+                provider.release.set()
+        assert provider.connects == 1
+    assert answers and b"too many MCP sessions" in answers[0]
+
+
 async def test_a_session_whose_opening_request_fails_midway_ends_at_once() -> None:
     # The agent went away while its initialize was being answered (the server cannot
     # send): the session it never learnt of must not hold a provider connection and a

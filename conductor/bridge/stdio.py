@@ -79,11 +79,19 @@ class SocketBridge:
             if self.open >= MAX_SHIMS:
                 await _say_last(stream, {"error": f"too many MCP sessions ({MAX_SHIMS} open)"})
                 return
+            # The place is taken before the first await (mcp/connect), so concurrent shims
+            # cannot all pass the check.
+            self.open += 1
+            connected = False
             try:
                 connection_id = await bridge.connect(server)
+                connected = True
             except Exception as e:
                 await _say_last(stream, {"error": f"cannot connect to {server.name}: {e}"})
                 return
+            finally:
+                if not connected:  # else the session holds it until it ends (below)
+                    self.open -= 1
             lock = anyio.Lock()
 
             async def to_agent(body: dict[str, Any]) -> None:
@@ -96,7 +104,6 @@ class SocketBridge:
             relay = Relay(bridge.endpoint, bridge.tg, connection_id,  # type: ignore[arg-type]
                           server.name, to_agent, stream.aclose)
             bridge.relays[connection_id] = relay
-            self.open += 1
             try:
                 try:
                     async with lock:  # before anything the provider sends, never inside it
