@@ -299,6 +299,33 @@ async def test_a_bad_message_from_a_shim_is_answered_and_its_session_keeps_servi
         assert second == {"jsonrpc": "2.0", "id": 7, "result": {"echo": "ping"}}
 
 
+async def test_a_message_over_the_limit_from_a_shim_is_answered_and_its_session_keeps_serving(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("conductor.bridge.stdio.MAX_MESSAGE_BYTES", 1024)
+    async with open_mcp_bridge("stdio") as bridge:
+        provider = _Provider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        hello = {"server": entry["args"][-1], "token": env[TOKEN_ENV]}  # type: ignore[index]
+        huge = {"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                "params": {"name": "write", "arguments": {"text": "x" * 200_000}}}
+        with anyio.fail_after(10):
+            async with await anyio.connect_unix(env[SOCKET_ENV]) as stream:
+                lines = BufferedByteReceiveStream(stream)
+                await stream.send(json.dumps(hello).encode() + b"\n")
+                assert json.loads(await lines.receive_until(b"\n", 4096)) == {"ok": True}
+                # in one write with what follows it: the rest of the read is not lost
+                await stream.send(json.dumps(huge).encode() + b"\n"
+                                  + b'{"jsonrpc":"2.0","id":7,"method":"ping"}\n')
+                first = json.loads(await lines.receive_until(b"\n", 65536))
+                second = json.loads(await lines.receive_until(b"\n", 65536))
+            await provider.disconnected.wait()
+    assert first["id"] == 6 and first["error"]["code"] == -33003
+    assert "1024" in first["error"]["message"]
+    assert second == {"jsonrpc": "2.0", "id": 7, "result": {"echo": "ping"}}
+
+
 @pytest.mark.parametrize("mode", ["http", "stdio"])
 async def test_two_setups_rewritten_at_once_share_one_listener(mode: str) -> None:
     agent = support(2, mode)
