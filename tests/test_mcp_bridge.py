@@ -532,6 +532,30 @@ async def test_malformed_provider_messages_reach_the_agent_as_errors_not_as_a_cr
 
 
 
+async def test_a_provider_progress_whose_token_is_no_id_does_not_break_the_http_session(
+        ) -> None:
+    # A provider (of any language: the SDK's own would refuse to send it) writes a
+    # progressToken that is neither a string nor a number: the agent cannot be waiting
+    # for it, and the bridge must neither fail nor stop serving the session.
+    async with open_mcp_bridge("http") as bridge:
+        _Provider(bridge, bridge.tg)
+        entry, headers = await http_server_entry(bridge)
+        with anyio.fail_after(10):
+            async with httpx2.AsyncClient() as client:
+                opened = await client.post(str(entry["url"]), json=_INITIALIZE,
+                                           headers=headers)
+                [connection] = list(bridge.relays)
+                for token in ([1], {"a": 1}):
+                    await bridge._deliver(Notification(method="mcp/message", params=raw(
+                        {"connectionId": connection, "method": "notifications/progress",
+                         "params": {"progressToken": token, "progress": 1}})))
+                again = await client.post(str(entry["url"]), json={
+                    "jsonrpc": "2.0", "id": 2, "method": "ping"}, headers={
+                        **headers, "mcp-session-id": opened.headers["mcp-session-id"]})
+    assert again.status_code == 200
+    assert '"echo":"ping"' in again.text
+
+
 async def _served(path: str, key: str, token: str) -> bytes:
     """A shim's whole hello: what the bridge answers one that stays."""
     return await _hello(path, json.dumps({"server": key, "token": token}).encode() + b"\n")

@@ -53,6 +53,11 @@ class Relay:
         self._ids = itertools.count(1)
         self.progress: dict[Any, Any] = {}            # progressToken -> agent request id
 
+    def progress_of(self, token: Any) -> Any:
+        """The agent request a progress token belongs to (None: none of them; a provider
+        may write any JSON there)."""
+        return self.progress.get(_key(token))
+
     # -- from the agent ------------------------------------------------------------------
 
     async def from_agent(self, message: dict[str, Any]) -> None:
