@@ -673,3 +673,41 @@ async def test_what_an_agent_sends_reaches_the_provider_in_the_order_it_sent_it(
     seen = [m.method if m.method != "mcp/message"  # type: ignore[attr-defined]
             else json.loads(bytes(m.params))["method"] for m in sent]  # type: ignore[attr-defined]
     assert seen == ["tools/call", "$/cancel_request", "ping", "notifications/progress"]
+
+
+async def test_errors_the_bridge_makes_for_an_agent_request_name_the_server(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("conductor.bridge.relay.MAX_PENDING", 1)
+    to_agent_sent: list[dict[str, Any]] = []
+
+    class Sink:  # the chain: takes the first request (never answered), then is gone
+        def __init__(self) -> None:
+            self.taken = 0
+
+        async def send(self, item: object) -> None:
+            self.taken += 1
+            if self.taken > 1:
+                raise anyio.BrokenResourceError
+
+        async def aclose(self) -> None:
+            return None
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        to_agent_sent.append(body)
+
+    async def close_agent() -> None:
+        return None
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            relay = Relay(Endpoint("mcp-bridge", Sink()), tg, "c1", "docs", to_agent,
+                          close_agent)
+            await relay.from_agent({"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+            await relay.from_agent({"jsonrpc": "2.0", "id": 2, "method": "tools/call"})
+            relay._outgoing.clear()  # (the first is no longer in flight)
+            await relay.from_agent({"jsonrpc": "2.0", "id": 3, "method": "tools/call"})
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+    errors = {body["id"]: body["error"]["message"] for body in to_agent_sent}
+    assert set(errors) == {2, 3}
+    assert all("docs" in message for message in errors.values()), errors

@@ -82,7 +82,8 @@ class Relay:
         ident = message["id"]
         if len(self._outgoing) >= MAX_PENDING:
             await self.to_agent({"jsonrpc": "2.0", "id": ident, "error": {
-                "code": -32603, "message": f"too many requests in flight ({MAX_PENDING})"}})
+                "code": -32603, "message": f"the conductor's MCP bridge: too many requests "
+                f"in flight to the MCP server {self.name} ({MAX_PENDING})"}})
             return
         # What the stdio shim passes on is unchecked JSON: `_meta` may be anything.
         meta = params.get("_meta") if isinstance(params, dict) else None
@@ -98,8 +99,7 @@ class Relay:
             await self.endpoint.send(request)
         except Exception as e:  # the chain is going away: the agent still gets an answer
             self.endpoint.pending.pop(outgoing.ident, None)
-            failed: Response | None = error_response(request.id, -32603,
-                                                     f"{type(e).__name__}: {e}")
+            failed: Response | None = error_response(request.id, -32603, self._lost(e))
         else:
             failed = None
         self.tg.start_soon(self._ask_provider, ident, token, outgoing, failed)
@@ -110,7 +110,7 @@ class Relay:
             try:
                 answer = failed or await self.endpoint.wait(outgoing, cancel_on_abort=False)
             except Exception as e:  # the chain is going away: the agent still gets an answer
-                answer = error_response(outgoing.id, -32603, f"{type(e).__name__}: {e}")
+                answer = error_response(outgoing.id, -32603, self._lost(e))
             reply: dict[str, Any] = {"jsonrpc": "2.0", "id": ident}
             if answer.is_error:
                 reply["error"] = self._mcp_error(answer.error_value())
@@ -140,6 +140,11 @@ class Relay:
             answer = Response(id=request.id, result=payload(message.get("result")))
         self.endpoint.untrack_inbound(request.id, inbound)  # before: the id may come again
         await self.endpoint.send(answer)
+
+    def _lost(self, error: Exception) -> str:
+        return (f"the conductor's MCP bridge lost the request to the MCP server {self.name}: "
+                f"{type(error).__name__}{f': {error}' if str(error) else ''} (the chain is "
+                "stopping, or the server's connection is gone)")
 
     def _mcp_error(self, error: Any) -> dict[str, Any]:
         if isinstance(error, dict) and isinstance(error.get("code"), int) \
