@@ -8,6 +8,7 @@ import os
 import socket
 import stat
 import sys
+import tempfile
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -89,6 +90,25 @@ async def test_the_shim_command_runs_the_shim_in_a_project_with_a_conductor_modu
                 cwd=tmp_path, env={**os.environ, **env}, check=False)
     assert done.stdout == b""
     assert b"mcp-shim: the conductor refused" in done.stderr
+
+
+async def test_the_stdio_bridge_serves_under_a_temporary_directory_too_deep_for_a_socket(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Unix socket's path holds about 104 bytes (sun_path): under a deep $TMPDIR (build
+    # sandboxes, CI) the listener could not be made, and every session setup failed.
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    async with open_mcp_bridge("stdio") as bridge:
+        provider = _Provider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(1, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        with anyio.fail_after(10):
+            answer = await _served(env[SOCKET_ENV], entry["args"][-1],  # type: ignore[index]
+                                   env[TOKEN_ENV])
+            await provider.disconnected.wait()  # the session ended: it is read no more
+    assert json.loads(answer) == {"ok": True}
 
 
 async def test_the_http_endpoint_refuses_a_request_without_or_with_a_wrong_token() -> None:

@@ -34,6 +34,7 @@ log = logging.getLogger("acp_conductor.bridge.stdio")
 HELLO_LIMIT: Final = 4096
 HELLO_TIMEOUT: Final = 10.0
 MAX_SHIMS: Final = 256
+MAX_SOCKET_PATH: Final = 100  # bytes: sun_path holds 104 (macOS) or 108 (Linux), NUL included
 MAX_MESSAGE_BYTES: Final = DEFAULT_MAX_FRAME_BYTES  # one MCP message from the agent
 
 
@@ -49,6 +50,10 @@ class SocketBridge:
     async def serve(self, *, task_status: TaskStatus[None]) -> None:
         self.directory = tempfile.mkdtemp(prefix="acp-conductor-mcp-")  # 0700
         self.path = os.path.join(self.directory, "bridge.sock")
+        if len(os.fsencode(self.path)) > MAX_SOCKET_PATH:  # a deep $TMPDIR: /tmp will do
+            os.rmdir(self.directory)
+            self.directory = tempfile.mkdtemp(prefix="acp-conductor-mcp-", dir="/tmp")
+            self.path = os.path.join(self.directory, "bridge.sock")
         try:
             listener = await anyio.create_unix_listener(self.path, mode=0o600)
             log.info("MCP bridge: shims connect to %s", self.path)
