@@ -111,6 +111,25 @@ async def test_the_stdio_bridge_serves_under_a_temporary_directory_too_deep_for_
     assert json.loads(answer) == {"ok": True}
 
 
+async def test_a_bridge_that_cannot_listen_leaves_the_server_out_and_says_why(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Its listener could not be made ($TMPDIR not writable, no file descriptors left):
+    # the session goes on without that server (a required one refuses it, saying why),
+    # not failed as a whole with an OSError blamed on the proxy that declared it.
+    def no_directory(*args: object, **kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied", "/tmp/acp-conductor-mcp-x")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", no_directory)
+    async with open_mcp_bridge("stdio") as bridge:
+        params = setup("a", extra=[{"name": "other", "command": "x", "args": [], "env": []}])
+        assert servers_of(await for_agent(params, support(1, "stdio"), bridge, frozenset())
+                          ) == [{"name": "other", "command": "x", "args": [], "env": []}]
+        with pytest.raises(McpRefusedError, match="Permission denied") as refused:
+            await for_agent(params, support(1, "stdio"), bridge, frozenset({"n-a"}))
+    assert refused.value.name == "n-a"
+    assert "MCP bridge cannot listen (stdio): [Errno 13] Permission denied" in caplog.text
+
+
 async def test_the_http_endpoint_refuses_a_request_without_or_with_a_wrong_token() -> None:
     async with open_mcp_bridge("http") as bridge:
         [entry] = servers_of(await bridge.rewrite(setup("a"), support(1, "http"),

@@ -140,11 +140,22 @@ class McpBridge:
         transport = self.transport_for(support)
         if transport is None:  # the router only asks when `covers`
             raise McpRefusedError(next(iter(required), "?"), "no bridge transport")
-        if transport == "http":
-            http = await self._open_http()
-            base = http.base_url
-        else:
-            sock = await self._open_socket()
+        try:
+            if transport == "http":
+                http = await self._open_http()
+                base = http.base_url
+            else:
+                sock = await self._open_socket()
+        except OSError as e:  # no listener: as if no bridge stood in, saying why
+            why = f"the conductor's MCP bridge cannot listen ({transport}): {e}"
+            declared = acp_declarations(params)
+            for _, name in declared:
+                if name in required:
+                    raise McpRefusedError(name, why) from e
+            log.warning("%s; not declared to the agent: %s", why,
+                        ", ".join(repr(name) for _, name in declared))
+            self._trace("mcp-bridge-failed", transport=transport, reason=str(e))
+            return map_acp_entries(params, lambda server_id, name: None)
         entries: dict[str, Any] = {}
         for server_id, name in acp_declarations(params):
             server = self._server(server_id, name)
