@@ -750,3 +750,29 @@ async def test_errors_the_bridge_makes_for_an_agent_request_name_the_server(
     errors = {body["id"]: body["error"]["message"] for body in to_agent_sent}
     assert set(errors) == {2, 3}
     assert all("docs" in message for message in errors.values()), errors
+
+
+async def test_an_agent_request_cancelled_while_handed_over_is_not_left_pending() -> None:
+    # The session ends (idle, or the agent left) while the chain is slow to take the
+    # request: nothing will wait for its answer, so nothing may keep it in the tables.
+    class Sink:  # a chain that does not take anything now
+        async def send(self, item: object) -> None:
+            await anyio.sleep_forever()
+
+        async def aclose(self) -> None:
+            return None
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        return None
+
+    async def close_agent() -> None:
+        return None
+
+    endpoint = Endpoint("mcp-bridge", Sink())
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            relay = Relay(endpoint, tg, "c1", "srv", to_agent, close_agent)
+            with anyio.move_on_after(0.05):
+                await relay.from_agent({"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+    assert endpoint.pending == {}
+    assert relay._outgoing == {}

@@ -100,6 +100,10 @@ class Relay:
         except Exception as e:  # the chain is going away: the agent still gets an answer
             self.endpoint.pending.pop(outgoing.ident, None)
             failed: Response | None = error_response(request.id, -32603, self._lost(e))
+        except BaseException:  # cancelled (the session is ending): nothing will wait for it
+            self.endpoint.pending.pop(outgoing.ident, None)
+            self._outgoing.pop(_key(ident), None)
+            raise
         else:
             failed = None
         self.tg.start_soon(self._ask_provider, ident, token, outgoing, failed)
