@@ -14,8 +14,9 @@ the agent is rewritten into a transport the agent takes:
 Each MCP session the agent opens is one MCP-over-ACP connection to the provider: the
 bridge is a connector of the router (a side connection, `mcp-bridge`), so routing,
 cancellation, session ends and traces are the same as for an agent that speaks acp. The
-rewrite of a serverId is kept, so a declaration reaching the agent again (load, resume,
-fork) gets the same URL or command.
+rewrite of a serverId is kept while the router knows it, so a declaration reaching the
+agent again (load, resume, fork) gets the same URL or command; it goes when the router
+releases the serverId (its sessions closed).
 """
 
 from __future__ import annotations
@@ -191,6 +192,13 @@ class McpBridge:
             self.servers[server_id] = server
             self.by_key[server.key] = server
         return server
+
+    def release(self, server_id: str) -> None:
+        """Its sessions are gone: its URL or shim key, and its token, serve no more (and
+        past `MAX_SERVERS`, what is evicted is then never a live session's)."""
+        server = self.servers.pop(server_id, None)
+        if server is not None:
+            self.by_key.pop(server.key, None)
 
     async def _open_http(self) -> HttpBridge:
         async with self._opening:
