@@ -776,3 +776,39 @@ async def test_an_agent_request_cancelled_while_handed_over_is_not_left_pending(
                 await relay.from_agent({"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
     assert endpoint.pending == {}
     assert relay._outgoing == {}
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_request_the_agent_cancelled_is_not_answered_over_stdio(
+        transport: str) -> None:
+    # MCP: the receiver of notifications/cancelled does not answer the request (MCP
+    # clients that get an answer for an id they dropped report "a response for an
+    # unknown message ID"). Over http the 2025 wire ends the request's stream only with
+    # an answer, as the SDK's own transport does (-32800).
+    to_agent_sent: list[dict[str, Any]] = []
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        to_agent_sent.append(body)
+
+    async def close_agent() -> None:
+        return None
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            class Sink:  # a provider that answers a cancelled request -32800
+                async def send(self, item: object) -> None:
+                    if isinstance(item, Notification) and item.method == "$/cancel_request":
+                        ident = json.loads(bytes(item.params))["requestId"]
+                        tg.start_soon(endpoint.settle, Response(id=raw(ident), error=raw(
+                            {"code": -32800, "message": "Request cancelled"})))
+
+                async def aclose(self) -> None:
+                    return None
+
+            endpoint = Endpoint("mcp-bridge", Sink())
+            relay = Relay(endpoint, tg, "c1", "srv", to_agent, close_agent,
+                          answers_cancelled=transport == "http")
+            await relay.from_agent({"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+            await relay.from_agent({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                    "params": {"requestId": 1}})
+    assert [body["id"] for body in to_agent_sent] == ([1] if transport == "http" else [])

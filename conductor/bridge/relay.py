@@ -3,7 +3,8 @@
 The agent's MCP client speaks plain MCP (JSON-RPC) to the bridge, over HTTP or through the
 stdio shim; the provider sees `mcp/message` on the connection the bridge opened for this
 session. Requests keep their ids on each side: an agent request becomes an ACP request of
-the bridge's endpoint (its cancel, `notifications/cancelled`, becomes `$/cancel_request`);
+the bridge's endpoint (its cancel, `notifications/cancelled`, becomes `$/cancel_request`,
+and the request is then not answered, but over http, whose wire needs an answer);
 a provider request (elicitation, sampling) goes to the agent under an id of the relay's
 own, and the agent's answer goes back as the ACP answer; cancelled, it is answered -32800
 by the relay (an MCP agent does not answer a request it is told is cancelled).
@@ -39,8 +40,12 @@ class Relay:
     """Both directions of one bridged MCP session."""
 
     def __init__(self, endpoint: Endpoint, tg: TaskGroup, connection_id: str, name: str,
-                 to_agent: ToAgent, close_agent: Callable[[], Awaitable[None]]) -> None:
+                 to_agent: ToAgent, close_agent: Callable[[], Awaitable[None]], *,
+                 answers_cancelled: bool = True) -> None:
         self.endpoint = endpoint
+        # MCP: a request the agent cancelled is not answered; but the 2025 http wire ends
+        # a request's stream only with an answer (the SDK's own transport sends -32800).
+        self.answers_cancelled = answers_cancelled
         self.tg = tg
         self.connection_id = connection_id
         self.name = name
@@ -124,7 +129,7 @@ class Relay:
                     reply["result"] = result
                 else:  # MCP results are objects: the agent's client would choke on it
                     reply["error"] = self._malformed("a result that is not an object")
-            if not self.closed:
+            if not self.closed and (self.answers_cancelled or not outgoing.cancel_sent):
                 await self.to_agent(reply)
         finally:
             self._outgoing.pop(_key(ident), None)

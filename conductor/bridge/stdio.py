@@ -111,7 +111,7 @@ class SocketBridge:
                         log.debug("%s: the shim is gone", server.name)
 
             relay = Relay(bridge.endpoint, bridge.tg, connection_id,  # type: ignore[arg-type]
-                          server.name, to_agent, stream.aclose)
+                          server.name, to_agent, stream.aclose, answers_cancelled=False)
             bridge.relays[connection_id] = relay
             try:
                 try:
