@@ -368,6 +368,24 @@ async def test_a_bridge_makes_the_chain_say_the_agent_takes_acp(version: int) ->
         assert result["capabilities"]["session"]["mcp"] == {"http": {}, "acp": {}}
 
 
+async def test_a_bridged_server_whose_sessions_closed_makes_room_for_another(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The bridge keeps each serverId's URL (or shim key) and token; past its limit the
+    # oldest goes. Those of closed sessions must go first, or a long-lived session's
+    # tools are the ones dropped once enough sessions have come and gone.
+    monkeypatch.setattr("conductor.bridge.MAX_SERVERS", 2)
+    async with open_mcp_bridge("http") as bridge:
+        h = Harness(agent_caps={"mcpCapabilities": {"http": True}}, bridge=bridge)
+        await h.start()
+        await h.new_session("s1", [], [acp_server("p", "px-1")])
+        await h.new_session("s2", [], [acp_server("p", "px-2")])
+        await h.close_session("s2")
+        assert h.out["proxy"].take()["id"] == "pc"  # (answered at each hop)
+        assert h.out["client"].take()["result"] == {}
+        await h.new_session("s3", [], [acp_server("p", "px-3")])
+        assert sorted(bridge.servers) == ["px-1", "px-3"]
+
+
 async def session_new_refused(h: Harness, client_servers: list[Frame],
                               proxy_servers: list[Frame]) -> Frame:
     await h.frame("client", {"id": 9, "method": "session/new",
@@ -643,21 +661,3 @@ async def test_a_connection_id_the_provider_gives_again_ends_the_older_connectio
     second = h.out["agent"].take()
     assert second["id"] == ident and second["result"]["connectionId"] != first
     assert list(h.chain.mcp_routes.connections) == [second["result"]["connectionId"]]
-
-
-async def test_a_bridged_server_whose_sessions_closed_makes_room_for_another(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # The bridge keeps each serverId's URL (or shim key) and token; past its limit the
-    # oldest goes. Those of closed sessions must go first, or a long-lived session's
-    # tools are the ones dropped once enough sessions have come and gone.
-    monkeypatch.setattr("conductor.bridge.MAX_SERVERS", 2)
-    async with open_mcp_bridge("http") as bridge:
-        h = Harness(agent_caps={"mcpCapabilities": {"http": True}}, bridge=bridge)
-        await h.start()
-        await h.new_session("s1", [], [acp_server("p", "px-1")])
-        await h.new_session("s2", [], [acp_server("p", "px-2")])
-        await h.close_session("s2")
-        assert h.out["proxy"].take()["id"] == "pc"  # (answered at each hop)
-        assert h.out["client"].take()["result"] == {}
-        await h.new_session("s3", [], [acp_server("p", "px-3")])
-        assert sorted(bridge.servers) == ["px-1", "px-3"]
