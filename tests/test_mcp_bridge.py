@@ -339,9 +339,9 @@ async def test_a_bad_message_from_a_shim_is_answered_and_its_session_keeps_servi
 
 
 async def test_a_message_over_the_limit_from_a_shim_is_answered_and_its_session_keeps_serving(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("conductor.bridge.stdio.MAX_MESSAGE_BYTES", 1024)
-    async with open_mcp_bridge("stdio") as bridge:
+        ) -> None:
+    # The limit is the chain's (max_frame_bytes, the largest message on any hop).
+    async with open_mcp_bridge("stdio", max_message_bytes=1024) as bridge:
         provider = _Provider(bridge, bridge.tg)
         [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
                                                   frozenset()))

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 
 from conductor import acp
+from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
 from conductor.jsonrpc.message import (
     Notification,
     Request,
@@ -84,10 +85,12 @@ class BridgedServer(Record, eq=False):
 class McpBridge:
     """Implements `conductor.routing.mcp.Bridge` for one chain."""
 
-    def __init__(self, mode: str, tg: TaskGroup, *, tracer: TraceSink | None = None) -> None:
+    def __init__(self, mode: str, tg: TaskGroup, *, tracer: TraceSink | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.mode = mode                 # auto | http | stdio
         self.tg = tg
         self.tracer = tracer
+        self.max_message_bytes = max_message_bytes  # a shim's message: the chain's frame limit
         self.servers: dict[str, BridgedServer] = {}     # by serverId
         self.by_key: dict[str, BridgedServer] = {}
         self.relays: dict[str, Relay] = {}              # by connectionId
@@ -293,11 +296,12 @@ _EMPTY: Final = raw({})
 
 
 @asynccontextmanager
-async def open_mcp_bridge(mode: str, *, tracer: TraceSink | None = None
+async def open_mcp_bridge(mode: str, *, tracer: TraceSink | None = None,
+                          max_message_bytes: int = DEFAULT_MAX_FRAME_BYTES
                           ) -> AsyncIterator[McpBridge]:
     """A bridge for one chain; its listeners start on first use, stop on exit."""
     async with anyio.create_task_group() as tg:
-        bridge = McpBridge(mode, tg, tracer=tracer)
+        bridge = McpBridge(mode, tg, tracer=tracer, max_message_bytes=max_message_bytes)
         try:
             yield bridge
         finally:

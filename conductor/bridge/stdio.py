@@ -20,7 +20,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from conductor.bridge.relay import Relay
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, OversizedFrame
+from conductor.jsonrpc.framing import FrameDecoder, OversizedFrame
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -35,7 +35,6 @@ HELLO_LIMIT: Final = 4096
 HELLO_TIMEOUT: Final = 10.0
 MAX_SHIMS: Final = 256
 MAX_SOCKET_PATH: Final = 100  # bytes: sun_path holds 104 (macOS) or 108 (Linux), NUL included
-MAX_MESSAGE_BYTES: Final = DEFAULT_MAX_FRAME_BYTES  # one MCP message from the agent
 
 
 class SocketBridge:
@@ -121,7 +120,7 @@ class SocketBridge:
                     return  # the shim left while we connected: the provider is told below
                 # Framed as the conductor's own pipes are: a message over the limit is
                 # skipped and answered by its id, and the session goes on.
-                decoder = FrameDecoder(max_frame_bytes=MAX_MESSAGE_BYTES)
+                decoder = FrameDecoder(max_frame_bytes=bridge.max_message_bytes)
                 chunk = bytes(reader.buffer)  # what came in the hello's read
                 while True:
                     for frame in decoder.feed(chunk):
