@@ -447,7 +447,8 @@ async def serve_connection(
 
         # acp MCP servers for an agent that lacks acp (docs/mcp.md); never in proxy mode,
         # where the outer conductor's agent is not ours to bridge.
-        bridge = McpBridge(config.conductor.mcp_bridge, tg, tracer=tracer) \
+        bridge = McpBridge(config.conductor.mcp_bridge, tg, tracer=tracer,
+                           max_message_bytes=max_frame) \
             if options.mode == "agent" and config.conductor.mcp_bridge != "off" else None
         chain = Chain(client, starter, proxy_mode=options.mode == "proxy", tracer=tracer,
                       on_fatal=fatal, on_broken=broken, mcp=injection, bridge=bridge,

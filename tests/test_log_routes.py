@@ -42,3 +42,32 @@ def test_a_librarys_info_stays_off_stderr_after_a_plugin_builds_an_mcp_server(
     err = capfd.readouterr().err
     assert "HTTP Request" not in err
     assert "acp-conductor WARNING" in err and "a library's warning" in err  # in our format
+
+
+@pytest.mark.usefixtures("saved_logging")
+async def test_a_tool_that_raises_is_one_log_line_naming_the_proxy_and_the_cause(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    # The SDK logs the tool's exception with its traceback (some forty lines on the
+    # user's terminal for every failing call), under its own name only: which proxy's
+    # tool failed, and why, is what the user needs; the traceback is for --log-level debug.
+    from conductor.testing import open_test_chain
+    from tests.test_plugin_tools import Docs, McpAgent
+
+    server = MCPServer("docs")
+
+    @server.tool()
+    def lookup(ticket: str) -> str:
+        """Look a ticket up."""
+        raise RuntimeError(f"no ticket {ticket}")
+
+    logging.getLogger().handlers.clear()
+    configure_logging("warning")
+    agent = McpAgent()
+    async with open_test_chain([Docs(server)], agent) as client:
+        conn = await agent.open_mcp(await client.new_session())
+        result = await agent.mcp(conn, "tools/call", {"name": "lookup",
+                                                      "arguments": {"ticket": "T-1"}})
+    assert result["isError"] is True
+    err = capfd.readouterr().err
+    assert "proxy docs" in err and "RuntimeError: no ticket T-1" in err, err
+    assert "Traceback" not in err

@@ -8,6 +8,7 @@ import os
 import socket
 import stat
 import sys
+import tempfile
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -23,6 +24,8 @@ from conductor.jsonrpc.message import Notification, Request, Response, raw
 from conductor.rpc.endpoint import Endpoint
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from anyio.abc import TaskGroup
 from conductor.routing.mcp import McpRefusedError, McpSupport, for_agent
 
@@ -66,9 +69,65 @@ async def test_stdio_rewrites_run_the_shim_with_the_socket_and_token_in_its_env(
         assert stat.S_ISSOCK(os.stat(env[SOCKET_ENV]).st_mode)
     assert entry["type"] == "stdio"  # v2: every entry has a type
     assert entry["command"] == sys.executable
-    assert entry["args"][:3] == ["-m", "conductor", "mcp-shim"]  # type: ignore[index]
+    assert entry["args"][:4] == ["-P", "-m", "conductor", "mcp-shim"]  # type: ignore[index]
     assert len(env[TOKEN_ENV]) > 40
     assert not await anyio.Path(directory).exists()  # removed when the bridge stops
+
+
+async def test_the_shim_command_runs_the_shim_in_a_project_with_a_conductor_module_of_its_own(
+        tmp_path: Path) -> None:
+    # The agent runs the command in a directory of its choosing (the session's, often):
+    # `python -m conductor` there imported the project's conductor.py, not the shim.
+    (tmp_path / "conductor.py").write_text("print('the project, not the shim')\n")
+    async with open_mcp_bridge("stdio") as bridge:
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(1, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        env[TOKEN_ENV] = "not-the-token"
+        with anyio.fail_after(20):
+            done = await anyio.run_process(
+                [str(entry["command"]), *entry["args"]],  # type: ignore[misc]
+                cwd=tmp_path, env={**os.environ, **env}, check=False)
+    assert done.stdout == b""
+    assert b"mcp-shim: the conductor refused" in done.stderr
+
+
+async def test_the_stdio_bridge_serves_under_a_temporary_directory_too_deep_for_a_socket(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Unix socket's path holds about 104 bytes (sun_path): under a deep $TMPDIR (build
+    # sandboxes, CI) the listener could not be made, and every session setup failed.
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    async with open_mcp_bridge("stdio") as bridge:
+        provider = _Provider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(1, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        with anyio.fail_after(10):
+            answer = await _served(env[SOCKET_ENV], entry["args"][-1],  # type: ignore[index]
+                                   env[TOKEN_ENV])
+            await provider.disconnected.wait()  # the session ended: it is read no more
+    assert json.loads(answer) == {"ok": True}
+
+
+async def test_a_bridge_that_cannot_listen_leaves_the_server_out_and_says_why(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Its listener could not be made ($TMPDIR not writable, no file descriptors left):
+    # the session goes on without that server (a required one refuses it, saying why),
+    # not failed as a whole with an OSError blamed on the proxy that declared it.
+    def no_directory(*args: object, **kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied", "/tmp/acp-conductor-mcp-x")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", no_directory)
+    async with open_mcp_bridge("stdio") as bridge:
+        params = setup("a", extra=[{"name": "other", "command": "x", "args": [], "env": []}])
+        assert servers_of(await for_agent(params, support(1, "stdio"), bridge, frozenset())
+                          ) == [{"name": "other", "command": "x", "args": [], "env": []}]
+        with pytest.raises(McpRefusedError, match="Permission denied") as refused:
+            await for_agent(params, support(1, "stdio"), bridge, frozenset({"n-a"}))
+    assert refused.value.name == "n-a"
+    assert "MCP bridge cannot listen (stdio): [Errno 13] Permission denied" in caplog.text
 
 
 async def test_the_http_endpoint_refuses_a_request_without_or_with_a_wrong_token() -> None:
@@ -137,7 +196,7 @@ async def test_a_shim_with_a_wrong_hello_is_refused_and_the_bridge_keeps_serving
         [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
                                                   frozenset()))
         env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
-        key = entry["args"][3]  # type: ignore[index]
+        key = entry["args"][-1]  # type: ignore[index]
         line = hello.replace(b"KEY", key.encode()).replace(b"TOKEN", env[TOKEN_ENV].encode())
         with anyio.fail_after(10):
             answer = await _hello(env[SOCKET_ENV], line)
@@ -263,7 +322,7 @@ async def test_a_bad_message_from_a_shim_is_answered_and_its_session_keeps_servi
         [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
                                                   frozenset()))
         env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
-        key = entry["args"][3]  # type: ignore[index]
+        key = entry["args"][-1]  # type: ignore[index]
         with anyio.fail_after(10):
             async with await anyio.connect_unix(env[SOCKET_ENV]) as stream:
                 lines = BufferedByteReceiveStream(stream)
@@ -277,6 +336,33 @@ async def test_a_bad_message_from_a_shim_is_answered_and_its_session_keeps_servi
                 second = json.loads(await lines.receive_until(b"\n", 65536))
             await provider.disconnected.wait()  # the session ended: it is read no more
         assert second == {"jsonrpc": "2.0", "id": 7, "result": {"echo": "ping"}}
+
+
+async def test_a_message_over_the_limit_from_a_shim_is_answered_and_its_session_keeps_serving(
+        ) -> None:
+    # The limit is the chain's (max_frame_bytes, the largest message on any hop).
+    async with open_mcp_bridge("stdio", max_message_bytes=1024) as bridge:
+        provider = _Provider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        hello = {"server": entry["args"][-1], "token": env[TOKEN_ENV]}  # type: ignore[index]
+        huge = {"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                "params": {"name": "write", "arguments": {"text": "x" * 200_000}}}
+        with anyio.fail_after(10):
+            async with await anyio.connect_unix(env[SOCKET_ENV]) as stream:
+                lines = BufferedByteReceiveStream(stream)
+                await stream.send(json.dumps(hello).encode() + b"\n")
+                assert json.loads(await lines.receive_until(b"\n", 4096)) == {"ok": True}
+                # in one write with what follows it: the rest of the read is not lost
+                await stream.send(json.dumps(huge).encode() + b"\n"
+                                  + b'{"jsonrpc":"2.0","id":7,"method":"ping"}\n')
+                first = json.loads(await lines.receive_until(b"\n", 65536))
+                second = json.loads(await lines.receive_until(b"\n", 65536))
+            await provider.disconnected.wait()
+    assert first["id"] == 6 and first["error"]["code"] == -33003
+    assert "1024" in first["error"]["message"]
+    assert second == {"jsonrpc": "2.0", "id": 7, "result": {"echo": "ping"}}
 
 
 @pytest.mark.parametrize("mode", ["http", "stdio"])
@@ -380,6 +466,33 @@ async def test_two_sessions_opened_at_once_cannot_both_take_the_last_place(
     assert statuses == [503, 200]
 
 
+async def test_two_shims_opened_at_once_cannot_both_take_the_last_place(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("conductor.bridge.stdio.MAX_SHIMS", 1)
+    answers: list[bytes] = []
+    async with open_mcp_bridge("stdio") as bridge:
+        provider = _SlowProvider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        hello = json.dumps({"server": entry["args"][-1],  # type: ignore[index]
+                            "token": env[TOKEN_ENV]}).encode() + b"\n"
+        with anyio.fail_after(10):
+            async with await anyio.connect_unix(env[SOCKET_ENV]) as first:
+                await first.send(hello)
+                await provider.asked.wait()  # the first is connecting: not a session yet
+                async with anyio.create_task_group() as race:
+                    async def connects_too() -> None:
+                        await provider.asked_again.wait()
+                        race.cancel_scope.cancel()
+                    race.start_soon(connects_too)
+                    answers.append(await _hello(env[SOCKET_ENV], hello))
+                    race.cancel_scope.cancel()
+                provider.release.set()
+        assert provider.connects == 1
+    assert answers and b"too many MCP sessions" in answers[0]
+
+
 async def test_a_session_whose_opening_request_fails_midway_ends_at_once() -> None:
     # The agent went away while its initialize was being answered (the server cannot
     # send): the session it never learnt of must not hold a provider connection and a
@@ -458,6 +571,30 @@ async def test_malformed_provider_messages_reach_the_agent_as_errors_not_as_a_cr
 
 
 
+async def test_a_provider_progress_whose_token_is_no_id_does_not_break_the_http_session(
+        ) -> None:
+    # A provider (of any language: the SDK's own would refuse to send it) writes a
+    # progressToken that is neither a string nor a number: the agent cannot be waiting
+    # for it, and the bridge must neither fail nor stop serving the session.
+    async with open_mcp_bridge("http") as bridge:
+        _Provider(bridge, bridge.tg)
+        entry, headers = await http_server_entry(bridge)
+        with anyio.fail_after(10):
+            async with httpx2.AsyncClient() as client:
+                opened = await client.post(str(entry["url"]), json=_INITIALIZE,
+                                           headers=headers)
+                [connection] = list(bridge.relays)
+                for token in ([1], {"a": 1}):
+                    await bridge._deliver(Notification(method="mcp/message", params=raw(
+                        {"connectionId": connection, "method": "notifications/progress",
+                         "params": {"progressToken": token, "progress": 1}})))
+                again = await client.post(str(entry["url"]), json={
+                    "jsonrpc": "2.0", "id": 2, "method": "ping"}, headers={
+                        **headers, "mcp-session-id": opened.headers["mcp-session-id"]})
+    assert again.status_code == 200
+    assert '"echo":"ping"' in again.text
+
+
 async def _served(path: str, key: str, token: str) -> bytes:
     """A shim's whole hello: what the bridge answers one that stays."""
     return await _hello(path, json.dumps({"server": key, "token": token}).encode() + b"\n")
@@ -483,7 +620,7 @@ async def test_a_shim_that_leaves_before_its_refusal_does_not_stop_the_bridge() 
             gone.sendall(b'{"server": "nope", "token": "' + env[TOKEN_ENV].encode() + b'"}\n')
         with anyio.fail_after(10):
             await refused.wait()
-            answer = await _served(env[SOCKET_ENV], entry["args"][3],  # type: ignore[index]
+            answer = await _served(env[SOCKET_ENV], entry["args"][-1],  # type: ignore[index]
                                    env[TOKEN_ENV])
             await provider.disconnected.wait()  # (that shim's session is over)
     assert json.loads(answer) == {"ok": True}
@@ -496,7 +633,7 @@ async def test_a_shim_that_leaves_while_the_bridge_connects_is_disconnected_at_t
         [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
                                                   frozenset()))
         env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
-        hello = {"server": entry["args"][3], "token": env[TOKEN_ENV]}  # type: ignore[index]
+        hello = {"server": entry["args"][-1], "token": env[TOKEN_ENV]}  # type: ignore[index]
         with anyio.fail_after(10):
             async with await anyio.connect_unix(env[SOCKET_ENV]) as stream:
                 await stream.send(json.dumps(hello).encode() + b"\n")
@@ -539,3 +676,139 @@ async def test_an_agent_cancel_naming_no_open_request_is_not_passed_on() -> None
                                     "params": {"progressToken": 1, "progress": 1}})
     assert [json.loads(bytes(m.params))["method"] for m in sent  # type: ignore[attr-defined]
             ] == ["notifications/progress"]
+
+
+async def test_what_an_agent_sends_reaches_the_provider_in_the_order_it_sent_it() -> None:
+    # A request and the notification right behind it (its cancel, say) read from one
+    # buffer: the notification must not overtake the request, or the provider gets a
+    # cancel for nothing it knows and then runs the call to its end.
+    sent: list[object] = []
+
+    class Sink:
+        async def send(self, item: object) -> None:
+            sent.append(item)
+
+        async def aclose(self) -> None:
+            return None
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        return None
+
+    async def close_agent() -> None:
+        return None
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            relay = Relay(Endpoint("mcp-bridge", Sink()), tg, "c1", "srv", to_agent,
+                          close_agent)
+            await relay.from_agent({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                    "params": {"name": "slow"}})
+            await relay.from_agent({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                    "params": {"requestId": 1}})
+            await relay.from_agent({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+            await relay.from_agent({"jsonrpc": "2.0", "method": "notifications/progress",
+                                    "params": {"progressToken": 1, "progress": 1}})
+            tg.cancel_scope.cancel()
+    seen = [m.method if m.method != "mcp/message"  # type: ignore[attr-defined]
+            else json.loads(bytes(m.params))["method"] for m in sent]  # type: ignore[attr-defined]
+    assert seen == ["tools/call", "$/cancel_request", "ping", "notifications/progress"]
+
+
+async def test_errors_the_bridge_makes_for_an_agent_request_name_the_server(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("conductor.bridge.relay.MAX_PENDING", 1)
+    to_agent_sent: list[dict[str, Any]] = []
+
+    class Sink:  # the chain: takes the first request (never answered), then is gone
+        def __init__(self) -> None:
+            self.taken = 0
+
+        async def send(self, item: object) -> None:
+            self.taken += 1
+            if self.taken > 1:
+                raise anyio.BrokenResourceError
+
+        async def aclose(self) -> None:
+            return None
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        to_agent_sent.append(body)
+
+    async def close_agent() -> None:
+        return None
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            relay = Relay(Endpoint("mcp-bridge", Sink()), tg, "c1", "docs", to_agent,
+                          close_agent)
+            await relay.from_agent({"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+            await relay.from_agent({"jsonrpc": "2.0", "id": 2, "method": "tools/call"})
+            relay._outgoing.clear()  # (the first is no longer in flight)
+            await relay.from_agent({"jsonrpc": "2.0", "id": 3, "method": "tools/call"})
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+    errors = {body["id"]: body["error"]["message"] for body in to_agent_sent}
+    assert set(errors) == {2, 3}
+    assert all("docs" in message for message in errors.values()), errors
+
+
+async def test_an_agent_request_cancelled_while_handed_over_is_not_left_pending() -> None:
+    # The session ends (idle, or the agent left) while the chain is slow to take the
+    # request: nothing will wait for its answer, so nothing may keep it in the tables.
+    class Sink:  # a chain that does not take anything now
+        async def send(self, item: object) -> None:
+            await anyio.sleep_forever()
+
+        async def aclose(self) -> None:
+            return None
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        return None
+
+    async def close_agent() -> None:
+        return None
+
+    endpoint = Endpoint("mcp-bridge", Sink())
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            relay = Relay(endpoint, tg, "c1", "srv", to_agent, close_agent)
+            with anyio.move_on_after(0.05):
+                await relay.from_agent({"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+    assert endpoint.pending == {}
+    assert relay._outgoing == {}
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_request_the_agent_cancelled_is_not_answered_over_stdio(
+        transport: str) -> None:
+    # MCP: the receiver of notifications/cancelled does not answer the request (MCP
+    # clients that get an answer for an id they dropped report "a response for an
+    # unknown message ID"). Over http the 2025 wire ends the request's stream only with
+    # an answer, as the SDK's own transport does (-32800).
+    to_agent_sent: list[dict[str, Any]] = []
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        to_agent_sent.append(body)
+
+    async def close_agent() -> None:
+        return None
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            class Sink:  # a provider that answers a cancelled request -32800
+                async def send(self, item: object) -> None:
+                    if isinstance(item, Notification) and item.method == "$/cancel_request":
+                        ident = json.loads(bytes(item.params))["requestId"]
+                        tg.start_soon(endpoint.settle, Response(id=raw(ident), error=raw(
+                            {"code": -32800, "message": "Request cancelled"})))
+
+                async def aclose(self) -> None:
+                    return None
+
+            endpoint = Endpoint("mcp-bridge", Sink())
+            relay = Relay(endpoint, tg, "c1", "srv", to_agent, close_agent,
+                          answers_cancelled=transport == "http")
+            await relay.from_agent({"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+            await relay.from_agent({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                    "params": {"requestId": 1}})
+    assert [body["id"] for body in to_agent_sent] == ([1] if transport == "http" else [])

@@ -765,3 +765,54 @@ async def test_an_mcp_cancel_reaching_a_proxy_names_the_call_by_its_outer_id() -
             answer = await next_from_proxy()
     assert answer["id"] == 77 and answer["error"]["code"] == -32800
     assert cancelled == ["slow"]
+
+
+@pytest.mark.parametrize("cancel", ["$/cancel_request", "notifications/cancelled"])
+async def test_a_call_cancelled_right_behind_it_is_cancelled_not_run_to_its_end(
+        cancel: str) -> None:
+    # The call and its cancel handed over together (one read of a pipe, one inbox item):
+    # the cancel must find the call, though the task that waits for its answer has not
+    # run yet, or the tool runs to its end. So too what the agent sends after a request:
+    # the server gets it after the request.
+    started, release, cancelled = anyio.Event(), anyio.Event(), []
+    to_router, from_proxy = anyio.create_memory_object_stream[Message](16)
+
+    async def next_from_proxy() -> dict[str, Any]:
+        return dict(json.loads(encode(await from_proxy.receive())))
+
+    def successor(method: str, params: JsonValue, ident: int | None = None) -> Message:
+        body = payload({"method": method, "params": params})
+        if ident is None:
+            return Notification(method="_proxy/successor", params=body)
+        return Request(id=raw(ident), method="_proxy/successor", params=body)
+
+    with anyio.fail_after(5):
+        async with to_router, from_proxy, open_inprocess_proxy(
+                Docs(docs_server(started, release, cancelled)), to_router.send) as proxy:
+            await proxy.send(Request(id=raw(1), method="session/new",
+                                     params=payload({"cwd": "/", "mcpServers": []})))
+            setup = await next_from_proxy()
+            [entry] = setup["params"]["params"]["mcpServers"]
+            await proxy.send(Response(id=raw(setup["id"]), result=payload({"sessionId": "s1"})))
+            await next_from_proxy()
+            await proxy.send(successor("mcp/connect", {"serverId": entry["serverId"]}, 2))
+            ident = (await next_from_proxy())["result"]["connectionId"]
+            await proxy.send(successor("mcp/message", {
+                "connectionId": ident, "method": "initialize", "params": INIT}, 3))
+            assert "result" in await next_from_proxy()
+            await proxy.send(successor("mcp/message", {
+                "connectionId": ident, "method": "notifications/initialized"}))
+            stop = successor("$/cancel_request", {"requestId": 77}) \
+                if cancel == "$/cancel_request" else successor("mcp/message", {
+                    "connectionId": ident, "method": "notifications/cancelled",
+                    "params": {"requestId": 77}})
+            await proxy.send([successor("mcp/message", {
+                "connectionId": ident, "method": "tools/call",
+                "params": {"name": "slow", "arguments": {}}}, 77), stop])
+            answers = []
+            with anyio.move_on_after(1):
+                answers.append(await next_from_proxy())
+            release.set()  # (a call that was not cancelled ends now, and says so)
+            answer = answers[0] if answers else await next_from_proxy()
+    assert answer["id"] == 77 and answer.get("error", {}).get("code") == -32800, answer
+    assert cancelled == ["slow"] or not started.is_set()

@@ -14,8 +14,9 @@ the agent is rewritten into a transport the agent takes:
 Each MCP session the agent opens is one MCP-over-ACP connection to the provider: the
 bridge is a connector of the router (a side connection, `mcp-bridge`), so routing,
 cancellation, session ends and traces are the same as for an agent that speaks acp. The
-rewrite of a serverId is kept, so a declaration reaching the agent again (load, resume,
-fork) gets the same URL or command.
+rewrite of a serverId is kept while the router knows it, so a declaration reaching the
+agent again (load, resume, fork) gets the same URL or command; it goes when the router
+releases the serverId (its sessions closed).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 
 from conductor import acp
+from conductor.jsonrpc.framing import DEFAULT_MAX_FRAME_BYTES
 from conductor.jsonrpc.message import (
     Notification,
     Request,
@@ -83,10 +85,12 @@ class BridgedServer(Record, eq=False):
 class McpBridge:
     """Implements `conductor.routing.mcp.Bridge` for one chain."""
 
-    def __init__(self, mode: str, tg: TaskGroup, *, tracer: TraceSink | None = None) -> None:
+    def __init__(self, mode: str, tg: TaskGroup, *, tracer: TraceSink | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.mode = mode                 # auto | http | stdio
         self.tg = tg
         self.tracer = tracer
+        self.max_message_bytes = max_message_bytes  # a shim's message: the chain's frame limit
         self.servers: dict[str, BridgedServer] = {}     # by serverId
         self.by_key: dict[str, BridgedServer] = {}
         self.relays: dict[str, Relay] = {}              # by connectionId
@@ -140,11 +144,22 @@ class McpBridge:
         transport = self.transport_for(support)
         if transport is None:  # the router only asks when `covers`
             raise McpRefusedError(next(iter(required), "?"), "no bridge transport")
-        if transport == "http":
-            http = await self._open_http()
-            base = http.base_url
-        else:
-            sock = await self._open_socket()
+        try:
+            if transport == "http":
+                http = await self._open_http()
+                base = http.base_url
+            else:
+                sock = await self._open_socket()
+        except OSError as e:  # no listener: as if no bridge stood in, saying why
+            why = f"the conductor's MCP bridge cannot listen ({transport}): {e}"
+            declared = acp_declarations(params)
+            for _, name in declared:
+                if name in required:
+                    raise McpRefusedError(name, why) from e
+            log.warning("%s; not declared to the agent: %s", why,
+                        ", ".join(repr(name) for _, name in declared))
+            self._trace("mcp-bridge-failed", transport=transport, reason=str(e))
+            return map_acp_entries(params, lambda server_id, name: None)
         entries: dict[str, Any] = {}
         for server_id, name in acp_declarations(params):
             server = self._server(server_id, name)
@@ -154,8 +169,11 @@ class McpBridge:
                                       "headers": [{"name": "Authorization",
                                                    "value": f"Bearer {server.token}"}]}
             else:
+                # -P: the agent picks the directory it runs in, whose own conductor.py
+                # (or package) `-m` would otherwise import instead of ours.
                 body: dict[str, Any] = {"name": name, "command": sys.executable,
-                                        "args": ["-m", "conductor", "mcp-shim", server.key],
+                                        "args": ["-P", "-m", "conductor", "mcp-shim",
+                                                 server.key],
                                         "env": [{"name": SOCKET_ENV, "value": sock.path},
                                                 {"name": TOKEN_ENV, "value": server.token}]}
                 entries[server_id] = {"type": "stdio", **body} if support.version >= 2 \
@@ -177,6 +195,13 @@ class McpBridge:
             self.servers[server_id] = server
             self.by_key[server.key] = server
         return server
+
+    def release(self, server_id: str) -> None:
+        """Its sessions are gone: its URL or shim key, and its token, serve no more (and
+        past `MAX_SERVERS`, what is evicted is then never a live session's)."""
+        server = self.servers.pop(server_id, None)
+        if server is not None:
+            self.by_key.pop(server.key, None)
 
     async def _open_http(self) -> HttpBridge:
         async with self._opening:
@@ -271,11 +296,12 @@ _EMPTY: Final = raw({})
 
 
 @asynccontextmanager
-async def open_mcp_bridge(mode: str, *, tracer: TraceSink | None = None
+async def open_mcp_bridge(mode: str, *, tracer: TraceSink | None = None,
+                          max_message_bytes: int = DEFAULT_MAX_FRAME_BYTES
                           ) -> AsyncIterator[McpBridge]:
     """A bridge for one chain; its listeners start on first use, stop on exit."""
     async with anyio.create_task_group() as tg:
-        bridge = McpBridge(mode, tg, tracer=tracer)
+        bridge = McpBridge(mode, tg, tracer=tracer, max_message_bytes=max_message_bytes)
         try:
             yield bridge
         finally:

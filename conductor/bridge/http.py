@@ -188,8 +188,8 @@ class HttpBridge:
                 message = mcp_types.jsonrpc_message_adapter.validate_python(body, by_name=False)
                 related = None
                 if body.get("method") == "notifications/progress":  # on its request's stream
-                    token = (body.get("params") or {}).get("progressToken")
-                    related = relay.progress.get(token)
+                    related = relay.progress_of((body.get("params") or {}).get(
+                        "progressToken"))
                 try:
                     await write.send(SessionMessage(message, ServerMessageMetadata(
                         related_request_id=related) if related is not None else None))

@@ -3,7 +3,8 @@
 The agent's MCP client speaks plain MCP (JSON-RPC) to the bridge, over HTTP or through the
 stdio shim; the provider sees `mcp/message` on the connection the bridge opened for this
 session. Requests keep their ids on each side: an agent request becomes an ACP request of
-the bridge's endpoint (its cancel, `notifications/cancelled`, becomes `$/cancel_request`);
+the bridge's endpoint (its cancel, `notifications/cancelled`, becomes `$/cancel_request`,
+and the request is then not answered, but over http, whose wire needs an answer);
 a provider request (elicitation, sampling) goes to the agent under an id of the relay's
 own, and the agent's answer goes back as the ACP answer; cancelled, it is answered -32800
 by the relay (an MCP agent does not answer a request it is told is cancelled).
@@ -39,8 +40,12 @@ class Relay:
     """Both directions of one bridged MCP session."""
 
     def __init__(self, endpoint: Endpoint, tg: TaskGroup, connection_id: str, name: str,
-                 to_agent: ToAgent, close_agent: Callable[[], Awaitable[None]]) -> None:
+                 to_agent: ToAgent, close_agent: Callable[[], Awaitable[None]], *,
+                 answers_cancelled: bool = True) -> None:
         self.endpoint = endpoint
+        # MCP: a request the agent cancelled is not answered; but the 2025 http wire ends
+        # a request's stream only with an answer (the SDK's own transport sends -32800).
+        self.answers_cancelled = answers_cancelled
         self.tg = tg
         self.connection_id = connection_id
         self.name = name
@@ -52,6 +57,11 @@ class Relay:
         self._asked: dict[str, tuple[Request, Inbound]] = {}
         self._ids = itertools.count(1)
         self.progress: dict[Any, Any] = {}            # progressToken -> agent request id
+
+    def progress_of(self, token: Any) -> Any:
+        """The agent request a progress token belongs to (None: none of them; a provider
+        may write any JSON there)."""
+        return self.progress.get(_key(token))
 
     # -- from the agent ------------------------------------------------------------------
 
@@ -77,7 +87,8 @@ class Relay:
         ident = message["id"]
         if len(self._outgoing) >= MAX_PENDING:
             await self.to_agent({"jsonrpc": "2.0", "id": ident, "error": {
-                "code": -32603, "message": f"too many requests in flight ({MAX_PENDING})"}})
+                "code": -32603, "message": f"the conductor's MCP bridge: too many requests "
+                f"in flight to the MCP server {self.name} ({MAX_PENDING})"}})
             return
         # What the stdio shim passes on is unchecked JSON: `_meta` may be anything.
         meta = params.get("_meta") if isinstance(params, dict) else None
@@ -87,16 +98,28 @@ class Relay:
         outgoing, request = self.endpoint.open_request(
             acp.MCP_MESSAGE, payload(self._envelope(method, params)))
         self._outgoing[_key(ident)] = outgoing
-        self.tg.start_soon(self._ask_provider, ident, token, outgoing, request)
+        # Sent here, not in the task that waits: what the agent sends next (its cancel of
+        # this request, say) must not reach the provider first.
+        try:
+            await self.endpoint.send(request)
+        except Exception as e:  # the chain is going away: the agent still gets an answer
+            self.endpoint.pending.pop(outgoing.ident, None)
+            failed: Response | None = error_response(request.id, -32603, self._lost(e))
+        except BaseException:  # cancelled (the session is ending): nothing will wait for it
+            self.endpoint.pending.pop(outgoing.ident, None)
+            self._outgoing.pop(_key(ident), None)
+            raise
+        else:
+            failed = None
+        self.tg.start_soon(self._ask_provider, ident, token, outgoing, failed)
 
     async def _ask_provider(self, ident: Any, token: Any, outgoing: Outgoing,
-                            request: Request) -> None:
+                            failed: Response | None) -> None:
         try:
             try:
-                await self.endpoint.send(request)
-                answer = await self.endpoint.wait(outgoing, cancel_on_abort=False)
+                answer = failed or await self.endpoint.wait(outgoing, cancel_on_abort=False)
             except Exception as e:  # the chain is going away: the agent still gets an answer
-                answer = error_response(request.id, -32603, f"{type(e).__name__}: {e}")
+                answer = error_response(outgoing.id, -32603, self._lost(e))
             reply: dict[str, Any] = {"jsonrpc": "2.0", "id": ident}
             if answer.is_error:
                 reply["error"] = self._mcp_error(answer.error_value())
@@ -106,7 +129,7 @@ class Relay:
                     reply["result"] = result
                 else:  # MCP results are objects: the agent's client would choke on it
                     reply["error"] = self._malformed("a result that is not an object")
-            if not self.closed:
+            if not self.closed and (self.answers_cancelled or not outgoing.cancel_sent):
                 await self.to_agent(reply)
         finally:
             self._outgoing.pop(_key(ident), None)
@@ -126,6 +149,11 @@ class Relay:
             answer = Response(id=request.id, result=payload(message.get("result")))
         self.endpoint.untrack_inbound(request.id, inbound)  # before: the id may come again
         await self.endpoint.send(answer)
+
+    def _lost(self, error: Exception) -> str:
+        return (f"the conductor's MCP bridge lost the request to the MCP server {self.name}: "
+                f"{type(error).__name__}{f': {error}' if str(error) else ''} (the chain is "
+                "stopping, or the server's connection is gone)")
 
     def _mcp_error(self, error: Any) -> dict[str, Any]:
         if isinstance(error, dict) and isinstance(error.get("code"), int) \

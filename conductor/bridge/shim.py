@@ -51,13 +51,17 @@ def run(key: str) -> int:
                 pass
 
     threading.Thread(target=upstream, daemon=True).start()
-    for line in from_conductor:  # the conductor -> the agent, until it closes
-        out.write(line)
-        out.flush()
-    # The conductor ended the session. The agent may still hold our stdin open, with the
-    # upstream thread blocked in a read that holds stdin's lock: a normal interpreter exit
-    # then aborts on that lock ("Fatal Python error", SIGABRT). Nothing is left to clean
-    # up (stdout is flushed, the socket closes with the process), so leave at once.
+    try:
+        for line in from_conductor:  # the conductor -> the agent, until it closes
+            out.write(line)
+            out.flush()
+    except OSError:  # the agent closed our stdout (it reads no more): nobody to tell
+        pass
+    # The conductor ended the session, or the agent stopped reading. The agent may still
+    # hold our stdin open, with the upstream thread blocked in a read that holds stdin's
+    # lock: a normal interpreter exit then aborts on that lock ("Fatal Python error",
+    # SIGABRT). Nothing is left to clean up (stdout is flushed, the socket closes with
+    # the process), so leave at once.
     os._exit(0)
 
 

@@ -36,8 +36,7 @@ def configure_logging(level: str = "warning", log_file: str | None = None) -> No
            logging.INFO)
     # The MCP SDK (plugin tools, the bridge) logs under "mcp", and MCPServer() would
     # otherwise install a root handler at INFO: its records go where ours go, at our level.
-    _route("mcp", stream,
-           logging.Formatter("acp-conductor %(levelname)s (mcp): %(message)s"), level.upper())
+    _route("mcp", stream, McpFormatter(tracebacks=level == "debug"), level.upper())
     # Every other library (httpx logs each request at INFO) goes where ours go, warnings
     # and up. A root that has a handler also makes the SDK's `basicConfig` a no-op, which
     # would otherwise print their INFO records on stderr past --log-file.
@@ -92,3 +91,38 @@ class ProxyFormatter(logging.Formatter):
         if not self.prefixed:
             return text
         return f"{record.name.removeprefix('acp_conductor.proxy.')}| {text}"
+
+
+class McpFormatter(logging.Formatter):
+    """The MCP SDK's records: `acp-conductor LEVEL (mcp): message`, naming the proxy and
+    server when one of a proxy's MCP servers logs (a tool that raised: which tool is in
+    the message, whose is not). An exception is its innermost cause on the same line; its
+    traceback only at debug level (the SDK logs one for every tool call that raises)."""
+
+    def __init__(self, *, tracebacks: bool) -> None:
+        super().__init__()
+        self.tracebacks = tracebacks
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"acp-conductor {record.levelname} (mcp{_serving()}): {record.getMessage()}"
+        if not record.exc_info or record.exc_info[1] is None:
+            return text
+        if self.tracebacks:
+            return f"{text}\n{self.formatException(record.exc_info)}"
+        error: BaseException = record.exc_info[1]
+        while True:
+            inner = error.__cause__ or (None if error.__suppress_context__
+                                        else error.__context__)
+            if inner is None:
+                break
+            error = inner
+        return f"{text}: {type(error).__name__}: {error}"
+
+
+def _serving() -> str:
+    """`, proxy P, server S` inside a handler of a proxy's MCP server, else ''."""
+    api = sys.modules.get("conductor.plugins.api")  # (never imported for this alone)
+    context = api._tool_context.get(None) if api is not None else None
+    if context is None:
+        return ""
+    return f", proxy {context.proxy.name}, server {context.server_name!r}"

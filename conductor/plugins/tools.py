@@ -116,6 +116,7 @@ class _Declared(Record, eq=False):
 
 
 class _Waiter(Record):
+    local: int = 0                # the call's id toward the server
     done: anyio.Event = field(default_factory=anyio.Event)
     result: Any = None
     error: mcp_types.ErrorData | None = None
@@ -304,11 +305,21 @@ class ToolServers:
             key: Any = id_key(msg.id)
         except ValueError:
             key = None  # (an id the endpoint answers anyway; no cancel can name it)
+        # Handed to the server and findable by a cancel now, not in the task that waits:
+        # what the connector sent next (its cancel, a notification) may be dispatched
+        # before that task runs, and must not overtake the call.
+        conn.calls[key] = inbound
+        host.endpoint.track_inbound(msg.id, inbound)
+        try:
+            sent: _Waiter | Exception = await conn.send_call(inner, inner_params, inbound)
+        except Exception as e:  # answered below, as a handler's failure
+            sent = e
 
         async def call(request: Request) -> JsonValue:
-            conn.calls[key] = inbound
             try:
-                return await conn.call(inner, inner_params, inbound)
+                if isinstance(sent, Exception):
+                    raise sent
+                return await conn.result(inner, sent)
             finally:
                 if conn.calls.get(key) is inbound:
                     del conn.calls[key]
@@ -446,14 +457,14 @@ class _Connection:
         self._to_server.close()   # the server sees EOF and ends its run
         self.scope.cancel()
 
-    async def call(self, method: str, params: dict[str, Any] | None,
-                   inbound: Inbound) -> JsonValue:
-        """The connector's request, answered by the server (its result, or RpcError)."""
+    async def send_call(self, method: str, params: dict[str, Any] | None,
+                        inbound: Inbound) -> _Waiter:
+        """Hand the connector's request to the server (its answer: `result`)."""
         import mcp_types
         from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
         local = next(self._ids)
-        waiter = _Waiter()
+        waiter = _Waiter(local)
         self._waiting[local] = waiter
 
         async def unanswered() -> None:  # the server settled it without answering: cancelled
@@ -472,12 +483,19 @@ class _Connection:
                 on_request_unanswered=unanswered)))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             self._waiting.pop(local, None)
-            raise RpcError(ErrorCode.INTERNAL_ERROR, f"the MCP connection {self.ident} is "
-                           "closed", {"connectionId": self.ident}) from None
+            waiter.error = mcp_types.ErrorData(
+                code=ErrorCode.INTERNAL_ERROR, message=f"the MCP connection {self.ident} is "
+                "closed", data={"connectionId": self.ident})
+            waiter.done.set()
+            return waiter
+        return waiter
+
+    async def result(self, method: str, waiter: _Waiter) -> JsonValue:
+        """The server's answer to a call `send_call` handed it (its result, or RpcError)."""
         try:
             await waiter.done.wait()
         finally:
-            self._waiting.pop(local, None)
+            self._waiting.pop(waiter.local, None)
         error = waiter.error
         if error is not None and error.code == 0:
             # The SDK's answer for a handler that raised (its message the exception's text;

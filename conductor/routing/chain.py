@@ -118,7 +118,8 @@ class Chain:
         # -- MCP: what the agent takes, global servers, MCP-over-ACP routes, the bridge --
         self.mcp_support = mcp.support if mcp is not None else McpSupport()
         self.mcp_routes = McpRoutes(self._forward_direct, self._originate, self._send,
-                                    self._abandon, tracer=tracer)
+                                    self._abandon, tracer=tracer,
+                                    on_release=bridge.release if bridge is not None else None)
         self.sessions.observe(lambda event, record: self.mcp_routes.session_closed(
             record.session_id) if event == "closed" else None)
         self._bridge = bridge

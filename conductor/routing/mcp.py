@@ -113,6 +113,10 @@ class Bridge(Protocol):
         """
         ...
 
+    def release(self, server_id: str) -> None:
+        """The router forgot `server_id` (its sessions closed): no agent can use it now."""
+        ...
+
 
 class _Entry(msgspec.Struct):
     type: str | UnsetType = UNSET

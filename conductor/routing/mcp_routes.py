@@ -96,9 +96,11 @@ class McpRoutes:
 
     def __init__(self, forward: Forwarder, originate: Originator, reply: Replier,
                  abandon: Abandoner, *, tracer: TraceSink | None = None,
+                 on_release: Callable[[str], None] | None = None,
                  max_declarations: int = MAX_DECLARATIONS,
                  max_connections: int = MAX_CONNECTIONS) -> None:
         self._forward = forward
+        self._on_release = on_release  # the bridge: what it keeps for a serverId can go
         self._originate = originate
         self._reply = reply
         self._abandon = abandon
@@ -164,6 +166,8 @@ class McpRoutes:
 
     def _release(self, decl: Declaration) -> None:
         self.declarations.pop(decl.server_id, None)
+        if self._on_release is not None:
+            self._on_release(decl.server_id)
         self._trace(decl.provider.name, "mcp-released", serverId=decl.server_id,
                     name=decl.name)
 

@@ -129,3 +129,40 @@ def test_a_shim_whose_session_the_conductor_ends_exits_cleanly_while_the_agent_h
                     if stream is not None:
                         stream.close()
             assert (returncode, stderr) == (0, "")
+
+
+def test_a_shim_whose_agent_closed_its_stdout_exits_quietly_while_the_agent_holds_stdin(
+        tmp_path: Path) -> None:
+    # The agent stopped reading (closed the shim's stdout) but holds its stdin: the next
+    # message from the conductor is a broken pipe, and the shim must leave without a
+    # traceback or the abort of an interpreter exit with its stdin reader blocked.
+    path = str(tmp_path / "bridge.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(1)
+        shim = subprocess.Popen(
+            conductor_argv("mcp-shim", "key"), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=child_env(ACP_CONDUCTOR_MCP_SOCKET=path, ACP_CONDUCTOR_MCP_TOKEN="t"))
+        try:
+            conn, _ = listener.accept()
+            with conn, conn.makefile("rb") as lines:
+                assert json.loads(lines.readline()) == {"server": "key", "token": "t"}
+                conn.sendall(b'{"ok":true}\n')
+                assert shim.stdout is not None
+                shim.stdout.close()  # the agent reads no more
+                for _ in range(3):  # (the first write may still fit the pipe's buffer)
+                    try:
+                        conn.sendall(b'{"jsonrpc":"2.0","method":"notifications/x"}\n')
+                    except OSError:
+                        break
+                returncode = shim.wait(timeout=30)
+            assert shim.stderr is not None
+            stderr = shim.stderr.read().decode()
+        finally:
+            if shim.poll() is None:
+                shim.kill()
+            for stream in (shim.stdin, shim.stderr):
+                if stream is not None:
+                    stream.close()
+    assert (returncode, stderr) == (0, "")

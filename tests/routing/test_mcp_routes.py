@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
+from conductor.bridge import McpBridge, open_mcp_bridge
 from conductor.errors import ComponentExitedError
 from conductor.jsonrpc.message import Message, decode, encode
 from conductor.routing.chain import Chain
@@ -41,7 +42,7 @@ class Harness:
     """client -> proxy (a scripted subprocess-like proxy) -> agent, at the wire."""
 
     def __init__(self, *, agent_caps: Frame | None = None, servers: list[McpServer] | None = None,
-                 **limits: int) -> None:
+                 bridge: McpBridge | None = None, **limits: int) -> None:
         self.out = {name: Outbox() for name in ("client", "proxy", "agent")}
         self.hops = {name: Hop(name, box) for name, box in self.out.items()}
         self.agent_caps = agent_caps if agent_caps is not None else \
@@ -51,7 +52,10 @@ class Harness:
             return [ComponentLink("proxy", Role.PROXY, self.hops["proxy"]),
                     ComponentLink("agent", Role.AGENT, self.hops["agent"])]
 
-        self.chain = Chain(self.hops["client"], starter, mcp=McpInjection(servers or []))
+        self.chain = Chain(self.hops["client"], starter, mcp=McpInjection(servers or []),
+                           bridge=bridge)
+        if bridge is not None:
+            bridge.attach(self.chain)
         for key, value in limits.items():
             setattr(self.chain.mcp_routes, key, value)
         self._ids = 0
@@ -337,6 +341,9 @@ async def test_a_bridge_makes_the_chain_say_the_agent_takes_acp(version: int) ->
         async def rewrite(self, params: Any, support: object, required: object) -> Any:
             return params
 
+        def release(self, server_id: str) -> None:
+            return None
+
     out = {name: Outbox() for name in ("client", "agent")}
     hops = {name: Hop(name, box) for name, box in out.items()}
 
@@ -359,6 +366,24 @@ async def test_a_bridge_makes_the_chain_say_the_agent_takes_acp(version: int) ->
                                                "mcpCapabilities": {"acp": True}}
     else:
         assert result["capabilities"]["session"]["mcp"] == {"http": {}, "acp": {}}
+
+
+async def test_a_bridged_server_whose_sessions_closed_makes_room_for_another(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The bridge keeps each serverId's URL (or shim key) and token; past its limit the
+    # oldest goes. Those of closed sessions must go first, or a long-lived session's
+    # tools are the ones dropped once enough sessions have come and gone.
+    monkeypatch.setattr("conductor.bridge.MAX_SERVERS", 2)
+    async with open_mcp_bridge("http") as bridge:
+        h = Harness(agent_caps={"mcpCapabilities": {"http": True}}, bridge=bridge)
+        await h.start()
+        await h.new_session("s1", [], [acp_server("p", "px-1")])
+        await h.new_session("s2", [], [acp_server("p", "px-2")])
+        await h.close_session("s2")
+        assert h.out["proxy"].take()["id"] == "pc"  # (answered at each hop)
+        assert h.out["client"].take()["result"] == {}
+        await h.new_session("s3", [], [acp_server("p", "px-3")])
+        assert sorted(bridge.servers) == ["px-1", "px-3"]
 
 
 async def session_new_refused(h: Harness, client_servers: list[Frame],
