@@ -122,7 +122,10 @@ class McpFormatter(logging.Formatter):
 def _serving() -> str:
     """`, proxy P, server S` inside a handler of a proxy's MCP server, else ''."""
     api = sys.modules.get("conductor.plugins.api")  # (never imported for this alone)
-    context = api._tool_context.get(None) if api is not None else None
-    if context is None:
+    if api is None:
+        return ""
+    try:
+        context = api.tool_context()
+    except LookupError:
         return ""
     return f", proxy {context.proxy.name}, server {context.server_name!r}"
