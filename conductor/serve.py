@@ -36,6 +36,7 @@ from conductor.supervise.component import EXIT_DRAIN, Component, open_component
 from conductor.supervise.restart import Backoff
 from conductor.supervise.signals import EXIT_SIGNAL, first_stop_signal
 from conductor.supervise.spawn import LaunchSpec, stop_together
+from conductor.supervise.watchdog import WATCHDOG
 from conductor.transport.pipes import PipeSink, PipeSource
 
 if TYPE_CHECKING:
@@ -448,7 +449,7 @@ async def serve_connection(
         # acp MCP servers for an agent that lacks acp (docs/mcp.md); never in proxy mode,
         # where the outer conductor's agent is not ours to bridge.
         bridge = McpBridge(config.conductor.mcp_bridge, tg, tracer=tracer,
-                           max_message_bytes=max_frame) \
+                           max_message_bytes=max_frame, leftovers=WATCHDOG) \
             if options.mode == "agent" and config.conductor.mcp_bridge != "off" else None
         chain = Chain(client, starter, proxy_mode=options.mode == "proxy", tracer=tracer,
                       on_fatal=fatal, on_broken=broken, mcp=injection, bridge=bridge,

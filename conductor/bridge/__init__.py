@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import sys
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import anyio
 
@@ -82,14 +82,25 @@ class BridgedServer(Record, eq=False):
         return token is not None and hmac.compare_digest(token.encode(), self.token.encode())
 
 
+class Leftovers(Protocol):
+    """What removes the bridge's socket directory if the conductor dies first (its
+    watchdog: `conductor.supervise.watchdog.WATCHDOG`)."""
+
+    def remove_at_end(self, directory: str) -> None: ...
+
+    def forget(self, directory: str) -> None: ...
+
+
 class McpBridge:
     """Implements `conductor.routing.mcp.Bridge` for one chain."""
 
     def __init__(self, mode: str, tg: TaskGroup, *, tracer: TraceSink | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_message_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 leftovers: Leftovers | None = None) -> None:
         self.mode = mode                 # auto | http | stdio
         self.tg = tg
         self.tracer = tracer
+        self.leftovers = leftovers
         self.max_message_bytes = max_message_bytes  # a shim's message: the chain's frame limit
         self.servers: dict[str, BridgedServer] = {}     # by serverId
         self.by_key: dict[str, BridgedServer] = {}

@@ -53,6 +53,9 @@ class SocketBridge:
             os.rmdir(self.directory)
             self.directory = tempfile.mkdtemp(prefix="acp-conductor-mcp-", dir="/tmp")
             self.path = os.path.join(self.directory, "bridge.sock")
+        leftovers = self.bridge.leftovers
+        if leftovers is not None:  # a conductor killed cannot remove it: its watchdog does
+            leftovers.remove_at_end(self.directory)
         try:
             listener = await anyio.create_unix_listener(self.path, mode=0o600)
             log.info("MCP bridge: shims connect to %s", self.path)
@@ -61,6 +64,8 @@ class SocketBridge:
                 await listener.serve(self._shim, task_group=self.bridge.tg)
         finally:
             shutil.rmtree(self.directory, ignore_errors=True)
+            if leftovers is not None:
+                leftovers.forget(self.directory)
 
     async def _shim(self, stream: SocketStream) -> None:
         bridge = self.bridge

@@ -4,7 +4,8 @@ A small shell process, started beside the first component, reads a pipe that onl
 process holds. It learns each component's process group as it starts and is stopped; at
 EOF, which comes however this process ends, it TERMs, then KILLs, every group still
 listed and, on Linux, every process carrying one of this conductor's tokens (`tag()` is
-their value). After a clean shutdown nothing is listed and it just exits.
+their value), then removes the directories it was given (the MCP bridge's socket). After
+a clean shutdown nothing is listed and it just exits.
 
 It runs in a process group of its own, so a signal meant for the conductor's group
 (Ctrl-C) leaves it standing, and with stdout and stderr on /dev/null, so it never keeps
@@ -45,6 +46,7 @@ class Watchdog:
         self._fd: int | None = None
         self._pid: int | None = None
         self._groups: dict[int, int] = {}  # pgid -> tenths of a second of grace
+        self._dirs: set[str] = set()
 
     def watch(self, pgid: int, grace: float) -> None:
         ticks = max(1, math.ceil(grace * 10))
@@ -54,6 +56,20 @@ class Watchdog:
     def release(self, pgid: int) -> None:
         if self._groups.pop(pgid, None) is not None:
             self._send(f"- {pgid}\n")
+
+    def remove_at_end(self, directory: str) -> None:
+        """Remove `directory` (one of ours, named `acp-conductor-*`) if this process dies
+        before it does."""
+        if any(c.isspace() for c in directory):  # the script reads one word
+            return
+        self._dirs.add(directory)
+        self._send(f"d {directory}\n")
+
+    def forget(self, directory: str) -> None:
+        """We removed `directory` ourselves."""
+        if directory in self._dirs:
+            self._dirs.discard(directory)
+            self._send(f"k {directory}\n")
 
     def _send(self, line: str) -> None:
         if self._fd is not None:
@@ -72,7 +88,7 @@ class Watchdog:
         container whose pid 1 is not an init; meanwhile a client tracking our descendants
         (acpx) waits on it. With a group still listed it is left running: that is when
         it must outlive us."""
-        if self._pid is None or self._fd is None or self._groups:
+        if self._pid is None or self._fd is None or self._groups or self._dirs:
             return
         pid, fd = self._pid, self._fd
         self._fd = self._pid = None
@@ -109,7 +125,8 @@ class Watchdog:
                               (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)],
                 setpgroup=0, setsigmask=(), setsigdef=(signal.SIGPIPE,))
             self._fd = write
-            os.write(write, "".join(f"+ {g} {t}\n" for g, t in self._groups.items()).encode())
+            os.write(write, "".join([*(f"+ {g} {t}\n" for g, t in self._groups.items()),
+                                     *(f"d {d}\n" for d in self._dirs)]).encode())
             atexit.register(self.retire)  # (once per start: it returns at once when done)
         except OSError as e:
             log.warning("cannot start the process watchdog (%s): if this conductor is "

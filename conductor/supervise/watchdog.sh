@@ -2,10 +2,13 @@
 # Usage: sh watchdog.sh TAG, stdin a pipe only the conductor holds, carrying lines
 #   "+ PGID TICKS"  a component started in process group PGID, with TICKS tenths of grace
 #   "- PGID"        that component was stopped: forget it
+#   "d DIR"         a directory of the conductor's (the MCP bridge's socket) to remove
+#   "k DIR"         the conductor removed it itself: forget it
 # At EOF, TERM then KILL every group still listed, and (Linux) every process whose
-# environment has ACP_CONDUCTOR_COMPONENT_<token>=TAG.
+# environment has ACP_CONDUCTOR_COMPONENT_<token>=TAG; then remove the directories listed.
 tag=$1
 groups=
+dirs=
 ticks=0
 while read -r op pgid t; do
     case $op in
@@ -14,9 +17,18 @@ while read -r op pgid t; do
         -) kept=
            for g in $groups; do [ "$g" = "$pgid" ] || kept="$kept $g"; done
            groups=$kept ;;
+        d) dirs="$dirs $pgid" ;;  # (a path of mkdtemp's: one word)
+        k) kept=
+           for d in $dirs; do [ "$d" = "$pgid" ] || kept="$kept $d"; done
+           dirs=$kept ;;
     esac
 done
-[ -n "$groups" ] || exit 0  # everything was stopped, and swept, by the conductor itself
+remove_dirs() {
+    for d in $dirs; do
+        case $d in /*/acp-conductor-*) rm -rf -- "$d" ;; esac  # never anything else
+    done
+}
+[ -n "$groups" ] || { remove_dirs; exit 0; }  # everything was stopped by the conductor
 
 strays() {
     grep -lszE "^ACP_CONDUCTOR_COMPONENT_[^=]*=$tag\$" /proc/[0-9]*/environ 2>/dev/null |
@@ -32,3 +44,4 @@ for sig in TERM KILL; do
     n=0
     while [ "$n" -lt "$ticks" ] && left; do sleep 0.1; n=$((n + 1)); done
 done
+remove_dirs

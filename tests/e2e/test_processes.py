@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from conductor.supervise.watchdog import SCRIPT as WATCHDOG_SCRIPT
+from tests.conftest import BIN
 from tests.faults.kit import faulty_argv
 from tests.wire_client import (
     ConductorProcess,
@@ -529,3 +530,28 @@ async def test_a_turn_a_dead_proxy_had_forwarded_is_cancelled_at_the_agent(
     seen = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
     assert any(m.get("method") == "session/cancel" and m.get("params") == {"sessionId": sid}
                for m in seen), seen
+
+
+async def test_a_sigkilled_conductor_leaves_no_mcp_bridge_socket_behind(tmp_path: Path) -> None:
+    # The stdio bridge listens on a socket in a private directory; a conductor that is
+    # killed cannot remove it: its watchdog does.
+    chain = write_chain(tmp_path, f"""
+[[proxy]]
+name = "docs"
+plugin = "{BIN / 'docs_tools.py'}:Docs"
+
+[agent]
+command = {json.dumps(agent_cmd())}
+""")
+    async with open_conductor("--log-level", "info", "--chain", chain) as c:
+        await c.initialize()
+        await c.new_session()
+        await c.wait_stderr("MCP bridge: shims connect to ")
+        [socket] = [Path(line.rpartition(" ")[2]) for line in c.stderr_text.splitlines()
+                    if "MCP bridge: shims connect to " in line]
+        assert socket.exists()
+        watchdog = watchdog_of(c).pid
+        c.signal(signal.SIGKILL)
+        assert await c.wait() == -signal.SIGKILL
+    await wait_all_gone([watchdog])  # it ends once it has cleaned up
+    assert not socket.parent.exists()
