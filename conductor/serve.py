@@ -544,7 +544,12 @@ async def _stop_reading_after_exit(comp: Component) -> None:
 
 async def _serve(chain: Chain, hop: Hop, stream: ByteReceiveStream, max_frame: int) -> None:
     """Feed what arrives on `stream` to the router as `hop`'s, until EOF."""
-    await _serve_source(chain, hop, PipeSource(stream, max_frame_bytes=max_frame))
+    def cut(why: str) -> None:
+        log.warning("%s's output ended in the middle of a message (%s): dropped", hop.name,
+                    why)
+
+    await _serve_source(chain, hop, PipeSource(stream, max_frame_bytes=max_frame,
+                                               on_cut=cut))
 
 
 async def _serve_source(chain: Chain, hop: Hop, source: MessageSource) -> None:

@@ -8,6 +8,7 @@ Steps count the requests that arrive from the predecessor (the editor's side), f
 initialize is step 1, the first session/new step 2, and so on. At its step, a fault does:
 
   --crash-at N      exit 9 without answering (after one stderr line)
+  --cut-at N        write the first half of its answer (no newline), then exit 9 as above
   --silent-at N     never answer that request, nor pass it on
   --garbage-at N    write noise, raw invalid UTF-8 and a JSON line holding invalid UTF-8 on
                     stdout, then handle the request normally
@@ -86,6 +87,11 @@ class Faulty:
                 (msg.get("params") or {}).get("who") == a.name:
             self.crash()
         if step == a.crash_at:
+            self.crash()
+        if step == a.cut_at:
+            self.out.write(b'{"jsonrpc":"2.0","id":' + json.dumps(ident).encode()
+                           + b',"result":{"stopRea')
+            self.out.flush()
             self.crash()
         if step == a.silent_at:
             return True
@@ -234,7 +240,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--role", choices=["agent", "proxy"], default="agent")
     parser.add_argument("--name", default="faulty")
-    for fault in ("crash", "silent", "garbage", "deep", "huge", "flood", "deaf",
+    for fault in ("crash", "cut", "silent", "garbage", "deep", "huge", "flood", "deaf",
                   "stall"):
         parser.add_argument(f"--{fault}-at", type=int, default=0, metavar="N")
     parser.add_argument("--depth", type=int, default=5000)
