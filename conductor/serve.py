@@ -52,6 +52,9 @@ log = logging.getLogger("acp_conductor")
 stderr_log = logging.getLogger("acp_conductor.stderr")
 
 RELAY_WAIT = 0.5  # at shutdown, how long in-process proxies get to relay a failure answer
+# At shutdown, how long (beyond shutdown_grace) the answers the client is owed may take to be
+# written: a client that stopped reading (an editor quitting mid-turn) never takes them.
+CLIENT_READ_WAIT = 2.0
 
 
 class RunOptions(Record):
@@ -512,18 +515,26 @@ async def serve_connection(
             # From the agent up: each component's open requests are answered (it was stopped
             # before answering), and in-process proxies get to relay those answers before
             # the next hop up is failed, so an error names where the request really was.
-            for hop in reversed(chain.topology.hops()):
-                reason = outcome.fatal or ComponentStoppedError(
-                    hop.name,
-                    f"was stopped before answering: the conductor is shutting down ({why})")
-                await chain.fail_hop(hop, reason)
-                if hosted and client.inbound:  # the editor still waits: let the answer climb
-                    with anyio.move_on_after(RELAY_WAIT):
-                        await client.wait_quiet()
+            # Bounded: a client that stopped reading would hold each write to it for ever.
+            answering = anyio.CancelScope(deadline=anyio.current_time()
+                                          + config.conductor.shutdown_grace + CLIENT_READ_WAIT)
+            with answering:
+                for hop in reversed(chain.topology.hops()):
+                    reason = outcome.fatal or ComponentStoppedError(
+                        hop.name,
+                        f"was stopped before answering: the conductor is shutting down ({why})")
+                    await chain.fail_hop(hop, reason)
+                    if hosted and client.inbound:  # the editor still waits: let it climb
+                        with anyio.move_on_after(RELAY_WAIT):
+                            await client.wait_quiet()
             relays_done.set()
             if bridge is not None:
                 await bridge.aclose()
-            await client_sink.aclose()
+            with anyio.CancelScope(deadline=answering.deadline) as closing:
+                await client_sink.aclose()  # writes what is still buffered first
+            if answering.cancelled_caught or closing.cancelled_caught:
+                log.warning("the client stopped reading: what it was still owed is not "
+                            "written (exiting without it)")
         tg.cancel_scope.cancel()
 
     if outcome.fatal is not None:

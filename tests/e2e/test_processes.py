@@ -529,3 +529,51 @@ async def test_a_turn_a_dead_proxy_had_forwarded_is_cancelled_at_the_agent(
     seen = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
     assert any(m.get("method") == "session/cancel" and m.get("params") == {"sessionId": sid}
                for m in seen), seen
+
+
+@pytest.mark.parametrize("how", ["eof", "sigterm"])
+def test_an_editor_that_stopped_reading_does_not_hold_the_conductor_when_told_to_stop(
+        tmp_path: Path, how: str) -> None:
+    # An editor quitting mid-turn: its end of our stdout is full and never read again, and
+    # it closes our stdin or sends SIGTERM, then waits for us to exit. What we still owe it
+    # cannot be written; that must not keep us (and the editor) waiting for ever.
+    import fcntl
+    import subprocess
+    import termios
+    import time
+
+    from tests.conftest import child_env, conductor_argv
+
+    chain = write_chain(tmp_path, f"[conductor]\nshutdown_grace = 0.5\n\n"
+                        f"[agent]\ncommand = {json.dumps(agent_cmd())}\n")
+    lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": 1, "clientCapabilities": {}}},
+             {"jsonrpc": "2.0", "id": 2, "method": "_test/notify",
+              "params": {"sessionId": "s", "count": 5000, "pad": 1000}},
+             {"jsonrpc": "2.0", "id": 3, "method": "_test/hang", "params": {}}]
+    with (tmp_path / "stderr").open("wb") as err, \
+            subprocess.Popen(conductor_argv("--chain", chain), env=child_env(),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=err) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
+            proc.stdin.flush()
+            deadline = time.monotonic() + 30
+            buf = bytearray(4)
+            while time.monotonic() < deadline:  # until our end of its stdout is full
+                fcntl.ioctl(proc.stdout.fileno(), termios.FIONREAD, buf)
+                if int.from_bytes(buf, sys.byteorder) >= 65536:
+                    break
+                time.sleep(0.05)
+            if how == "eof":
+                proc.stdin.close()
+            else:
+                proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert code == (0 if how == "eof" else 143)
+    assert "the client stopped reading" in (tmp_path / "stderr").read_text(encoding="utf-8")
