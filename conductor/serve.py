@@ -413,9 +413,13 @@ async def serve_connection(
             if tracer is not None:
                 tracer.lifecycle(remote.name, "exited", code=None, expected=not lost)
 
+        starting = ""  # the component the start is on (a stop answers in its name)
+
         async def starter() -> list[ComponentLink]:
+            nonlocal starting
             links: list[ComponentLink] = []
             for role, spec, launch in plan:
+                starting = launch.name
                 if is_plugin(launch):
                     try:
                         hop = await tg.start(host_plugin, launch, not links)
@@ -470,8 +474,12 @@ async def serve_connection(
                 return
             await wait_hangup()
             await anyio.sleep(config.conductor.shutdown_grace)  # cancelled at its end
-            log.warning("the client closed its input, but what it sent before cannot be "
-                        "delivered (a component stopped reading): shutting down")
+            if chain.started:
+                log.warning("the client closed its input, but what it sent before cannot be "
+                            "delivered (a component stopped reading): shutting down")
+            else:
+                log.warning("the client closed its input while the chain was still "
+                            "starting (%s): shutting down", starting)
             stop.set()
 
         async def serve_client() -> None:
@@ -519,6 +527,8 @@ async def serve_connection(
             answering = anyio.CancelScope(deadline=anyio.current_time()
                                           + config.conductor.shutdown_grace + CLIENT_READ_WAIT)
             with answering:
+                await chain.stop_starting(outcome.fatal or ComponentStoppedError(
+                    starting, f"was still starting: the conductor is shutting down ({why})"))
                 for hop in reversed(chain.topology.hops()):
                     reason = outcome.fatal or ComponentStoppedError(
                         hop.name,

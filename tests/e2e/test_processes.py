@@ -577,3 +577,45 @@ def test_an_editor_that_stopped_reading_does_not_hold_the_conductor_when_told_to
                 proc.wait()
     assert code == (0 if how == "eof" else 143)
     assert "the client stopped reading" in (tmp_path / "stderr").read_text(encoding="utf-8")
+
+
+SLOW_TO_START = """
+import sys
+
+import anyio
+
+from conductor.plugins import Proxy
+
+
+class SlowToStart(Proxy):
+    async def chain_started(self) -> None:
+        print("slow: connecting", file=sys.stderr, flush=True)
+        await anyio.sleep_forever()
+"""
+
+
+@pytest.mark.parametrize("how", ["eof", "sigterm"])
+async def test_a_chain_stopped_while_it_starts_answers_the_initialize_naming_what_was_starting(
+        tmp_path: Path, how: str) -> None:
+    # The editor's initialize waits for the start; a stop then must answer it (nothing else
+    # will), not close stdout on it.
+    (tmp_path / "slow.py").write_text(SLOW_TO_START, encoding="utf-8")
+    chain = write_chain(tmp_path, f'[conductor]\nshutdown_grace = 0.3\n\n'
+                        f'[[proxy]]\nname = "slow"\nplugin = "{tmp_path / "slow.py"}:SlowToStart"'
+                        f'\n\n[agent]\ncommand = {json.dumps(agent_cmd())}\n')
+    async with open_conductor("--chain", chain) as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                      "params": {"protocolVersion": 1, "clientCapabilities": {}}})
+        await c.wait_stderr("slow: connecting")
+        if how == "eof":
+            await c.close_stdin()
+        else:
+            c.signal(signal.SIGTERM)
+        answer = await c.response(0)
+        assert await c.wait() == (0 if how == "eof" else 143)
+    error = answer["error"]
+    assert error["code"] == -33001, error
+    assert error["data"]["component"] == "slow"
+    assert error["message"].startswith("slow: was still starting: the conductor is shutting "
+                                       "down"), error
+    assert "a component stopped reading" not in c.stderr_text
