@@ -278,7 +278,8 @@ async def serve_connection(
                         if outcome:  # its re-attach failed, and it was stopped for that:
                             return   # one failure, counted once (the back-off, the outcome)
                         code = comp.process.returncode
-                        error = ComponentExitedError(launch.name, code, comp.stderr_tail)
+                        error = ComponentExitedError(launch.name, code, comp.stderr_tail,
+                                                     running=code is None)
                         if tracer is not None:
                             tracer.lifecycle(launch.name, "exited", code=code, expected=False)
                             exit_traced.set()

@@ -162,6 +162,23 @@ async def test_a_component_that_closes_its_stdin_but_runs_on_is_stopped_and_answ
     await wait_all_gone([int(pidfile.read_text(encoding="utf-8"))])
 
 
+async def test_a_component_that_closes_its_stdout_but_runs_on_is_stopped_and_answers_say_so(
+        tmp_path: Path) -> None:
+    pidfile = tmp_path / "mute.pid"
+    body = ("[conductor]\nshutdown_grace = 0.2\n\n"
+            f"[agent]\ncommand = {faulty_argv('--mute-at=3', f'--pidfile={pidfile}')}\n")
+    async with open_conductor("--chain", write_chain(tmp_path, body)) as c:
+        await c.initialize()
+        sid = await c.new_session()
+        answer = await c.request("session/prompt", {"sessionId": sid, "prompt": []})
+        assert await c.wait() == 3
+    error = answer["error"]
+    assert error["code"] == -33001, error
+    assert error["data"]["component"] == "agent"
+    assert error["message"].startswith("agent: closed its stdout without exiting"), error
+    await wait_all_gone([int(pidfile.read_text(encoding="utf-8"))])
+
+
 @pytest.mark.parametrize("which", ["agent", "proxy"])
 async def test_a_component_that_cannot_start_fails_initialize_naming_it(
         tmp_path: Path, which: str) -> None:

@@ -17,6 +17,7 @@ initialize is step 1, the first session/new step 2, and so on. At its step, a fa
   --flood-at N      send --flood-count session/update notifications up first, then handle it
   --fail-init       answer initialize with an error (step 1)
   --deaf-at N       close its stdin and keep running (stdout open), never answering
+  --mute-at N       close its stdout and keep running, never answering
   --stall-at N      never read its stdin again (it stays open) and keep running
 
 Process behaviours: --ignore-term (SIGTERM is ignored), --linger (keeps running after
@@ -98,6 +99,11 @@ class Faulty:
         if step == a.deaf_at:
             os.close(0)  # nothing can reach it any more, yet it runs on
             sys.stderr.write(f"faulty {a.name}: deaf at step {step}\n")
+            sys.stderr.flush()
+            time.sleep(300)
+        if step == a.mute_at:
+            os.close(1)  # nothing it says can arrive any more, yet it runs on
+            sys.stderr.write(f"faulty {a.name}: mute at step {step}\n")
             sys.stderr.flush()
             time.sleep(300)
         if step == a.stall_at:
@@ -241,7 +247,7 @@ def main() -> None:
     parser.add_argument("--role", choices=["agent", "proxy"], default="agent")
     parser.add_argument("--name", default="faulty")
     for fault in ("crash", "cut", "silent", "garbage", "deep", "huge", "flood", "deaf",
-                  "stall"):
+                  "mute", "stall"):
         parser.add_argument(f"--{fault}-at", type=int, default=0, metavar="N")
     parser.add_argument("--depth", type=int, default=5000)
     parser.add_argument("--huge-bytes", type=int, default=2 * 1024 * 1024)
