@@ -87,8 +87,10 @@ async def serve_chain(
     """
     options = options or RunOptions()
     max_frame = options.max_frame_bytes or config.conductor.max_frame_bytes
-    return await serve_connection(config, PipeSink(stdout),
-                                  PipeSource(stdin, max_frame_bytes=max_frame), options)
+    unheard = anyio.Event()  # a write to `stdout` failed: its reader closed its end
+    return await serve_connection(config, PipeSink(stdout, on_broken=unheard.set),
+                                  PipeSource(stdin, max_frame_bytes=max_frame), options,
+                                  unheard=unheard)
 
 
 async def serve_connection(
@@ -96,9 +98,12 @@ async def serve_connection(
     client_sink: MessageSink,
     client_source: MessageSource,
     options: RunOptions | None = None,
+    *,
+    unheard: anyio.Event | None = None,
 ) -> int:
     """`serve_chain` for a client on any transport: what it sends comes from
     `client_source`, what the chain answers goes to `client_sink` (closed at the end).
+    `unheard` is set when the client can no longer be written to: the chain stops.
 
     Raises:
         ConfigError: the chain cannot be planned.
@@ -506,10 +511,21 @@ async def serve_connection(
             outcome.signal = await first_stop_signal()
             stop.set()
 
+        async def stop_if_unheard(unheard: anyio.Event) -> None:
+            # Nothing the chain says can reach the client again, while its side of our input
+            # may stay open (another process holds it): stop as at the end of that input.
+            await unheard.wait()
+            if not stop.is_set():
+                log.warning("the client closed its end of our output: nothing can reach it "
+                            "any more; shutting down")
+                stop.set()
+
         tg.start_soon(serve_client)
         tg.start_soon(chain.serve_timers)
         if options.handle_signals:
             tg.start_soon(watch_signals)
+        if unheard is not None:
+            tg.start_soon(stop_if_unheard, unheard)
         await stop.wait()
         with anyio.CancelScope(shield=True):
             # Components are stopping in their own tasks; meanwhile answer what they owed.

@@ -636,3 +636,42 @@ async def test_a_chain_stopped_while_it_starts_answers_the_initialize_naming_wha
     assert error["message"].startswith("slow: was still starting: the conductor is shutting "
                                        "down"), error
     assert "a component stopped reading" not in c.stderr_text
+
+
+def test_a_conductor_whose_output_the_editor_closed_stops_as_at_the_end_of_its_input(
+        tmp_path: Path) -> None:
+    # Nothing it or its agent says can reach anyone again, while the editor's side of its
+    # input may stay open (held by some other process): it must not run on, agent and all.
+    import subprocess
+
+    from tests.conftest import child_env, conductor_argv
+
+    pidfile = tmp_path / "agent.pid"
+    chain = write_chain(tmp_path, "[conductor]\nshutdown_grace = 0.3\n\n"
+                        f"[agent]\ncommand = {faulty_argv(f'--pidfile={pidfile}')}\n")
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {}}}
+    new = {"jsonrpc": "2.0", "id": 2, "method": "session/new",
+           "params": {"cwd": "/", "mcpServers": []}}
+    with subprocess.Popen(conductor_argv("--chain", chain), env=child_env(),
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(init).encode() + b"\n")
+            proc.stdin.flush()
+            assert json.loads(proc.stdout.readline())["id"] == 1
+            proc.stdout.close()
+            proc.stdin.write(json.dumps(new).encode() + b"\n")  # its answer cannot go out
+            proc.stdin.flush()
+            code = proc.wait(timeout=20)
+            err = proc.stderr.read().decode() if proc.stderr else ""
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdin.close()
+    assert code == 0, err
+    assert "the client closed its end of our output" in err
+    agent = int(pidfile.read_text(encoding="utf-8"))
+    assert not psutil.pid_exists(agent) or has_exited(psutil.Process(agent))
