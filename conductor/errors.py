@@ -157,10 +157,12 @@ class ComponentStartError(ComponentError):
 
 class ComponentExitedError(ComponentError):
     def __init__(self, component: str, returncode: int | None,
-                 stderr_tail: Sequence[str] = ()) -> None:
+                 stderr_tail: Sequence[str] = (), *, running: bool = False) -> None:
         self.returncode = returncode
         self.stderr_tail = list(stderr_tail)
         status = "is gone" if returncode is None else f"exited with status {returncode}"
+        if running:  # its output ended, the process did not: nothing it says can arrive
+            status = "closed its stdout without exiting (it is stopped)"
         if returncode is not None and returncode < 0:
             status = f"was killed by signal {-returncode}"
         super().__init__(component, status)

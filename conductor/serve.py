@@ -53,6 +53,9 @@ log = logging.getLogger("acp_conductor")
 stderr_log = logging.getLogger("acp_conductor.stderr")
 
 RELAY_WAIT = 0.5  # at shutdown, how long in-process proxies get to relay a failure answer
+# At shutdown, how long (beyond shutdown_grace) the answers the client is owed may take to be
+# written: a client that stopped reading (an editor quitting mid-turn) never takes them.
+CLIENT_READ_WAIT = 2.0
 
 
 class RunOptions(Record):
@@ -85,8 +88,10 @@ async def serve_chain(
     """
     options = options or RunOptions()
     max_frame = options.max_frame_bytes or config.conductor.max_frame_bytes
-    return await serve_connection(config, PipeSink(stdout),
-                                  PipeSource(stdin, max_frame_bytes=max_frame), options)
+    unheard = anyio.Event()  # a write to `stdout` failed: its reader closed its end
+    return await serve_connection(config, PipeSink(stdout, on_broken=unheard.set),
+                                  PipeSource(stdin, max_frame_bytes=max_frame), options,
+                                  unheard=unheard)
 
 
 async def serve_connection(
@@ -94,9 +99,12 @@ async def serve_connection(
     client_sink: MessageSink,
     client_source: MessageSource,
     options: RunOptions | None = None,
+    *,
+    unheard: anyio.Event | None = None,
 ) -> int:
     """`serve_chain` for a client on any transport: what it sends comes from
     `client_source`, what the chain answers goes to `client_sink` (closed at the end).
+    `unheard` is set when the client can no longer be written to: the chain stops.
 
     Raises:
         ConfigError: the chain cannot be planned.
@@ -276,7 +284,8 @@ async def serve_connection(
                         if outcome:  # its re-attach failed, and it was stopped for that:
                             return   # one failure, counted once (the back-off, the outcome)
                         code = comp.process.returncode
-                        error = ComponentExitedError(launch.name, code, comp.stderr_tail)
+                        error = ComponentExitedError(launch.name, code, comp.stderr_tail,
+                                                     running=code is None)
                         if tracer is not None:
                             tracer.lifecycle(launch.name, "exited", code=code, expected=False)
                             exit_traced.set()
@@ -411,9 +420,13 @@ async def serve_connection(
             if tracer is not None:
                 tracer.lifecycle(remote.name, "exited", code=None, expected=not lost)
 
+        starting = ""  # the component the start is on (a stop answers in its name)
+
         async def starter() -> list[ComponentLink]:
+            nonlocal starting
             links: list[ComponentLink] = []
             for role, spec, launch in plan:
+                starting = launch.name
                 if is_plugin(launch):
                     try:
                         hop = await tg.start(host_plugin, launch, not links)
@@ -469,8 +482,12 @@ async def serve_connection(
                 return
             await wait_hangup()
             await anyio.sleep(config.conductor.shutdown_grace)  # cancelled at its end
-            log.warning("the client closed its input, but what it sent before cannot be "
-                        "delivered (a component stopped reading): shutting down")
+            if chain.started:
+                log.warning("the client closed its input, but what it sent before cannot be "
+                            "delivered (a component stopped reading): shutting down")
+            else:
+                log.warning("the client closed its input while the chain was still "
+                            "starting (%s): shutting down", starting)
             stop.set()
 
         async def serve_client() -> None:
@@ -496,10 +513,21 @@ async def serve_connection(
             outcome.signal = await first_stop_signal()
             stop.set()
 
+        async def stop_if_unheard(unheard: anyio.Event) -> None:
+            # Nothing the chain says can reach the client again, while its side of our input
+            # may stay open (another process holds it): stop as at the end of that input.
+            await unheard.wait()
+            if not stop.is_set():
+                log.warning("the client closed its end of our output: nothing can reach it "
+                            "any more; shutting down")
+                stop.set()
+
         tg.start_soon(serve_client)
         tg.start_soon(chain.serve_timers)
         if options.handle_signals:
             tg.start_soon(watch_signals)
+        if unheard is not None:
+            tg.start_soon(stop_if_unheard, unheard)
         await stop.wait()
         with anyio.CancelScope(shield=True):
             # Components are stopping in their own tasks; meanwhile answer what they owed.
@@ -514,18 +542,28 @@ async def serve_connection(
             # From the agent up: each component's open requests are answered (it was stopped
             # before answering), and in-process proxies get to relay those answers before
             # the next hop up is failed, so an error names where the request really was.
-            for hop in reversed(chain.topology.hops()):
-                reason = outcome.fatal or ComponentStoppedError(
-                    hop.name,
-                    f"was stopped before answering: the conductor is shutting down ({why})")
-                await chain.fail_hop(hop, reason)
-                if hosted and client.inbound:  # the editor still waits: let the answer climb
-                    with anyio.move_on_after(RELAY_WAIT):
-                        await client.wait_quiet()
+            # Bounded: a client that stopped reading would hold each write to it for ever.
+            answering = anyio.CancelScope(deadline=anyio.current_time()
+                                          + config.conductor.shutdown_grace + CLIENT_READ_WAIT)
+            with answering:
+                await chain.stop_starting(outcome.fatal or ComponentStoppedError(
+                    starting, f"was still starting: the conductor is shutting down ({why})"))
+                for hop in reversed(chain.topology.hops()):
+                    reason = outcome.fatal or ComponentStoppedError(
+                        hop.name,
+                        f"was stopped before answering: the conductor is shutting down ({why})")
+                    await chain.fail_hop(hop, reason)
+                    if hosted and client.inbound:  # the editor still waits: let it climb
+                        with anyio.move_on_after(RELAY_WAIT):
+                            await client.wait_quiet()
             relays_done.set()
             if bridge is not None:
                 await bridge.aclose()
-            await client_sink.aclose()
+            with anyio.CancelScope(deadline=answering.deadline) as closing:
+                await client_sink.aclose()  # writes what is still buffered first
+            if answering.cancelled_caught or closing.cancelled_caught:
+                log.warning("the client stopped reading: what it was still owed is not "
+                            "written (exiting without it)")
         tg.cancel_scope.cancel()
 
     if outcome.fatal is not None:
@@ -546,7 +584,12 @@ async def _stop_reading_after_exit(comp: Component) -> None:
 
 async def _serve(chain: Chain, hop: Hop, stream: ByteReceiveStream, max_frame: int) -> None:
     """Feed what arrives on `stream` to the router as `hop`'s, until EOF."""
-    await _serve_source(chain, hop, PipeSource(stream, max_frame_bytes=max_frame))
+    def cut(why: str) -> None:
+        log.warning("%s's output ended in the middle of a message (%s): dropped", hop.name,
+                    why)
+
+    await _serve_source(chain, hop, PipeSource(stream, max_frame_bytes=max_frame,
+                                               on_cut=cut))
 
 
 async def _serve_source(chain: Chain, hop: Hop, source: MessageSource) -> None:

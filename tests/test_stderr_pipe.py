@@ -6,10 +6,13 @@ import json
 import os
 import select
 import shlex
+import socket
 import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING
+
+import pytest
 
 from conductor.cli.stderr_pipe import PipeStderr
 from tests.conftest import child_env, conductor_argv
@@ -59,13 +62,24 @@ for line in sys.stdin:
 """
 
 
+@pytest.mark.parametrize("kind", ["pipe", "socket"])
 def test_a_conductor_whose_stderr_nobody_reads_still_answers_through_a_chatty_agent(
-        tmp_path: Path) -> None:
+        tmp_path: Path, kind: str) -> None:
+    # "socket": what an editor on Node (libuv) gives its child for a piped stderr.
     script = tmp_path / "agent.py"
     script.write_text(AGENT_THAT_TALKS, encoding="utf-8")
     agent = shlex.join([sys.executable, str(script)])
+    if kind == "pipe":
+        _answers_initialize(agent, subprocess.PIPE)
+        return
+    unread, stderr = socket.socketpair()
+    with unread, stderr:
+        _answers_initialize(agent, stderr.fileno())
+
+
+def _answers_initialize(agent: str, stderr: int) -> None:
     with subprocess.Popen(conductor_argv("agent", agent), stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=stderr,
                           env=child_env()) as conductor:
         assert conductor.stdin is not None and conductor.stdout is not None
         try:

@@ -127,7 +127,8 @@ class Chain:
                                    bridge=bridge)
         self._starter = starter
         # Why the chain could not start: what every later request is answered with.
-        self._start_failure: ComponentStartError | None = None
+        self._start_failure: ComponentError | None = None
+        self._starting: Request | None = None  # the initialize a start in progress holds
         self._tracer = tracer
         self._on_fatal = on_fatal
         self._on_broken = on_broken
@@ -375,14 +376,21 @@ class Chain:
         if not await self.handshake.accept_first(msg, self._replier(self.client)):
             return
         assert isinstance(msg, Request)  # accept_first takes only the request
+        self._starting = msg
         try:
             links = await self._starter()
         except ComponentStartError as e:
+            if self._starting is not msg:  # stopped meanwhile: answered already
+                return
+            self._starting = None
             self._start_failure = e
             await self._send(self.client, failure_response(msg.id, e, component=e.component))
             if self._on_fatal is not None:
                 self._on_fatal(e)
             return
+        if self._starting is not msg:
+            return
+        self._starting = None
         self.topology.attach(links)
         self._plan_plain_routes()
         legacy = self.topology.proxy_mode and self.handshake.upstream_dialect is Dialect.LEGACY
@@ -421,6 +429,17 @@ class Chain:
             gates_down.append(node.hop.passes)
             if node.hop.watch is not None:
                 watch_down.append(node.hop.watch)
+
+    async def stop_starting(self, error: ComponentError) -> None:
+        """The chain stops while it is still starting (a plugin's `chain_started`, a remote
+        component's connection): the initialize that started it waits for the start, and
+        nothing else would answer it. It is answered with `error`, as is what comes later."""
+        msg, self._starting = self._starting, None
+        if msg is None:
+            return
+        self._start_failure = error
+        await self._send(self.client, failure_response(msg.id, error,
+                                                       component=error.component))
 
     # -- forwarding --------------------------------------------------------------------------
 

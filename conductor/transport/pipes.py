@@ -271,17 +271,14 @@ async def serve_frames(
     *,
     convert: Callable[[bytes | bytearray | OversizedFrame], Any] | None = None,
     nowait: Callable[[Any], bool] | None = None,
+    cut: Callable[[Any], bool] | None = None,
 ) -> None:
     """Feed every frame (through `convert`, when given) to `handle`, in order, until EOF.
     With `nowait`, each is offered to it first and handed to `handle` only when it returns
-    False: routing that needs no waiting costs no coroutine."""
+    False: routing that needs no waiting costs no coroutine. A last frame the stream ended
+    in (no newline) is offered to `cut` first, and dropped when it returns True."""
     deferred = _Deferral()
     token = _deferred.set(deferred)
-
-    async def one(frame: bytes | bytearray | OversizedFrame) -> None:
-        item = frame if convert is None else convert(frame)
-        if nowait is None or not nowait(item):
-            await handle(item)
 
     try:
         while True:
@@ -301,7 +298,9 @@ async def serve_frames(
                 await flush_deferred()
         last = decoder.end()
         if last is not None:
-            await one(last)
+            item = last if convert is None else convert(last)
+            if (cut is None or not cut(item)) and (nowait is None or not nowait(item)):
+                await handle(item)
     finally:
         deferred.active = False
         with anyio.move_on_after(1.0, shield=True):
@@ -327,9 +326,20 @@ class PipeSource:
     Served once: the stream is closed when serving ends."""
 
     def __init__(self, stream: ByteReceiveStream, *,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 on_cut: Callable[[str], None] | None = None) -> None:
         self._stream = stream
         self._max = max_frame_bytes
+        # A writer whose output ends inside a frame died writing it: with `on_cut`, that
+        # frame is dropped (and `on_cut` told why it did not decode), not refused as its
+        # message, so its exit is what answers the request it was answering.
+        self._on_cut = on_cut
+
+    def _cut(self, item: Incoming) -> bool:
+        if self._on_cut is None or not isinstance(item, NotJson | Unreadable):
+            return False
+        self._on_cut(item.reason)
+        return True
 
     async def wait_hangup(self) -> None:
         """Until the writer has closed its end, read to it or not (`FdReceiveStream`);
@@ -340,7 +350,7 @@ class PipeSource:
     async def serve(self, handle: Handle, nowait: HandleNowait | None = None) -> None:
         try:
             await serve_frames(self._stream, FrameDecoder(max_frame_bytes=self._max), handle,
-                               convert=incoming, nowait=nowait)
+                               convert=incoming, nowait=nowait, cut=self._cut)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._stream.aclose()  # a source is served once

@@ -163,6 +163,23 @@ async def test_a_component_that_closes_its_stdin_but_runs_on_is_stopped_and_answ
     await wait_all_gone([int(pidfile.read_text(encoding="utf-8"))])
 
 
+async def test_a_component_that_closes_its_stdout_but_runs_on_is_stopped_and_answers_say_so(
+        tmp_path: Path) -> None:
+    pidfile = tmp_path / "mute.pid"
+    body = ("[conductor]\nshutdown_grace = 0.2\n\n"
+            f"[agent]\ncommand = {faulty_argv('--mute-at=3', f'--pidfile={pidfile}')}\n")
+    async with open_conductor("--chain", write_chain(tmp_path, body)) as c:
+        await c.initialize()
+        sid = await c.new_session()
+        answer = await c.request("session/prompt", {"sessionId": sid, "prompt": []})
+        assert await c.wait() == 3
+    error = answer["error"]
+    assert error["code"] == -33001, error
+    assert error["data"]["component"] == "agent"
+    assert error["message"].startswith("agent: closed its stdout without exiting"), error
+    await wait_all_gone([int(pidfile.read_text(encoding="utf-8"))])
+
+
 @pytest.mark.parametrize("which", ["agent", "proxy"])
 async def test_a_component_that_cannot_start_fails_initialize_naming_it(
         tmp_path: Path, which: str) -> None:
@@ -555,3 +572,132 @@ command = {json.dumps(agent_cmd())}
         assert await c.wait() == -signal.SIGKILL
     await wait_all_gone([watchdog])  # it ends once it has cleaned up
     assert not socket.parent.exists()
+
+
+@pytest.mark.parametrize("how", ["eof", "sigterm"])
+def test_an_editor_that_stopped_reading_does_not_hold_the_conductor_when_told_to_stop(
+        tmp_path: Path, how: str) -> None:
+    # An editor quitting mid-turn: its end of our stdout is full and never read again, and
+    # it closes our stdin or sends SIGTERM, then waits for us to exit. What we still owe it
+    # cannot be written; that must not keep us (and the editor) waiting for ever.
+    import fcntl
+    import subprocess
+    import termios
+    import time
+
+    from tests.conftest import child_env, conductor_argv
+
+    chain = write_chain(tmp_path, f"[conductor]\nshutdown_grace = 0.5\n\n"
+                        f"[agent]\ncommand = {json.dumps(agent_cmd())}\n")
+    lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": 1, "clientCapabilities": {}}},
+             {"jsonrpc": "2.0", "id": 2, "method": "_test/notify",
+              "params": {"sessionId": "s", "count": 5000, "pad": 1000}},
+             {"jsonrpc": "2.0", "id": 3, "method": "_test/hang", "params": {}}]
+    with (tmp_path / "stderr").open("wb") as err, \
+            subprocess.Popen(conductor_argv("--chain", chain), env=child_env(),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=err) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
+            proc.stdin.flush()
+            deadline = time.monotonic() + 30
+            buf = bytearray(4)
+            while time.monotonic() < deadline:  # until our end of its stdout is full
+                fcntl.ioctl(proc.stdout.fileno(), termios.FIONREAD, buf)
+                if int.from_bytes(buf, sys.byteorder) >= 65536:
+                    break
+                time.sleep(0.05)
+            if how == "eof":
+                proc.stdin.close()
+            else:
+                proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert code == (0 if how == "eof" else 143)
+    assert "the client stopped reading" in (tmp_path / "stderr").read_text(encoding="utf-8")
+
+
+SLOW_TO_START = """
+import sys
+
+import anyio
+
+from conductor.plugins import Proxy
+
+
+class SlowToStart(Proxy):
+    async def chain_started(self) -> None:
+        print("slow: connecting", file=sys.stderr, flush=True)
+        await anyio.sleep_forever()
+"""
+
+
+@pytest.mark.parametrize("how", ["eof", "sigterm"])
+async def test_a_chain_stopped_while_it_starts_answers_the_initialize_naming_what_was_starting(
+        tmp_path: Path, how: str) -> None:
+    # The editor's initialize waits for the start; a stop then must answer it (nothing else
+    # will), not close stdout on it.
+    (tmp_path / "slow.py").write_text(SLOW_TO_START, encoding="utf-8")
+    chain = write_chain(tmp_path, f'[conductor]\nshutdown_grace = 0.3\n\n'
+                        f'[[proxy]]\nname = "slow"\nplugin = "{tmp_path / "slow.py"}:SlowToStart"'
+                        f'\n\n[agent]\ncommand = {json.dumps(agent_cmd())}\n')
+    async with open_conductor("--chain", chain) as c:
+        await c.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                      "params": {"protocolVersion": 1, "clientCapabilities": {}}})
+        await c.wait_stderr("slow: connecting")
+        if how == "eof":
+            await c.close_stdin()
+        else:
+            c.signal(signal.SIGTERM)
+        answer = await c.response(0)
+        assert await c.wait() == (0 if how == "eof" else 143)
+    error = answer["error"]
+    assert error["code"] == -33001, error
+    assert error["data"]["component"] == "slow"
+    assert error["message"].startswith("slow: was still starting: the conductor is shutting "
+                                       "down"), error
+    assert "a component stopped reading" not in c.stderr_text
+
+
+def test_a_conductor_whose_output_the_editor_closed_stops_as_at_the_end_of_its_input(
+        tmp_path: Path) -> None:
+    # Nothing it or its agent says can reach anyone again, while the editor's side of its
+    # input may stay open (held by some other process): it must not run on, agent and all.
+    import subprocess
+
+    from tests.conftest import child_env, conductor_argv
+
+    pidfile = tmp_path / "agent.pid"
+    chain = write_chain(tmp_path, "[conductor]\nshutdown_grace = 0.3\n\n"
+                        f"[agent]\ncommand = {faulty_argv(f'--pidfile={pidfile}')}\n")
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {}}}
+    new = {"jsonrpc": "2.0", "id": 2, "method": "session/new",
+           "params": {"cwd": "/", "mcpServers": []}}
+    with subprocess.Popen(conductor_argv("--chain", chain), env=child_env(),
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(init).encode() + b"\n")
+            proc.stdin.flush()
+            assert json.loads(proc.stdout.readline())["id"] == 1
+            proc.stdout.close()
+            proc.stdin.write(json.dumps(new).encode() + b"\n")  # its answer cannot go out
+            proc.stdin.flush()
+            code = proc.wait(timeout=20)
+            err = proc.stderr.read().decode() if proc.stderr else ""
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdin.close()
+    assert code == 0, err
+    assert "the client closed its end of our output" in err
+    agent = int(pidfile.read_text(encoding="utf-8"))
+    assert not psutil.pid_exists(agent) or has_exited(psutil.Process(agent))

@@ -8,6 +8,7 @@ Steps count the requests that arrive from the predecessor (the editor's side), f
 initialize is step 1, the first session/new step 2, and so on. At its step, a fault does:
 
   --crash-at N      exit 9 without answering (after one stderr line)
+  --cut-at N        write the first half of its answer (no newline), then exit 9 as above
   --silent-at N     never answer that request, nor pass it on
   --garbage-at N    write noise, raw invalid UTF-8 and a JSON line holding invalid UTF-8 on
                     stdout, then handle the request normally
@@ -16,6 +17,7 @@ initialize is step 1, the first session/new step 2, and so on. At its step, a fa
   --flood-at N      send --flood-count session/update notifications up first, then handle it
   --fail-init       answer initialize with an error (step 1)
   --deaf-at N       close its stdin and keep running (stdout open), never answering
+  --mute-at N       close its stdout and keep running, never answering
   --stall-at N      never read its stdin again (it stays open) and keep running
 
 Process behaviours: --ignore-term (SIGTERM is ignored), --linger (keeps running after
@@ -87,11 +89,21 @@ class Faulty:
             self.crash()
         if step == a.crash_at:
             self.crash()
+        if step == a.cut_at:
+            self.out.write(b'{"jsonrpc":"2.0","id":' + json.dumps(ident).encode()
+                           + b',"result":{"stopRea')
+            self.out.flush()
+            self.crash()
         if step == a.silent_at:
             return True
         if step == a.deaf_at:
             os.close(0)  # nothing can reach it any more, yet it runs on
             sys.stderr.write(f"faulty {a.name}: deaf at step {step}\n")
+            sys.stderr.flush()
+            time.sleep(300)
+        if step == a.mute_at:
+            os.close(1)  # nothing it says can arrive any more, yet it runs on
+            sys.stderr.write(f"faulty {a.name}: mute at step {step}\n")
             sys.stderr.flush()
             time.sleep(300)
         if step == a.stall_at:
@@ -234,8 +246,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--role", choices=["agent", "proxy"], default="agent")
     parser.add_argument("--name", default="faulty")
-    for fault in ("crash", "silent", "garbage", "deep", "huge", "flood", "deaf",
-                  "stall"):
+    for fault in ("crash", "cut", "silent", "garbage", "deep", "huge", "flood", "deaf",
+                  "mute", "stall"):
         parser.add_argument(f"--{fault}-at", type=int, default=0, metavar="N")
     parser.add_argument("--depth", type=int, default=5000)
     parser.add_argument("--huge-bytes", type=int, default=2 * 1024 * 1024)

@@ -129,6 +129,24 @@ async def test_a_crash_answers_every_pending_request_naming_the_component(
     answered_once(c)
 
 
+@pytest.mark.parametrize(("faulty", "length"), [("agent", 1), ("p0", 1)])
+async def test_a_component_that_dies_writing_half_an_answer_fails_it_with_its_exit(
+        tmp_path: Path, faulty: str, length: int) -> None:
+    # The cut frame is its death, not a protocol error: the editor is told it exited, and
+    # what it said on stderr, as for any crash.
+    path = write_chain(tmp_path, length, faulty, ["--cut-at=3"])
+    async with open_conductor("--chain", path) as c:
+        await c.initialize()
+        sid = await c.new_session()
+        answer = await c.request("session/prompt", prompt(sid))
+        assert await c.wait() == 3
+    assert answer["error"]["code"] == COMPONENT_FAILED, answer
+    assert answer["error"]["data"]["component"] == faulty
+    assert answer["error"]["data"]["returncode"] == 9
+    assert f"faulty {faulty}: crashing at step 3" in answer["error"]["message"]
+    answered_once(c)
+
+
 # -- processes that will not go ---------------------------------------------------------------
 
 @pytest.mark.parametrize(("faulty", "length", "end"), [
