@@ -71,3 +71,33 @@ async def test_a_failure_no_open_request_will_report_is_logged_for_the_user(
     if open_request:
         [failed] = [m for m in answers if isinstance(m, Response) and bytes(m.id) == b"2"]
         assert "exited with status 7" in str(failed.error_value())
+
+
+async def test_a_component_that_cannot_start_is_said_once_in_the_initialize_answer(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The editor's initialize is what starts the chain, and it is answered with the start
+    # failure: run/check/call report that answer, so the log line is theirs to hide.
+    config = parse_chain({"agent": {"name": "missing",
+                                    "command": ["acp-conductor-no-such-program"]}},
+                         file="<test>")
+    to_chain, chain_reads = message_pipe()
+    from_chain, editor_reads = message_pipe(1 << 16)
+    answers: list[Message] = []
+
+    async def read(item: object) -> None:
+        answers.append(item)  # type: ignore[arg-type]
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(editor_reads.serve, read)
+            await to_chain.send(Request(id=raw(1), method="initialize",
+                                        params=raw({"protocolVersion": 1})))
+            await serve_connection(config, from_chain, chain_reads,
+                                   RunOptions(handle_signals=False))
+            await to_chain.aclose()
+            tg.cancel_scope.cancel()
+    [failed] = [m for m in answers if isinstance(m, Response) and bytes(m.id) == b"1"]
+    assert "not found" in str(failed.error_value())
+    [record] = [r for r in caplog.records if "not found" in r.getMessage()
+                and r.name.startswith("acp_conductor") and r.levelname == "ERROR"]
+    assert getattr(record, "reaches_client", False) is True
