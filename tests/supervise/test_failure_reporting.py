@@ -15,6 +15,8 @@ from conductor.serve import RunOptions, serve_connection
 from conductor.transport.memory import message_pipe
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from conductor.jsonrpc.message import Message
 
 # Answers initialize, answers `_ask`, and exits with status 7 on `_die` (a request or a
@@ -101,3 +103,41 @@ async def test_a_component_that_cannot_start_is_said_once_in_the_initialize_answ
     [record] = [r for r in caplog.records if "not found" in r.getMessage()
                 and r.name.startswith("acp_conductor") and r.levelname == "ERROR"]
     assert getattr(record, "reaches_client", False) is True
+
+
+async def test_a_plugin_whose_chain_started_fails_is_said_once_in_the_initialize_answer(
+        caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    # docs/run.md: a component that cannot start is said once; the proxy's own line for it
+    # ("proxy bad failed handling chain_started") is left to run/check/call, like the
+    # conductor's.
+    (tmp_path / "bad.py").write_text(
+        "from conductor.plugins import Proxy\n"
+        "class Bad(Proxy):\n"
+        "    async def chain_started(self) -> None:\n"
+        "        raise RuntimeError('db unreachable')\n", encoding="utf-8")
+    config = parse_chain({"proxy": [{"plugin": "bad.py:Bad"}],
+                          "agent": {"command": [sys.executable, "-c", _AGENT]}},
+                         file=str(tmp_path / "c.toml"), base_dir=str(tmp_path))
+    to_chain, chain_reads = message_pipe()
+    from_chain, editor_reads = message_pipe(1 << 16)
+    answers: list[Message] = []
+
+    async def read(item: object) -> None:
+        answers.append(item)  # type: ignore[arg-type]
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(editor_reads.serve, read)
+            await to_chain.send(Request(id=raw(1), method="initialize",
+                                        params=raw({"protocolVersion": 1})))
+            await serve_connection(config, from_chain, chain_reads,
+                                   RunOptions(handle_signals=False))
+            await to_chain.aclose()
+            tg.cancel_scope.cancel()
+    [failed] = [m for m in answers if isinstance(m, Response) and bytes(m.id) == b"1"]
+    assert "db unreachable" in str(failed.error_value())
+    records = [r for r in caplog.records if "db unreachable" in r.getMessage()
+               and r.levelname == "ERROR"]
+    assert records, "the failure is logged"
+    assert all(getattr(r, "reaches_client", False) for r in records), \
+        [(r.name, r.getMessage()) for r in records]
