@@ -315,7 +315,10 @@ class ProxyHost:
             try:
                 await self._apply(sent, answer)
             except Exception as e:  # e.g. session_opened raised: answer, naming the plugin
-                self._log_failure(e, f"the answer to {outgoing.method}")
+                # Passed back to the client itself, the error reaches the client.
+                self._log_failure(e, f"the answer to {outgoing.method}",
+                                  reaches_client=self._next_to_client
+                                  and sent.origin_id is not None)
                 answer = failure_response(answer.id, e, component=self.name,
                                           method=outgoing.method)
                 outgoing.answer = answer

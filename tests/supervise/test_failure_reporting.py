@@ -141,3 +141,54 @@ async def test_a_plugin_whose_chain_started_fails_is_said_once_in_the_initialize
     assert records, "the failure is logged"
     assert all(getattr(r, "reaches_client", False) for r in records), \
         [(r.name, r.getMessage()) for r in records]
+
+
+async def test_a_plugin_whose_session_opened_fails_is_said_once_in_the_setup_answer(
+        caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    # The first proxy's session_opened raising answers the editor's session/new with an
+    # error naming it (docs/writing-a-proxy.md): run/check/call report that answer, so
+    # the proxy's own line for it is theirs to hide, as for a handler that raised.
+    (tmp_path / "bad.py").write_text(
+        "from conductor.plugins import Proxy\n"
+        "class Bad(Proxy):\n"
+        "    async def session_opened(self, session) -> None:\n"
+        "        raise RuntimeError('no state store')\n", encoding="utf-8")
+    agent = ("import json, sys\n"
+             "for line in sys.stdin:\n"
+             "    msg = json.loads(line)\n"
+             "    result = {'protocolVersion': 1, 'agentCapabilities': {}, 'sessionId': 's1'}\n"
+             "    print(json.dumps({'jsonrpc': '2.0', 'id': msg['id'], 'result': result}),\n"
+             "          flush=True)\n")
+    config = parse_chain({"proxy": [{"plugin": "bad.py:Bad"}],
+                          "agent": {"command": [sys.executable, "-c", agent]}},
+                         file=str(tmp_path / "c.toml"), base_dir=str(tmp_path))
+    to_chain, chain_reads = message_pipe()
+    from_chain, editor_reads = message_pipe(1 << 16)
+    answers: list[Message] = []
+    setup_answered = anyio.Event()
+
+    async def read(item: object) -> None:
+        answers.append(item)  # type: ignore[arg-type]
+        if isinstance(item, Response) and bytes(item.id) == b"2":
+            setup_answered.set()
+
+    async def editor() -> None:
+        await to_chain.send(Request(id=raw(1), method="initialize",
+                                    params=raw({"protocolVersion": 1})))
+        await to_chain.send(Request(id=raw(2), method="session/new",
+                                    params=raw({"cwd": str(tmp_path), "mcpServers": []})))
+        await setup_answered.wait()
+        await to_chain.aclose()
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(editor)
+            tg.start_soon(editor_reads.serve, read)
+            await serve_connection(config, from_chain, chain_reads,
+                                   RunOptions(handle_signals=False))
+            tg.cancel_scope.cancel()
+    [failed] = [m for m in answers if isinstance(m, Response) and bytes(m.id) == b"2"]
+    assert "no state store" in str(failed.error_value())
+    [record] = [r for r in caplog.records if "no state store" in r.getMessage()
+                and r.levelname == "ERROR"]
+    assert getattr(record, "reaches_client", False) is True
