@@ -595,14 +595,21 @@ def _chain_problems(config: ChainConfig) -> list[ConductorError]:
                                      hint="give every [[mcp_server]] its own name"))
         servers.add(server.name)
     names = [*config.proxy_names(), config.agent_name()]
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for i, name in enumerate(names):
         agent = i == len(config.proxy)
         if name in seen and not (agent and "agent" in config.malformed):
-            where = "agent.name" if agent else f"proxy[{i}].name"
-            found.append(ConfigError(f"duplicate component name {name!r}", file=file,
-                                     field=where, hint="give every component its own name"))
-        seen.add(name)
+            if agent and not (config.agent and config.agent.name):
+                # The agent's default name: the fix is where the proxy's name is written.
+                found.append(ConfigError(
+                    f"{name!r} is the agent's name (the default, without `name` in [agent])",
+                    file=file, field=f"proxy[{seen[name]}].name",
+                    hint="give the proxy another name, or name the agent"))
+            else:
+                where = "agent.name" if agent else f"proxy[{i}].name"
+                found.append(ConfigError(f"duplicate component name {name!r}", file=file,
+                                         field=where, hint="give every component its own name"))
+        seen.setdefault(name, i)
     return found
 
 

@@ -135,15 +135,18 @@ async def serve_connection(
     stopped: list[anyio.Event] = []  # one per run, set once it is fully stopped
     hosted: list[Hop] = []  # in-process plugin proxies, and remote components
 
-    def failed(error: ComponentError) -> None:
+    def failed(error: ComponentError, answered: bool = False) -> None:
         if outcome.fatal is None:  # the first failure is the one reported
             outcome.fatal = error
             # Said to the client in the answers it fails (run/check/call report those, so
-            # they show this line only at debug); with none open, nobody else would say it.
-            log.error("%s", error, extra=REACHES_CLIENT if client.inbound else None)
+            # they show this line only at debug), or in the answer already sent
+            # (`answered`: its initialize, for a chain that could not start); with none
+            # open, nobody else would say it.
+            log.error("%s", error,
+                      extra=REACHES_CLIENT if answered or client.inbound else None)
 
-    def fatal(error: ComponentError) -> None:
-        failed(error)
+    def fatal(error: ComponentError, answered: bool = False) -> None:
+        failed(error, answered)
         stop.set()
 
     def broken(hop: Hop) -> None:

@@ -276,3 +276,13 @@ def test_a_chain_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> No
     path = tmp_path / "bom.toml"
     path.write_bytes('\ufeff[agent]\ncommand = "agent"\n'.encode())
     assert read_chain(str(path)).agent is not None
+
+
+def test_a_proxy_named_agent_is_told_the_name_is_the_agent_s_where_its_name_is_written() -> None:
+    # The agent has no `name` key: the fix is the proxy's, so the error names that key.
+    with pytest.raises(ConfigError) as caught:
+        parse_chain({"proxy": [{"name": "agent", "use": "passthrough"}],
+                     "agent": {"command": "x"}}, file="c.toml")
+    error = caught.value
+    assert error.field == "proxy[0].name", str(error)
+    assert "agent" in error.message and "the agent's" in error.message, str(error)

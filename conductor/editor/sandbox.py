@@ -97,8 +97,10 @@ class Sandbox:
         self.violation(op, reason, path=target)
         self.events.decision({"type": "access", "op": op, "target": target, "allowed": False,
                               "reason": reason})
+        # `editor`: the name run's handler failures give too (open_client_connection); it
+        # tells this refusal from a permissions proxy's, which names itself.
         raise RpcError(REFUSED, f"refused by acp-conductor run: {reason}",
-                       {"op": op, "target": target})
+                       {"component": "editor", "op": op, "target": target})
 
     def violation(self, op: str, reason: str, **extra: Any) -> None:
         self.violations.append({"op": op, "reason": reason, **extra})

@@ -315,7 +315,10 @@ class ProxyHost:
             try:
                 await self._apply(sent, answer)
             except Exception as e:  # e.g. session_opened raised: answer, naming the plugin
-                self._log_failure(e, f"the answer to {outgoing.method}")
+                # Passed back to the client itself, the error reaches the client.
+                self._log_failure(e, f"the answer to {outgoing.method}",
+                                  reaches_client=self._next_to_client
+                                  and sent.origin_id is not None)
                 answer = failure_response(answer.id, e, component=self.name,
                                           method=outgoing.method)
                 outgoing.answer = answer
@@ -680,12 +683,14 @@ class ProxyHost:
             with anyio.move_on_after(START_HOOK_BOUND) as bound:
                 await self._proxy.chain_started()
         except Exception as e:
-            self._log_failure(e, "chain_started")
+            # In-process, the start failure answers the editor's initialize, which
+            # run/check/call report: this line is theirs to hide (REACHES_CLIENT).
+            self._log_failure(e, "chain_started", reaches_client=True)
             raise ComponentStartError(self.name, f"chain_started failed: "
                                                  f"{type(e).__name__}: {e}") from None
         if bound.cancelled_caught:
             self._proxy.log.error("proxy %s: chain_started did not return within %gs",
-                                  self.name, START_HOOK_BOUND)
+                                  self.name, START_HOOK_BOUND, extra=REACHES_CLIENT)
             raise ComponentStartError(self.name, "chain_started did not return within "
                                                  f"{START_HOOK_BOUND:g}s")
 

@@ -98,7 +98,7 @@ class Chain:
         *,
         proxy_mode: bool = False,
         tracer: TraceSink | None = None,
-        on_fatal: Callable[[ComponentError], None] | None = None,
+        on_fatal: Callable[[ComponentError, bool], None] | None = None,
         on_broken: Callable[[Hop], None] | None = None,
         mcp: McpInjection | None = None,
         bridge: Bridge | None = None,
@@ -386,7 +386,7 @@ class Chain:
             self._start_failure = e
             await self._send(self.client, failure_response(msg.id, e, component=e.component))
             if self._on_fatal is not None:
-                self._on_fatal(e)
+                self._on_fatal(e, True)  # True: the client has it, in that answer
             return
         if self._starting is not msg:
             return

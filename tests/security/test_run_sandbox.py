@@ -639,3 +639,15 @@ async def test_an_option_without_a_string_id_is_never_offered_to_the_person_aske
         answer = await ed.handle_request("session/request_permission", params)
     assert offered == [[params["options"][1]]]
     assert answer == {"outcome": {"outcome": "selected", "optionId": "no"}}
+
+
+async def test_a_refusal_names_run_s_editor_as_the_component_that_refused(root: Path) -> None:
+    # docs/errors.md: every -33004 names the component that refused (here the agent may sit
+    # behind a permissions proxy, which answers -33004 too: data.component tells them apart).
+    ed, _ = editor(root)
+    error = await refused(ed.handle_request("fs/write_text_file",
+                                            {"path": str(root / "x.txt"), "content": "x"}),
+                          REFUSED, "--allow-write")
+    assert isinstance(error.data, dict)
+    assert error.data["component"] == "editor", error.data
+    assert error.data["op"] == "write", error.data

@@ -492,3 +492,27 @@ async def test_a_blank_websocket_message_is_no_message_as_a_blank_line_is_none()
                 await ws.send_text(json.dumps(INIT))
                 first = json.loads(await ws.receive_text())
     assert first["id"] == 1 and first["result"]["protocolVersion"] == 1
+
+
+async def test_every_post_refused_with_a_json_rpc_body_is_logged_with_its_status(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # docs/remote.md: every refusal is logged (method, path, peer, reason, status), those
+    # answered with a JSON-RPC error body too: not JSON, a batch, over the size limit.
+    caplog.set_level(logging.INFO, logger="acp_conductor")
+    json_body = {**AUTH, "Content-Type": "application/json"}
+    async with open_listener(max_frame_bytes=1024) as (_, url), http_client() as client:
+        with anyio.fail_after(15):
+            not_json = await client.post(url, content=b"{x", headers=json_body)
+            batch = await client.post(url, json=[INIT], headers=json_body)
+            too_big = await client.post(url, json={**INIT, "pad": "x" * 4096},
+                                        headers=json_body)
+            broken = await client.post(url, json={**INIT, "jsonrpc": "1.0"},
+                                       headers=json_body)
+    assert [not_json.status_code, batch.status_code, too_big.status_code,
+            broken.status_code] == [400, 501, 413, 400]
+    refusals = [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("refused POST")]
+    for status in ("(400)", "(501)", "(413)"):
+        assert any(line.endswith(status) for line in refusals), (status, refusals)
+    assert sum(line.endswith("(400)") for line in refusals) == 2, refusals
+    assert all("127.0.0.1" in line for line in refusals), refusals
