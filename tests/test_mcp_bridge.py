@@ -778,6 +778,38 @@ async def test_an_agent_request_cancelled_while_handed_over_is_not_left_pending(
     assert relay._outgoing == {}
 
 
+async def test_a_request_with_a_progress_token_cancelled_while_handed_over_leaves_no_token(
+        ) -> None:
+    # As above, with a progressToken: its entry maps the token to the request for the
+    # provider's progress, and would outlive it (one per such request, for the session).
+    handing = anyio.CancelScope()
+
+    class Sink:  # the session ends while the chain takes the request
+        async def send(self, item: object) -> None:
+            handing.cancel()
+            await anyio.sleep_forever()
+
+        async def aclose(self) -> None:
+            return None
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        return None
+
+    async def close_agent() -> None:
+        return None
+
+    endpoint = Endpoint("mcp-bridge", Sink())
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            relay = Relay(endpoint, tg, "c1", "srv", to_agent, close_agent)
+            with handing:
+                await relay.from_agent({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                        "params": {"_meta": {"progressToken": "t1"}}})
+    assert handing.cancelled_caught
+    assert relay._outgoing == {}
+    assert relay.progress == {}
+
+
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_a_request_the_agent_cancelled_is_not_answered_over_stdio(
         transport: str) -> None:
