@@ -778,6 +778,38 @@ async def test_an_agent_request_cancelled_while_handed_over_is_not_left_pending(
     assert relay._outgoing == {}
 
 
+async def test_a_request_with_a_progress_token_cancelled_while_handed_over_leaves_no_token(
+        ) -> None:
+    # As above, with a progressToken: its entry maps the token to the request for the
+    # provider's progress, and would outlive it (one per such request, for the session).
+    handing = anyio.CancelScope()
+
+    class Sink:  # the session ends while the chain takes the request
+        async def send(self, item: object) -> None:
+            handing.cancel()
+            await anyio.sleep_forever()
+
+        async def aclose(self) -> None:
+            return None
+
+    async def to_agent(body: dict[str, Any]) -> None:
+        return None
+
+    async def close_agent() -> None:
+        return None
+
+    endpoint = Endpoint("mcp-bridge", Sink())
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            relay = Relay(endpoint, tg, "c1", "srv", to_agent, close_agent)
+            with handing:
+                await relay.from_agent({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                        "params": {"_meta": {"progressToken": "t1"}}})
+    assert handing.cancelled_caught
+    assert relay._outgoing == {}
+    assert relay.progress == {}
+
+
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_a_request_the_agent_cancelled_is_not_answered_over_stdio(
         transport: str) -> None:
@@ -812,3 +844,43 @@ async def test_a_request_the_agent_cancelled_is_not_answered_over_stdio(
             await relay.from_agent({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                     "params": {"requestId": 1}})
     assert [body["id"] for body in to_agent_sent] == ([1] if transport == "http" else [])
+
+
+async def test_an_agent_ending_its_http_session_after_its_server_was_released_is_not_refused(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The router releases a serverId once its sessions have closed; the agent's MCP client
+    # ends its HTTP session (DELETE, with its token) as it cleans up, often after that.
+    # That is the session's own end, not a stranger at the door: it gets "Session not
+    # found" as any ended session does, not 401 and a "refused" warning.
+    async with open_mcp_bridge("http") as bridge:
+        _Provider(bridge, bridge.tg)
+        entry, headers = await http_server_entry(bridge)
+        with anyio.fail_after(10):
+            async with httpx2.AsyncClient() as client:
+                opened = await client.post(str(entry["url"]), json=_INITIALIZE,
+                                           headers=headers)
+                [connection] = list(bridge.relays)
+                await bridge._deliver(Notification(method="mcp/disconnect", params=raw(
+                    {"connectionId": connection})))
+                bridge.release("a")
+                with caplog.at_level("WARNING", logger="acp_conductor"):
+                    ended = await client.delete(str(entry["url"]), headers={
+                        **headers, "mcp-session-id": opened.headers["mcp-session-id"]})
+    assert ended.status_code == 404, ended.text
+    assert "refused" not in caplog.text
+
+
+async def test_a_shim_started_after_its_server_was_released_is_told_so_not_refused(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with open_mcp_bridge("stdio") as bridge:
+        _Provider(bridge, bridge.tg)
+        [entry] = servers_of(await bridge.rewrite(setup("a"), support(2, "stdio"),
+                                                  frozenset()))
+        env = {e["name"]: e["value"] for e in entry["env"]}  # type: ignore[attr-defined]
+        bridge.release("a")
+        with anyio.fail_after(10), caplog.at_level("WARNING", logger="acp_conductor"):
+            answer = await _served(env[SOCKET_ENV], entry["args"][-1],  # type: ignore[index]
+                                   env[TOKEN_ENV])
+    assert "the sessions that declared the MCP server n-a have closed" in \
+        json.loads(answer)["error"]
+    assert "refused" not in caplog.text

@@ -104,6 +104,9 @@ class McpBridge:
         self.max_message_bytes = max_message_bytes  # a shim's message: the chain's frame limit
         self.servers: dict[str, BridgedServer] = {}     # by serverId
         self.by_key: dict[str, BridgedServer] = {}
+        # Released, by key (bounded): what an agent's client still sends one of these (its
+        # session's DELETE) is late, not a stranger's, and is answered so.
+        self._released: dict[str, BridgedServer] = {}
         self.relays: dict[str, Relay] = {}              # by connectionId
         self.endpoint: Endpoint | None = None
         self._http: HttpBridge | None = None
@@ -213,6 +216,15 @@ class McpBridge:
         server = self.servers.pop(server_id, None)
         if server is not None:
             self.by_key.pop(server.key, None)
+            self._released[server.key] = server
+            if len(self._released) > MAX_SERVERS:
+                del self._released[next(iter(self._released))]
+
+    def released(self, key: str | None, token: str | None) -> BridgedServer | None:
+        """The released server `key` names, if `token` is its own: its agent's client is
+        late (its sessions closed), not a stranger at the door."""
+        server = self._released.get(key) if key is not None else None
+        return server if server is not None and server.check(token) else None
 
     async def _open_http(self) -> HttpBridge:
         async with self._opening:

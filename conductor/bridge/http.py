@@ -113,10 +113,17 @@ class HttpBridge:
         path: str = scope.get("path", "")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}
-        server = self.bridge.by_key.get(path[len(PREFIX):]) if path.startswith(PREFIX) \
-            else None
+        key = path[len(PREFIX):] if path.startswith(PREFIX) else None
+        server = self.bridge.by_key.get(key) if key is not None else None
         auth = headers.get("authorization", "")
         token = auth[len("Bearer "):] if auth.startswith("Bearer ") else None
+        gone = self.bridge.released(key, token) if server is None else None
+        if gone is not None:  # e.g. its client's DELETE, after the sessions closed
+            log.debug("%s %s for %s, whose sessions closed: not found", scope.get("method"),
+                      path, gone.name)
+            await _error(send, 404, f"Session not found: the sessions that declared the MCP "
+                         f"server {gone.name} have closed")
+            return
         if server is None or not server.check(token):
             client = scope.get("client") or ("?", 0)
             what = "an unknown path" if server is None else \

@@ -108,6 +108,8 @@ class Relay:
         except BaseException:  # cancelled (the session is ending): nothing will wait for it
             self.endpoint.pending.pop(outgoing.ident, None)
             self._outgoing.pop(_key(ident), None)
+            if token is not None:
+                self.progress.pop(_key(token), None)
             raise
         else:
             failed = None

@@ -81,10 +81,17 @@ class SocketBridge:
                     ) as e:
                 bridge.refused("stdio", f"a shim sent no usable hello ({type(e).__name__})")
                 return
-            server = bridge.by_key.get(str(hello.get("server"))) \
-                if isinstance(hello, dict) else None
+            key = str(hello.get("server")) if isinstance(hello, dict) else None
+            server = bridge.by_key.get(key) if key is not None else None
             token = hello.get("token") if isinstance(hello, dict) else None
-            if server is None or not server.check(token if isinstance(token, str) else None):
+            token = token if isinstance(token, str) else None
+            gone = bridge.released(key, token) if server is None else None
+            if gone is not None:  # late (its sessions closed), not a stranger at the door
+                log.debug("a shim for %s, whose sessions closed: told so", gone.name)
+                await _say_last(stream, {"error": f"the sessions that declared the MCP "
+                                         f"server {gone.name} have closed"})
+                return
+            if server is None or not server.check(token):
                 bridge.refused("stdio", "a shim named an unknown server" if server is None
                                else "a shim presented a wrong token")
                 await _say_last(stream, {"error": "refused: unknown server or wrong token"})

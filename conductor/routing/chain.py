@@ -921,8 +921,9 @@ class Chain:
             await self._cancel_held(target, outgoing.ident, None)
 
     def _editor_cancels(self) -> bool:
-        """The editor side has $/cancel_request: an outer conductor, or a v2 editor (v1 SDK
-        clients print a traceback for it)."""
+        """The editor side acts on $/cancel_request: an outer conductor, or a v2 editor (v1
+        lets a peer ignore `$/` notifications, and the SDKs' v1 clients print a traceback
+        for one)."""
         return self.topology.proxy_mode or (self.handshake.version or 0) >= 2
 
     async def _cancel_held(self, hop: Hop, ident: int, session_id: str | None, *,

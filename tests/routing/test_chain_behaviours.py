@@ -171,8 +171,8 @@ class AsksOnward(Proxy):
 async def test_a_dialog_the_dead_agent_opened_is_cancelled_at_a_v2_editor_and_left_at_v1(
         transport: Transport, version: int, proxies: list[type[Proxy]]) -> None:
     # The agent asked the editor for permission and died: nobody can take the answer, so a
-    # v2 editor (whose protocol has $/cancel_request) is told to close the dialog. A v1
-    # editor is not sent what its protocol lacks (SDK clients print a traceback for it).
+    # v2 editor (which acts on $/cancel_request) is told to close the dialog. A v1 editor,
+    # which may ignore it, is not sent it (the SDKs' v1 clients print a traceback for it).
     asked = anyio.Event()
 
     async def hold(message: Request) -> object:

@@ -81,8 +81,8 @@ async def test_a_request_the_agent_never_answers_gets_a_timeout_naming_it_and_is
 
 async def test_a_v1_agent_is_not_sent_a_cancel_request_for_a_request_it_never_answered(
 ) -> None:
-    # v1's stable protocol has no $/cancel_request, and SDK agents print a traceback for a
-    # method they do not know (issue 10.13): the request is answered for it, nothing more.
+    # v1 lets a peer ignore $/cancel_request (a `$/` notification), and the SDKs' v1 agents
+    # print a traceback for it (issue 10.13): the request is answered for it, nothing more.
     agent = ScriptedAgent({"session/new": hang})
     async with open_test_chain([], agent, timeouts=Timeouts(request=TIMEOUT)) as client:
         with anyio.fail_after(5):
