@@ -276,6 +276,14 @@ class Chain:
     async def _not_json(self, hop: Hop, item: NotJson) -> None:
         top = item.top
         if hop is self.client:
+            if top is not None and top.id is not None and top.has_method \
+                    and not top.is_batch:
+                # A request whose id the scan read: answered under it (with `id: null` its
+                # sender would wait for ever), as a frame that is not UTF-8 is.
+                await hop.refuse_unread(top, ErrorCode.PARSE_ERROR,
+                                        f"Parse error: {item.reason}",
+                                        {"component": hop.name})
+                return
             await self._send(hop, error_response(None, ErrorCode.PARSE_ERROR, "Parse error",
                                                  item.reason))
             if top is not None and top.id is not None and not top.has_method \
