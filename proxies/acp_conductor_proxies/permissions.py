@@ -1075,8 +1075,9 @@ class Permissions(Proxy[PermissionsOptions]):
         action, _ = self._judge(ctx, message.method, params, refuse=refuse)
         if action == "ask":
             return await ctx.forward()
-        wanted = ("allow_once", "allow_always") if action == "allow" else \
-            ("reject_once", "reject_always")
+        # Never `allow_always`: the agent would stop asking for whatever it groups with
+        # this call (Claude Code: every later `git ...`), which the policy never sees.
+        wanted = ("allow_once",) if action == "allow" else ("reject_once", "reject_always")
         options = params.get("options")
         options = [o for o in options if isinstance(o, dict)] \
             if isinstance(options, list) else []
@@ -1091,6 +1092,8 @@ class Permissions(Proxy[PermissionsOptions]):
                 chosen = option.get("optionId")
                 if isinstance(chosen, str) and kinds.get(chosen) == {kind}:
                     return {"outcome": {"outcome": "selected", "optionId": chosen}}
+        if action == "allow":  # no clean `allow_once`: only the user may choose to remember
+            return await ctx.forward()
         return {"outcome": {"outcome": "cancelled"}}
 
     @on("fs/read_text_file", source="successor")

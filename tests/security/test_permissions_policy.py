@@ -967,3 +967,18 @@ async def test_a_long_script_is_judged_in_linear_time(ws: Path, script: str) -> 
     # `policy` bounds the whole exchange at 10 s.
     async with policy(ws) as probe:
         assert await probe.reaches_editor("terminal/create", terminal("bash", "-c", script))
+
+
+async def test_an_allowed_request_offering_only_allow_always_is_left_to_the_editor(
+        ws: Path) -> None:
+    # `allow_always` makes the agent stop asking for what it groups with this call (Claude
+    # Code: every later `git ...`, or every edit in the session): those later calls would
+    # never reach the policy. Only the user may choose to remember that.
+    async with policy(ws) as probe:
+        got = answer_or_raise(await probe.agent.request("session/request_permission", {
+            "sessionId": probe.sid, "toolCall": {
+                "toolCallId": "c1", "kind": "read", "locations": [{"path": f"{ws}/ok.txt"}]},
+            "options": [{"optionId": "always", "name": "Always", "kind": "allow_always"},
+                        {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}))
+        assert got.result_value()["outcome"] == {"outcome": "selected", "optionId": "editor"}
+        assert len(probe.client.received_params("session/request_permission")) == 1
