@@ -828,11 +828,84 @@ def _homes(word: str, home: str | None, bases: Iterable[str] = ()) -> list[str]:
     return out
 
 
+_SEQUENCE = re.compile(r"(-?\d+)\.\.(-?\d+)|(.)\.\.(.)")
+EXPANDING = frozenset("*?[{")  # a word with one may name other files once a shell expands it
+
+
+def _brace_group(word: str) -> tuple[int, int, list[str]] | None:
+    """The first brace group to close in `word` that bash would expand (`{a,b}`, `{1..3}`,
+    `{d..f}`): where it starts and ends, and its alternatives. In one pass."""
+    stack: list[tuple[int, list[int]]] = []  # each open `{` and the commas directly in it
+    for j, c in enumerate(word):
+        if c == "{":
+            stack.append((j, []))
+        elif c == "," and stack:
+            stack[-1][1].append(j)
+        elif c == "}" and stack:
+            start, commas = stack.pop()
+            if commas:
+                edges = [start, *commas, j]
+                return start, j, [word[a + 1:b] for a, b in itertools.pairwise(edges)]
+            seq = _SEQUENCE.fullmatch(word, start + 1, j)
+            if seq and seq.group(1) is not None:
+                a, b = int(seq.group(1)), int(seq.group(2))
+                step = 1 if b >= a else -1
+                return start, j, [str(n) for n in itertools.islice(
+                    range(a, b + step, step), MAX_GLOB_MATCHES)]
+            if seq:
+                a, b = ord(seq.group(3)), ord(seq.group(4))
+                step = 1 if b >= a else -1
+                return start, j, [chr(n) for n in itertools.islice(
+                    range(a, b + step, step), MAX_GLOB_MATCHES)]
+    return None
+
+
+def _braces(word: str) -> list[str]:
+    """`word` after bash's brace expansion (`.e{n,}v` is `.env` and `.ev`): at most
+    MAX_GLOB_MATCHES words, of a word no longer than PATH_MAX."""
+    if "{" not in word or len(word) > PATH_MAX:
+        return [word]
+    out: list[str] = []
+    todo, steps = [word], 0
+    while todo and len(out) < MAX_GLOB_MATCHES and steps < 4 * MAX_GLOB_MATCHES:
+        steps += 1
+        one = todo.pop()
+        group = _brace_group(one)
+        if group is None:
+            out.append(one)
+            continue
+        start, end, alts = group
+        todo.extend(one[:start] + alt + one[end + 1:] for alt in reversed(alts))
+    return out
+
+
+def _expansions(word: str, bases: Iterable[str]) -> list[str]:
+    """What a shell (or a tool that globs) could make of `word` in each of `bases`: its
+    brace alternatives and the files each one's glob matches now."""
+    out = []
+    for alt in _braces(word):
+        out.append(alt)
+        if any(c in alt for c in "*?["):
+            for base in bases:
+                pattern = alt if os.path.isabs(alt) else os.path.join(glob.escape(base), alt)
+                out.extend(itertools.islice(glob.iglob(pattern), MAX_GLOB_MATCHES))
+    return out
+
+
 def _path_words(word: str, bases: Iterable[str], in_shell: bool,
                 home: str | None = None) -> list[str]:
     """What `word` could name as a path: itself, the value of `--opt=value`, `-fVALUE` or
     `NAME=value`, what follows its last `@` or `:`, a `file://` URI's path, `~` expanded,
-    and in a shell, what a glob expands to."""
+    and in a shell, what its braces and globs expand to."""
+    if in_shell and "{" in word:
+        return [w for alt in _braces(word)
+                for w in _plain_path_words(alt, bases, in_shell, home)] + \
+            ([word] if word not in ("", "-") else [])
+    return _plain_path_words(word, bases, in_shell, home)
+
+
+def _plain_path_words(word: str, bases: Iterable[str], in_shell: bool,
+                      home: str | None = None) -> list[str]:
     if word in ("", "-"):
         return []
     out = [] if word.startswith("-") else [word]
@@ -850,9 +923,7 @@ def _path_words(word: str, bases: Iterable[str], in_shell: bool,
         if w.startswith("~"):
             out.extend(_homes(w, home, bases))
     if in_shell and any(c in word for c in "*?["):
-        for base in bases:
-            pattern = word if os.path.isabs(word) else os.path.join(glob.escape(base), word)
-            out.extend(itertools.islice(glob.iglob(pattern), MAX_GLOB_MATCHES))
+        out.extend(_expansions(word, bases)[1:])
     return [w for w in out if w]
 
 
@@ -1392,9 +1463,13 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
         for one in value if isinstance(value, list) else [value]:
             if isinstance(one, str) and one:
                 subject.paths.append(one)
-                subject.places.extend(Placer(cwd).place(one, base=where,
-                                                        strict=os.path.isabs(one))
-                                      for where in wheres)
+                subject.places.extend(_unexpanded(Placer(cwd).place(
+                    one, base=where, strict=os.path.isabs(one))) for where in wheres)
+                # a read-many or search tool may expand a glob, braces too, as a shell does
+                subject.places.extend(Placer(cwd).place(alt, base=where, strict=False)
+                                      for alt in (_expansions(one, wheres)
+                                                  if any(c in one for c in EXPANDING)
+                                                  else []) for where in wheres)
                 # an agent's tool may expand `~` (`~/.netrc`) as a shell would
                 subject.places.extend(Placer(cwd).place(home, strict=False)
                                       for home in (_homes(one, None) if one[:1] == "~"
@@ -1430,7 +1505,16 @@ def _add_words(subject: Subject, command: Command, cwd: str) -> None:
     placer = Placer(cwd)
     for word, bases in command.words:
         for base in bases or (cwd,):
-            subject.places.append(placer.place(word, base=base, strict=False))
+            subject.places.append(_unexpanded(placer.place(word, base=base, strict=False)))
+
+
+def _unexpanded(place: Place) -> Place:
+    """`place`, which no allow rule matches when it may expand to other files (a glob, a
+    brace): its expansions are judged as places of their own, but only up to
+    MAX_GLOB_MATCHES, and a tool may expand more (`**`) than the policy does."""
+    if any(c in place.shown for c in EXPANDING):
+        return Place(place.shown, place.names, None)
+    return place
 
 
 _SUBJECTS: dict[str, Any] = {

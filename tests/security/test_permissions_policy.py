@@ -295,6 +295,10 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     # the words after a substitution are still the arguments of the command before it
     terminal("bash", "-c", "cat $(true) .env"), terminal("bash", "-c", "cat `true` .env"),
     terminal("bash", "-c", "cat <(true) .env"), terminal("bash", "-c", "diff <(true) .ENV"),
+    # brace expansion: each alternative, and sequences
+    terminal("bash", "-c", "cat .e{{n,}}v"), terminal("bash", "-c", "cat {{ok.txt,.env}}"),
+    terminal("bash", "-c", "cat .{{d..f}}nv"), terminal("bash", "-c", "cat se{{c,}}rets/k"),
+    terminal("bash", "-c", "cat {{x,not{{s,}}ecret/k}}"),
     # bash's extended globs
     terminal("bash", "-O", "extglob", "-c", "cat .@(env)"),
     terminal("bash", "-O", "extglob", "-c", "cat .?(x)env"),
@@ -579,6 +583,10 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     # a list of files, as a read-many tool names them
     {"kind": "read", "rawInput": {"paths": ["ok.txt", "{ws}/.env"]}},
     {"kind": "read", "rawInput": {"file_paths": ["{ws}/ok.txt", "notsecret/k"]}},
+    # a read-many or search tool expands globs in the paths it is given
+    {"kind": "read", "rawInput": {"paths": ["se*ets/k"]}},
+    {"kind": "search", "rawInput": {"path": "{ws}/.e[n]v"}},
+    {"kind": "read", "rawInput": {"paths": ["public/{{a.txt,../.env}}"]}},
     # the file a diff shows the editor, which must be absolute (ACP) as a location's is
     {"kind": "edit", "content": [{"type": "diff", "path": "{ws}/innocent.txt", "oldText": "",
                                   "newText": "x"}]},
@@ -742,6 +750,19 @@ async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
     async with policy(ws, ALLOW_PUBLIC) as probe:
         assert await probe.reaches_editor("fs/read_text_file",
                                           {"path": f"{ws}/{path}"}) is allowed
+
+
+@pytest.mark.parametrize("path", ["public/*", "public/*.txt", "public/[al]*",
+                                  "public/{a.txt,../.env}", "public/**"])
+async def test_an_allow_path_rule_never_allows_a_tool_call_path_that_a_tool_may_expand(
+        ws: Path, path: str) -> None:
+    # Read-many and search tools expand a glob (braces and `**` too): `public/*` reaches
+    # public/leak.txt, a link to .env, which the allow rule never judged.
+    async with policy(ws, ALLOW_PUBLIC) as probe:
+        assert await probe.permission({"kind": "read", "rawInput": {"paths": [path]}}) \
+            != "yes"
+        assert await probe.permission({"kind": "read", "rawInput": {
+            "paths": ["public/a.txt"]}}) == "yes"
 
 
 async def test_a_tool_call_path_under_home_is_judged_as_the_home_file(
