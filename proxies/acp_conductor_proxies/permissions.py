@@ -797,6 +797,12 @@ def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,
         for word in argv:
             command.add_words(_path_words(word, dirs, True, command.home), tuple(dirs))
     _add_argv(command, argv, tuple(dirs), in_shell=True, depth=depth)
+    if any("{" in w for w in argv):
+        # bash and zsh expand braces before the command runs (`{rm,-rf,x}` is `rm -rf x`):
+        # what runs is one more simple command, which an allow rule must match too
+        expanded = [alt for w in argv for alt in _braces(w)]
+        if expanded != argv:
+            _add_body(command, expanded, tuple(dirs), True, depth)
     words = [w for w in argv if not _ASSIGNMENT.match(w)]
     if words[:1] in (["cd"], ["pushd"]):
         # `cd -P DIR`, `cd -- DIR`: options come before the directory (`--` ends them)
