@@ -63,7 +63,12 @@ PER_PROCESS_ROOTS = ("/proc", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stde
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh",
                     "fish", "csh", "tcsh", "ksh93", "pdksh", "oksh", "loksh", "lksh",
                     # restricted shells run `-c` scripts all the same
-                    "rbash", "rksh", "rzsh"})
+                    "rbash", "rksh", "rzsh",
+                    # Oils, BusyBox's, and shells of other syntax: a `rm -rf x` there is
+                    # still a command line (pwsh's `-Command STR` is read as a word with
+                    # spaces, below)
+                    "osh", "ysh", "oil", "hush", "nu", "elvish", "xonsh", "pwsh",
+                    "powershell", "rc", "es", "ion", "murex", "brush"})
 # Programs that run their arguments as a command: `sudo rm -rf x` is judged as `rm -rf x` too.
 WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "command", "exec",
                       "builtin", "xargs", "parallel", "find", "timeout", "stdbuf", "setsid",

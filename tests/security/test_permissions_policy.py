@@ -431,6 +431,9 @@ RM_RF = [
     ["ssh", "-o", "ProxyCommand=rm -rf x", "host"],
     # restricted and other-named shells are shells
     ["rbash", "-c", "rm -rf x"], ["ksh93", "-c", "rm -rf x"], ["oksh", "-c", "rm -rf x"],
+    ["osh", "-c", "rm -rf x"], ["ysh", "-c", "rm -rf x"], ["hush", "-c", "rm -rf x"],
+    ["nu", "-c", "rm -rf x"], ["elvish", "-c", "rm -rf x"], ["xonsh", "-c", "rm -rf x"],
+    ["pwsh", "-Command", "rm -rf x"], ["rc", "-c", "rm -rf x"],
     # bash's and zsh's brace expansion makes the words before the command runs
     ["bash", "-c", "{rm,-rf,x}"], ["bash", "-c", "r{m,} -rf x"], ["zsh", "-c", "{rm,-r} x"],
 ]
