@@ -654,6 +654,10 @@ def _substitutions(script: str) -> list[str]:
 
 
 _WORD_BREAKS = frozenset(" \t\n;&|()<>")
+# zsh's glob qualifiers that run code: `*(e:CODE:)` (any delimiter, or a bracket pair)
+# and `*(+CODE)`, after any other qualifiers (`*(.Ne[CODE])`)
+_ZSH_QUALIFIER = re.compile(r"\S*?(?:e([^\w\s])|\+())(.*)", re.DOTALL)
+_CLOSERS = {"(": ")", "[": "]", "{": "}", "<": ">"}
 
 
 def _without_comments(script: str) -> str:
@@ -734,6 +738,7 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
     dirs = list(bases)
     redirect = ""  # the redirection operator whose file is the next token
     reopened = False  # after `$(...)` or `<(...)`: the words may be the outer command's
+    opened = False  # the token follows a `(`: it may be a zsh glob's qualifiers
     for token in [*tokens, ";"]:
         if token and set(token) <= _OPERATOR_CHARS:
             # shlex runs operators together: `;<` is `;` then `<`, `)>` is `)` then `>`
@@ -747,6 +752,8 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
                 _simple(command, current, dirs, depth, reopened=reopened)
                 current = []
                 reopened = set(ends) == {")"}  # `)` alone: the command may go on
+                if ends.endswith("("):
+                    opened = True
             if redirection:
                 if current and current[-1].isdigit():
                     current.pop()  # the fd of `2>`
@@ -767,6 +774,14 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
                 _add_script(command, token, tuple(dirs), depth + 1)
             redirect = ""
             continue
+        if opened:
+            opened = False
+            qualifier = _ZSH_QUALIFIER.match(token)
+            if qualifier:  # `ls *(e:'rm -rf x':)`: zsh runs it for each file matched
+                delimiter, body = qualifier.group(1) or "", qualifier.group(3)
+                closer = _CLOSERS.get(delimiter, delimiter)
+                _add_spellings(command, body[:-1] if closer and body.endswith(closer)
+                               else body, tuple(dirs), depth)
         current.append(token)
 
 
