@@ -93,15 +93,20 @@ SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "w
                             "until", "!", "{", "}", "time", "coproc"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 # Variables through which a shell, the loader or the program run other code than the
-# command line (a function `ls` bash imports, a startup file, a prompt hook, another `git`
-# on PATH, a preloaded library, git's ssh or config, an interpreter's start-up options):
+# command line (a function `ls` bash imports, a startup file or its directory, a prompt
+# hook, another `git` on PATH, a preloaded library, git's ssh, diff, editor or proxy
+# command, git's config (whose core.fsmonitor runs for `git status`) by variable or by the
+# directory it is read from, less's input filter, an interpreter's start-up options):
 # no allow rule can see what runs with one set. (Not PAGER, EDITOR or PYTHONPATH: agents
 # set `GIT_PAGER=cat` and `PYTHONPATH=.` for ordinary runs, and deny rules see them.)
-CODE_VARIABLES = re.compile(r"BASH_FUNC_.+|BASH_ENV|ENV|PROMPT_COMMAND|PS[0-4]|SHELLOPTS"
-                            r"|BASHOPTS|PATH|LD_[A-Z_]+|DYLD_[A-Z_]+|IFS|CDPATH|GLOBIGNORE"
-                            r"|GIT_SSH|GIT_SSH_COMMAND|GIT_EXEC_PATH|GIT_CONFIG_[A-Z0-9_]+"
-                            r"|GIT_ASKPASS|SSH_ASKPASS|NODE_OPTIONS|PERL5OPT|RUBYOPT"
-                            r"|JAVA_TOOL_OPTIONS|_JAVA_OPTIONS")
+CODE_VARIABLES = re.compile(r"BASH_FUNC_.+|BASH_ENV|ENV|ZDOTDIR|PROMPT_COMMAND|PS[0-4]"
+                            r"|SHELLOPTS|BASHOPTS|PATH|LD_[A-Z_]+|DYLD_[A-Z_]+|IFS|CDPATH"
+                            r"|GLOBIGNORE|GIT_SSH|GIT_SSH_COMMAND|GIT_EXEC_PATH"
+                            r"|GIT_CONFIG_[A-Z0-9_]+|GIT_ASKPASS|SSH_ASKPASS|SUDO_ASKPASS"
+                            r"|GIT_EXTERNAL_DIFF|GIT_EDITOR|GIT_SEQUENCE_EDITOR"
+                            r"|GIT_PROXY_COMMAND|GIT_DIR|GIT_COMMON_DIR|GIT_TEMPLATE_DIR"
+                            r"|HOME|XDG_CONFIG_HOME|LESSOPEN|LESSCLOSE"
+                            r"|NODE_OPTIONS|PERL5OPT|RUBYOPT|JAVA_TOOL_OPTIONS|_JAVA_OPTIONS")
 _OPERATOR_CHARS = frozenset(";&|()<>")
 # What `> FILE` may write to and still be no file written (`2>&1` duplicates, `>&-` closes)
 QUIET_FILES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})

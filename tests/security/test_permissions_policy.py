@@ -839,6 +839,12 @@ async def test_an_allow_command_rule_still_allows_a_runner_command_with_spaced_a
     (["sh", "-c", "GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.fsmonitor "
                   "GIT_CONFIG_VALUE_0=./x git status"], False),
     (["sh", "-c", "NODE_OPTIONS=--require=./x git status"], False),
+    # ... or a config file or startup file of the attacker's choosing, whose hooks run
+    # (git's core.fsmonitor runs for `git status`; zsh reads $ZDOTDIR/.zshenv for `-c`)
+    (["sh", "-c", "GIT_DIR=/tmp/x/.git git status"], False),
+    (["sh", "-c", "XDG_CONFIG_HOME=/tmp/x git status"], False),
+    (["sh", "-c", "HOME=/tmp/x git status"], False),
+    (["sh", "-c", "ZDOTDIR=/tmp/x zsh -c 'git status'"], False),
     # an ordinary variable's value is data: a quote in it the shell already closed
     (["sh", "-c", "GIT_AUTHOR_NAME=\"Conan O'Brien\" git status"], True),
 ])
@@ -848,6 +854,26 @@ async def test_an_allow_command_rule_needs_every_command_that_would_run_to_match
         {"name": "status", "command": "^git status$", "action": "allow"}])
     async with policy(ws, options) as probe:
         assert await probe.reaches_editor("terminal/create", terminal(*argv)) is allowed
+
+
+@pytest.mark.parametrize("variable", ["GIT_EXTERNAL_DIFF=./x", "GIT_EDITOR=./x",
+                                      "GIT_SEQUENCE_EDITOR=./x", "GIT_PROXY_COMMAND=./x",
+                                      "LESSOPEN=./x", "SUDO_ASKPASS=./x"])
+async def test_an_allow_command_rule_does_not_allow_a_variable_that_names_a_command(
+        ws: Path, variable: str) -> None:
+    # git runs GIT_EXTERNAL_DIFF for `git diff`, an editor for `git commit`, less its
+    # LESSOPEN: a program the allow rule never saw
+    options = PermissionsOptions(default="deny", rules=[
+        {"name": "git", "command": "^(git (diff|commit|rebase -i)|less x)$",
+         "action": "allow"}])
+    async with policy(ws, options) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal("git diff"))
+        for line in ("git diff", "git commit", "git rebase -i", "less x"):
+            assert not await probe.reaches_editor("terminal/create",
+                                                  terminal(f"{variable} {line}"))
+            assert not await probe.reaches_editor("terminal/create", terminal(
+                line.split()[0], *line.split()[1:], env=[dict(zip(
+                    ("name", "value"), variable.split("=", 1), strict=True))]))
 
 
 async def test_each_decision_is_logged_with_the_rule_or_the_reason(
