@@ -420,6 +420,8 @@ def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_s
     while argv and (argv[0] in SHELL_KEYWORDS or _ASSIGNMENT.match(argv[0])):
         if _ASSIGNMENT.match(argv[0]):
             _add_variable(command, argv[0], bases, depth)
+            # `F=.env; cat $F`: the value may be the file a later `$F` opens
+            command.add_words(_path_words(argv[0], bases, in_shell, command.home), bases)
         if argv[0] == "time" and argv[1:2] and argv[1].startswith("-"):
             break  # `time -p CMD`, `time -f FMT CMD`: judged as a wrapper, options and all
         if argv[0] == "coproc" and len(argv) > 2:

@@ -295,6 +295,9 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     # the words after a substitution are still the arguments of the command before it
     terminal("bash", "-c", "cat $(true) .env"), terminal("bash", "-c", "cat `true` .env"),
     terminal("bash", "-c", "cat <(true) .env"), terminal("bash", "-c", "diff <(true) .ENV"),
+    # a variable's value names the file its later use opens (`$F` itself is unseen)
+    terminal("F=.env; cat $F"), terminal("F=notsecret/k; cat \"$F\""),
+    terminal("F=~/../..{ws}/.env\ncat $F"), terminal("F=x G=.e{{n,}}v; cat $G"),
     # brace expansion: each alternative, and sequences
     terminal("bash", "-c", "cat .e{{n,}}v"), terminal("bash", "-c", "cat {{ok.txt,.env}}"),
     terminal("bash", "-c", "cat .{{d..f}}nv"), terminal("bash", "-c", "cat se{{c,}}rets/k"),
