@@ -364,6 +364,7 @@ class Command:
     words: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (word, bases)
     opaque: bool = False    # parts no rule can see through: expansions, scripts, stdin
     home: str | None = None  # the HOME the command is given (terminal/create's env)
+    aliases: dict[str, str] = field(default_factory=dict)  # `alias NAME=VALUE`s seen so far
     budget: int = MAX_SPELLING_CHARS
     placements: int = 0
 
@@ -831,6 +832,19 @@ def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,
         if expanded != argv:
             _add_body(command, expanded, tuple(dirs), True, depth)
     words = [w for w in argv if not _ASSIGNMENT.match(w)]
+    if words[:1] == ["alias"]:
+        for word in argv[argv.index("alias") + 1:]:  # `x=rm` looks like an assignment
+            if "=" in word:
+                name, value = word.split("=", 1)
+                command.aliases[name] = value
+    elif words and words[0] in command.aliases:
+        # zsh expands aliases in scripts (bash with `shopt -s expand_aliases`): `x -rf y`
+        # after `alias x=rm` runs `rm -rf y`; not again inside its own value, as the shells
+        value = command.aliases.pop(words[0])
+        try:
+            _add_spellings(command, f"{value} {shlex.join(words[1:])}", tuple(dirs), depth)
+        finally:
+            command.aliases[words[0]] = value
     if words[:1] in (["cd"], ["pushd"]):
         # `cd -P DIR`, `cd -- DIR`: options come before the directory (`--` ends them)
         rest = list(itertools.dropwhile(lambda w: w.startswith("-") and w not in ("-", "--"),

@@ -439,6 +439,8 @@ RM_RF = [
     ["pwsh", "-Command", "rm -rf x"], ["rc", "-c", "rm -rf x"],
     # bash's and zsh's brace expansion makes the words before the command runs
     ["bash", "-c", "{rm,-rf,x}"], ["bash", "-c", "r{m,} -rf x"], ["zsh", "-c", "{rm,-r} x"],
+    # an alias runs its value (zsh expands aliases in scripts, bash with expand_aliases)
+    ["zsh", "-c", "alias x='rm -rf'\nx y"], ["bash", "-c", "alias x=rm y=x\ny -rf z"],
     # zsh's glob qualifiers `e` and `+` run code for each file the glob matches
     ["zsh", "-c", "ls ok*(e:'rm -rf x':)"], ["zsh", "-c", "print -l ok*(.Ne['rm -rf x'])"],
     ["zsh", "-c", "echo ok*(+'rm -rf x')"],
