@@ -565,7 +565,7 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
 # rawInput fields (compared in lower case) that name the directory a tool runs in
 RAW_INPUT_DIRS = frozenset({"cwd", "workdir", "working_dir", "working_directory",
                             "workingdirectory", "directory", "dir", "dir_path"})
-RAW_INPUT_COMMANDS = ("command", "cmd")  # rawInput fields that hold the command line
+RAW_INPUT_COMMANDS = ("command", "cmd", "argv")  # rawInput fields that hold the command
 MAX_CLUSTER = 8  # short options run together before an option's value: `-qcSCRIPT`
 
 

@@ -577,6 +577,9 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     # ... and the command line itself `cmd` (Codex's exec_command and its likes)
     {"kind": "execute", "rawInput": {"cmd": "cat .env"}},
     {"kind": "execute", "rawInput": {"cmd": "rm -rf x", "workdir": "{ws}"}},
+    # ... or `argv`, the program and its arguments
+    {"kind": "execute", "rawInput": {"argv": ["cat", ".env"]}},
+    {"kind": "execute", "rawInput": {"argv": ["sh", "-c", "rm -rf x"]}},
     # a command line that is neither a string nor a list of strings cannot be judged
     {"kind": "read", "rawInput": {"command": ["rm", "-rf", "x", 1]}},
     {"kind": "read", "rawInput": {"cmd": ["cat", ".env", None]}},
