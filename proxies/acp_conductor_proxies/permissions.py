@@ -78,7 +78,12 @@ WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "com
                       "numactl", "cgexec", "chpst", "script", "firejail", "bwrap", "catchsegv",
                       "valgrind", "torsocks", "proxychains", "proxychains4",
                       "dbus-run-session", "xvfb-run", "tmux", "screen",
-                      "noglob", "nocorrect"})  # zsh's precommand modifiers
+                      "noglob", "nocorrect", "-",  # zsh's precommand modifiers
+                      "repeat",  # zsh's and csh's `repeat N CMD`
+                      "and", "or", "not",  # fish's
+                      "run0", "setarch", "linux32", "linux64", "eatmydata", "nocache",
+                      "systemd-inhibit", "flatpak-spawn", "host-spawn", "sshpass",
+                      "cpulimit", "trickle", "rlwrap", "daemonize"})
 # Project and environment runners (`uv run CMD`, `bundle exec CMD`, `npx -c STR`): judged
 # like wrappers, from each later word on, but a word with spaces is only an argument to
 # them (`uv run pytest -k "a or b"`), judged as a command line for deny and ask alone.

@@ -441,6 +441,18 @@ RM_RF = [
     ["bash", "-c", "{rm,-rf,x}"], ["bash", "-c", "r{m,} -rf x"], ["zsh", "-c", "{rm,-r} x"],
     # an alias runs its value (zsh expands aliases in scripts, bash with expand_aliases)
     ["zsh", "-c", "alias x='rm -rf'\nx y"], ["bash", "-c", "alias x=rm y=x\ny -rf z"],
+    # other shells' precommand words: zsh's and csh's `repeat N`, zsh's `-`, fish's
+    # `and`, `or`, `not`
+    ["zsh", "-c", "repeat 1 rm -rf x"], ["zsh", "-c", "- rm -rf x"],
+    ["fish", "-c", "true; and rm -rf x"], ["fish", "-c", "false; or rm -rf x"],
+    ["fish", "-c", "not rm -rf x"], ["tcsh", "-c", "repeat 2 rm -rf x"],
+    # more programs that run their arguments: systemd's sudo, personality and I/O
+    # changers, a sandbox's way out to the host
+    ["run0", "rm", "-rf", "x"], ["setarch", "x86_64", "rm", "-rf", "x"],
+    ["linux64", "rm", "-rf", "x"], ["eatmydata", "rm", "-rf", "x"],
+    ["flatpak-spawn", "--host", "rm", "-rf", "x"], ["host-spawn", "rm", "-rf", "x"],
+    ["sshpass", "-p", "pw", "rm", "-rf", "x"], ["systemd-inhibit", "rm", "-rf", "x"],
+    ["cpulimit", "-l", "5", "--", "rm", "-rf", "x"], ["rlwrap", "rm", "-rf", "x"],
     # zsh's glob qualifiers `e` and `+` run code for each file the glob matches
     ["zsh", "-c", "ls ok*(e:'rm -rf x':)"], ["zsh", "-c", "print -l ok*(.Ne['rm -rf x'])"],
     ["zsh", "-c", "echo ok*(+'rm -rf x')"],
