@@ -881,7 +881,7 @@ def _homes(word: str, home: str | None, bases: Iterable[str] = ()) -> list[str]:
 
 
 _SEQUENCE = re.compile(r"(-?\d+)\.\.(-?\d+)|(.)\.\.(.)")
-EXPANDING = frozenset("*?[{")  # a word with one may name other files once a shell expands it
+EXPANDING = frozenset("*?[{$")  # a word with one may name other files once expanded
 
 
 def _brace_group(word: str) -> tuple[int, int, list[str]] | None:
@@ -1562,7 +1562,7 @@ def _add_words(subject: Subject, command: Command, cwd: str) -> None:
 
 def _unexpanded(place: Place) -> Place:
     """`place`, which no allow rule matches when it may expand to other files (a glob, a
-    brace): its expansions are judged as places of their own, but only up to
+    brace, a variable): its expansions are judged as places of their own, but only up to
     MAX_GLOB_MATCHES, and a tool may expand more (`**`) than the policy does."""
     if any(c in place.shown for c in EXPANDING):
         return Place(place.shown, place.names, None)

@@ -793,6 +793,18 @@ async def test_an_allow_path_rule_never_allows_a_tool_call_path_that_a_tool_may_
             "paths": ["public/a.txt"]}}) == "yes"
 
 
+@pytest.mark.parametrize("line", ["cat $F.txt", "cat ${F}.txt", "cat `echo x`.txt",
+                                  "cat $(echo x).txt", "cat *.txt", "cat {ok,a}.txt"])
+async def test_an_allow_path_rule_never_allows_a_command_word_the_shell_expands(
+        ws: Path, line: str) -> None:
+    # `$F.txt` may be `../../home/me/.netrc #.txt`-like: the rule saw only the spelling
+    options = PermissionsOptions(default="deny", rules=[
+        {"name": "text", "path": "*.txt", "action": "allow"}])
+    async with policy(ws, options) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal("cat ok.txt"))
+        assert not await probe.reaches_editor("terminal/create", terminal(line))
+
+
 async def test_a_tool_call_path_under_home_is_judged_as_the_home_file(
         ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An agent's read tool expands `~/.netrc` to the home file, not to `{cwd}/~/.netrc`.
