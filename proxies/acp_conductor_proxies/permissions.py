@@ -571,6 +571,7 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
 RAW_INPUT_DIRS = frozenset({"cwd", "workdir", "working_dir", "working_directory",
                             "workingdirectory", "directory", "dir", "dir_path"})
 RAW_INPUT_COMMANDS = ("command", "cmd", "argv")  # rawInput fields that hold the command
+RAW_INPUT_GLOBS = frozenset({"glob", "include", "includes"})  # a search tool's file filter
 MAX_CLUSTER = 8  # short options run together before an option's value: `-qcSCRIPT`
 
 
@@ -931,16 +932,18 @@ def _braces(word: str) -> list[str]:
     return out
 
 
-def _expansions(word: str, bases: Iterable[str]) -> list[str]:
+def _expansions(word: str, bases: Iterable[str], *, hidden: bool = False) -> list[str]:
     """What a shell (or a tool that globs) could make of `word` in each of `bases`: its
-    brace alternatives and the files each one's glob matches now."""
+    brace alternatives and the files each one's glob matches now (with `hidden`, a `*`
+    matches a leading dot too)."""
     out = []
     for alt in _braces(word):
         out.append(alt)
         if any(c in alt for c in "*?["):
             for base in bases:
                 pattern = alt if os.path.isabs(alt) else os.path.join(glob.escape(base), alt)
-                out.extend(itertools.islice(glob.iglob(pattern), MAX_GLOB_MATCHES))
+                out.extend(itertools.islice(glob.iglob(pattern, include_hidden=hidden),
+                                            MAX_GLOB_MATCHES))
     return out
 
 
@@ -1503,25 +1506,34 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
             raise Unplaceable(f"toolCall.rawInput.{key} is not a string or a list of "
                               f"strings: {line!r:.80}")
     # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
-    # a list under paths, file_paths).
+    # a list under paths, file_paths; a search's filter under glob or include).
+    roots = [os.path.join(w, one) for key, value in raw.items()
+             if key.lower().endswith(("path", "paths"))
+             for one in (value if isinstance(value, list) else [value])
+             if isinstance(one, str) and one and "\0" not in one for w in wheres]
     for key, value in raw.items():
         if key.lower().endswith(("url", "uri")) and isinstance(value, str) \
                 and value.lower().startswith("file:"):  # a fetch tool reads a file URL too
             path = unquote(urlsplit(value).path)
             subject.paths.append(value)
             subject.places.append(Placer(cwd).place(path, strict=os.path.isabs(path)))
-        if not key.lower().endswith(("path", "paths")):
+        filters = key.lower() in RAW_INPUT_GLOBS
+        if not key.lower().endswith(("path", "paths")) and not filters:
             continue
+        # a search tool's filter names files in the directories it searches
+        bases = [*wheres, *roots] if filters else wheres
         for one in value if isinstance(value, list) else [value]:
             if isinstance(one, str) and one:
                 subject.paths.append(one)
                 subject.places.extend(_unexpanded(Placer(cwd).place(
-                    one, base=where, strict=os.path.isabs(one))) for where in wheres)
+                    one, base=where, strict=os.path.isabs(one) and not filters))
+                    for where in bases)
                 # a read-many or search tool may expand a glob, braces too, as a shell does
+                # (a tool's `*` may match `.env`, as ripgrep's does)
                 subject.places.extend(Placer(cwd).place(alt, base=where, strict=False)
-                                      for alt in (_expansions(one, wheres)
+                                      for alt in (_expansions(one, bases, hidden=True)
                                                   if any(c in one for c in EXPANDING)
-                                                  else []) for where in wheres)
+                                                  else []) for where in bases)
                 # an agent's tool may expand `~` (`~/.netrc`) as a shell would
                 subject.places.extend(Placer(cwd).place(home, strict=False)
                                       for home in (_homes(one, None) if one[:1] == "~"

@@ -611,6 +611,12 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     # a list of files, as a read-many tool names them
     {"kind": "read", "rawInput": {"paths": ["ok.txt", "{ws}/.env"]}},
     {"kind": "read", "rawInput": {"file_paths": ["{ws}/ok.txt", "notsecret/k"]}},
+    # a search tool's file filter (Claude Code's Grep `glob`, Gemini CLI's `include`) names
+    # the files whose lines it shows, in the directory it searches
+    {"kind": "search", "rawInput": {"pattern": "S", "path": "{ws}", "glob": ".env"}},
+    {"kind": "search", "rawInput": {"pattern": "S", "glob": "*.env"}},
+    {"kind": "search", "rawInput": {"pattern": "S", "path": "{ws}/secrets", "glob": "k"}},
+    {"kind": "read", "rawInput": {"include": ["*.md", "notsecret/*"]}},
     # a read-many or search tool expands globs in the paths it is given
     {"kind": "read", "rawInput": {"paths": ["se*ets/k"]}},
     {"kind": "search", "rawInput": {"path": "{ws}/.e[n]v"}},
@@ -622,7 +628,9 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
 ])
 async def test_a_permission_request_for_a_protected_or_unplaceable_path_is_rejected(
         ws: Path, tool_call: dict[str, Any]) -> None:
-    async with policy(ws) as probe:
+    options = PermissionsOptions(default="ask", rules=[
+        *SHIPPED.rules, {"name": "searches", "kind": "search", "action": "allow"}])
+    async with policy(ws, options) as probe:
         assert await probe.permission({"title": "t", **fill(tool_call, ws)}) == "no"
         assert probe.client.received_params("session/request_permission") == []
 
