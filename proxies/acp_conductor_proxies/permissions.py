@@ -610,6 +610,7 @@ _CONTINUATION = re.compile(r"(?<!\\)((?:\\\\)*)\\\n")
 _BASH_QUOTED = re.compile(r"""\$'((?:[^'\\]|\\.)*)'|\$(?=")""", re.DOTALL)
 _C_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}"
                        r"|c.|.)", re.DOTALL)
+_NUMERIC_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]|u[0-9a-fA-F]|U[0-9a-fA-F]|[0-7])")
 _C_SIMPLE = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n",
              "r": "\r", "t": "\t", "v": "\v"}
 
@@ -732,6 +733,12 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
             _add_script(command, joined, bases, depth)
     for word in _extglob_words(script):
         command.add_words(_path_words(word, bases, True, command.home), bases)
+    if "\\" in script and _NUMERIC_ESCAPE.search(script):
+        # fish decodes `\x72m` to `rm` outside quotes too: one more spelling, for deny
+        # and ask (what it decodes to is not decoded again, as fish does not)
+        decoded = _C_ESCAPE.sub(_c_escape, script)
+        if not _NUMERIC_ESCAPE.search(decoded):
+            _add_spellings(command, decoded, bases, depth)
     if "$'" in script or '$"' in script:
         unquoted = _bash_unquoted(script)
         if "$'" not in unquoted and '$"' not in unquoted:  # an escape cannot spell another
