@@ -806,17 +806,19 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
         current.append(token)
 
 
-# bash's extended globs (`shopt -s extglob`, `bash -O extglob`): `.@(env)` is `.env`. The
+# bash's extended globs (`shopt -s extglob`, `bash -O extglob`): `.@(env)` is `.env`; and
+# zsh's groups, which need no operator: `.e(n|x)v` is `.env`. The
 # parts of the word around one are found from it, in at most PATH_MAX characters: a regex
 # for the whole word would backtrack quadratically over a long command.
-_EXTGLOB = re.compile(r"([?*+@!])\(([^()\s]*)\)")
+_EXTGLOB = re.compile(r"([?*+@!]?)\(([^()\s]*)\)")
 _WORD_AFTER = re.compile(r"""[^\s;&|()<>'"]*""")
 PATH_MAX = 4096
 
 
 def _extglob_words(script: str) -> list[str]:
     """What each extended glob in `script` could name, as plain globs: one per
-    alternative (and none for `?(...)` and `*(...)`); `!(...)` and repeats as `*`."""
+    alternative (and none for `?(...)` and `*(...)`); `!(...)` and repeats as `*`; a zsh
+    group `(...)` as one of its alternatives."""
     out: list[str] = []
     for m in itertools.islice(_EXTGLOB.finditer(script), MAX_GLOB_MATCHES):
         op, body = m.groups()
@@ -826,8 +828,8 @@ def _extglob_words(script: str) -> list[str]:
         pre = before.group()[::-1] if before else ""
         post = after.group() if after else ""
         alts = body.split("|") if op != "!" else []
-        alts += [""] if op in "?*" else []
-        alts += ["*"] if op in "*+!" else []
+        alts += [""] if op in ("?", "*") else []
+        alts += ["*"] if op in ("*", "+", "!") else []
         out.extend(pre + alt + post for alt in alts)
     return out
 

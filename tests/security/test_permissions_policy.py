@@ -308,6 +308,9 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("bash", "-O", "extglob", "-c", "cat .+(e)nv"),
     terminal("bash", "-O", "extglob", "-c", "cat .!(bashrc)"),
     terminal("bash", "-O", "extglob", "-c", "cat .@(bashrc|env)"),
+    # zsh groups alternatives in any glob: `.e(n|x)v` is `.env`
+    terminal("zsh", "-c", "cat .e(n|x)v"), terminal("zsh", "-c", "cat ./(.)env"),
+    terminal("zsh", "-c", "cat <se(c)rets/k"),
     # a substitution inside double quotes runs, and names what it reads
     terminal("sh", "-c", 'echo "$(cat secrets/k)"'), terminal("sh", "-c", 'echo "`cat secrets/k`"'),
     # a command line for a shell need not have spaces
