@@ -847,6 +847,8 @@ def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,
         if expanded != argv:
             _add_body(command, expanded, tuple(dirs), True, depth)
     words = [w for w in argv if not _ASSIGNMENT.match(w)]
+    while words and (words[0] in SHELL_KEYWORDS or words[0] in ("builtin", "command")):
+        words = words[1:]  # `if cd secrets; then cat k`: the `cd` still changes directory
     if words[:1] == ["alias"]:
         for word in argv[argv.index("alias") + 1:]:  # `x=rm` looks like an assignment
             if "=" in word:

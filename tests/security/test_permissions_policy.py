@@ -288,6 +288,12 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("sh", "-c", "cat ~/k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("sh", "-c", "cd && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("sh", "-c", "cd ~ && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
+    # a `cd` after a keyword or a builtin's prefix changes the directory all the same
+    terminal("sh", "-c", "if cd secrets; then cat k; fi"),
+    terminal("sh", "-c", "{{ cd secrets; cat k; }}"),
+    terminal("bash", "-c", "builtin cd secrets; cat k"),
+    terminal("sh", "-c", "command cd notsecret && cat k"),
+    terminal("bash", "-c", "time cd secrets; cat k"), terminal("sh", "-c", "! cd secrets || cat k"),
     # cd's options are not its directory
     terminal("sh", "-c", "cd -P secrets && cat k"), terminal("sh", "-c", "cd -- secrets; cat k"),
     terminal("bash", "-c", "cd -L -P notsecret && cat k"),
