@@ -569,7 +569,8 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
 
 # rawInput fields (compared in lower case) that name the directory a tool runs in
 RAW_INPUT_DIRS = frozenset({"cwd", "workdir", "working_dir", "working_directory",
-                            "workingdirectory", "directory", "dir", "dir_path"})
+                            "workingdirectory", "directory", "dir", "dir_path",
+                            "cd"})  # Zed's terminal tool
 RAW_INPUT_COMMANDS = ("command", "cmd", "argv")  # rawInput fields that hold the command
 RAW_INPUT_GLOBS = frozenset({"glob", "include", "includes"})  # a search tool's file filter
 MAX_CLUSTER = 8  # short options run together before an option's value: `-qcSCRIPT`
@@ -1513,6 +1514,13 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
             commands.append(command_of(line, tuple(wheres)))
         elif isinstance(line, str):  # agents' shell tools take one command line
             commands.append(command_of([line], tuple(wheres), script=line))
+            args = raw.get("args")
+            if isinstance(args, list) and all(isinstance(a, str) for a in args):
+                # a program and its arguments, as terminal/create takes them
+                commands.append(command_of([line, *args], tuple(wheres)))
+            elif args is not None:
+                raise Unplaceable(f"toolCall.rawInput.args is not a list of strings: "
+                                  f"{args!r:.80}")
         elif line is not None:  # the editor may show it (`rm -rf x 1`): no rule saw it
             raise Unplaceable(f"toolCall.rawInput.{key} is not a string or a list of "
                               f"strings: {line!r:.80}")

@@ -600,6 +600,11 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     # ... and the command line itself `cmd` (Codex's exec_command and its likes)
     {"kind": "execute", "rawInput": {"cmd": "cat .env"}},
     {"kind": "execute", "rawInput": {"cmd": "rm -rf x", "workdir": "{ws}"}},
+    # ... or a program and its `args`, as terminal/create takes them; Zed's terminal
+    # tool names its directory `cd`
+    {"kind": "execute", "rawInput": {"command": "rm", "args": ["-rf", "x"]}},
+    {"kind": "execute", "rawInput": {"command": "cat", "args": [".env"]}},
+    {"kind": "execute", "rawInput": {"command": "cat k", "cd": "secrets"}},
     # ... or `argv`, the program and its arguments
     {"kind": "execute", "rawInput": {"argv": ["cat", ".env"]}},
     {"kind": "execute", "rawInput": {"argv": ["sh", "-c", "rm -rf x"]}},
