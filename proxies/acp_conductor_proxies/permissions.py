@@ -893,6 +893,8 @@ def _homes(word: str, home: str | None, bases: Iterable[str] = ()) -> list[str]:
     return out
 
 
+_PATCH_FILE = re.compile(r"^\*\*\* (?:(?:Add|Update|Delete) File|Move to): ?(.*)$",
+                         re.MULTILINE)
 _SEQUENCE = re.compile(r"(-?\d+)\.\.(-?\d+)|(.)\.\.(.)")
 EXPANDING = frozenset("*?[{$")  # a word with one may name other files once expanded
 
@@ -980,6 +982,8 @@ def _plain_path_words(word: str, bases: Iterable[str], in_shell: bool,
         out.append(word.split("=", 1)[1])
     elif word.startswith("-") and not word.startswith("--") and len(word) > 2:
         out.append(word[2:])  # a short option's value: `-f.env`
+    if "*** " in word:  # Codex's apply_patch names its files inside its one argument
+        out.extend(m.group(1).strip() for m in _PATCH_FILE.finditer(word))
     for w in list(out):
         for sep in "@:":  # curl's `-d @.env`, httpie's `f@.env`, git's `HEAD:.env`
             if sep in w:

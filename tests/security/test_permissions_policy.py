@@ -288,6 +288,11 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("sh", "-c", "cat ~/k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("sh", "-c", "cd && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("sh", "-c", "cd ~ && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
+    # Codex's apply_patch names the files it writes inside its one argument
+    terminal("apply_patch", "*** Begin Patch\n*** Update File: .env\n@@\n-a\n+b\n*** End Patch"),
+    terminal("apply_patch '*** Begin Patch\n*** Add File: secrets/k\n+x\n*** End Patch'"),
+    terminal("apply_patch", "*** Begin Patch\n*** Update File: ok.txt\n*** Move to: notsecret/k"
+             "\n@@\n-a\n+b\n*** End Patch"),
     # a `cd` after a keyword or a builtin's prefix changes the directory all the same
     terminal("sh", "-c", "if cd secrets; then cat k; fi"),
     terminal("sh", "-c", "{{ cd secrets; cat k; }}"),
