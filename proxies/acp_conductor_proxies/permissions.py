@@ -83,7 +83,8 @@ WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "com
                       "and", "or", "not",  # fish's
                       "run0", "setarch", "linux32", "linux64", "eatmydata", "nocache",
                       "systemd-inhibit", "flatpak-spawn", "host-spawn", "sshpass",
-                      "cpulimit", "trickle", "rlwrap", "daemonize"})
+                      "cpulimit", "trickle", "rlwrap", "daemonize",
+                      "toybox", "coreutils"})  # multi-call binaries, as busybox
 # Project and environment runners (`uv run CMD`, `bundle exec CMD`, `npx -c STR`): judged
 # like wrappers, from each later word on, but a word with spaces is only an argument to
 # them (`uv run pytest -k "a or b"`), judged as a command line for deny and ask alone.

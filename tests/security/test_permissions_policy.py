@@ -467,6 +467,8 @@ RM_RF = [
     ["flatpak-spawn", "--host", "rm", "-rf", "x"], ["host-spawn", "rm", "-rf", "x"],
     ["sshpass", "-p", "pw", "rm", "-rf", "x"], ["systemd-inhibit", "rm", "-rf", "x"],
     ["cpulimit", "-l", "5", "--", "rm", "-rf", "x"], ["rlwrap", "rm", "-rf", "x"],
+    # multi-call binaries, as busybox: toybox, uutils' coreutils
+    ["toybox", "rm", "-rf", "x"], ["coreutils", "rm", "-rf", "x"],
     # fish decodes backslash escapes outside quotes: `\x72m` is `rm`
     ["fish", "-c", "\\x72m -rf x"], ["fish", "-c", "r\\u006d -rf x"],
     # zsh's glob qualifiers `e` and `+` run code for each file the glob matches
