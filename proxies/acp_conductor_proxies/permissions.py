@@ -1536,11 +1536,14 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
              for one in (value if isinstance(value, list) else [value])
              if isinstance(one, str) and one and "\0" not in one for w in wheres]
     for key, value in raw.items():
-        if key.lower().endswith(("url", "uri")) and isinstance(value, str) \
-                and value.lower().startswith("file:"):  # a fetch tool reads a file URL too
-            path = unquote(urlsplit(value).path)
-            subject.paths.append(value)
-            subject.places.append(Placer(cwd).place(path, strict=os.path.isabs(path)))
+        if key.lower().endswith(("url", "uri", "urls", "uris")):
+            for url in value if isinstance(value, list) else [value]:
+                if isinstance(url, str) and url.lower().startswith("file:"):
+                    # a fetch tool reads a file URL too
+                    path = unquote(urlsplit(url).path)
+                    subject.paths.append(url)
+                    subject.places.append(Placer(cwd).place(path,
+                                                            strict=os.path.isabs(path)))
         filters = key.lower() in RAW_INPUT_GLOBS
         if not key.lower().endswith(("path", "paths")) and not filters:
             continue

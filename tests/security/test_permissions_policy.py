@@ -631,6 +631,7 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     # a fetch tool's file:// URL reads the file
     {"kind": "fetch", "rawInput": {"url": "file://{ws}/.env"}},
     {"kind": "fetch", "rawInput": {"uri": "FILE://localhost{ws}/notsecret/k"}},
+    {"kind": "fetch", "rawInput": {"urls": ["https://example.com", "file://{ws}/.env"]}},
     # a list of files, as a read-many tool names them
     {"kind": "read", "rawInput": {"paths": ["ok.txt", "{ws}/.env"]}},
     {"kind": "read", "rawInput": {"file_paths": ["{ws}/ok.txt", "notsecret/k"]}},
