@@ -574,6 +574,14 @@ RAW_INPUT_DIRS = frozenset({"cwd", "workdir", "working_dir", "working_directory"
                             "cd"})  # Zed's terminal tool
 RAW_INPUT_COMMANDS = ("command", "cmd", "argv")  # rawInput fields that hold the command
 RAW_INPUT_GLOBS = frozenset({"glob", "include", "includes"})  # a search tool's file filter
+# rawInput fields that name files: `path`, `file_path`, `paths`; Cursor's `target_file`,
+# `files`; a move's `source` and `destination`
+RAW_INPUT_PATH_ENDINGS = ("path", "paths", "file", "files", "filename", "filenames")
+RAW_INPUT_PATHS = frozenset({"source", "destination", "src", "dst", "dest"})
+
+
+def _names_paths(key: str) -> bool:
+    return key.lower().endswith(RAW_INPUT_PATH_ENDINGS) or key.lower() in RAW_INPUT_PATHS
 MAX_CLUSTER = 8  # short options run together before an option's value: `-qcSCRIPT`
 
 
@@ -1532,7 +1540,7 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
     # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
     # a list under paths, file_paths; a search's filter under glob or include).
     roots = [os.path.join(w, one) for key, value in raw.items()
-             if key.lower().endswith(("path", "paths"))
+             if _names_paths(key)
              for one in (value if isinstance(value, list) else [value])
              if isinstance(one, str) and one and "\0" not in one for w in wheres]
     for key, value in raw.items():
@@ -1545,7 +1553,7 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
                     subject.places.append(Placer(cwd).place(path,
                                                             strict=os.path.isabs(path)))
         filters = key.lower() in RAW_INPUT_GLOBS
-        if not key.lower().endswith(("path", "paths")) and not filters:
+        if not _names_paths(key) and not filters:
             continue
         # a search tool's filter names files in the directories it searches
         bases = [*wheres, *roots] if filters else wheres

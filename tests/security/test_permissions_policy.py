@@ -635,6 +635,11 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     # a list of files, as a read-many tool names them
     {"kind": "read", "rawInput": {"paths": ["ok.txt", "{ws}/.env"]}},
     {"kind": "read", "rawInput": {"file_paths": ["{ws}/ok.txt", "notsecret/k"]}},
+    # ... or names it a file (Cursor's `target_file`), or a move's source and destination
+    {"kind": "read", "rawInput": {"target_file": ".env"}},
+    {"kind": "read", "rawInput": {"files": ["ok.txt", "notsecret/k"]}},
+    {"kind": "move", "rawInput": {"source": "{ws}/.env", "destination": "{ws}/public/x"}},
+    {"kind": "move", "rawInput": {"src": "{ws}/ok.txt", "dst": "{ws}/secrets/k"}},
     # a search tool's file filter (Claude Code's Grep `glob`, Gemini CLI's `include`) names
     # the files whose lines it shows, in the directory it searches
     {"kind": "search", "rawInput": {"pattern": "S", "path": "{ws}", "glob": ".env"}},
