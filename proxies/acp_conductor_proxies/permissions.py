@@ -1539,11 +1539,12 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
                               f"strings: {line!r:.80}")
     # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
     # a list under paths, file_paths; a search's filter under glob or include).
-    roots = [os.path.join(w, one) for key, value in raw.items()
+    fields = _raw_fields(raw)
+    roots = [os.path.join(w, one) for key, value in fields
              if _names_paths(key)
              for one in (value if isinstance(value, list) else [value])
              if isinstance(one, str) and one and "\0" not in one for w in wheres]
-    for key, value in raw.items():
+    for key, value in fields:
         if key.lower().endswith(("url", "uri", "urls", "uris")):
             for url in value if isinstance(value, list) else [value]:
                 if isinstance(url, str) and url.lower().startswith("file:"):
@@ -1576,6 +1577,32 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
     for command in commands:
         subject.commands.append(command)
         _add_words(subject, command, cwd)
+
+
+MAX_RAW_FIELDS = 65_536  # fields of one rawInput, nested ones too, judged for paths
+
+
+def _raw_fields(raw: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Every (name, value) of `raw` and of the objects nested in it (a tool's `arguments`,
+    a list of `edits`); the keys of a `changes` object (Codex's patch: path -> change) as
+    `path` fields. Objects nested more than MAX_DEPTH deep are not looked into (a tool's
+    own data, not the files it names). Raises:
+        Unplaceable: more than MAX_RAW_FIELDS of them.
+    """
+    fields: list[tuple[str, Any]] = []
+    todo: list[tuple[dict[str, Any], int]] = [(raw, 0)]
+    while todo:
+        one, depth = todo.pop()
+        for key, value in one.items():
+            fields.append((key, value))
+            if key.lower() == "changes" and isinstance(value, dict):
+                fields.append(("path", list(value)))
+            for item in value if isinstance(value, list) and depth < MAX_DEPTH else [value]:
+                if isinstance(item, dict) and depth < MAX_DEPTH:
+                    todo.append((item, depth + 1))
+        if len(fields) > MAX_RAW_FIELDS:
+            raise Unplaceable(f"toolCall.rawInput has more than {MAX_RAW_FIELDS} fields")
+    return fields
 
 
 def _diff_paths(diff: dict[str, Any]) -> list[tuple[object, str]]:

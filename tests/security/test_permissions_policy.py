@@ -635,6 +635,10 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     # a list of files, as a read-many tool names them
     {"kind": "read", "rawInput": {"paths": ["ok.txt", "{ws}/.env"]}},
     {"kind": "read", "rawInput": {"file_paths": ["{ws}/ok.txt", "notsecret/k"]}},
+    # ... nested in the arguments it passes on, or as the keys of a patch's changes (Codex)
+    {"kind": "read", "rawInput": {"arguments": {"path": "{ws}/.env"}}},
+    {"kind": "edit", "rawInput": {"edits": [{"file_path": "notsecret/k", "new": "x"}]}},
+    {"kind": "edit", "rawInput": {"changes": {"{ws}/.env": {"type": "add", "content": "x"}}}},
     # ... or names it a file (Cursor's `target_file`), or a move's source and destination
     {"kind": "read", "rawInput": {"target_file": ".env"}},
     {"kind": "read", "rawInput": {"files": ["ok.txt", "notsecret/k"]}},
