@@ -63,7 +63,12 @@ PER_PROCESS_ROOTS = ("/proc", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stde
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh",
                     "fish", "csh", "tcsh", "ksh93", "pdksh", "oksh", "loksh", "lksh",
                     # restricted shells run `-c` scripts all the same
-                    "rbash", "rksh", "rzsh"})
+                    "rbash", "rksh", "rzsh",
+                    # Oils, BusyBox's, and shells of other syntax: a `rm -rf x` there is
+                    # still a command line (pwsh's `-Command STR` is read as a word with
+                    # spaces, below)
+                    "osh", "ysh", "oil", "hush", "nu", "elvish", "xonsh", "pwsh",
+                    "powershell", "rc", "es", "ion", "murex", "brush"})
 # Programs that run their arguments as a command: `sudo rm -rf x` is judged as `rm -rf x` too.
 WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "command", "exec",
                       "builtin", "xargs", "parallel", "find", "timeout", "stdbuf", "setsid",
@@ -73,7 +78,13 @@ WRAPPERS = frozenset({"sudo", "doas", "su", "env", "nice", "nohup", "time", "com
                       "numactl", "cgexec", "chpst", "script", "firejail", "bwrap", "catchsegv",
                       "valgrind", "torsocks", "proxychains", "proxychains4",
                       "dbus-run-session", "xvfb-run", "tmux", "screen",
-                      "noglob", "nocorrect"})  # zsh's precommand modifiers
+                      "noglob", "nocorrect", "-",  # zsh's precommand modifiers
+                      "repeat",  # zsh's and csh's `repeat N CMD`
+                      "and", "or", "not",  # fish's
+                      "run0", "setarch", "linux32", "linux64", "eatmydata", "nocache",
+                      "systemd-inhibit", "flatpak-spawn", "host-spawn", "sshpass",
+                      "cpulimit", "trickle", "rlwrap", "daemonize",
+                      "toybox", "coreutils"})  # multi-call binaries, as busybox
 # Project and environment runners (`uv run CMD`, `bundle exec CMD`, `npx -c STR`): judged
 # like wrappers, from each later word on, but a word with spaces is only an argument to
 # them (`uv run pytest -k "a or b"`), judged as a command line for deny and ask alone.
@@ -88,15 +99,20 @@ SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "w
                             "until", "!", "{", "}", "time", "coproc"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 # Variables through which a shell, the loader or the program run other code than the
-# command line (a function `ls` bash imports, a startup file, a prompt hook, another `git`
-# on PATH, a preloaded library, git's ssh or config, an interpreter's start-up options):
+# command line (a function `ls` bash imports, a startup file or its directory, a prompt
+# hook, another `git` on PATH, a preloaded library, git's ssh, diff, editor or proxy
+# command, git's config (whose core.fsmonitor runs for `git status`) by variable or by the
+# directory it is read from, less's input filter, an interpreter's start-up options):
 # no allow rule can see what runs with one set. (Not PAGER, EDITOR or PYTHONPATH: agents
 # set `GIT_PAGER=cat` and `PYTHONPATH=.` for ordinary runs, and deny rules see them.)
-CODE_VARIABLES = re.compile(r"BASH_FUNC_.+|BASH_ENV|ENV|PROMPT_COMMAND|PS[0-4]|SHELLOPTS"
-                            r"|BASHOPTS|PATH|LD_[A-Z_]+|DYLD_[A-Z_]+|IFS|CDPATH|GLOBIGNORE"
-                            r"|GIT_SSH|GIT_SSH_COMMAND|GIT_EXEC_PATH|GIT_CONFIG_[A-Z0-9_]+"
-                            r"|GIT_ASKPASS|SSH_ASKPASS|NODE_OPTIONS|PERL5OPT|RUBYOPT"
-                            r"|JAVA_TOOL_OPTIONS|_JAVA_OPTIONS")
+CODE_VARIABLES = re.compile(r"BASH_FUNC_.+|BASH_ENV|ENV|ZDOTDIR|PROMPT_COMMAND|PS[0-4]"
+                            r"|SHELLOPTS|BASHOPTS|PATH|LD_[A-Z_]+|DYLD_[A-Z_]+|IFS|CDPATH"
+                            r"|GLOBIGNORE|GIT_SSH|GIT_SSH_COMMAND|GIT_EXEC_PATH"
+                            r"|GIT_CONFIG_[A-Z0-9_]+|GIT_ASKPASS|SSH_ASKPASS|SUDO_ASKPASS"
+                            r"|GIT_EXTERNAL_DIFF|GIT_EDITOR|GIT_SEQUENCE_EDITOR"
+                            r"|GIT_PROXY_COMMAND|GIT_DIR|GIT_COMMON_DIR|GIT_TEMPLATE_DIR"
+                            r"|HOME|XDG_CONFIG_HOME|LESSOPEN|LESSCLOSE"
+                            r"|NODE_OPTIONS|PERL5OPT|RUBYOPT|JAVA_TOOL_OPTIONS|_JAVA_OPTIONS")
 _OPERATOR_CHARS = frozenset(";&|()<>")
 # What `> FILE` may write to and still be no file written (`2>&1` duplicates, `>&-` closes)
 QUIET_FILES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
@@ -354,6 +370,7 @@ class Command:
     words: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (word, bases)
     opaque: bool = False    # parts no rule can see through: expansions, scripts, stdin
     home: str | None = None  # the HOME the command is given (terminal/create's env)
+    aliases: dict[str, str] = field(default_factory=dict)  # `alias NAME=VALUE`s seen so far
     budget: int = MAX_SPELLING_CHARS
     placements: int = 0
 
@@ -410,6 +427,8 @@ def _add_argv(command: Command, argv: list[str], bases: tuple[str, ...], *, in_s
     while argv and (argv[0] in SHELL_KEYWORDS or _ASSIGNMENT.match(argv[0])):
         if _ASSIGNMENT.match(argv[0]):
             _add_variable(command, argv[0], bases, depth)
+            # `F=.env; cat $F`: the value may be the file a later `$F` opens
+            command.add_words(_path_words(argv[0], bases, in_shell, command.home), bases)
         if argv[0] == "time" and argv[1:2] and argv[1].startswith("-"):
             break  # `time -p CMD`, `time -f FMT CMD`: judged as a wrapper, options and all
         if argv[0] == "coproc" and len(argv) > 2:
@@ -551,8 +570,18 @@ def _look_inside(command: Command, argv: list[str], bases: tuple[str, ...],
 
 # rawInput fields (compared in lower case) that name the directory a tool runs in
 RAW_INPUT_DIRS = frozenset({"cwd", "workdir", "working_dir", "working_directory",
-                            "workingdirectory", "directory", "dir", "dir_path"})
-RAW_INPUT_COMMANDS = ("command", "cmd")  # rawInput fields that hold the command line
+                            "workingdirectory", "directory", "dir", "dir_path",
+                            "cd"})  # Zed's terminal tool
+RAW_INPUT_COMMANDS = ("command", "cmd", "argv")  # rawInput fields that hold the command
+RAW_INPUT_GLOBS = frozenset({"glob", "include", "includes"})  # a search tool's file filter
+# rawInput fields that name files: `path`, `file_path`, `paths`; Cursor's `target_file`,
+# `files`; a move's `source` and `destination`
+RAW_INPUT_PATH_ENDINGS = ("path", "paths", "file", "files", "filename", "filenames")
+RAW_INPUT_PATHS = frozenset({"source", "destination", "src", "dst", "dest"})
+
+
+def _names_paths(key: str) -> bool:
+    return key.lower().endswith(RAW_INPUT_PATH_ENDINGS) or key.lower() in RAW_INPUT_PATHS
 MAX_CLUSTER = 8  # short options run together before an option's value: `-qcSCRIPT`
 
 
@@ -591,6 +620,7 @@ _CONTINUATION = re.compile(r"(?<!\\)((?:\\\\)*)\\\n")
 _BASH_QUOTED = re.compile(r"""\$'((?:[^'\\]|\\.)*)'|\$(?=")""", re.DOTALL)
 _C_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}"
                        r"|c.|.)", re.DOTALL)
+_NUMERIC_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]|u[0-9a-fA-F]|U[0-9a-fA-F]|[0-7])")
 _C_SIMPLE = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n",
              "r": "\r", "t": "\t", "v": "\v"}
 
@@ -649,6 +679,10 @@ def _substitutions(script: str) -> list[str]:
 
 
 _WORD_BREAKS = frozenset(" \t\n;&|()<>")
+# zsh's glob qualifiers that run code: `*(e:CODE:)` (any delimiter, or a bracket pair)
+# and `*(+CODE)`, after any other qualifiers (`*(.Ne[CODE])`)
+_ZSH_QUALIFIER = re.compile(r"\S*?(?:e([^\w\s])|\+())(.*)", re.DOTALL)
+_CLOSERS = {"(": ")", "[": "]", "{": "}", "<": ">"}
 
 
 def _without_comments(script: str) -> str:
@@ -709,6 +743,12 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
             _add_script(command, joined, bases, depth)
     for word in _extglob_words(script):
         command.add_words(_path_words(word, bases, True, command.home), bases)
+    if "\\" in script and _NUMERIC_ESCAPE.search(script):
+        # fish decodes `\x72m` to `rm` outside quotes too: one more spelling, for deny
+        # and ask (what it decodes to is not decoded again, as fish does not)
+        decoded = _C_ESCAPE.sub(_c_escape, script)
+        if not _NUMERIC_ESCAPE.search(decoded):
+            _add_spellings(command, decoded, bases, depth)
     if "$'" in script or '$"' in script:
         unquoted = _bash_unquoted(script)
         if "$'" not in unquoted and '$"' not in unquoted:  # an escape cannot spell another
@@ -729,6 +769,7 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
     dirs = list(bases)
     redirect = ""  # the redirection operator whose file is the next token
     reopened = False  # after `$(...)` or `<(...)`: the words may be the outer command's
+    opened = False  # the token follows a `(`: it may be a zsh glob's qualifiers
     for token in [*tokens, ";"]:
         if token and set(token) <= _OPERATOR_CHARS:
             # shlex runs operators together: `;<` is `;` then `<`, `)>` is `)` then `>`
@@ -742,6 +783,8 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
                 _simple(command, current, dirs, depth, reopened=reopened)
                 current = []
                 reopened = set(ends) == {")"}  # `)` alone: the command may go on
+                if ends.endswith("("):
+                    opened = True
             if redirection:
                 if current and current[-1].isdigit():
                     current.pop()  # the fd of `2>`
@@ -762,20 +805,30 @@ def _add_script(command: Command, script: str, bases: tuple[str, ...], depth: in
                 _add_script(command, token, tuple(dirs), depth + 1)
             redirect = ""
             continue
+        if opened:
+            opened = False
+            qualifier = _ZSH_QUALIFIER.match(token)
+            if qualifier:  # `ls *(e:'rm -rf x':)`: zsh runs it for each file matched
+                delimiter, body = qualifier.group(1) or "", qualifier.group(3)
+                closer = _CLOSERS.get(delimiter, delimiter)
+                _add_spellings(command, body[:-1] if closer and body.endswith(closer)
+                               else body, tuple(dirs), depth)
         current.append(token)
 
 
-# bash's extended globs (`shopt -s extglob`, `bash -O extglob`): `.@(env)` is `.env`. The
+# bash's extended globs (`shopt -s extglob`, `bash -O extglob`): `.@(env)` is `.env`; and
+# zsh's groups, which need no operator: `.e(n|x)v` is `.env`. The
 # parts of the word around one are found from it, in at most PATH_MAX characters: a regex
 # for the whole word would backtrack quadratically over a long command.
-_EXTGLOB = re.compile(r"([?*+@!])\(([^()\s]*)\)")
+_EXTGLOB = re.compile(r"([?*+@!]?)\(([^()\s]*)\)")
 _WORD_AFTER = re.compile(r"""[^\s;&|()<>'"]*""")
 PATH_MAX = 4096
 
 
 def _extglob_words(script: str) -> list[str]:
     """What each extended glob in `script` could name, as plain globs: one per
-    alternative (and none for `?(...)` and `*(...)`); `!(...)` and repeats as `*`."""
+    alternative (and none for `?(...)` and `*(...)`); `!(...)` and repeats as `*`; a zsh
+    group `(...)` as one of its alternatives."""
     out: list[str] = []
     for m in itertools.islice(_EXTGLOB.finditer(script), MAX_GLOB_MATCHES):
         op, body = m.groups()
@@ -785,8 +838,8 @@ def _extglob_words(script: str) -> list[str]:
         pre = before.group()[::-1] if before else ""
         post = after.group() if after else ""
         alts = body.split("|") if op != "!" else []
-        alts += [""] if op in "?*" else []
-        alts += ["*"] if op in "*+!" else []
+        alts += [""] if op in ("?", "*") else []
+        alts += ["*"] if op in ("*", "+", "!") else []
         out.extend(pre + alt + post for alt in alts)
     return out
 
@@ -797,7 +850,28 @@ def _simple(command: Command, argv: list[str], dirs: list[str], depth: int, *,
         for word in argv:
             command.add_words(_path_words(word, dirs, True, command.home), tuple(dirs))
     _add_argv(command, argv, tuple(dirs), in_shell=True, depth=depth)
+    if any("{" in w for w in argv):
+        # bash and zsh expand braces before the command runs (`{rm,-rf,x}` is `rm -rf x`):
+        # what runs is one more simple command, which an allow rule must match too
+        expanded = [alt for w in argv for alt in _braces(w)]
+        if expanded != argv:
+            _add_body(command, expanded, tuple(dirs), True, depth)
     words = [w for w in argv if not _ASSIGNMENT.match(w)]
+    while words and (words[0] in SHELL_KEYWORDS or words[0] in ("builtin", "command")):
+        words = words[1:]  # `if cd secrets; then cat k`: the `cd` still changes directory
+    if words[:1] == ["alias"]:
+        for word in argv[argv.index("alias") + 1:]:  # `x=rm` looks like an assignment
+            if "=" in word:
+                name, value = word.split("=", 1)
+                command.aliases[name] = value
+    elif words and words[0] in command.aliases:
+        # zsh expands aliases in scripts (bash with `shopt -s expand_aliases`): `x -rf y`
+        # after `alias x=rm` runs `rm -rf y`; not again inside its own value, as the shells
+        value = command.aliases.pop(words[0])
+        try:
+            _add_spellings(command, f"{value} {shlex.join(words[1:])}", tuple(dirs), depth)
+        finally:
+            command.aliases[words[0]] = value
     if words[:1] in (["cd"], ["pushd"]):
         # `cd -P DIR`, `cd -- DIR`: options come before the directory (`--` ends them)
         rest = list(itertools.dropwhile(lambda w: w.startswith("-") and w not in ("-", "--"),
@@ -828,11 +902,88 @@ def _homes(word: str, home: str | None, bases: Iterable[str] = ()) -> list[str]:
     return out
 
 
+_PATCH_FILE = re.compile(r"^\*\*\* (?:(?:Add|Update|Delete) File|Move to): ?(.*)$",
+                         re.MULTILINE)
+_SEQUENCE = re.compile(r"(-?\d+)\.\.(-?\d+)|(.)\.\.(.)")
+EXPANDING = frozenset("*?[{$")  # a word with one may name other files once expanded
+
+
+def _brace_group(word: str) -> tuple[int, int, list[str]] | None:
+    """The first brace group to close in `word` that bash would expand (`{a,b}`, `{1..3}`,
+    `{d..f}`): where it starts and ends, and its alternatives. In one pass."""
+    stack: list[tuple[int, list[int]]] = []  # each open `{` and the commas directly in it
+    for j, c in enumerate(word):
+        if c == "{":
+            stack.append((j, []))
+        elif c == "," and stack:
+            stack[-1][1].append(j)
+        elif c == "}" and stack:
+            start, commas = stack.pop()
+            if commas:
+                edges = [start, *commas, j]
+                return start, j, [word[a + 1:b] for a, b in itertools.pairwise(edges)]
+            seq = _SEQUENCE.fullmatch(word, start + 1, j)
+            if seq and seq.group(1) is not None:
+                a, b = int(seq.group(1)), int(seq.group(2))
+                step = 1 if b >= a else -1
+                return start, j, [str(n) for n in itertools.islice(
+                    range(a, b + step, step), MAX_GLOB_MATCHES)]
+            if seq:
+                a, b = ord(seq.group(3)), ord(seq.group(4))
+                step = 1 if b >= a else -1
+                return start, j, [chr(n) for n in itertools.islice(
+                    range(a, b + step, step), MAX_GLOB_MATCHES)]
+    return None
+
+
+def _braces(word: str) -> list[str]:
+    """`word` after bash's brace expansion (`.e{n,}v` is `.env` and `.ev`): at most
+    MAX_GLOB_MATCHES words, of a word no longer than PATH_MAX."""
+    if "{" not in word or len(word) > PATH_MAX:
+        return [word]
+    out: list[str] = []
+    todo, steps = [word], 0
+    while todo and len(out) < MAX_GLOB_MATCHES and steps < 4 * MAX_GLOB_MATCHES:
+        steps += 1
+        one = todo.pop()
+        group = _brace_group(one)
+        if group is None:
+            out.append(one)
+            continue
+        start, end, alts = group
+        todo.extend(one[:start] + alt + one[end + 1:] for alt in reversed(alts))
+    return out
+
+
+def _expansions(word: str, bases: Iterable[str], *, hidden: bool = False) -> list[str]:
+    """What a shell (or a tool that globs) could make of `word` in each of `bases`: its
+    brace alternatives and the files each one's glob matches now (with `hidden`, a `*`
+    matches a leading dot too)."""
+    out = []
+    for alt in _braces(word):
+        out.append(alt)
+        if any(c in alt for c in "*?["):
+            for base in bases:
+                pattern = alt if os.path.isabs(alt) else os.path.join(glob.escape(base), alt)
+                out.extend(itertools.islice(glob.iglob(pattern, include_hidden=hidden),
+                                            MAX_GLOB_MATCHES))
+    return out
+
+
 def _path_words(word: str, bases: Iterable[str], in_shell: bool,
                 home: str | None = None) -> list[str]:
     """What `word` could name as a path: itself, the value of `--opt=value`, `-fVALUE` or
     `NAME=value`, what follows its last `@` or `:`, a `file://` URI's path, `~` expanded,
-    and in a shell, what a glob expands to."""
+    and in a shell, what its braces and globs expand to."""
+    if in_shell and "{" in word:
+        return [w for alt in _braces(word)
+                for w in _plain_path_words(alt, bases, in_shell, home)] + \
+            ([word] if word not in ("", "-") else [])
+    return _plain_path_words(word, bases, in_shell, home)
+
+
+def _plain_path_words(word: str, bases: Iterable[str], in_shell: bool,
+                      home: str | None = None) -> list[str]:
     if word in ("", "-"):
         return []
     out = [] if word.startswith("-") else [word]
@@ -840,6 +991,8 @@ def _path_words(word: str, bases: Iterable[str], in_shell: bool,
         out.append(word.split("=", 1)[1])
     elif word.startswith("-") and not word.startswith("--") and len(word) > 2:
         out.append(word[2:])  # a short option's value: `-f.env`
+    if "*** " in word:  # Codex's apply_patch names its files inside its one argument
+        out.extend(m.group(1).strip() for m in _PATCH_FILE.finditer(word))
     for w in list(out):
         for sep in "@:":  # curl's `-d @.env`, httpie's `f@.env`, git's `HEAD:.env`
             if sep in w:
@@ -850,9 +1003,7 @@ def _path_words(word: str, bases: Iterable[str], in_shell: bool,
         if w.startswith("~"):
             out.extend(_homes(w, home, bases))
     if in_shell and any(c in word for c in "*?["):
-        for base in bases:
-            pattern = word if os.path.isabs(word) else os.path.join(glob.escape(base), word)
-            out.extend(itertools.islice(glob.iglob(pattern), MAX_GLOB_MATCHES))
+        out.extend(_expansions(word, bases)[1:])
     return [w for w in out if w]
 
 
@@ -1075,8 +1226,9 @@ class Permissions(Proxy[PermissionsOptions]):
         action, _ = self._judge(ctx, message.method, params, refuse=refuse)
         if action == "ask":
             return await ctx.forward()
-        wanted = ("allow_once", "allow_always") if action == "allow" else \
-            ("reject_once", "reject_always")
+        # Never `allow_always`: the agent would stop asking for whatever it groups with
+        # this call (Claude Code: every later `git ...`), which the policy never sees.
+        wanted = ("allow_once",) if action == "allow" else ("reject_once", "reject_always")
         options = params.get("options")
         options = [o for o in options if isinstance(o, dict)] \
             if isinstance(options, list) else []
@@ -1091,6 +1243,8 @@ class Permissions(Proxy[PermissionsOptions]):
                 chosen = option.get("optionId")
                 if isinstance(chosen, str) and kinds.get(chosen) == {kind}:
                     return {"outcome": {"outcome": "selected", "optionId": chosen}}
+        if action == "allow":  # no clean `allow_once`: only the user may choose to remember
+            return await ctx.forward()
         return {"outcome": {"outcome": "cancelled"}}
 
     @on("fs/read_text_file", source="successor")
@@ -1373,25 +1527,49 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
             commands.append(command_of(line, tuple(wheres)))
         elif isinstance(line, str):  # agents' shell tools take one command line
             commands.append(command_of([line], tuple(wheres), script=line))
+            args = raw.get("args")
+            if isinstance(args, list) and all(isinstance(a, str) for a in args):
+                # a program and its arguments, as terminal/create takes them
+                commands.append(command_of([line, *args], tuple(wheres)))
+            elif args is not None:
+                raise Unplaceable(f"toolCall.rawInput.args is not a list of strings: "
+                                  f"{args!r:.80}")
         elif line is not None:  # the editor may show it (`rm -rf x 1`): no rule saw it
             raise Unplaceable(f"toolCall.rawInput.{key} is not a string or a list of "
                               f"strings: {line!r:.80}")
     # Agents name the files of a tool call in rawInput too (path, file_path, notebook_path;
-    # a list under paths, file_paths).
-    for key, value in raw.items():
-        if key.lower().endswith(("url", "uri")) and isinstance(value, str) \
-                and value.lower().startswith("file:"):  # a fetch tool reads a file URL too
-            path = unquote(urlsplit(value).path)
-            subject.paths.append(value)
-            subject.places.append(Placer(cwd).place(path, strict=os.path.isabs(path)))
-        if not key.lower().endswith(("path", "paths")):
+    # a list under paths, file_paths; a search's filter under glob or include).
+    fields = _raw_fields(raw)
+    roots = [os.path.join(w, one) for key, value in fields
+             if _names_paths(key)
+             for one in (value if isinstance(value, list) else [value])
+             if isinstance(one, str) and one and "\0" not in one for w in wheres]
+    for key, value in fields:
+        if key.lower().endswith(("url", "uri", "urls", "uris")):
+            for url in value if isinstance(value, list) else [value]:
+                if isinstance(url, str) and url.lower().startswith("file:"):
+                    # a fetch tool reads a file URL too
+                    path = unquote(urlsplit(url).path)
+                    subject.paths.append(url)
+                    subject.places.append(Placer(cwd).place(path,
+                                                            strict=os.path.isabs(path)))
+        filters = key.lower() in RAW_INPUT_GLOBS
+        if not _names_paths(key) and not filters:
             continue
+        # a search tool's filter names files in the directories it searches
+        bases = [*wheres, *roots] if filters else wheres
         for one in value if isinstance(value, list) else [value]:
             if isinstance(one, str) and one:
                 subject.paths.append(one)
-                subject.places.extend(Placer(cwd).place(one, base=where,
-                                                        strict=os.path.isabs(one))
-                                      for where in wheres)
+                subject.places.extend(_unexpanded(Placer(cwd).place(
+                    one, base=where, strict=os.path.isabs(one) and not filters))
+                    for where in bases)
+                # a read-many or search tool may expand a glob, braces too, as a shell does
+                # (a tool's `*` may match `.env`, as ripgrep's does)
+                subject.places.extend(Placer(cwd).place(alt, base=where, strict=False)
+                                      for alt in (_expansions(one, bases, hidden=True)
+                                                  if any(c in one for c in EXPANDING)
+                                                  else []) for where in bases)
                 # an agent's tool may expand `~` (`~/.netrc`) as a shell would
                 subject.places.extend(Placer(cwd).place(home, strict=False)
                                       for home in (_homes(one, None) if one[:1] == "~"
@@ -1399,6 +1577,32 @@ def _add_tool_call(subject: Subject, tool: dict[str, Any], cwd: str) -> None:
     for command in commands:
         subject.commands.append(command)
         _add_words(subject, command, cwd)
+
+
+MAX_RAW_FIELDS = 65_536  # fields of one rawInput, nested ones too, judged for paths
+
+
+def _raw_fields(raw: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Every (name, value) of `raw` and of the objects nested in it (a tool's `arguments`,
+    a list of `edits`); the keys of a `changes` object (Codex's patch: path -> change) as
+    `path` fields. Objects nested more than MAX_DEPTH deep are not looked into (a tool's
+    own data, not the files it names). Raises:
+        Unplaceable: more than MAX_RAW_FIELDS of them.
+    """
+    fields: list[tuple[str, Any]] = []
+    todo: list[tuple[dict[str, Any], int]] = [(raw, 0)]
+    while todo:
+        one, depth = todo.pop()
+        for key, value in one.items():
+            fields.append((key, value))
+            if key.lower() == "changes" and isinstance(value, dict):
+                fields.append(("path", list(value)))
+            for item in value if isinstance(value, list) and depth < MAX_DEPTH else [value]:
+                if isinstance(item, dict) and depth < MAX_DEPTH:
+                    todo.append((item, depth + 1))
+        if len(fields) > MAX_RAW_FIELDS:
+            raise Unplaceable(f"toolCall.rawInput has more than {MAX_RAW_FIELDS} fields")
+    return fields
 
 
 def _diff_paths(diff: dict[str, Any]) -> list[tuple[object, str]]:
@@ -1427,7 +1631,16 @@ def _add_words(subject: Subject, command: Command, cwd: str) -> None:
     placer = Placer(cwd)
     for word, bases in command.words:
         for base in bases or (cwd,):
-            subject.places.append(placer.place(word, base=base, strict=False))
+            subject.places.append(_unexpanded(placer.place(word, base=base, strict=False)))
+
+
+def _unexpanded(place: Place) -> Place:
+    """`place`, which no allow rule matches when it may expand to other files (a glob, a
+    brace, a variable): its expansions are judged as places of their own, but only up to
+    MAX_GLOB_MATCHES, and a tool may expand more (`**`) than the policy does."""
+    if any(c in place.shown for c in EXPANDING):
+        return Place(place.shown, place.names, None)
+    return place
 
 
 _SUBJECTS: dict[str, Any] = {

@@ -288,6 +288,17 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     terminal("sh", "-c", "cat ~/k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("sh", "-c", "cd && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
     terminal("sh", "-c", "cd ~ && cat k", env=[{"name": "HOME", "value": "{ws}/secrets"}]),
+    # Codex's apply_patch names the files it writes inside its one argument
+    terminal("apply_patch", "*** Begin Patch\n*** Update File: .env\n@@\n-a\n+b\n*** End Patch"),
+    terminal("apply_patch '*** Begin Patch\n*** Add File: secrets/k\n+x\n*** End Patch'"),
+    terminal("apply_patch", "*** Begin Patch\n*** Update File: ok.txt\n*** Move to: notsecret/k"
+             "\n@@\n-a\n+b\n*** End Patch"),
+    # a `cd` after a keyword or a builtin's prefix changes the directory all the same
+    terminal("sh", "-c", "if cd secrets; then cat k; fi"),
+    terminal("sh", "-c", "{{ cd secrets; cat k; }}"),
+    terminal("bash", "-c", "builtin cd secrets; cat k"),
+    terminal("sh", "-c", "command cd notsecret && cat k"),
+    terminal("bash", "-c", "time cd secrets; cat k"), terminal("sh", "-c", "! cd secrets || cat k"),
     # cd's options are not its directory
     terminal("sh", "-c", "cd -P secrets && cat k"), terminal("sh", "-c", "cd -- secrets; cat k"),
     terminal("bash", "-c", "cd -L -P notsecret && cat k"),
@@ -295,12 +306,22 @@ def terminal(command: str, *args: str, **extra: Any) -> dict[str, Any]:
     # the words after a substitution are still the arguments of the command before it
     terminal("bash", "-c", "cat $(true) .env"), terminal("bash", "-c", "cat `true` .env"),
     terminal("bash", "-c", "cat <(true) .env"), terminal("bash", "-c", "diff <(true) .ENV"),
+    # a variable's value names the file its later use opens (`$F` itself is unseen)
+    terminal("F=.env; cat $F"), terminal("F=notsecret/k; cat \"$F\""),
+    terminal("F=~/../..{ws}/.env\ncat $F"), terminal("F=x G=.e{{n,}}v; cat $G"),
+    # brace expansion: each alternative, and sequences
+    terminal("bash", "-c", "cat .e{{n,}}v"), terminal("bash", "-c", "cat {{ok.txt,.env}}"),
+    terminal("bash", "-c", "cat .{{d..f}}nv"), terminal("bash", "-c", "cat se{{c,}}rets/k"),
+    terminal("bash", "-c", "cat {{x,not{{s,}}ecret/k}}"),
     # bash's extended globs
     terminal("bash", "-O", "extglob", "-c", "cat .@(env)"),
     terminal("bash", "-O", "extglob", "-c", "cat .?(x)env"),
     terminal("bash", "-O", "extglob", "-c", "cat .+(e)nv"),
     terminal("bash", "-O", "extglob", "-c", "cat .!(bashrc)"),
     terminal("bash", "-O", "extglob", "-c", "cat .@(bashrc|env)"),
+    # zsh groups alternatives in any glob: `.e(n|x)v` is `.env`
+    terminal("zsh", "-c", "cat .e(n|x)v"), terminal("zsh", "-c", "cat ./(.)env"),
+    terminal("zsh", "-c", "cat <se(c)rets/k"),
     # a substitution inside double quotes runs, and names what it reads
     terminal("sh", "-c", 'echo "$(cat secrets/k)"'), terminal("sh", "-c", 'echo "`cat secrets/k`"'),
     # a command line for a shell need not have spaces
@@ -427,6 +448,32 @@ RM_RF = [
     ["ssh", "-o", "ProxyCommand=rm -rf x", "host"],
     # restricted and other-named shells are shells
     ["rbash", "-c", "rm -rf x"], ["ksh93", "-c", "rm -rf x"], ["oksh", "-c", "rm -rf x"],
+    ["osh", "-c", "rm -rf x"], ["ysh", "-c", "rm -rf x"], ["hush", "-c", "rm -rf x"],
+    ["nu", "-c", "rm -rf x"], ["elvish", "-c", "rm -rf x"], ["xonsh", "-c", "rm -rf x"],
+    ["pwsh", "-Command", "rm -rf x"], ["rc", "-c", "rm -rf x"],
+    # bash's and zsh's brace expansion makes the words before the command runs
+    ["bash", "-c", "{rm,-rf,x}"], ["bash", "-c", "r{m,} -rf x"], ["zsh", "-c", "{rm,-r} x"],
+    # an alias runs its value (zsh expands aliases in scripts, bash with expand_aliases)
+    ["zsh", "-c", "alias x='rm -rf'\nx y"], ["bash", "-c", "alias x=rm y=x\ny -rf z"],
+    # other shells' precommand words: zsh's and csh's `repeat N`, zsh's `-`, fish's
+    # `and`, `or`, `not`
+    ["zsh", "-c", "repeat 1 rm -rf x"], ["zsh", "-c", "- rm -rf x"],
+    ["fish", "-c", "true; and rm -rf x"], ["fish", "-c", "false; or rm -rf x"],
+    ["fish", "-c", "not rm -rf x"], ["tcsh", "-c", "repeat 2 rm -rf x"],
+    # more programs that run their arguments: systemd's sudo, personality and I/O
+    # changers, a sandbox's way out to the host
+    ["run0", "rm", "-rf", "x"], ["setarch", "x86_64", "rm", "-rf", "x"],
+    ["linux64", "rm", "-rf", "x"], ["eatmydata", "rm", "-rf", "x"],
+    ["flatpak-spawn", "--host", "rm", "-rf", "x"], ["host-spawn", "rm", "-rf", "x"],
+    ["sshpass", "-p", "pw", "rm", "-rf", "x"], ["systemd-inhibit", "rm", "-rf", "x"],
+    ["cpulimit", "-l", "5", "--", "rm", "-rf", "x"], ["rlwrap", "rm", "-rf", "x"],
+    # multi-call binaries, as busybox: toybox, uutils' coreutils
+    ["toybox", "rm", "-rf", "x"], ["coreutils", "rm", "-rf", "x"],
+    # fish decodes backslash escapes outside quotes: `\x72m` is `rm`
+    ["fish", "-c", "\\x72m -rf x"], ["fish", "-c", "r\\u006d -rf x"],
+    # zsh's glob qualifiers `e` and `+` run code for each file the glob matches
+    ["zsh", "-c", "ls ok*(e:'rm -rf x':)"], ["zsh", "-c", "print -l ok*(.Ne['rm -rf x'])"],
+    ["zsh", "-c", "echo ok*(+'rm -rf x')"],
 ]
 
 
@@ -560,6 +607,14 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     # ... and the command line itself `cmd` (Codex's exec_command and its likes)
     {"kind": "execute", "rawInput": {"cmd": "cat .env"}},
     {"kind": "execute", "rawInput": {"cmd": "rm -rf x", "workdir": "{ws}"}},
+    # ... or a program and its `args`, as terminal/create takes them; Zed's terminal
+    # tool names its directory `cd`
+    {"kind": "execute", "rawInput": {"command": "rm", "args": ["-rf", "x"]}},
+    {"kind": "execute", "rawInput": {"command": "cat", "args": [".env"]}},
+    {"kind": "execute", "rawInput": {"command": "cat k", "cd": "secrets"}},
+    # ... or `argv`, the program and its arguments
+    {"kind": "execute", "rawInput": {"argv": ["cat", ".env"]}},
+    {"kind": "execute", "rawInput": {"argv": ["sh", "-c", "rm -rf x"]}},
     # a command line that is neither a string nor a list of strings cannot be judged
     {"kind": "read", "rawInput": {"command": ["rm", "-rf", "x", 1]}},
     {"kind": "read", "rawInput": {"cmd": ["cat", ".env", None]}},
@@ -576,9 +631,29 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
     # a fetch tool's file:// URL reads the file
     {"kind": "fetch", "rawInput": {"url": "file://{ws}/.env"}},
     {"kind": "fetch", "rawInput": {"uri": "FILE://localhost{ws}/notsecret/k"}},
+    {"kind": "fetch", "rawInput": {"urls": ["https://example.com", "file://{ws}/.env"]}},
     # a list of files, as a read-many tool names them
     {"kind": "read", "rawInput": {"paths": ["ok.txt", "{ws}/.env"]}},
     {"kind": "read", "rawInput": {"file_paths": ["{ws}/ok.txt", "notsecret/k"]}},
+    # ... nested in the arguments it passes on, or as the keys of a patch's changes (Codex)
+    {"kind": "read", "rawInput": {"arguments": {"path": "{ws}/.env"}}},
+    {"kind": "edit", "rawInput": {"edits": [{"file_path": "notsecret/k", "new": "x"}]}},
+    {"kind": "edit", "rawInput": {"changes": {"{ws}/.env": {"type": "add", "content": "x"}}}},
+    # ... or names it a file (Cursor's `target_file`), or a move's source and destination
+    {"kind": "read", "rawInput": {"target_file": ".env"}},
+    {"kind": "read", "rawInput": {"files": ["ok.txt", "notsecret/k"]}},
+    {"kind": "move", "rawInput": {"source": "{ws}/.env", "destination": "{ws}/public/x"}},
+    {"kind": "move", "rawInput": {"src": "{ws}/ok.txt", "dst": "{ws}/secrets/k"}},
+    # a search tool's file filter (Claude Code's Grep `glob`, Gemini CLI's `include`) names
+    # the files whose lines it shows, in the directory it searches
+    {"kind": "search", "rawInput": {"pattern": "S", "path": "{ws}", "glob": ".env"}},
+    {"kind": "search", "rawInput": {"pattern": "S", "glob": "*.env"}},
+    {"kind": "search", "rawInput": {"pattern": "S", "path": "{ws}/secrets", "glob": "k"}},
+    {"kind": "read", "rawInput": {"include": ["*.md", "notsecret/*"]}},
+    # a read-many or search tool expands globs in the paths it is given
+    {"kind": "read", "rawInput": {"paths": ["se*ets/k"]}},
+    {"kind": "search", "rawInput": {"path": "{ws}/.e[n]v"}},
+    {"kind": "read", "rawInput": {"paths": ["public/{{a.txt,../.env}}"]}},
     # the file a diff shows the editor, which must be absolute (ACP) as a location's is
     {"kind": "edit", "content": [{"type": "diff", "path": "{ws}/innocent.txt", "oldText": "",
                                   "newText": "x"}]},
@@ -586,7 +661,9 @@ async def test_a_terminal_the_policy_cannot_place_is_denied(ws: Path,
 ])
 async def test_a_permission_request_for_a_protected_or_unplaceable_path_is_rejected(
         ws: Path, tool_call: dict[str, Any]) -> None:
-    async with policy(ws) as probe:
+    options = PermissionsOptions(default="ask", rules=[
+        *SHIPPED.rules, {"name": "searches", "kind": "search", "action": "allow"}])
+    async with policy(ws, options) as probe:
         assert await probe.permission({"title": "t", **fill(tool_call, ws)}) == "no"
         assert probe.client.received_params("session/request_permission") == []
 
@@ -744,6 +821,31 @@ async def test_an_allow_path_rule_matches_only_the_file_actually_reached(
                                           {"path": f"{ws}/{path}"}) is allowed
 
 
+@pytest.mark.parametrize("path", ["public/*", "public/*.txt", "public/[al]*",
+                                  "public/{a.txt,../.env}", "public/**"])
+async def test_an_allow_path_rule_never_allows_a_tool_call_path_that_a_tool_may_expand(
+        ws: Path, path: str) -> None:
+    # Read-many and search tools expand a glob (braces and `**` too): `public/*` reaches
+    # public/leak.txt, a link to .env, which the allow rule never judged.
+    async with policy(ws, ALLOW_PUBLIC) as probe:
+        assert await probe.permission({"kind": "read", "rawInput": {"paths": [path]}}) \
+            != "yes"
+        assert await probe.permission({"kind": "read", "rawInput": {
+            "paths": ["public/a.txt"]}}) == "yes"
+
+
+@pytest.mark.parametrize("line", ["cat $F.txt", "cat ${F}.txt", "cat `echo x`.txt",
+                                  "cat $(echo x).txt", "cat *.txt", "cat {ok,a}.txt"])
+async def test_an_allow_path_rule_never_allows_a_command_word_the_shell_expands(
+        ws: Path, line: str) -> None:
+    # `$F.txt` may be `../../home/me/.netrc #.txt`-like: the rule saw only the spelling
+    options = PermissionsOptions(default="deny", rules=[
+        {"name": "text", "path": "*.txt", "action": "allow"}])
+    async with policy(ws, options) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal("cat ok.txt"))
+        assert not await probe.reaches_editor("terminal/create", terminal(line))
+
+
 async def test_a_tool_call_path_under_home_is_judged_as_the_home_file(
         ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An agent's read tool expands `~/.netrc` to the home file, not to `{cwd}/~/.netrc`.
@@ -810,6 +912,12 @@ async def test_an_allow_command_rule_still_allows_a_runner_command_with_spaced_a
     (["sh", "-c", "GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.fsmonitor "
                   "GIT_CONFIG_VALUE_0=./x git status"], False),
     (["sh", "-c", "NODE_OPTIONS=--require=./x git status"], False),
+    # ... or a config file or startup file of the attacker's choosing, whose hooks run
+    # (git's core.fsmonitor runs for `git status`; zsh reads $ZDOTDIR/.zshenv for `-c`)
+    (["sh", "-c", "GIT_DIR=/tmp/x/.git git status"], False),
+    (["sh", "-c", "XDG_CONFIG_HOME=/tmp/x git status"], False),
+    (["sh", "-c", "HOME=/tmp/x git status"], False),
+    (["sh", "-c", "ZDOTDIR=/tmp/x zsh -c 'git status'"], False),
     # an ordinary variable's value is data: a quote in it the shell already closed
     (["sh", "-c", "GIT_AUTHOR_NAME=\"Conan O'Brien\" git status"], True),
 ])
@@ -819,6 +927,26 @@ async def test_an_allow_command_rule_needs_every_command_that_would_run_to_match
         {"name": "status", "command": "^git status$", "action": "allow"}])
     async with policy(ws, options) as probe:
         assert await probe.reaches_editor("terminal/create", terminal(*argv)) is allowed
+
+
+@pytest.mark.parametrize("variable", ["GIT_EXTERNAL_DIFF=./x", "GIT_EDITOR=./x",
+                                      "GIT_SEQUENCE_EDITOR=./x", "GIT_PROXY_COMMAND=./x",
+                                      "LESSOPEN=./x", "SUDO_ASKPASS=./x"])
+async def test_an_allow_command_rule_does_not_allow_a_variable_that_names_a_command(
+        ws: Path, variable: str) -> None:
+    # git runs GIT_EXTERNAL_DIFF for `git diff`, an editor for `git commit`, less its
+    # LESSOPEN: a program the allow rule never saw
+    options = PermissionsOptions(default="deny", rules=[
+        {"name": "git", "command": "^(git (diff|commit|rebase -i)|less x)$",
+         "action": "allow"}])
+    async with policy(ws, options) as probe:
+        assert await probe.reaches_editor("terminal/create", terminal("git diff"))
+        for line in ("git diff", "git commit", "git rebase -i", "less x"):
+            assert not await probe.reaches_editor("terminal/create",
+                                                  terminal(f"{variable} {line}"))
+            assert not await probe.reaches_editor("terminal/create", terminal(
+                line.split()[0], *line.split()[1:], env=[dict(zip(
+                    ("name", "value"), variable.split("=", 1), strict=True))]))
 
 
 async def test_each_decision_is_logged_with_the_rule_or_the_reason(
@@ -967,3 +1095,18 @@ async def test_a_long_script_is_judged_in_linear_time(ws: Path, script: str) -> 
     # `policy` bounds the whole exchange at 10 s.
     async with policy(ws) as probe:
         assert await probe.reaches_editor("terminal/create", terminal("bash", "-c", script))
+
+
+async def test_an_allowed_request_offering_only_allow_always_is_left_to_the_editor(
+        ws: Path) -> None:
+    # `allow_always` makes the agent stop asking for what it groups with this call (Claude
+    # Code: every later `git ...`, or every edit in the session): those later calls would
+    # never reach the policy. Only the user may choose to remember that.
+    async with policy(ws) as probe:
+        got = answer_or_raise(await probe.agent.request("session/request_permission", {
+            "sessionId": probe.sid, "toolCall": {
+                "toolCallId": "c1", "kind": "read", "locations": [{"path": f"{ws}/ok.txt"}]},
+            "options": [{"optionId": "always", "name": "Always", "kind": "allow_always"},
+                        {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}))
+        assert got.result_value()["outcome"] == {"outcome": "selected", "optionId": "editor"}
+        assert len(probe.client.received_params("session/request_permission")) == 1
