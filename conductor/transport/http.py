@@ -292,6 +292,9 @@ class HttpClient(RemoteClient):
         self._session_readers: dict[str, anyio.CancelScope] = {}
         # Each session stream's queue outlives one GET: a newer GET reads on from it, in order.
         self._session_sources: dict[str, MemoryObjectReceiveStream[bytes]] = {}
+        # Sessions whose closed stream's queue is being moved to the connection's stream:
+        # their next events wait for that, or they would overtake the ones queued before.
+        self._handing_back: dict[str, anyio.Event] = {}
         self.sessions: set[str] = set()
         self._request_session: dict[bytes, str] = {}
         self._closing: set[bytes] = set()  # requests that end their session when answered
@@ -354,6 +357,9 @@ class HttpClient(RemoteClient):
         # long as it keeps the socket.
         with anyio.move_on_after(waited) as late:
             while True:
+                handing_back = self._handing_back.get(session) if session is not None else None
+                if handing_back is not None:
+                    await handing_back.wait()
                 stream = self._session_streams.get(session) if session is not None else None
                 try:
                     await (stream or self._main_send).send(frame)
@@ -428,8 +434,14 @@ class HttpClient(RemoteClient):
                 del self._session_readers[session]
                 self._session_streams.pop(session).close()
                 self._session_sources.pop(session).close()
-                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                    await self._hand_back(source)
+                self._handing_back[session] = handed = anyio.Event()
+                try:
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                        await self._hand_back(source)
+                finally:
+                    if self._handing_back.get(session) is handed:  # not a newer GET's
+                        del self._handing_back[session]
+                    handed.set()
             source.close()
         if not reader.cancelled_caught:
             try:

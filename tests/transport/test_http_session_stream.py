@@ -217,3 +217,37 @@ async def test_a_payload_with_a_carriage_return_as_whitespace_is_one_sse_event()
             tg.cancel_scope.cancel()
     client.finish()
     assert sse_events(b"".join(bodies)) == [{"jsonrpc": "2.0", "id": 7, "result": {"a": 1, "b": 2}}]
+
+
+async def test_events_queued_for_a_closed_session_stream_keep_their_order_on_the_main_one(
+        ) -> None:
+    # The session's stream drops mid-turn with updates queued behind a stalled write; the
+    # agent goes on streaming meanwhile. The connection's stream must carry the queued ones
+    # first: a chunk of text that overtakes the ones before it garbles the answer.
+    client = HttpClient("peer", 0, max_frame_bytes=1 << 20)
+    client.sessions.add("s1")
+    session, main = Stream(), Stream()
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.stream, None, main.send, main.receive)
+            tg.start_soon(client.stream, "s1", session.send, session.receive)
+            await session.opened.wait()
+            await main.opened.wait()
+            session.stall()
+            for n in range(20):
+                await client.send(update(n))
+            session._disconnect.set()  # the client drops the session's stream
+
+            async def go_on() -> None:
+                for n in range(20, 40):
+                    await client.send(update(n))
+            tg.start_soon(go_on)
+            while not any(e["params"]["n"] == 39 for e in main.events):
+                main.got_event = anyio.Event()
+                await main.got_event.wait()
+            await client.aclose()
+            client.finish()
+            tg.cancel_scope.cancel()
+    delivered = [e["params"]["n"] for e in main.events]
+    assert delivered == sorted(delivered)
+    assert set(range(1, 40)) <= set(delivered)  # only the one being written may be lost
