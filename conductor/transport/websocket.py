@@ -26,6 +26,9 @@ REMOTE_EXTRA_HINT = ("install it from your checkout, pip install '/path/to/acp-c
                      "(or from a wheel, 'acp_conductor-*.whl[remote]'; docs/remote.md)")
 CONNECT_TIMEOUT = 30.0
 PING_INTERVAL = 20.0  # a peer that stops answering pings is a dropped connection
+# The reasons httpx-ws closes a session with, itself (0.9): a ping unanswered, a read failed.
+PING_TIMEOUT_REASON: Final = "Keepalive ping timeout"
+READ_FAILED_REASON: Final = "Stream error"
 MESSAGE_TOO_BIG: Final = 1009  # the WebSocket close code
 # A peer that stops reading makes our sends wait for its TCP window forever (and pings
 # queue behind them): a message must be taken within this grace plus a second per
@@ -142,7 +145,15 @@ class WsClientSource:
                 continue  # binary frames carry nothing in ACP: ignored, as the RFD says
             except (httpx_ws.HTTPXWSException, OSError, anyio.EndOfStream,
                     anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
-                self.ended = self._dropped or f"network error: {type(e).__name__}"
+                # httpx-ws says WebSocketNetworkError for both; the reason it closed with
+                # tells a hung peer from a broken connection.
+                closed = getattr(self._session, "close_reason", None)
+                self.ended = self._dropped or (
+                    f"it did not answer a ping within {PING_INTERVAL:g} s"
+                    if closed == PING_TIMEOUT_REASON
+                    else "the connection broke (reading from it failed)"
+                    if closed == READ_FAILED_REASON
+                    else f"network error: {type(e).__name__}")
                 return
             for item in decode_lines(text.encode(), self._max):
                 if nowait is None or not nowait(item):
@@ -183,9 +194,16 @@ def _capped_session(cap: int) -> type:
     import httpx_ws
 
     class CappedSession(httpx_ws.AsyncWebSocketSession):
+        close_reason: str | None = None  # the first close's: why httpx-ws gave up, say
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.connection = _CappedConnection(self.connection, cap)  # type: ignore[assignment]
+
+        async def close(self, code: int = 1000, reason: str | None = None) -> None:
+            if self.close_reason is None:
+                self.close_reason = reason or ""
+            await super().close(code, reason)
     return CappedSession
 
 

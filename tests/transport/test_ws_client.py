@@ -162,3 +162,25 @@ async def test_a_remote_component_writing_two_lines_in_one_message_has_both_read
             tg.cancel_scope.cancel()
     assert [getattr(item, "method", type(item).__name__) for item in got] == ["a", "b",
                                                                                "NotJson"]
+
+
+async def test_a_server_that_stops_answering_pings_is_dropped_saying_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A remote agent whose process hangs (a blocked event loop, a stopped container) keeps
+    # its socket but answers no ping: the error must say that, not "network error".
+    import conductor.transport.websocket as websocket
+
+    monkeypatch.setattr(websocket, "PING_INTERVAL", 0.2)
+
+    async def hangs(stream: SocketStream, conn: wsproto.WSConnection) -> None:
+        await anyio.sleep_forever()
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve_one, hangs)
+            async with open_ws_client(url, {}) as (_, source):
+                async def handle(item: object) -> None:
+                    raise AssertionError(f"nothing was sent: {item}")
+                await source.serve(handle)  # ends: the connection was dropped
+            tg.cancel_scope.cancel()
+    assert source.ended == "it did not answer a ping within 0.2 s"
