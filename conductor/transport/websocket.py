@@ -248,6 +248,9 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
                 raise ConnectionError(f"the server refused the connection: HTTP {status}"
                                       + (" (check the token header)" if status == 401
                                          else "")) from None
+            except httpx.TimeoutException:  # str() of it is empty: say what timed out
+                raise ConnectionError("no answer to the WebSocket handshake within "
+                                      f"{CONNECT_TIMEOUT:g} s") from None
             except httpx.HTTPError as e:
                 raise ConnectionError(str(e) or type(e).__name__) from None
             source = WsClientSource(session, max_frame_bytes=max_frame_bytes)

@@ -184,3 +184,25 @@ async def test_a_server_that_stops_answering_pings_is_dropped_saying_so(
                 await source.serve(handle)  # ends: the connection was dropped
             tg.cancel_scope.cancel()
     assert source.ended == "it did not answer a ping within 0.2 s"
+
+
+async def test_a_server_that_never_answers_the_handshake_is_refused_saying_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import conductor.transport.websocket as websocket
+
+    monkeypatch.setattr(websocket, "CONNECT_TIMEOUT", 0.2)
+
+    async def says_nothing(stream: SocketStream) -> None:
+        async with stream:
+            await anyio.sleep_forever()
+
+    with anyio.fail_after(20):
+        async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+            port = listener.extra(anyio.abc.SocketAttribute.local_port)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(listener.serve, says_nothing)
+                with pytest.raises(ConnectionError) as refused:
+                    async with open_ws_client(f"ws://127.0.0.1:{port}/acp", {}):
+                        pass
+                tg.cancel_scope.cancel()
+    assert str(refused.value) == "no answer to the WebSocket handshake within 0.2 s"
