@@ -7,9 +7,10 @@ ASGI application that hypercorn serves (`serve_asgi`).
 - `POST` of `initialize` (no `Acp-Connection-Id`) opens a connection: 200, the answer as
   the JSON body, `Acp-Connection-Id` in a header. Every other POST names its connection
   and answers 202; what the chain sends back travels on a `GET` SSE stream: the
-  connection's, or a session's (`Acp-Session-Id`) while one is open for that session.
-  Session-scoped methods must carry `Acp-Session-Id` (400), naming a session of this
-  connection (404). Batches get 501.
+  connection's, or a session's (`Acp-Session-Id`) while one is open for that session
+  (which may be opened before the session/load that makes it known). Session-scoped
+  methods must carry `Acp-Session-Id` (400), naming a session of this connection (404).
+  Batches get 501.
 - `DELETE` ends the connection.
 
 Every client connection is a `RemoteClient`: a MessageSink (what the chain sends to the
@@ -607,9 +608,11 @@ class AcpEndpoint:
                 raise Refusal(406, "GET opens an event stream: send Accept: text/event-stream "
                                    "(or Upgrade: websocket)")
             client = self._client_of(scope, owner)
+            # A session's stream may open before the session is known here: a client opens
+            # it, then POSTs the session/load (or resume) whose replay it is to carry (the
+            # TypeScript SDK does). It carries this connection's traffic only: for a session
+            # the chain never opens, nothing.
             session = _header(scope, SESSION_ID)
-            if session is not None and session not in client.sessions:
-                raise Refusal(404, "unknown Acp-Session-Id for this connection")
             await client.stream(session, _with_headers(send, self._cors(scope)), receive)
         elif method == "DELETE":
             client = self._client_of(scope, owner)

@@ -383,6 +383,23 @@ async def test_the_typescript_sdk_drives_a_served_chain(demo_chain: Path, mode: 
     assert "stop: end_turn" in out
 
 
+@pytest.mark.skipif((NODE is None or not (TS_SDK / "dist" / "http-stream.js").exists())
+                    and not os.environ.get("CI"),
+                    reason="node and the TypeScript ACP SDK are not installed (.ci/run does)")
+async def test_the_typescript_sdk_loads_a_session_over_streamable_http(demo_chain: Path
+                                                                      ) -> None:
+    # Its client opens the session's SSE stream before it POSTs session/load.
+    assert NODE is not None
+    async with open_server(demo_chain) as server:
+        with anyio.fail_after(30):
+            done = await anyio.run_process(
+                [NODE, str(BIN / "ts_sdk_client.mjs"), "http", server.http_url, "again",
+                 "earlier-session"],
+                env=child_env(ACP_SDK_DIR=str(TS_SDK), ACP_TOKEN=TOKEN), check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    assert "You said: again" in done.stdout.decode()
+
+
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 and its key (cryptography comes with the mcp SDK)."""
     import datetime

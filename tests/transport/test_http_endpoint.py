@@ -198,6 +198,29 @@ async def test_session_traffic_goes_to_the_session_stream_while_one_is_open() ->
     assert all(e["params"]["sessionId"] == session for e in events[:-1])
 
 
+async def test_a_session_stream_opened_before_its_session_load_carries_the_replay() -> None:
+    # The TypeScript SDK's HTTP client opens a session's stream before it POSTs the
+    # session/load (or resume) naming it, so the replayed history lands there; refusing
+    # that GET as an unknown session failed every load.
+    async with open_listener() as (_, url), http_client(timeout=10) as client:
+        with anyio.fail_after(20):
+            ident = (await initialize(client, url)).headers["acp-connection-id"]
+            base = {**AUTH, "Acp-Connection-Id": ident, "Acp-Session-Id": "earlier"}
+            async with client.stream("GET", url, headers={**base, "Accept": "text/event-stream"}
+                                     ) as scoped:
+                assert scoped.status_code == 200
+                async with open_events(scoped) as next_scoped:
+                    loading = await client.post(url, headers=base, json={
+                        "jsonrpc": "2.0", "id": 2, "method": "session/load",
+                        "params": {"sessionId": "earlier", "cwd": "/", "mcpServers": []}})
+                    assert loading.status_code == 202
+                    events = [await next_scoped()]
+                    while "id" not in events[-1]:
+                        events.append(await next_scoped())
+    assert events[0]["params"]["update"]["sessionUpdate"] == "user_message_chunk"
+    assert events[-1] == {"jsonrpc": "2.0", "id": 2, "result": None}
+
+
 async def test_the_rfd_status_codes_for_malformed_requests() -> None:
     async with open_listener() as (_, url), http_client() as client:
         with anyio.fail_after(15):
