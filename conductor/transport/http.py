@@ -175,6 +175,9 @@ class RemoteClient:
         self._open_requests: set[bytes] = set()  # the client's, not answered yet
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[Any](INBOX)
         self._on_finish: list[Callable[[], None]] = []
+        # Why the server ended the client's input (shutdown, idle, not reading); None when
+        # the client ended it. The chain says it in the answers it could not give.
+        self.ended_because: str | None = None
 
     # -- MessageSink (each transport's own) -----------------------------------------------
 
@@ -215,8 +218,11 @@ class RemoteClient:
         """A request of the client's is still being worked on: not idle, however quiet."""
         return bool(self._open_requests)
 
-    def end(self) -> None:
-        """End the client's input (DELETE, idle, shutdown): the chain sees EOF and stops."""
+    def end(self, why: str | None = None) -> None:
+        """End the client's input (DELETE, idle, shutdown): the chain sees EOF and stops.
+        `why`: the server's reason, when it was not the client's doing."""
+        if why is not None and self.ended_because is None and not self.finished.is_set():
+            self.ended_because = why
         self._inbox_send.close()
 
     def when_finished(self, callback: Callable[[], None]) -> None:
@@ -260,7 +266,7 @@ class WsClient(RemoteClient):
         if late.cancelled_caught:
             log.warning("ws client %s: %s; dropping it", self.id, stalled(waited))
             self._closed = True  # no close frame: it would wait behind the stuck message
-            self.end()  # its chain stops as if it had left
+            self.end("the client stopped reading")  # its chain stops as if it had left
             raise anyio.BrokenResourceError
         self._sent(item)
 
@@ -387,7 +393,7 @@ class HttpClient(RemoteClient):
         for reader in [self._main_reader, *self._session_readers.values()]:
             if reader is not None:
                 reader.cancel()
-        self.end()
+        self.end("the client stopped reading")
 
     async def aclose(self) -> None:
         self.closed = True

@@ -515,3 +515,36 @@ async def test_a_blank_websocket_message_is_no_message_as_a_blank_line_is_none()
                 await ws.send_text(json.dumps(INIT))
                 first = json.loads(await ws.receive_text())
     assert first["id"] == 1 and first["result"]["protocolVersion"] == 1
+
+
+async def test_a_request_cut_short_by_the_server_stopping_is_answered_saying_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The chain is still starting (its agent is slow to come up) when the server is told
+    # to stop: the client's initialize is answered, and the reason is the server's stop,
+    # not "the client closed its input", which this client never did.
+    started = anyio.Event()
+
+    class Started(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("started agent"):
+                started.set()
+
+    caplog.set_level(logging.INFO, logger="acp_conductor")
+    logging.getLogger("acp_conductor").addHandler(watch := Started())
+    slow = parse_chain({"conductor": {"shutdown_grace": 0.2}, "agent": {"command": [
+        sys.executable, "-c", "import time; time.sleep(30)"]}}, file="<test>")
+    stop = anyio.Event()
+    try:
+        async with open_listener(slow, stop=stop) as (ws_url, _), http_client() as http:
+            with anyio.fail_after(20):
+                async with httpx_ws.aconnect_ws(ws_url.replace("ws:", "http:"), http,
+                                                headers=dict(AUTH)) as ws:
+                    await ws.send_text(json.dumps(INIT))
+                    await started.wait()
+                    stop.set()
+                    answer = json.loads(await ws.receive_text())
+    finally:
+        logging.getLogger("acp_conductor").removeHandler(watch)
+    assert answer["id"] == 1
+    assert "the client closed its input" not in answer["error"]["message"]
+    assert "shutting down (the server was stopped)" in answer["error"]["message"]
