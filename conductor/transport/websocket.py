@@ -65,6 +65,7 @@ class WsClientSink:
 
     async def send(self, item: Message | list[Message]) -> None:
         import httpx_ws
+        import wsproto.utilities
 
         if self._closed:
             raise anyio.BrokenResourceError
@@ -74,7 +75,10 @@ class WsClientSink:
             with anyio.move_on_after(waited) as late:
                 await self._session.send_text(text)
         except (httpx_ws.HTTPXWSException, OSError, anyio.BrokenResourceError,
-                anyio.ClosedResourceError) as e:
+                anyio.ClosedResourceError,
+                # httpx-ws closed the session itself (a ping unanswered, a read failed):
+                # wsproto refuses any frame after the close.
+                wsproto.utilities.LocalProtocolError) as e:
             raise anyio.BrokenResourceError from e
         if late.cancelled_caught:
             await self._drop(stalled(waited))

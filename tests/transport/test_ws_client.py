@@ -178,10 +178,14 @@ async def test_a_server_that_stops_answering_pings_is_dropped_saying_so(
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
             url = await tg.start(serve_one, hangs)
-            async with open_ws_client(url, {}) as (_, source):
+            async with open_ws_client(url, {}) as (sink, source):
                 async def handle(item: object) -> None:
                     raise AssertionError(f"nothing was sent: {item}")
                 await source.serve(handle)  # ends: the connection was dropped
+                # What the chain sends it meanwhile fails as to any gone peer (httpx-ws has
+                # closed the session: wsproto refuses the frame).
+                with pytest.raises(anyio.BrokenResourceError):
+                    await sink.send(note(1))
             tg.cancel_scope.cancel()
     assert source.ended == "it did not answer a ping within 0.2 s"
 
@@ -206,3 +210,4 @@ async def test_a_server_that_never_answers_the_handshake_is_refused_saying_so(
                         pass
                 tg.cancel_scope.cancel()
     assert str(refused.value) == "no answer to the WebSocket handshake within 0.2 s"
+
