@@ -26,8 +26,7 @@ REMOTE_EXTRA_HINT = ("install it from your checkout, pip install '/path/to/acp-c
                      "(or from a wheel, 'acp_conductor-*.whl[remote]'; docs/remote.md)")
 CONNECT_TIMEOUT = 30.0
 PING_INTERVAL = 20.0  # a peer that stops answering pings is a dropped connection
-# The reasons httpx-ws closes a session with, itself (0.9): a ping unanswered, a read failed.
-PING_TIMEOUT_REASON: Final = "Keepalive ping timeout"
+# The reason httpx-ws (0.9) closes a session with when a read fails.
 READ_FAILED_REASON: Final = "Stream error"
 MESSAGE_TOO_BIG: Final = 1009  # the WebSocket close code
 # A peer that stops reading makes our sends wait for its TCP window forever (and pings
@@ -81,10 +80,10 @@ class WsClientSink:
                 wsproto.utilities.LocalProtocolError) as e:
             raise anyio.BrokenResourceError from e
         if late.cancelled_caught:
-            await self._drop(stalled(waited))
+            await self.drop(stalled(waited))
             raise anyio.BrokenResourceError
 
-    async def _drop(self, why: str) -> None:
+    async def drop(self, why: str) -> None:
         """End a connection whose peer stopped reading. No close frame: it would wait
         behind the message that is stuck (perhaps half written). Closing the socket ends
         the reader (and makes httpx-ws's own close on exit fail fast, not wait forever)."""
@@ -113,6 +112,9 @@ class WsClientSource:
         self.ended = "the connection is still open"
         self._reading = anyio.CancelScope()
         self._dropped: str | None = None
+        # Since when it has waited for a frame; None while the chain handles one. Pongs are
+        # read in order behind frames: while a frame waits for us, so does the pong.
+        self.waiting_since: float | None = None
 
     def drop(self, why: str) -> None:
         """The connection is being dropped (`why`): stop reading (a message being handled
@@ -128,8 +130,10 @@ class WsClientSource:
             try:
                 if self._dropped is None:
                     self._reading = anyio.CancelScope()
+                    self.waiting_since = anyio.current_time()
                     with self._reading:
                         text = await self._session.receive_text()
+                    self.waiting_since = None
                 if text is None:  # dropped (the sink saw the peer stop reading)
                     self.ended = self._dropped or self.ended
                     return
@@ -149,19 +153,42 @@ class WsClientSource:
                 continue  # binary frames carry nothing in ACP: ignored, as the RFD says
             except (httpx_ws.HTTPXWSException, OSError, anyio.EndOfStream,
                     anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
-                # httpx-ws says WebSocketNetworkError for both; the reason it closed with
-                # tells a hung peer from a broken connection.
+                # httpx-ws's WebSocketNetworkError says nothing; the reason it closed
+                # the session with tells a failed read.
                 closed = getattr(self._session, "close_reason", None)
                 self.ended = self._dropped or (
-                    f"it did not answer a ping within {PING_INTERVAL:g} s"
-                    if closed == PING_TIMEOUT_REASON
-                    else "the connection broke (reading from it failed)"
-                    if closed == READ_FAILED_REASON
-                    else f"network error: {type(e).__name__}")
+                    "the connection broke (reading from it failed)"
+                    if closed == READ_FAILED_REASON else f"network error: {type(e).__name__}")
                 return
             for item in decode_lines(text.encode(), self._max):
                 if nowait is None or not nowait(item):
                     await handle(item)
+
+
+async def _keep_alive(session: Any, sink: WsClientSink, source: WsClientSource) -> None:
+    """Ping the peer every PING_INTERVAL; drop it when a pong does not come within that
+    while we wait for its frames. httpx-ws's own keepalive cannot tell: its reader hands
+    frames on one at a time, so a pong behind a frame the chain has not taken yet (it waits
+    on a slow client, say) is not read, and a peer that is fine would be dropped."""
+    import httpx_ws
+    import wsproto.utilities
+
+    while True:
+        await anyio.sleep(PING_INTERVAL)
+        try:
+            pong = await session.ping()
+        except (httpx_ws.HTTPXWSException, wsproto.utilities.LocalProtocolError, OSError,
+                anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return  # closing or closed: the reader says how
+        sent = anyio.current_time()
+        while not pong.is_set():
+            with anyio.move_on_after(PING_INTERVAL):
+                await pong.wait()
+            since = source.waiting_since
+            if not pong.is_set() and since is not None \
+                    and anyio.current_time() - max(since, sent) >= PING_INTERVAL:
+                await sink.drop(f"it did not answer a ping within {PING_INTERVAL:g} s")
+                return
 
 
 class _CappedConnection:
@@ -227,7 +254,7 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
     Raises:
         ConnectionError: the extra is not installed, the server cannot be reached, or it
             refused the upgrade (the message says which, with the HTTP status); also raised
-            on exit when the connection failed underneath (pings unanswered). What the
+            on exit when the connection failed underneath (a read failed). What the
             block itself raises is not translated (httpx-ws's task group may wrap it in an
             ExceptionGroup).
     """
@@ -244,8 +271,7 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
                 headers=headers, timeout=httpx.Timeout(CONNECT_TIMEOUT)))
             try:
                 session: Any = await stack.enter_async_context(httpx_ws.aconnect_ws(
-                    http_url(url), client, keepalive_ping_interval_seconds=PING_INTERVAL,
-                    keepalive_ping_timeout_seconds=PING_INTERVAL,
+                    http_url(url), client, keepalive_ping_interval_seconds=None,  # ours
                     session_class=_capped_session(2 * max_frame_bytes)))
             except httpx_ws.WebSocketUpgradeError as e:
                 status = e.response.status_code
@@ -258,8 +284,12 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
             except httpx.HTTPError as e:
                 raise ConnectionError(str(e) or type(e).__name__) from None
             source = WsClientSource(session, max_frame_bytes=max_frame_bytes)
+            sink = WsClientSink(session, source, timeout=send_timeout)
+            pinging = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(pinging.cancel_scope.cancel)  # runs first: then the group ends
+            pinging.start_soon(_keep_alive, session, sink, source)
             try:
-                yield WsClientSink(session, source, timeout=send_timeout), source
+                yield sink, source
             except BaseException as e:
                 mine.append(e)
                 raise

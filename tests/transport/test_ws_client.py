@@ -4,6 +4,7 @@ a real one would not (stop reading, fragment without end)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import sys
 from typing import TYPE_CHECKING
@@ -211,3 +212,54 @@ async def test_a_server_that_never_answers_the_handshake_is_refused_saying_so(
                 tg.cancel_scope.cancel()
     assert str(refused.value) == "no answer to the WebSocket handshake within 0.2 s"
 
+
+
+async def test_a_server_whose_message_the_chain_is_slow_to_take_is_not_taken_for_hung(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its pongs queue behind a message the chain has not taken yet (the chain waits on a
+    # slow client, say): that is our wait, not the server hanging, and must not drop it.
+    import conductor.transport.websocket as websocket
+
+    monkeypatch.setattr(websocket, "PING_INTERVAL", 0.2)
+
+    async def answers_pings(stream: SocketStream, conn: wsproto.WSConnection) -> None:
+        for method in ("a", "b"):
+            await stream.send(conn.send(ws.TextMessage(
+                data=f'{{"jsonrpc":"2.0","method":"{method}"}}')))
+        while True:
+            try:
+                conn.receive_data(await stream.receive())
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return  # the client dropped us
+            for event in conn.events():
+                if isinstance(event, ws.Ping):
+                    await stream.send(conn.send(event.response()))
+                elif isinstance(event, ws.TextMessage):  # the client's: all is well
+                    await stream.send(conn.send(ws.CloseConnection(code=1000)))
+
+    got: list[str] = []
+    slow_done = anyio.Event()
+
+    async def handle(item: object) -> None:
+        got.append(getattr(item, "method", "?"))
+        if len(got) == 1:
+            await anyio.sleep(1.5)  # ping after ping goes unanswered meanwhile
+            slow_done.set()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve_one, answers_pings)
+            async with open_ws_client(url, {}) as (sink, source):
+                served = anyio.Event()
+
+                async def serve() -> None:
+                    await source.serve(handle)
+                    served.set()
+                tg.start_soon(serve)
+                await slow_done.wait()
+                with contextlib.suppress(anyio.BrokenResourceError):  # dropped: the bug
+                    await sink.send(note(1))
+                await served.wait()
+            tg.cancel_scope.cancel()
+    assert got == ["a", "b"]
+    assert source.ended == "closed by the server: code 1000"
