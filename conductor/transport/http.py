@@ -518,6 +518,12 @@ class AcpEndpoint:
                 await _json(send, refusal.status, {"error": refusal.reason},
                             [*refusal.headers, *self._cors(scope)])
 
+    async def _answer_refusal(self, scope: Scope, send: Send, status: int, reason: str,
+                              body: bytes, cors: list[tuple[str, str]]) -> None:
+        """A refusal whose body is a JSON-RPC error: logged as every refusal is."""
+        self._log_refusal(scope, Refusal(status, reason))
+        await _json(send, status, body, cors)
+
     def _log_refusal(self, scope: Scope, refusal: Refusal) -> None:
         what = "WebSocket" if scope["type"] == "websocket" else scope.get("method", "?")
         log.warning("refused %s %s from %s: %s (%d)", what, scope.get("path", "?"),
@@ -648,21 +654,22 @@ class AcpEndpoint:
         item = decode_whole(await _read_body(receive, self.max_frame_bytes),
                             self.max_frame_bytes)
         if isinstance(item, Oversized):
-            await _json(send, 413, _error(item.head.id, ErrorCode.FRAME_TOO_LARGE,
-                                          f"a message of over {item.limit} bytes, the limit "
-                                          "on messages", {"limit": item.limit}), cors)
+            why = f"a message of over {item.limit} bytes, the limit on messages"
+            await self._answer_refusal(scope, send, 413, why, _error(
+                item.head.id, ErrorCode.FRAME_TOO_LARGE, why, {"limit": item.limit}), cors)
             return
         if isinstance(item, NotJson):
-            await _json(send, 400, _error(None, ErrorCode.PARSE_ERROR, "Parse error",
-                                          item.reason), cors)
+            await self._answer_refusal(scope, send, 400, f"not JSON: {item.reason}", _error(
+                None, ErrorCode.PARSE_ERROR, "Parse error", item.reason), cors)
             return
         if isinstance(item, Unreadable):
-            await _json(send, 400, _error(item.head.id, item.code, item.reason), cors)
+            await self._answer_refusal(scope, send, 400, item.reason, _error(
+                item.head.id, item.code, item.reason), cors)
             return
         if isinstance(item, Batch):
-            await _json(send, 501, _error(None, ErrorCode.INVALID_REQUEST,
-                                          "batches are not supported over HTTP (the RFD); "
-                                          "send one message per POST"), cors)
+            why = "batches are not supported over HTTP (the RFD); send one message per POST"
+            await self._answer_refusal(scope, send, 501, why, _error(
+                None, ErrorCode.INVALID_REQUEST, why), cors)
             return
         if _header(scope, CONNECTION_ID) is None and isinstance(item, Request) \
                 and item.method in _OPENS:
@@ -671,9 +678,9 @@ class AcpEndpoint:
         if _header(scope, CONNECTION_ID) is None and isinstance(item, InvalidMessage):
             # No connection to answer on (a malformed initialize, usually): the rule it
             # breaks is the answer, not "POST initialize first".
-            await _json(send, 400, _error(item.id if item.call_shaped else None,
-                                          ErrorCode.INVALID_REQUEST, "Invalid Request",
-                                          item.reason), cors)
+            await self._answer_refusal(scope, send, 400, item.reason, _error(
+                item.id if item.call_shaped else None, ErrorCode.INVALID_REQUEST,
+                "Invalid Request", item.reason), cors)
             return
         client = self._client_of(scope, owner)
         if isinstance(item, Request | Notification):

@@ -548,3 +548,26 @@ async def test_a_request_cut_short_by_the_server_stopping_is_answered_saying_so(
     assert answer["id"] == 1
     assert "the client closed its input" not in answer["error"]["message"]
     assert "shutting down (the server was stopped)" in answer["error"]["message"]
+
+
+async def test_every_refused_post_is_logged_with_its_status_and_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # docs/remote.md: "Every refusal is logged (method, path, peer, reason, status)". The
+    # ones answered with a JSON-RPC error body were not: a server's log showed nothing.
+    caplog.set_level(logging.INFO, logger="acp_conductor")
+    async with open_listener(max_frame_bytes=1000) as (_, url), http_client() as client:
+        with anyio.fail_after(15):
+            ident = (await initialize(client, url)).headers["acp-connection-id"]
+            base = {**AUTH, "Acp-Connection-Id": ident}
+            batch = await client.post(url, json=[INIT], headers=base)
+            junk = await client.post(url, content=b"{nope", headers={
+                **base, "Content-Type": "application/json"})
+            big = await client.post(url, json={**INIT, "pad": "x" * 2000}, headers=base)
+            broken = await client.post(url, json={**INIT, "jsonrpc": "1.0"}, headers=AUTH)
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
+    for answer in (batch, junk, big, broken):
+        assert any(line.startswith("refused POST /acp from 127.0.0.1:")
+                   and line.endswith(f"({answer.status_code})") for line in logged), \
+            (answer.status_code, logged)
+    assert {batch.status_code, junk.status_code, big.status_code, broken.status_code} \
+        == {501, 400, 413}
