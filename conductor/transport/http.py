@@ -278,10 +278,13 @@ class WsClient(RemoteClient):
         if self._closed:
             return
         self._closed = True
-        try:
-            await self._send({"type": "websocket.close", "code": 1000})
-        except Exception:  # already closed by the client: nothing to say
-            pass
+        # Bounded as any send: the close frame waits behind what a client that stopped
+        # reading left unread, and the chain's shutdown (shielded) waits for this.
+        with anyio.move_on_after(self._timeout(2)):
+            try:
+                await self._send({"type": "websocket.close", "code": 1000})
+            except Exception:  # already closed by the client: nothing to say
+                pass
 
 
 class HttpClient(RemoteClient):

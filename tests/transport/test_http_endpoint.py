@@ -571,3 +571,39 @@ async def test_every_refused_post_is_logged_with_its_status_and_reason(
             (answer.status_code, logged)
     assert {batch.status_code, junk.status_code, big.status_code, broken.status_code} \
         == {501, 400, 413}
+
+
+async def test_closing_a_websocket_whose_client_stopped_reading_does_not_wait_for_it() -> None:
+    # The chain ends (idle, a signal, its agent crashed) and closes the socket: the close
+    # frame queues behind what the client never read. Waiting for it (shielded, in the
+    # chain's shutdown) held the chain, its place, and a stopping server, for ever.
+    from conductor.transport.http import AcpEndpoint, Gate, RemoteClient
+
+    connected: list[RemoteClient] = []
+    endpoint = AcpEndpoint(Gate(), connected.append, send_timeout=lambda size: 0.2)
+    scope = {"type": "websocket", "path": "/acp", "headers": [], "subprotocols": [],
+             "client": ("127.0.0.1", 50000)}
+    events = [{"type": "websocket.connect"}]
+    accepted = anyio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if events:
+            return events.pop()
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def send(event: Any) -> None:
+        if event["type"] == "websocket.accept":
+            accepted.set()
+        else:
+            await anyio.sleep_forever()  # the peer reads nothing: every send waits
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(endpoint, scope, receive, send)
+            await accepted.wait()
+            [client] = connected
+            with anyio.CancelScope(shield=True):  # as the chain's shutdown closes it
+                await client.aclose()
+            client.finish()
+    assert endpoint.clients == {}
