@@ -383,7 +383,8 @@ async def serve_connection(
             try:
                 async with open_ws_client(remote.url, remote.headers,
                                           max_frame_bytes=max_frame) as (sink, source):
-                    hop = Hop(remote.name, sink, dialect=spec.dialect, tracer=tracer)
+                    hop = Hop(remote.name, sink, dialect=spec.dialect, tracer=tracer,
+                              channel="its WebSocket")
                     hosted.append(hop)
                     log.info("connected %s: %s", remote.name, remote.shown)
                     if tracer is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import sys
 from typing import TYPE_CHECKING
 
@@ -263,3 +264,54 @@ async def test_a_server_whose_message_the_chain_is_slow_to_take_is_not_taken_for
             tg.cancel_scope.cancel()
     assert got == ["a", "b"]
     assert source.ended == "closed by the server: code 1000"
+
+
+async def test_a_remote_component_writing_noise_is_logged_as_from_its_websocket(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A remote agent has no stdout: "wrote a non-JSON line on stdout" sent its user
+    # looking for a process that is not there.
+    from conductor.config import parse_chain
+    from conductor.jsonrpc.message import Request
+    from conductor.serve import RunOptions, serve_connection
+    from conductor.transport.memory import message_pipe
+
+    async def banner_then_answers(stream: SocketStream, conn: wsproto.WSConnection) -> None:
+        await stream.send(conn.send(ws.TextMessage(data="Welcome to far-agent 1.0")))
+        while True:
+            try:
+                conn.receive_data(await stream.receive())
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return
+            for event in conn.events():
+                if isinstance(event, ws.TextMessage):
+                    ident = json.loads(event.data)["id"]
+                    await stream.send(conn.send(ws.TextMessage(data=json.dumps(
+                        {"jsonrpc": "2.0", "id": ident, "result": {"protocolVersion": 1}}))))
+                elif isinstance(event, ws.CloseConnection):
+                    await stream.send(conn.send(event.response()))
+                    return
+
+    answered = anyio.Event()
+
+    async def read(item: object) -> None:
+        answered.set()
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve_one, banner_then_answers)
+            config = parse_chain({"agent": {"name": "far", "url": url}}, file="<test>")
+            to_chain, chain_reads = message_pipe()
+            from_chain, editor_reads = message_pipe(1 << 16)
+            tg.start_soon(editor_reads.serve, read)
+
+            async def editor() -> None:
+                await to_chain.send(Request(id=raw(1), method="initialize",
+                                            params=raw({"protocolVersion": 1})))
+                await answered.wait()
+                await to_chain.aclose()
+            tg.start_soon(editor)
+            await serve_connection(config, from_chain, chain_reads,
+                                   RunOptions(handle_signals=False))
+            tg.cancel_scope.cancel()
+    assert "far wrote a non-JSON line on its WebSocket (dropped): Welcome to far-agent 1.0" \
+        in caplog.text
