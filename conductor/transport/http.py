@@ -742,7 +742,10 @@ class AcpEndpoint:
             return
         if answer is None:
             client.end()
-            await _json(send, 504, {"error": "the chain did not answer initialize"}, cors)
+            why = "the chain did not answer initialize" + (
+                "" if client.finished.is_set() else f" within {INITIALIZE_TIMEOUT:g} s")
+            self._log_refusal(scope, Refusal(504, why + ": its chain stops"))
+            await _json(send, 504, {"error": why}, cors)
             return
         await _send_response(send, 200, encode(answer)[:-1], [
             ("content-type", "application/json"), (CONNECTION_ID, client.id), *cors])

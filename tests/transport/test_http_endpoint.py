@@ -607,3 +607,19 @@ async def test_closing_a_websocket_whose_client_stopped_reading_does_not_wait_fo
                 await client.aclose()
             client.finish()
     assert endpoint.clients == {}
+
+
+async def test_an_initialize_the_chain_does_not_answer_in_time_is_logged_with_its_504(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import conductor.transport.http as http_transport
+
+    monkeypatch.setattr(http_transport, "INITIALIZE_TIMEOUT", 0.3)
+    caplog.set_level(logging.INFO, logger="acp_conductor")
+    slow = parse_chain({"conductor": {"shutdown_grace": 0.2}, "agent": {"command": [
+        sys.executable, "-c", "import time; time.sleep(30)"]}}, file="<test>")
+    async with open_listener(slow) as (_, url), http_client() as client:
+        with anyio.fail_after(20):
+            answer = await initialize(client, url)
+    assert answer.status_code == 504
+    assert any("did not answer initialize" in r.getMessage() and "(504)" in r.getMessage()
+               for r in caplog.records), caplog.text
