@@ -282,7 +282,16 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
                 raise ConnectionError("no answer to the WebSocket handshake within "
                                       f"{CONNECT_TIMEOUT:g} s") from None
             except httpx.HTTPError as e:
-                raise ConnectionError(str(e) or type(e).__name__) from None
+                import ssl
+
+                hint, cause = "", e.__cause__ or e.__context__
+                while cause is not None:  # httpx's error, from httpcore's, from ssl's
+                    if isinstance(cause, ssl.SSLCertVerificationError):
+                        hint = (" (to trust the server's certificate, point SSL_CERT_FILE at "
+                                "it in the conductor's environment: docs/remote.md)")
+                        break
+                    cause = cause.__cause__ or cause.__context__
+                raise ConnectionError((str(e) or type(e).__name__) + hint) from None
             source = WsClientSource(session, max_frame_bytes=max_frame_bytes)
             sink = WsClientSink(session, source, timeout=send_timeout)
             pinging = await stack.enter_async_context(anyio.create_task_group())

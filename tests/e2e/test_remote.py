@@ -460,7 +460,12 @@ async def test_a_wss_agent_with_a_self_signed_certificate_is_trusted_through_ssl
         outer.write_text(f'[agent]\nurl = "{server.ws_url}"\n'
                          f'headers = {{ Authorization = "Bearer {TOKEN}" }}\n',
                          encoding="utf-8")
+        async with open_conductor("--chain", str(outer)) as untrusting:
+            refused = await untrusting.request("initialize", {"protocolVersion": 1}, ident=0)
         async with open_conductor("--chain", str(outer), check_exit=True,
                                   env={"SSL_CERT_FILE": str(cert)}) as conductor:
             answer = await conductor.initialize()
+    # Without it the error says how to trust the certificate, not only that it failed.
+    assert "certificate verify failed" in refused["error"]["message"]
+    assert "SSL_CERT_FILE" in refused["error"]["message"]
     assert answer["agentInfo"]["name"] == "demo-agent"
