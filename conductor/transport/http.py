@@ -446,7 +446,7 @@ class HttpClient(RemoteClient):
                 self._session_sources.pop(session).close()
                 self._handing_back[session] = handed = anyio.Event()
                 try:
-                    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    with anyio.CancelScope(shield=True):
                         await self._hand_back(source)
                 finally:
                     if self._handing_back.get(session) is handed:  # not a newer GET's
@@ -461,15 +461,21 @@ class HttpClient(RemoteClient):
 
     async def _hand_back(self, source: MemoryObjectReceiveStream[bytes]) -> None:
         """A session's stream closed with events still queued: the connection's stream
-        carries them."""
+        carries them, each within the time any send has; one it cannot take in that time
+        means the client stopped reading (it is dropped: not events lost without a word)."""
         while True:
             try:
                 frame = source.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 return
-            try:
-                await self._main_send.send(frame)
-            except _GONE:
+            waited = self._timeout(len(frame))
+            with anyio.move_on_after(waited) as late:
+                try:
+                    await self._main_send.send(frame)
+                except _GONE:
+                    return
+            if late.cancelled_caught:
+                self._drop(stalled(waited))
                 return
 
 

@@ -251,3 +251,43 @@ async def test_events_queued_for_a_closed_session_stream_keep_their_order_on_the
     delivered = [e["params"]["n"] for e in main.events]
     assert delivered == sorted(delivered)
     assert set(range(1, 40)) <= set(delivered)  # only the one being written may be lost
+
+
+async def test_events_a_closed_session_stream_cannot_hand_on_drop_the_client_not_the_events(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The session's stream drops with updates queued, and the connection's stream is full
+    # (its reader stopped too): they were lost after 5 s without a word, the connection
+    # going on as if nothing was missing. A client that stops reading is dropped.
+    from conductor.transport.http import OUTBOX
+
+    client = HttpClient("peer", 0, max_frame_bytes=1 << 20, timeout=lambda size: 0.05)
+    client.sessions.add("s1")
+    session, main = Stream(), Stream()
+    with anyio.fail_after(15):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.stream, None, main.send, main.receive)
+            session_ended = anyio.Event()
+
+            async def session_send(message: Any) -> None:
+                if session._disconnect.is_set():
+                    raise OSError("the client has gone")  # as the server says then
+                await session.send(message)
+
+            async def session_get() -> None:
+                await client.stream("s1", session_send, session.receive)
+                session_ended.set()
+            tg.start_soon(session_get)
+            await session.opened.wait()
+            await main.opened.wait()
+            main.stall()
+            session.stall()
+            for _ in range(OUTBOX + 1):  # one being written, the rest queued: full
+                await client.send(Notification(method="x", params=raw({})))
+            for n in range(3):
+                await client.send(update(n))
+            session._disconnect.set()
+            await session_ended.wait()  # its queue handed on, or not
+            tg.cancel_scope.cancel()
+    client.finish()  # what the listener does once the chain has stopped
+    assert client.closed
+    assert "stopped reading" in caplog.text
