@@ -259,8 +259,9 @@ async def serve_listener(config: ChainConfig, settings: ListenSettings, *,
             if ready is not None:
                 ready(settings.urls(port))
             await settings.stop.wait()
+            why = signal.Signals(received[0]).name if received else "the server was stopped"
             for client in list(running):
-                client.end()  # each chain stops as if its client had closed its input
+                client.end(why)  # each chain stops as if its client had closed its input
             with anyio.move_on_after(2 * config.conductor.shutdown_grace + 5):
                 for client in list(running):
                     await client.finished.wait()
@@ -306,7 +307,7 @@ async def _watch_idle(client: RemoteClient, idle: float) -> None:
         if anyio.current_time() >= client.last_activity + idle and not client.busy:
             log.warning("%s client %s: idle for %g s, closing it", client.transport, client.id,
                         idle)
-            client.end()
+            client.end(f"the client was idle for {idle:g} s")
             return
         if client.busy:
             client.last_activity = anyio.current_time()  # look again one period later

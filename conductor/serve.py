@@ -396,7 +396,8 @@ async def serve_connection(
             try:
                 async with open_ws_client(remote.url, remote.headers,
                                           max_frame_bytes=max_frame) as (sink, source):
-                    hop = Hop(remote.name, sink, dialect=spec.dialect, tracer=tracer)
+                    hop = Hop(remote.name, sink, dialect=spec.dialect, tracer=tracer,
+                              channel="its WebSocket")
                     hosted.append(hop)
                     log.info("connected %s: %s", remote.name, remote.shown)
                     if tracer is not None:
@@ -476,6 +477,11 @@ async def serve_connection(
         if bridge is not None:
             bridge.attach(chain)
 
+        def ended_because() -> str | None:
+            # A server ends a network client's input for its own reasons (stopping, idle).
+            why = getattr(client_source, "ended_because", None)
+            return why if isinstance(why, str) else None
+
         async def stop_if_stuck() -> None:
             # The client closed its input, but its reader is stuck routing what came before
             # (a component that stopped reading holds a frame half written): it would never
@@ -498,7 +504,8 @@ async def serve_connection(
                 watch.start_soon(stop_if_stuck)
                 await _serve_source(chain, client, client_source)
                 watch.cancel_scope.cancel()
-            log.info("client closed its input")
+            log.info("client closed its input" if ended_because() is None
+                     else f"client input ended: {ended_because()}")
             chain.disconnected()
             if options.mode == "proxy":
                 # The client's pipe carries its answers and our successor's: none can come
@@ -535,7 +542,7 @@ async def serve_connection(
         with anyio.CancelScope(shield=True):
             # Components are stopping in their own tasks; meanwhile answer what they owed.
             why = (signal.Signals(outcome.signal).name if outcome.signal is not None
-                   else "the client closed its input")
+                   else ended_because() or "the client closed its input")
             longest = max((c.spec.shutdown_grace for c, _ in components), default=0.0)
             with anyio.move_on_after(2 * longest + 5):  # each stop is bounded; this is a backstop
                 # Runs leave `stopped` as they end: wait on what is left, not a stale index.

@@ -308,7 +308,8 @@ class Chain:
             return
         # Banners and ANSI noise on a component's stdout: never forwarded, never answered.
         text = item.head.decode("utf-8", "replace")
-        log.warning("%s wrote a non-JSON line on stdout (dropped): %s", hop.name, text)
+        log.warning("%s wrote a non-JSON line on %s (dropped): %s", hop.name, hop.channel,
+                    text)
         self._trace_lifecycle(hop.name, "noise", line=text)
 
     async def _receive_message(self, hop: Hop, msg: Message, *,

@@ -50,8 +50,9 @@ class Hop(Endpoint):
     def __init__(self, name: str, sink: MessageSink, *, dialect: Dialect | None = None,
                  passes: Passes | None = None, watch: Watch | None = None,
                  relay: Relay | None = None, release: Release | None = None,
-                 tracer: TraceSink | None = None) -> None:
+                 tracer: TraceSink | None = None, channel: str = "stdout") -> None:
         super().__init__(name, sink)
+        self.channel = channel                 # where its messages come from, for the logs
         self.dialect = dialect                 # for proxies: how they spell the envelope
         self.dialect_forced = dialect is not None
         self.passes = passes                   # in-process proxies only

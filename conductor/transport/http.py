@@ -7,9 +7,10 @@ ASGI application that hypercorn serves (`serve_asgi`).
 - `POST` of `initialize` (no `Acp-Connection-Id`) opens a connection: 200, the answer as
   the JSON body, `Acp-Connection-Id` in a header. Every other POST names its connection
   and answers 202; what the chain sends back travels on a `GET` SSE stream: the
-  connection's, or a session's (`Acp-Session-Id`) while one is open for that session.
-  Session-scoped methods must carry `Acp-Session-Id` (400), naming a session of this
-  connection (404). Batches get 501.
+  connection's, or a session's (`Acp-Session-Id`) while one is open for that session
+  (which may be opened before the session/load that makes it known). Session-scoped
+  methods must carry `Acp-Session-Id` (400), naming a session of this connection (404).
+  Batches get 501.
 - `DELETE` ends the connection.
 
 Every client connection is a `RemoteClient`: a MessageSink (what the chain sends to the
@@ -174,6 +175,9 @@ class RemoteClient:
         self._open_requests: set[bytes] = set()  # the client's, not answered yet
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[Any](INBOX)
         self._on_finish: list[Callable[[], None]] = []
+        # Why the server ended the client's input (shutdown, idle, not reading); None when
+        # the client ended it. The chain says it in the answers it could not give.
+        self.ended_because: str | None = None
 
     # -- MessageSink (each transport's own) -----------------------------------------------
 
@@ -214,8 +218,11 @@ class RemoteClient:
         """A request of the client's is still being worked on: not idle, however quiet."""
         return bool(self._open_requests)
 
-    def end(self) -> None:
-        """End the client's input (DELETE, idle, shutdown): the chain sees EOF and stops."""
+    def end(self, why: str | None = None) -> None:
+        """End the client's input (DELETE, idle, shutdown): the chain sees EOF and stops.
+        `why`: the server's reason, when it was not the client's doing."""
+        if why is not None and self.ended_because is None and not self.finished.is_set():
+            self.ended_because = why
         self._inbox_send.close()
 
     def when_finished(self, callback: Callable[[], None]) -> None:
@@ -259,7 +266,7 @@ class WsClient(RemoteClient):
         if late.cancelled_caught:
             log.warning("ws client %s: %s; dropping it", self.id, stalled(waited))
             self._closed = True  # no close frame: it would wait behind the stuck message
-            self.end()  # its chain stops as if it had left
+            self.end("the client stopped reading")  # its chain stops as if it had left
             raise anyio.BrokenResourceError
         self._sent(item)
 
@@ -271,10 +278,13 @@ class WsClient(RemoteClient):
         if self._closed:
             return
         self._closed = True
-        try:
-            await self._send({"type": "websocket.close", "code": 1000})
-        except Exception:  # already closed by the client: nothing to say
-            pass
+        # Bounded as any send: the close frame waits behind what a client that stopped
+        # reading left unread, and the chain's shutdown (shielded) waits for this.
+        with anyio.move_on_after(self._timeout(2)):
+            try:
+                await self._send({"type": "websocket.close", "code": 1000})
+            except Exception:  # already closed by the client: nothing to say
+                pass
 
 
 class HttpClient(RemoteClient):
@@ -292,6 +302,9 @@ class HttpClient(RemoteClient):
         self._session_readers: dict[str, anyio.CancelScope] = {}
         # Each session stream's queue outlives one GET: a newer GET reads on from it, in order.
         self._session_sources: dict[str, MemoryObjectReceiveStream[bytes]] = {}
+        # Sessions whose closed stream's queue is being moved to the connection's stream:
+        # their next events wait for that, or they would overtake the ones queued before.
+        self._handing_back: dict[str, anyio.Event] = {}
         self.sessions: set[str] = set()
         self._request_session: dict[bytes, str] = {}
         self._closing: set[bytes] = set()  # requests that end their session when answered
@@ -354,6 +367,9 @@ class HttpClient(RemoteClient):
         # long as it keeps the socket.
         with anyio.move_on_after(waited) as late:
             while True:
+                handing_back = self._handing_back.get(session) if session is not None else None
+                if handing_back is not None:
+                    await handing_back.wait()
                 stream = self._session_streams.get(session) if session is not None else None
                 try:
                     await (stream or self._main_send).send(frame)
@@ -380,7 +396,7 @@ class HttpClient(RemoteClient):
         for reader in [self._main_reader, *self._session_readers.values()]:
             if reader is not None:
                 reader.cancel()
-        self.end()
+        self.end("the client stopped reading")
 
     async def aclose(self) -> None:
         self.closed = True
@@ -428,8 +444,14 @@ class HttpClient(RemoteClient):
                 del self._session_readers[session]
                 self._session_streams.pop(session).close()
                 self._session_sources.pop(session).close()
-                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                    await self._hand_back(source)
+                self._handing_back[session] = handed = anyio.Event()
+                try:
+                    with anyio.CancelScope(shield=True):
+                        await self._hand_back(source)
+                finally:
+                    if self._handing_back.get(session) is handed:  # not a newer GET's
+                        del self._handing_back[session]
+                    handed.set()
             source.close()
         if not reader.cancelled_caught:
             try:
@@ -439,15 +461,21 @@ class HttpClient(RemoteClient):
 
     async def _hand_back(self, source: MemoryObjectReceiveStream[bytes]) -> None:
         """A session's stream closed with events still queued: the connection's stream
-        carries them."""
+        carries them, each within the time any send has; one it cannot take in that time
+        means the client stopped reading (it is dropped: not events lost without a word)."""
         while True:
             try:
                 frame = source.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 return
-            try:
-                await self._main_send.send(frame)
-            except _GONE:
+            waited = self._timeout(len(frame))
+            with anyio.move_on_after(waited) as late:
+                try:
+                    await self._main_send.send(frame)
+                except _GONE:
+                    return
+            if late.cancelled_caught:
+                self._drop(stalled(waited))
                 return
 
 
@@ -499,9 +527,9 @@ class AcpEndpoint:
                 await _json(send, refusal.status, {"error": refusal.reason},
                             [*refusal.headers, *self._cors(scope)])
 
-    async def _refuse_rpc(self, scope: Scope, send: Send, status: int, reason: str,
-                          body: bytes, cors: list[tuple[str, str]]) -> None:
-        """A refusal answered with a JSON-RPC error as its body: logged like any other."""
+    async def _answer_refusal(self, scope: Scope, send: Send, status: int, reason: str,
+                              body: bytes, cors: list[tuple[str, str]]) -> None:
+        """A refusal whose body is a JSON-RPC error: logged as every refusal is."""
         self._log_refusal(scope, Refusal(status, reason))
         await _json(send, status, body, cors)
 
@@ -601,9 +629,11 @@ class AcpEndpoint:
                 raise Refusal(406, "GET opens an event stream: send Accept: text/event-stream "
                                    "(or Upgrade: websocket)")
             client = self._client_of(scope, owner)
+            # A session's stream may open before the session is known here: a client opens
+            # it, then POSTs the session/load (or resume) whose replay it is to carry (the
+            # TypeScript SDK does). It carries this connection's traffic only: for a session
+            # the chain never opens, nothing.
             session = _header(scope, SESSION_ID)
-            if session is not None and session not in client.sessions:
-                raise Refusal(404, "unknown Acp-Session-Id for this connection")
             await client.stream(session, _with_headers(send, self._cors(scope)), receive)
         elif method == "DELETE":
             client = self._client_of(scope, owner)
@@ -634,21 +664,21 @@ class AcpEndpoint:
                             self.max_frame_bytes)
         if isinstance(item, Oversized):
             why = f"a message of over {item.limit} bytes, the limit on messages"
-            await self._refuse_rpc(scope, send, 413, why, _error(
+            await self._answer_refusal(scope, send, 413, why, _error(
                 item.head.id, ErrorCode.FRAME_TOO_LARGE, why, {"limit": item.limit}), cors)
             return
         if isinstance(item, NotJson):
-            await self._refuse_rpc(scope, send, 400, f"not JSON: {item.reason}", _error(
+            await self._answer_refusal(scope, send, 400, f"not JSON: {item.reason}", _error(
                 None, ErrorCode.PARSE_ERROR, "Parse error", item.reason), cors)
             return
         if isinstance(item, Unreadable):
-            await self._refuse_rpc(scope, send, 400, item.reason,
-                                   _error(item.head.id, item.code, item.reason), cors)
+            await self._answer_refusal(scope, send, 400, item.reason, _error(
+                item.head.id, item.code, item.reason), cors)
             return
         if isinstance(item, Batch):
             why = "batches are not supported over HTTP (the RFD); send one message per POST"
-            await self._refuse_rpc(scope, send, 501, why,
-                                   _error(None, ErrorCode.INVALID_REQUEST, why), cors)
+            await self._answer_refusal(scope, send, 501, why, _error(
+                None, ErrorCode.INVALID_REQUEST, why), cors)
             return
         if _header(scope, CONNECTION_ID) is None and isinstance(item, Request) \
                 and item.method in _OPENS:
@@ -657,10 +687,9 @@ class AcpEndpoint:
         if _header(scope, CONNECTION_ID) is None and isinstance(item, InvalidMessage):
             # No connection to answer on (a malformed initialize, usually): the rule it
             # breaks is the answer, not "POST initialize first".
-            await self._refuse_rpc(scope, send, 400, f"invalid JSON-RPC: {item.reason}",
-                                   _error(item.id if item.call_shaped else None,
-                                          ErrorCode.INVALID_REQUEST, "Invalid Request",
-                                          item.reason), cors)
+            await self._answer_refusal(scope, send, 400, item.reason, _error(
+                item.id if item.call_shaped else None, ErrorCode.INVALID_REQUEST,
+                "Invalid Request", item.reason), cors)
             return
         client = self._client_of(scope, owner)
         if isinstance(item, Request | Notification):
@@ -719,9 +748,10 @@ class AcpEndpoint:
             return
         if answer is None:
             client.end()
-            self._log_refusal(scope, Refusal(504, "the chain did not answer initialize within "
-                                                  f"{INITIALIZE_TIMEOUT:g}s"))
-            await _json(send, 504, {"error": "the chain did not answer initialize"}, cors)
+            why = "the chain did not answer initialize" + (
+                "" if client.finished.is_set() else f" within {INITIALIZE_TIMEOUT:g} s")
+            self._log_refusal(scope, Refusal(504, why + ": its chain stops"))
+            await _json(send, 504, {"error": why}, cors)
             return
         await _send_response(send, 200, encode(answer)[:-1], [
             ("content-type", "application/json"), (CONNECTION_ID, client.id), *cors])

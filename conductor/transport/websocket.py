@@ -26,6 +26,8 @@ REMOTE_EXTRA_HINT = ("install it from your checkout, pip install '/path/to/acp-c
                      "(or from a wheel, 'acp_conductor-*.whl[remote]'; docs/remote.md)")
 CONNECT_TIMEOUT = 30.0
 PING_INTERVAL = 20.0  # a peer that stops answering pings is a dropped connection
+# The reason httpx-ws (0.9) closes a session with when a read fails.
+READ_FAILED_REASON: Final = "Stream error"
 MESSAGE_TOO_BIG: Final = 1009  # the WebSocket close code
 # A peer that stops reading makes our sends wait for its TCP window forever (and pings
 # queue behind them): a message must be taken within this grace plus a second per
@@ -62,6 +64,7 @@ class WsClientSink:
 
     async def send(self, item: Message | list[Message]) -> None:
         import httpx_ws
+        import wsproto.utilities
 
         if self._closed:
             raise anyio.BrokenResourceError
@@ -71,13 +74,16 @@ class WsClientSink:
             with anyio.move_on_after(waited) as late:
                 await self._session.send_text(text)
         except (httpx_ws.HTTPXWSException, OSError, anyio.BrokenResourceError,
-                anyio.ClosedResourceError) as e:
+                anyio.ClosedResourceError,
+                # httpx-ws closed the session itself (a ping unanswered, a read failed):
+                # wsproto refuses any frame after the close.
+                wsproto.utilities.LocalProtocolError) as e:
             raise anyio.BrokenResourceError from e
         if late.cancelled_caught:
-            await self._drop(stalled(waited))
+            await self.drop(stalled(waited))
             raise anyio.BrokenResourceError
 
-    async def _drop(self, why: str) -> None:
+    async def drop(self, why: str) -> None:
         """End a connection whose peer stopped reading. No close frame: it would wait
         behind the message that is stuck (perhaps half written). Closing the socket ends
         the reader (and makes httpx-ws's own close on exit fail fast, not wait forever)."""
@@ -106,6 +112,9 @@ class WsClientSource:
         self.ended = "the connection is still open"
         self._reading = anyio.CancelScope()
         self._dropped: str | None = None
+        # Since when it has waited for a frame; None while the chain handles one. Pongs are
+        # read in order behind frames: while a frame waits for us, so does the pong.
+        self.waiting_since: float | None = None
 
     def drop(self, why: str) -> None:
         """The connection is being dropped (`why`): stop reading (a message being handled
@@ -121,8 +130,10 @@ class WsClientSource:
             try:
                 if self._dropped is None:
                     self._reading = anyio.CancelScope()
+                    self.waiting_since = anyio.current_time()
                     with self._reading:
                         text = await self._session.receive_text()
+                    self.waiting_since = None
                 if text is None:  # dropped (the sink saw the peer stop reading)
                     self.ended = self._dropped or self.ended
                     return
@@ -142,11 +153,42 @@ class WsClientSource:
                 continue  # binary frames carry nothing in ACP: ignored, as the RFD says
             except (httpx_ws.HTTPXWSException, OSError, anyio.EndOfStream,
                     anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
-                self.ended = self._dropped or f"network error: {type(e).__name__}"
+                # httpx-ws's WebSocketNetworkError says nothing; the reason it closed
+                # the session with tells a failed read.
+                closed = getattr(self._session, "close_reason", None)
+                self.ended = self._dropped or (
+                    "the connection broke (reading from it failed)"
+                    if closed == READ_FAILED_REASON else f"network error: {type(e).__name__}")
                 return
             for item in decode_lines(text.encode(), self._max):
                 if nowait is None or not nowait(item):
                     await handle(item)
+
+
+async def _keep_alive(session: Any, sink: WsClientSink, source: WsClientSource) -> None:
+    """Ping the peer every PING_INTERVAL; drop it when a pong does not come within that
+    while we wait for its frames. httpx-ws's own keepalive cannot tell: its reader hands
+    frames on one at a time, so a pong behind a frame the chain has not taken yet (it waits
+    on a slow client, say) is not read, and a peer that is fine would be dropped."""
+    import httpx_ws
+    import wsproto.utilities
+
+    while True:
+        await anyio.sleep(PING_INTERVAL)
+        try:
+            pong = await session.ping()
+        except (httpx_ws.HTTPXWSException, wsproto.utilities.LocalProtocolError, OSError,
+                anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return  # closing or closed: the reader says how
+        sent = anyio.current_time()
+        while not pong.is_set():
+            with anyio.move_on_after(PING_INTERVAL):
+                await pong.wait()
+            since = source.waiting_since
+            if not pong.is_set() and since is not None \
+                    and anyio.current_time() - max(since, sent) >= PING_INTERVAL:
+                await sink.drop(f"it did not answer a ping within {PING_INTERVAL:g} s")
+                return
 
 
 class _CappedConnection:
@@ -183,9 +225,16 @@ def _capped_session(cap: int) -> type:
     import httpx_ws
 
     class CappedSession(httpx_ws.AsyncWebSocketSession):
+        close_reason: str | None = None  # the first close's: why httpx-ws gave up, say
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.connection = _CappedConnection(self.connection, cap)  # type: ignore[assignment]
+
+        async def close(self, code: int = 1000, reason: str | None = None) -> None:
+            if self.close_reason is None:
+                self.close_reason = reason or ""
+            await super().close(code, reason)
     return CappedSession
 
 
@@ -205,7 +254,7 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
     Raises:
         ConnectionError: the extra is not installed, the server cannot be reached, or it
             refused the upgrade (the message says which, with the HTTP status); also raised
-            on exit when the connection failed underneath (pings unanswered). What the
+            on exit when the connection failed underneath (a read failed). What the
             block itself raises is not translated (httpx-ws's task group may wrap it in an
             ExceptionGroup).
     """
@@ -222,19 +271,34 @@ async def open_ws_client(url: str, headers: dict[str, str], *,
                 headers=headers, timeout=httpx.Timeout(CONNECT_TIMEOUT)))
             try:
                 session: Any = await stack.enter_async_context(httpx_ws.aconnect_ws(
-                    http_url(url), client, keepalive_ping_interval_seconds=PING_INTERVAL,
-                    keepalive_ping_timeout_seconds=PING_INTERVAL,
+                    http_url(url), client, keepalive_ping_interval_seconds=None,  # ours
                     session_class=_capped_session(2 * max_frame_bytes)))
             except httpx_ws.WebSocketUpgradeError as e:
                 status = e.response.status_code
                 raise ConnectionError(f"the server refused the connection: HTTP {status}"
                                       + (" (check the token header)" if status == 401
                                          else "")) from None
+            except httpx.TimeoutException:  # str() of it is empty: say what timed out
+                raise ConnectionError("no answer to the WebSocket handshake within "
+                                      f"{CONNECT_TIMEOUT:g} s") from None
             except httpx.HTTPError as e:
-                raise ConnectionError(str(e) or type(e).__name__) from None
+                import ssl
+
+                hint, cause = "", e.__cause__ or e.__context__
+                while cause is not None:  # httpx's error, from httpcore's, from ssl's
+                    if isinstance(cause, ssl.SSLCertVerificationError):
+                        hint = (" (to trust the server's certificate, point SSL_CERT_FILE at "
+                                "it in the conductor's environment: docs/remote.md)")
+                        break
+                    cause = cause.__cause__ or cause.__context__
+                raise ConnectionError((str(e) or type(e).__name__) + hint) from None
             source = WsClientSource(session, max_frame_bytes=max_frame_bytes)
+            sink = WsClientSink(session, source, timeout=send_timeout)
+            pinging = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(pinging.cancel_scope.cancel)  # runs first: then the group ends
+            pinging.start_soon(_keep_alive, session, sink, source)
             try:
-                yield WsClientSink(session, source, timeout=send_timeout), source
+                yield sink, source
             except BaseException as e:
                 mine.append(e)
                 raise

@@ -383,6 +383,23 @@ async def test_the_typescript_sdk_drives_a_served_chain(demo_chain: Path, mode: 
     assert "stop: end_turn" in out
 
 
+@pytest.mark.skipif((NODE is None or not (TS_SDK / "dist" / "http-stream.js").exists())
+                    and not os.environ.get("CI"),
+                    reason="node and the TypeScript ACP SDK are not installed (.ci/run does)")
+async def test_the_typescript_sdk_loads_a_session_over_streamable_http(demo_chain: Path
+                                                                      ) -> None:
+    # Its client opens the session's SSE stream before it POSTs session/load.
+    assert NODE is not None
+    async with open_server(demo_chain) as server:
+        with anyio.fail_after(30):
+            done = await anyio.run_process(
+                [NODE, str(BIN / "ts_sdk_client.mjs"), "http", server.http_url, "again",
+                 "earlier-session"],
+                env=child_env(ACP_SDK_DIR=str(TS_SDK), ACP_TOKEN=TOKEN), check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    assert "You said: again" in done.stdout.decode()
+
+
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 and its key (cryptography comes with the mcp SDK)."""
     import datetime
@@ -443,7 +460,12 @@ async def test_a_wss_agent_with_a_self_signed_certificate_is_trusted_through_ssl
         outer.write_text(f'[agent]\nurl = "{server.ws_url}"\n'
                          f'headers = {{ Authorization = "Bearer {TOKEN}" }}\n',
                          encoding="utf-8")
+        async with open_conductor("--chain", str(outer)) as untrusting:
+            refused = await untrusting.request("initialize", {"protocolVersion": 1}, ident=0)
         async with open_conductor("--chain", str(outer), check_exit=True,
                                   env={"SSL_CERT_FILE": str(cert)}) as conductor:
             answer = await conductor.initialize()
+    # Without it the error says how to trust the certificate, not only that it failed.
+    assert "certificate verify failed" in refused["error"]["message"]
+    assert "SSL_CERT_FILE" in refused["error"]["message"]
     assert answer["agentInfo"]["name"] == "demo-agent"

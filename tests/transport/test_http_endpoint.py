@@ -198,6 +198,29 @@ async def test_session_traffic_goes_to_the_session_stream_while_one_is_open() ->
     assert all(e["params"]["sessionId"] == session for e in events[:-1])
 
 
+async def test_a_session_stream_opened_before_its_session_load_carries_the_replay() -> None:
+    # The TypeScript SDK's HTTP client opens a session's stream before it POSTs the
+    # session/load (or resume) naming it, so the replayed history lands there; refusing
+    # that GET as an unknown session failed every load.
+    async with open_listener() as (_, url), http_client(timeout=10) as client:
+        with anyio.fail_after(20):
+            ident = (await initialize(client, url)).headers["acp-connection-id"]
+            base = {**AUTH, "Acp-Connection-Id": ident, "Acp-Session-Id": "earlier"}
+            async with client.stream("GET", url, headers={**base, "Accept": "text/event-stream"}
+                                     ) as scoped:
+                assert scoped.status_code == 200
+                async with open_events(scoped) as next_scoped:
+                    loading = await client.post(url, headers=base, json={
+                        "jsonrpc": "2.0", "id": 2, "method": "session/load",
+                        "params": {"sessionId": "earlier", "cwd": "/", "mcpServers": []}})
+                    assert loading.status_code == 202
+                    events = [await next_scoped()]
+                    while "id" not in events[-1]:
+                        events.append(await next_scoped())
+    assert events[0]["params"]["update"]["sessionUpdate"] == "user_message_chunk"
+    assert events[-1] == {"jsonrpc": "2.0", "id": 2, "result": None}
+
+
 async def test_the_rfd_status_codes_for_malformed_requests() -> None:
     async with open_listener() as (_, url), http_client() as client:
         with anyio.fail_after(15):
@@ -516,3 +539,111 @@ async def test_every_post_refused_with_a_json_rpc_body_is_logged_with_its_status
         assert any(line.endswith(status) for line in refusals), (status, refusals)
     assert sum(line.endswith("(400)") for line in refusals) == 2, refusals
     assert all("127.0.0.1" in line for line in refusals), refusals
+
+
+async def test_a_request_cut_short_by_the_server_stopping_is_answered_saying_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The chain is still starting (its agent is slow to come up) when the server is told
+    # to stop: the client's initialize is answered, and the reason is the server's stop,
+    # not "the client closed its input", which this client never did.
+    started = anyio.Event()
+
+    class Started(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("started agent"):
+                started.set()
+
+    caplog.set_level(logging.INFO, logger="acp_conductor")
+    logging.getLogger("acp_conductor").addHandler(watch := Started())
+    slow = parse_chain({"conductor": {"shutdown_grace": 0.2}, "agent": {"command": [
+        sys.executable, "-c", "import time; time.sleep(30)"]}}, file="<test>")
+    stop = anyio.Event()
+    try:
+        async with open_listener(slow, stop=stop) as (ws_url, _), http_client() as http:
+            with anyio.fail_after(20):
+                async with httpx_ws.aconnect_ws(ws_url.replace("ws:", "http:"), http,
+                                                headers=dict(AUTH)) as ws:
+                    await ws.send_text(json.dumps(INIT))
+                    await started.wait()
+                    stop.set()
+                    answer = json.loads(await ws.receive_text())
+    finally:
+        logging.getLogger("acp_conductor").removeHandler(watch)
+    assert answer["id"] == 1
+    assert "the client closed its input" not in answer["error"]["message"]
+    assert "shutting down (the server was stopped)" in answer["error"]["message"]
+
+
+async def test_every_refused_post_is_logged_with_its_status_and_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # docs/remote.md: "Every refusal is logged (method, path, peer, reason, status)". The
+    # ones answered with a JSON-RPC error body were not: a server's log showed nothing.
+    caplog.set_level(logging.INFO, logger="acp_conductor")
+    async with open_listener(max_frame_bytes=1000) as (_, url), http_client() as client:
+        with anyio.fail_after(15):
+            ident = (await initialize(client, url)).headers["acp-connection-id"]
+            base = {**AUTH, "Acp-Connection-Id": ident}
+            batch = await client.post(url, json=[INIT], headers=base)
+            junk = await client.post(url, content=b"{nope", headers={
+                **base, "Content-Type": "application/json"})
+            big = await client.post(url, json={**INIT, "pad": "x" * 2000}, headers=base)
+            broken = await client.post(url, json={**INIT, "jsonrpc": "1.0"}, headers=AUTH)
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
+    for answer in (batch, junk, big, broken):
+        assert any(line.startswith("refused POST /acp from 127.0.0.1:")
+                   and line.endswith(f"({answer.status_code})") for line in logged), \
+            (answer.status_code, logged)
+    assert {batch.status_code, junk.status_code, big.status_code, broken.status_code} \
+        == {501, 400, 413}
+
+
+async def test_closing_a_websocket_whose_client_stopped_reading_does_not_wait_for_it() -> None:
+    # The chain ends (idle, a signal, its agent crashed) and closes the socket: the close
+    # frame queues behind what the client never read. Waiting for it (shielded, in the
+    # chain's shutdown) held the chain, its place, and a stopping server, for ever.
+    from conductor.transport.http import AcpEndpoint, Gate, RemoteClient
+
+    connected: list[RemoteClient] = []
+    endpoint = AcpEndpoint(Gate(), connected.append, send_timeout=lambda size: 0.2)
+    scope = {"type": "websocket", "path": "/acp", "headers": [], "subprotocols": [],
+             "client": ("127.0.0.1", 50000)}
+    events = [{"type": "websocket.connect"}]
+    accepted = anyio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if events:
+            return events.pop()
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def send(event: Any) -> None:
+        if event["type"] == "websocket.accept":
+            accepted.set()
+        else:
+            await anyio.sleep_forever()  # the peer reads nothing: every send waits
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(endpoint, scope, receive, send)
+            await accepted.wait()
+            [client] = connected
+            with anyio.CancelScope(shield=True):  # as the chain's shutdown closes it
+                await client.aclose()
+            client.finish()
+    assert endpoint.clients == {}
+
+
+async def test_an_initialize_the_chain_does_not_answer_in_time_is_logged_with_its_504(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import conductor.transport.http as http_transport
+
+    monkeypatch.setattr(http_transport, "INITIALIZE_TIMEOUT", 0.3)
+    caplog.set_level(logging.INFO, logger="acp_conductor")
+    slow = parse_chain({"conductor": {"shutdown_grace": 0.2}, "agent": {"command": [
+        sys.executable, "-c", "import time; time.sleep(30)"]}}, file="<test>")
+    async with open_listener(slow) as (_, url), http_client() as client:
+        with anyio.fail_after(20):
+            answer = await initialize(client, url)
+    assert answer.status_code == 504
+    assert any("did not answer initialize" in r.getMessage() and "(504)" in r.getMessage()
+               for r in caplog.records), caplog.text

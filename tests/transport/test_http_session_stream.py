@@ -217,3 +217,77 @@ async def test_a_payload_with_a_carriage_return_as_whitespace_is_one_sse_event()
             tg.cancel_scope.cancel()
     client.finish()
     assert sse_events(b"".join(bodies)) == [{"jsonrpc": "2.0", "id": 7, "result": {"a": 1, "b": 2}}]
+
+
+async def test_events_queued_for_a_closed_session_stream_keep_their_order_on_the_main_one(
+        ) -> None:
+    # The session's stream drops mid-turn with updates queued behind a stalled write; the
+    # agent goes on streaming meanwhile. The connection's stream must carry the queued ones
+    # first: a chunk of text that overtakes the ones before it garbles the answer.
+    client = HttpClient("peer", 0, max_frame_bytes=1 << 20)
+    client.sessions.add("s1")
+    session, main = Stream(), Stream()
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.stream, None, main.send, main.receive)
+            tg.start_soon(client.stream, "s1", session.send, session.receive)
+            await session.opened.wait()
+            await main.opened.wait()
+            session.stall()
+            for n in range(20):
+                await client.send(update(n))
+            session._disconnect.set()  # the client drops the session's stream
+
+            async def go_on() -> None:
+                for n in range(20, 40):
+                    await client.send(update(n))
+            tg.start_soon(go_on)
+            while not any(e["params"]["n"] == 39 for e in main.events):
+                main.got_event = anyio.Event()
+                await main.got_event.wait()
+            await client.aclose()
+            client.finish()
+            tg.cancel_scope.cancel()
+    delivered = [e["params"]["n"] for e in main.events]
+    assert delivered == sorted(delivered)
+    assert set(range(1, 40)) <= set(delivered)  # only the one being written may be lost
+
+
+async def test_events_a_closed_session_stream_cannot_hand_on_drop_the_client_not_the_events(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The session's stream drops with updates queued, and the connection's stream is full
+    # (its reader stopped too): they were lost after 5 s without a word, the connection
+    # going on as if nothing was missing. A client that stops reading is dropped.
+    from conductor.transport.http import OUTBOX
+
+    client = HttpClient("peer", 0, max_frame_bytes=1 << 20, timeout=lambda size: 0.05)
+    client.sessions.add("s1")
+    session, main = Stream(), Stream()
+    with anyio.fail_after(15):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.stream, None, main.send, main.receive)
+            session_ended = anyio.Event()
+
+            async def session_send(message: Any) -> None:
+                if session._disconnect.is_set():
+                    raise OSError("the client has gone")  # as the server says then
+                await session.send(message)
+
+            async def session_get() -> None:
+                await client.stream("s1", session_send, session.receive)
+                session_ended.set()
+            tg.start_soon(session_get)
+            await session.opened.wait()
+            await main.opened.wait()
+            main.stall()
+            session.stall()
+            for _ in range(OUTBOX + 1):  # one being written, the rest queued: full
+                await client.send(Notification(method="x", params=raw({})))
+            for n in range(3):
+                await client.send(update(n))
+            session._disconnect.set()
+            await session_ended.wait()  # its queue handed on, or not
+            tg.cancel_scope.cancel()
+    client.finish()  # what the listener does once the chain has stopped
+    assert client.closed
+    assert "stopped reading" in caplog.text
