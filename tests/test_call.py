@@ -162,3 +162,16 @@ async def test_a_session_new_answered_with_no_object_is_a_setup_failure_naming_i
     assert outcome.code is CallExit.COMPONENT
     assert outcome.reason is not None and "session/new" in outcome.reason
     assert "sessionId" in outcome.reason
+
+
+@pytest.mark.parametrize("notify", [False, True])
+@pytest.mark.parametrize("params", ["5", '"text"', "true"])
+def test_params_that_are_not_an_object_or_an_array_are_a_usage_error(
+        chain: Path, params: str, notify: bool) -> None:
+    # JSON-RPC params are structured: a scalar went out, was dropped by the conductor with
+    # a warning, and a notification so dropped still exited 0.
+    argv = ["call", "--chain", str(chain), "_ext/echo", params, *(["--notify"] if notify else [])]
+    done = subprocess.run(conductor_argv(*argv), capture_output=True, text=True,
+                          env=child_env(), timeout=60)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert "PARAMS must be a JSON object or array" in done.stderr

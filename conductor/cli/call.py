@@ -70,6 +70,11 @@ def call_command(ctx: click.Context, method: str, params: str | None, open_sessi
                               field=field) from None
         except RecursionError:
             raise ConfigError(f"{field} is nested too deeply to send", field=field) from None
+    if not isinstance(value, dict | list | None):
+        # JSON-RPC params are structured: the conductor would drop a scalar as invalid,
+        # and a notification so dropped would still exit 0.
+        raise ConfigError("PARAMS must be a JSON object or array (JSON-RPC), or left out",
+                          field="PARAMS", hint="wrap it: '{\"value\": 5}'")
     if open_session and not (value is None or isinstance(value, dict)):
         raise ConfigError("with --session, PARAMS must be a JSON object (sessionId is added "
                           "to it)", field="PARAMS")

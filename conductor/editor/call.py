@@ -34,8 +34,8 @@ class CallExit(ExplainedCode):
 
     RESULT = 0, "the request was answered with a result (printed on stdout)"
     ERROR = 1, "the request was answered with an error (the error object printed on stdout)"
-    USAGE = 2, ("bad chain file, proxy or usage (PARAMS not JSON, or not an object with "
-                "--session); nothing on stdout")
+    USAGE = 2, ("bad chain file, proxy or usage (PARAMS not JSON, not an object or array, or "
+                "not an object with --session); nothing on stdout")
     COMPONENT = 3, ("a component failed to start or exited, or setup (initialize, "
                     "session/new) failed; nothing on stdout")
     TIMEOUT = 124, "no answer within --timeout; nothing on stdout"
