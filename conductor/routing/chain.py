@@ -276,25 +276,19 @@ class Chain:
     async def _not_json(self, hop: Hop, item: NotJson) -> None:
         top = item.top
         if hop is self.client:
-            if top is not None and top.id is not None and top.has_method \
-                    and not top.is_batch:
-                # A request whose id the scan read: answered under it (with `id: null` its
-                # sender would wait for ever), as a frame that is not UTF-8 is.
-                await hop.refuse_unread(top, ErrorCode.PARSE_ERROR,
-                                        f"Parse error: {item.reason}",
-                                        {"component": hop.name})
-                return
-            await self._send(hop, error_response(None, ErrorCode.PARSE_ERROR, "Parse error",
-                                                 item.reason))
-            if top is not None and top.id is not None and not top.has_method \
-                    and not top.is_batch:
-                # A broken answer (to an agent's question; in proxy mode, our successor's
-                # too): the request it answers fails, naming the client, or its asker waits
-                # for ever.
-                reason = f"{hop.name} sent an answer that is not valid JSON ({item.reason})"
+            with_id = top is not None and top.id is not None and not top.is_batch
+            if not (with_id and top is not None and top.has_method):
+                # Junk, a batch, an answer: told with id null (JSON-RPC 2.0 §5.1).
+                await self._send(hop, error_response(None, ErrorCode.PARSE_ERROR,
+                                                     "Parse error", item.reason))
+            if with_id and top is not None:
+                # A request is answered under its id; an answer (to an agent's question; in
+                # proxy mode, our successor's too) fails the request it answers, naming the
+                # client: else its sender, or its asker, waits for ever.
+                reason = f"{hop.name} sent a message that is not valid JSON ({item.reason})"
                 log.error("%s; dropped", reason)
-                await hop.settle(error_response(top.id, ErrorCode.PARSE_ERROR, reason,
-                                                {"component": hop.name}))
+                await hop.refuse_unread(top, ErrorCode.PARSE_ERROR, reason,
+                                        {"component": hop.name})
             return
         if top is not None and top.id is not None and not top.is_batch:
             # A broken message with an id (an answer whose JSON does not decode, e.g. a lone
