@@ -122,12 +122,7 @@ def _carries(environ: bytes, entry_prefix: bytes) -> bool:
 
 def _may_be_in_exec(pid: int) -> bool:
     """Not a zombie and not a kernel thread: both read as having no environment for good."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    fields = stat[stat.rfind(b")") + 2:].split()  # state ppid pgrp session tty tpgid flags
+    fields = _stat_fields(pid)  # state ppid pgrp session tty tpgid flags ...
     return len(fields) > 6 and fields[0] not in (b"Z", b"X") \
         and not int(fields[6]) & _PF_KTHREAD
 
@@ -152,11 +147,16 @@ def live_group_members(pgid: int) -> list[int] | None:
 
 def runs_in_group(pid: int, pgid: int) -> bool:
     """`pid` is in process group `pgid` and has not exited (one small read of /proc)."""
+    fields = _stat_fields(pid)
+    return len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X")
+
+
+def _stat_fields(pid: int) -> list[bytes]:
+    """/proc/PID/stat's fields after `pid (comm)`: state ppid pgrp ...; none when it is
+    gone. (comm may hold spaces and parentheses: the fields start after the last ")".)"""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return False  # gone
-    # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
-    fields = stat[stat.rfind(b")") + 2:].split()
-    return len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X")
+        return []
+    return stat[stat.rfind(b")") + 2:].split()
