@@ -6,16 +6,24 @@ hands."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from conductor.jsonrpc.message import Message, decode, encode
+from conductor.plugins import Proxy, on
 from conductor.routing.chain import Chain
 from conductor.routing.deadlines import Timeouts
 from conductor.routing.roles import Role
 from conductor.routing.topology import ComponentLink, Hop
 from conductor.transport.pipes import incoming
+
+if TYPE_CHECKING:
+    from conductor.plugins import ProxyContext
+
+Line = Callable[[Any], Awaitable[None]]
 
 
 class Outbox:
@@ -176,15 +184,50 @@ async def test_an_answer_from_the_client_that_is_not_json_fails_the_request_it_a
     assert failed["error"]["data"] == {"component": "client"}
 
 
+@asynccontextmanager
+async def initialized_past(proxy: Proxy) -> AsyncIterator[tuple[Outbox, Line]]:
+    """A proxy-mode chain of one in-process `proxy`, initialized by its client (the outer
+    conductor): the client's outbox, emptied, and what sends the chain a client line."""
+    from conductor.plugins.host import open_inprocess_hop
+
+    client = Outbox()
+    client_wire = Hop("client", client)
+
+    async def line(message: Any) -> None:
+        with anyio.fail_after(5):
+            await chain.receive(client_wire, decode(json.dumps(
+                {"jsonrpc": "2.0", **message}).encode()))
+
+    async with anyio.create_task_group() as tg:
+        async def host(*, task_status: anyio.abc.TaskStatus[Hop]) -> None:
+            async with open_inprocess_hop(proxy, chain.receive) as hop:
+                task_status.started(hop)
+                await anyio.sleep_forever()
+
+        async def starter() -> list[ComponentLink]:
+            return [ComponentLink("relay", Role.PROXY, await tg.start(host))]
+
+        chain = Chain(client_wire, starter, proxy_mode=True)
+        with anyio.fail_after(5):
+            await line({"id": 0, "method": "_proxy/initialize",
+                        "params": {"protocolVersion": 1}})
+            while not client.sent:
+                await client.changed.wait()
+            init = client.sent.pop()
+            await line({"id": init["id"], "result": {"protocolVersion": 1}})
+            while not client.sent:
+                await client.changed.wait()
+            assert client.sent.pop()["id"] == 0
+        yield client, line
+        tg.cancel_scope.cancel()
+
+
 async def test_a_turns_answer_from_the_successor_does_not_overtake_updates_in_a_plugins_dispatch(
         ) -> None:
     # The turn was routed past the in-process proxy (it has no handler for it), to our
     # successor, and its answer comes back past it too: behind the updates the proxy is
     # still handling, as in agent mode. Both ends being the client's hop, the answer went
     # straight out, before the turn's last updates.
-    from conductor.plugins import Proxy, ProxyContext, on
-    from conductor.plugins.host import open_inprocess_hop
-
     gate = anyio.Event()
 
     class SlowRelay(Proxy):
@@ -193,46 +236,20 @@ async def test_a_turns_answer_from_the_successor_does_not_overtake_updates_in_a_
             await gate.wait()
             await ctx.forward()
 
-    client = Outbox()
-    client_wire = Hop("client", client)
-
-    async def line(wire: Hop, message: Any) -> None:
+    async with initialized_past(SlowRelay()) as (client, line):
         with anyio.fail_after(5):
-            await chain.receive(wire, decode(json.dumps({"jsonrpc": "2.0", **message}).encode()))
-
-    async with anyio.create_task_group() as tg:
-        async def host(*, task_status: anyio.abc.TaskStatus[Hop]) -> None:
-            async with open_inprocess_hop(SlowRelay(), chain.receive) as hop:
-                task_status.started(hop)
-                await anyio.sleep_forever()
-
-        async def starter() -> list[ComponentLink]:
-            return [ComponentLink("relay", Role.PROXY, await tg.start(host))]
-
-        chain = Chain(client_wire, starter, proxy_mode=True)
-        with anyio.fail_after(5):
-            await line(client_wire, {"id": 0, "method": "_proxy/initialize",
-                                     "params": {"protocolVersion": 1}})
-            while not client.sent:
-                await client.changed.wait()
-            init = client.sent.pop()
-            await line(client_wire, {"id": init["id"], "result": {"protocolVersion": 1}})
-            while not client.sent:
-                await client.changed.wait()
-            assert client.sent.pop()["id"] == 0
-            await line(client_wire, {"id": "p", "method": "session/prompt",
+            await line({"id": "p", "method": "session/prompt",
                                      "params": {"sessionId": "s", "prompt": []}})
             [turn] = client.sent
             client.sent.clear()
             update = {"sessionId": "s", "update": {"sessionUpdate": "agent_message_chunk",
                                                    "content": {"type": "text", "text": "x"}}}
-            await line(client_wire, {"method": "_proxy/successor", "params": {
+            await line({"method": "_proxy/successor", "params": {
                 "method": "session/update", "params": update}})
-            await line(client_wire, {"id": turn["id"], "result": {"stopReason": "end_turn"}})
+            await line({"id": turn["id"], "result": {"stopReason": "end_turn"}})
             gate.set()
             while len(client.sent) < 2:
                 await client.changed.wait()
-        tg.cancel_scope.cancel()
     assert [m.get("method", m.get("id")) for m in client.sent] == ["session/update", "p"]
 
 
@@ -240,9 +257,6 @@ async def test_an_answer_to_the_successor_does_not_overtake_a_cancel_in_a_plugin
         ) -> None:
     # The other way: our successor's question went up past the proxy, and the answer
     # comes down past it, behind the session/cancel the editor sent before it.
-    from conductor.plugins import Proxy, ProxyContext, on
-    from conductor.plugins.host import open_inprocess_hop
-
     gate = anyio.Event()
 
     class SlowRelay(Proxy):
@@ -251,42 +265,16 @@ async def test_an_answer_to_the_successor_does_not_overtake_a_cancel_in_a_plugin
             await gate.wait()
             await ctx.forward()
 
-    client = Outbox()
-    client_wire = Hop("client", client)
-
-    async def line(wire: Hop, message: Any) -> None:
+    async with initialized_past(SlowRelay()) as (client, line):
         with anyio.fail_after(5):
-            await chain.receive(wire, decode(json.dumps({"jsonrpc": "2.0", **message}).encode()))
-
-    async with anyio.create_task_group() as tg:
-        async def host(*, task_status: anyio.abc.TaskStatus[Hop]) -> None:
-            async with open_inprocess_hop(SlowRelay(), chain.receive) as hop:
-                task_status.started(hop)
-                await anyio.sleep_forever()
-
-        async def starter() -> list[ComponentLink]:
-            return [ComponentLink("relay", Role.PROXY, await tg.start(host))]
-
-        chain = Chain(client_wire, starter, proxy_mode=True)
-        with anyio.fail_after(5):
-            await line(client_wire, {"id": 0, "method": "_proxy/initialize",
-                                     "params": {"protocolVersion": 1}})
-            while not client.sent:
-                await client.changed.wait()
-            init = client.sent.pop()
-            await line(client_wire, {"id": init["id"], "result": {"protocolVersion": 1}})
-            while not client.sent:
-                await client.changed.wait()
-            assert client.sent.pop()["id"] == 0
-            await line(client_wire, {"id": "q", "method": "_proxy/successor", "params": {
+            await line({"id": "q", "method": "_proxy/successor", "params": {
                 "method": "session/request_permission", "params": {"sessionId": "s"}}})
             [asked] = client.sent
             client.sent.clear()
-            await line(client_wire, {"method": "session/cancel", "params": {"sessionId": "s"}})
-            await line(client_wire, {"id": asked["id"], "result": {"outcome": {
+            await line({"method": "session/cancel", "params": {"sessionId": "s"}})
+            await line({"id": asked["id"], "result": {"outcome": {
                 "outcome": "cancelled"}}})
             gate.set()
             while len(client.sent) < 2:
                 await client.changed.wait()
-        tg.cancel_scope.cancel()
     assert [m.get("method", m.get("id")) for m in client.sent] == ["_proxy/successor", "q"]
