@@ -17,6 +17,7 @@ from conductor.transport.memory import message_pipe
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from conductor.config import ChainConfig
     from conductor.jsonrpc.message import Message
 
 # Answers initialize, answers `_ask`, and exits with status 7 on `_die` (a request or a
@@ -75,13 +76,8 @@ async def test_a_failure_no_open_request_will_report_is_logged_for_the_user(
         assert "exited with status 7" in str(failed.error_value())
 
 
-async def test_a_component_that_cannot_start_is_said_once_in_the_initialize_answer(
-        caplog: pytest.LogCaptureFixture) -> None:
-    # The editor's initialize is what starts the chain, and it is answered with the start
-    # failure: run/check/call report that answer, so the log line is theirs to hide.
-    config = parse_chain({"agent": {"name": "missing",
-                                    "command": ["acp-conductor-no-such-program"]}},
-                         file="<test>")
+async def initialize_answer(config: ChainConfig) -> Response:
+    """The answer to an editor's initialize that starts (or fails to start) `config`."""
     to_chain, chain_reads = message_pipe()
     from_chain, editor_reads = message_pipe(1 << 16)
     answers: list[Message] = []
@@ -98,7 +94,18 @@ async def test_a_component_that_cannot_start_is_said_once_in_the_initialize_answ
                                    RunOptions(handle_signals=False))
             await to_chain.aclose()
             tg.cancel_scope.cancel()
-    [failed] = [m for m in answers if isinstance(m, Response) and bytes(m.id) == b"1"]
+    [answer] = [m for m in answers if isinstance(m, Response) and bytes(m.id) == b"1"]
+    return answer
+
+
+async def test_a_component_that_cannot_start_is_said_once_in_the_initialize_answer(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The editor's initialize is what starts the chain, and it is answered with the start
+    # failure: run/check/call report that answer, so the log line is theirs to hide.
+    config = parse_chain({"agent": {"name": "missing",
+                                    "command": ["acp-conductor-no-such-program"]}},
+                         file="<test>")
+    failed = await initialize_answer(config)
     assert "not found" in str(failed.error_value())
     [record] = [r for r in caplog.records if "not found" in r.getMessage()
                 and r.name.startswith("acp_conductor") and r.levelname == "ERROR"]
@@ -118,23 +125,7 @@ async def test_a_plugin_whose_chain_started_fails_is_said_once_in_the_initialize
     config = parse_chain({"proxy": [{"plugin": "bad.py:Bad"}],
                           "agent": {"command": [sys.executable, "-c", _AGENT]}},
                          file=str(tmp_path / "c.toml"), base_dir=str(tmp_path))
-    to_chain, chain_reads = message_pipe()
-    from_chain, editor_reads = message_pipe(1 << 16)
-    answers: list[Message] = []
-
-    async def read(item: object) -> None:
-        answers.append(item)  # type: ignore[arg-type]
-
-    with anyio.fail_after(20):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(editor_reads.serve, read)
-            await to_chain.send(Request(id=raw(1), method="initialize",
-                                        params=raw({"protocolVersion": 1})))
-            await serve_connection(config, from_chain, chain_reads,
-                                   RunOptions(handle_signals=False))
-            await to_chain.aclose()
-            tg.cancel_scope.cancel()
-    [failed] = [m for m in answers if isinstance(m, Response) and bytes(m.id) == b"1"]
+    failed = await initialize_answer(config)
     assert "db unreachable" in str(failed.error_value())
     records = [r for r in caplog.records if "db unreachable" in r.getMessage()
                and r.levelname == "ERROR"]
