@@ -143,11 +143,16 @@ class DemoAgent:
         text = " ".join(b.get("text", "") for b in params.get("prompt", [])
                         if isinstance(b, dict) and b.get("type") == "text")
         if any(word in text.lower() for word in ("permission", "write")):
+            # the file it would write, so a policy can judge the edit by its path, not
+            # by a title the agent chooses
+            notes = [{"path": os.path.join(self.sessions.get(sid, "/"), "notes.txt")}]
             self.update(sid, {"sessionUpdate": "tool_call", "toolCallId": "call-1",
-                              "title": "Write notes.txt", "kind": "edit", "status": "pending"})
+                              "title": "Write notes.txt", "kind": "edit", "status": "pending",
+                              "locations": notes})
             answer = self.ask("session/request_permission", {
                 "sessionId": sid,
-                "toolCall": {"toolCallId": "call-1", "title": "Write notes.txt", "kind": "edit"},
+                "toolCall": {"toolCallId": "call-1", "title": "Write notes.txt", "kind": "edit",
+                             "locations": notes},
                 "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
                             {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]})
             outcome = (answer.get("result") or {}).get("outcome") or {}

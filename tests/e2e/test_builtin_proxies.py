@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -126,13 +127,14 @@ async def test_permissions_deny_env_reads_spelt_oddly_or_through_a_symlink(
 @pytest.mark.parametrize("mode", MODES)
 async def test_permissions_answer_a_tool_permission_by_rule_without_asking_the_editor(
         tmp_path: Path, mode: str) -> None:
-    options = {"rules": [{"name": "notes", "kind": "edit", "title": "Write notes*",
+    options = {"rules": [{"name": "notes", "kind": "edit", "path": "notes.txt",
                           "action": "allow"}]}
     chain = write_chain(tmp_path, "permissions", options, mode, DEMO_AGENT)
     client, log = await run_turns(tmp_path, chain, ["please write"])
     assert client.received_params("session/request_permission") == []
     assert client.agent_text().startswith("Hello from the demo agent")
-    assert "allow session/request_permission kind=edit title='Write notes.txt' (by notes)" in log
+    assert re.search(r"allow session/request_permission kind=edit title='Write notes.txt' "
+                     r"paths=\['/\S*/notes.txt'\] \(by notes\)", log), log
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -668,6 +668,24 @@ async def test_a_permission_request_for_a_protected_or_unplaceable_path_is_rejec
         assert probe.client.received_params("session/request_permission") == []
 
 
+@pytest.mark.parametrize(("tool_call", "decided"), [
+    ({"kind": "edit", "title": "Write notes.txt", "locations": [{"path": "{ws}/notes.txt"}]},
+     "yes"),
+    # the title is the agent's own words: it allowed any edit titled so, of any file
+    ({"kind": "edit", "title": "Write notes.txt", "locations": [{"path": "{ws}/ok.txt"}]},
+     "editor"),
+    ({"kind": "edit", "title": "Write notes.txt"}, "editor"),
+    ({"kind": "edit", "title": "Write notes.txt",
+      "locations": [{"path": "{ws}/notes.txt"}, {"path": "{ws}/public/a.txt"}]}, "editor"),
+    ({"kind": "delete", "title": "Write notes.txt", "locations": [{"path": "{ws}/notes.txt"}]},
+     "editor"),
+])
+async def test_the_shipped_notes_rule_allows_only_an_edit_of_notes_txt(
+        ws: Path, tool_call: dict[str, Any], decided: str) -> None:
+    async with policy(ws) as probe:
+        assert await probe.permission(fill(tool_call, ws)) == decided
+
+
 async def test_a_permission_for_an_ordinary_file_follows_the_rules(ws: Path) -> None:
     async with policy(ws) as probe:
         assert await probe.permission({"kind": "read", "locations": [
