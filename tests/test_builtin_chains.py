@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,26 @@ def test_a_misspelt_built_in_chain_name_is_suggested(tmp_path: Path,
     with pytest.raises(ConfigError) as caught:
         chain_path("dmeo")
     assert caught.value.hint is not None and "did you mean 'demo'?" in caught.value.hint
+
+
+def _commands_in_chain_comments() -> list[tuple[str, list[str]]]:
+    """Each `acp-conductor run ...` line a built-in chain's comments tell a user to run."""
+    found = []
+    for path in sorted(BUILTIN_CHAINS.glob("*.toml")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            command = line.lstrip("#").strip()
+            if command.startswith("acp-conductor run "):
+                found.append((path.name, shlex.split(command)[1:]))
+    return found
+
+
+@pytest.mark.parametrize(("chain", "argv"), _commands_in_chain_comments(),
+                         ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_every_command_a_built_in_chain_tells_a_user_to_run_works_as_written(
+        tmp_path: Path, chain: str, argv: list[str]) -> None:
+    result = conductor(*argv, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "[stop] end_turn (exit 0)" in result.stderr
+    # what the comments promise runs without the user: nothing was put to them
+    assert "[permission]" not in result.stderr
+    assert "failed" not in result.stderr
