@@ -43,6 +43,7 @@ from conductor.routing.topology import ComponentLink, Hop, Node, Passes, Topolog
 from conductor.rpc.endpoint import Endpoint, Inbound, Outgoing
 from conductor.rpc.failure import failure_response
 from conductor.transport.base import NotJson, Oversized, Unreadable
+from conductor.transport.pipes import flush_deferred
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -62,6 +63,7 @@ _NOT_PLAIN = frozenset({acp.CANCEL_REQUEST, acp.INITIALIZE, *acp.PROXY_INITIALIZ
                         acp.SESSION_CLOSE, acp.SESSION_DELETE, *acp.MCP_METHODS})
 FRAME_LIMIT_HINT = "raise the limit with --max-frame-bytes or [conductor] max_frame_bytes"
 CANCEL_WRITE_BOUND = 5.0  # a timed-out request's cancel waits at most this long for the pipe
+INITIALIZE_WAIT = 60.0    # a session setup pipelined behind initialize waits this for the agent
 
 Starter = Callable[[], Awaitable[list[ComponentLink]]]
 # A plain notification's route: target, the in-process proxies' `passes` to ask, whether
@@ -636,6 +638,7 @@ class Chain:
         """
         out = params
         if target.role in (Role.AGENT, Role.SUCCESSOR):
+            await self._await_agent_initialize(target)
             if self._mcp is not None:
                 out = self._mcp.apply(out)
             if target.role is Role.AGENT:
@@ -657,6 +660,23 @@ class Chain:
                 return answer
             hooks.append(bind)
         return out
+
+    async def _await_agent_initialize(self, target: Node) -> None:
+        """A setup pipelined behind `initialize` waits for the agent's answer: before it,
+        nobody knows which MCP transports the agent takes (an `acp` server would reach an
+        agent that cannot take it, unbridged). The client's reader waits here, so order
+        is kept; bounded, so an agent that never answers cannot keep us from the
+        client's EOF for ever (then the setup goes on as the agent's answer would find it)."""
+        answered = self.handshake.agent_answered
+        if answered is None or answered.is_set() or target.hop.failure is not None:
+            return
+        await flush_deferred()  # the initialize it waits for may still be in our buffer
+        with anyio.move_on_after(INITIALIZE_WAIT) as waited:
+            await answered.wait()
+        if waited.cancelled_caught:
+            log.warning("%s has not answered initialize after %g s: a session setup goes on "
+                        "without knowing which MCP servers it takes", target.name,
+                        INITIALIZE_WAIT)
 
     async def _forward_direct(self, origin: Hop, msg: Call, method: str,
                               params: Raw | UnsetType, source: Node, target: Node,
@@ -1027,6 +1047,8 @@ class Chain:
         asked = [(target, outgoing) for target, outgoing in held
                  if editor_cancels and not outgoing.context.down]
         await hop.fail(error, component=hop.name)
+        if node is not None and node.role in (Role.AGENT, Role.SUCCESSOR):
+            self.handshake.agent_gone()
         if node is not None:
             await self.mcp_routes.hop_failed(node)
         for target, outgoing in orphans:

@@ -10,7 +10,9 @@ the conductor learns from the agent's answer (protocol.md §3).
   asked again in the legacy dialect (`initialize` + `_meta.proxy`), once.
 - A v2 client requires the agent to answer protocol version 2.
 - The agent's answer tells which MCP transports it supports (for injection and bridging);
-  when the bridge stands in for `acp`, the answer going up says the agent takes it.
+  when the bridge stands in for `acp`, the answer going up says the agent takes it. A
+  session setup the client sends before that answer (JSON-RPC lets it pipeline) waits for
+  it (`agent_answered`), bounded: its servers are judged by what the agent takes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+import anyio
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
@@ -65,6 +68,10 @@ class Handshake:
         self.agent_version: int | None = None
         self._mcp = mcp
         self._bridge = bridge
+        # Set once the agent (our successor, in proxy mode) has answered its first
+        # initialize, or is gone: a session setup the client pipelined behind initialize
+        # waits for it, so its MCP servers are judged by what the agent said it takes.
+        self.agent_answered: anyio.Event | None = None
 
     async def accept_first(self, msg: Call, reply: Reply) -> bool:
         """Is `msg`, the client's first message, the initialize that starts the chain?
@@ -146,9 +153,19 @@ class Handshake:
                     asked = acp.result_protocol_version(params)  # raw: 3 is served as 2
                     out.hooks.append(self._require_v2(target, asked))
             if version is not None and self._mcp is not None:
+                # Only the first: a restarted agent's initialize is replayed by recovery,
+                # without hooks, and its sessions are set up only after it answers.
+                answered = None
+                if is_request and self.agent_answered is None:
+                    answered = self.agent_answered = anyio.Event()
                 out.hooks.append(self._learn_mcp_support(
-                    version, self._bridge if target.role is Role.AGENT else None))
+                    version, self._bridge if target.role is Role.AGENT else None, answered))
         return out
+
+    def agent_gone(self) -> None:
+        """The agent will not answer: nothing may wait for its initialize answer."""
+        if self.agent_answered is not None:
+            self.agent_answered.set()
 
     @staticmethod
     def _legacy_fallback(params: Raw | UnsetType, target: Node,
@@ -163,12 +180,15 @@ class Handshake:
             return None
         return hook
 
-    def _learn_mcp_support(self, version: int, bridge: Bridge | None) -> ResponseHook:
+    def _learn_mcp_support(self, version: int, bridge: Bridge | None,
+                           answered: anyio.Event | None) -> ResponseHook:
         mcp = self._mcp
         assert mcp is not None
 
         async def hook(answer: Response) -> Response | None:
             mcp.learn(version, answer.result)
+            if answered is not None:
+                answered.set()
             if bridge is not None and not answer.is_error and not mcp.takes("acp") \
                     and bridge.covers(mcp):
                 log.info("the agent does not take acp MCP servers: the bridge stands in")

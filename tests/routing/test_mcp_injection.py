@@ -78,18 +78,29 @@ def test_a_relative_stdio_command_is_resolved_to_an_absolute_path(tmp_path: Path
 
 
 AGENT = textwrap.dedent("""
-    import json, sys
+    import json, sys, time
+    takes_http = sys.argv[1] == "http"
     for line in sys.stdin:
         m = json.loads(line)
         if m.get("method") == "initialize":
-            r = {"protocolVersion": 1, "agentCapabilities": {"mcpCapabilities": {"http": True}}}
+            time.sleep(0.2)  # the client's session/new is read before this answer
+            r = {"protocolVersion": 1,
+                 "agentCapabilities": {"mcpCapabilities": {"http": takes_http}}}
         else:
             r = {"raw": line.strip()}
         print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": r}), flush=True)
 """)
 
 
-def test_the_agent_receives_the_chain_files_servers_in_session_new(tmp_path: Path) -> None:
+# The client sends session/new right behind initialize (JSON-RPC lets it pipeline): the
+# setup waits for the agent's initialize answer, so an agent that says it does not take
+# http never gets the http server.
+@pytest.mark.parametrize(("takes", "expected"), [
+    ("http", [{"type": "http", "name": "web", "url": "http://127.0.0.1:1/mcp", "headers": []}]),
+    ("stdio-only", []),
+])
+def test_the_agent_receives_the_chain_files_servers_it_takes_in_session_new(
+        tmp_path: Path, takes: str, expected: list[dict[str, object]]) -> None:
     (tmp_path / "agent.py").write_text(AGENT, encoding="utf-8")
     chain = tmp_path / "chain.toml"
     chain.write_text(textwrap.dedent(f"""
@@ -98,7 +109,7 @@ def test_the_agent_receives_the_chain_files_servers_in_session_new(tmp_path: Pat
         type = "http"
         url = "http://127.0.0.1:1/mcp"
         [agent]
-        command = [{json.dumps(sys.executable)}, "agent.py"]
+        command = [{json.dumps(sys.executable)}, "agent.py", "{takes}"]
         cwd = "."
     """), encoding="utf-8")
     frames = [
@@ -111,8 +122,7 @@ def test_the_agent_receives_the_chain_files_servers_in_session_new(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     answers = [json.loads(line) for line in done.stdout.splitlines()]
     seen = json.loads(answers[1]["result"]["raw"])["params"]
-    assert seen["mcpServers"] == [{"type": "http", "name": "web", "url": "http://127.0.0.1:1/mcp",
-                                   "headers": []}]
+    assert seen.get("mcpServers", []) == expected
 
 
 def test_injection_leaves_params_nested_too_deeply_as_they_are() -> None:
