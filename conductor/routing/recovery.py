@@ -7,6 +7,8 @@
   that, `session/load` (its replayed updates are dropped: the editor has them), as the
   restarted agent's capabilities allow. A session that cannot be reopened is *lost*: its
   state is released and the editor's next request naming it is answered `SESSION_LOST`.
+  A session whose reopen was in flight when the restarted agent failed is a suspect:
+  reopened alone, after the others, next time, and lost if the agent fails on it again.
 - An optional proxy that failed for good is taken out of the chain, which closes up
   around it.
 
@@ -41,6 +43,7 @@ log = logging.getLogger("acp_conductor.routing")
 REATTACH_TIMEOUT: Final = 30.0  # each request of a re-attach, when request_timeout is off
 REOPEN_AT_ONCE: Final = 8  # sessions reopened at the same time after an agent restart
 MAX_LOST: Final = 4096          # lost session ids remembered, to answer SESSION_LOST
+SUSPECT_LIMIT: Final = 2  # agent failures during one session's reopen before it is lost
 
 
 class Recovery:
@@ -55,6 +58,9 @@ class Recovery:
         self.reinitializing: set[str] = set()  # proxies whose initialize is answered from memory
         self.muted: set[str] = set()           # sessions being reloaded: replays are dropped
         self.lost: dict[str, str] = {}         # session id -> why it could not be reopened
+        # session id -> how often the agent failed while that session was being reopened:
+        # reopened alone, after the others, next time; lost after SUSPECT_LIMIT failures
+        self.suspects: dict[str, int] = {}
 
     # -- what the router calls on its way ------------------------------------------------------
 
@@ -171,6 +177,15 @@ class Recovery:
                 todo.append((sid, acp.set_key(record.setup, "sessionId", payload(sid))))
             except ValueError:  # a setup the agent took, but we cannot edit (too deep)
                 lost[sid] = "its setup request cannot be repeated"
+        # A session the agent failed on while reopening it may be what makes it fail (a
+        # poisoned history): it is reopened alone, after the others, so that it cannot
+        # take them down with it again, and is lost when the agent fails on it once more.
+        open_ids = {sid for sid, _ in todo}
+        for sid in [sid for sid in self.suspects if sid not in open_ids]:
+            del self.suspects[sid]
+        suspects = [(sid, params) for sid, params in todo if sid in self.suspects]
+        todo = [(sid, params) for sid, params in todo if sid not in self.suspects]
+        in_flight: set[str] = set()  # asked and not answered: what the agent failed on
         # Several at once: the chain waits for them all, and one slow session must not
         # make the others wait their turn. The timeout bounds the wait for progress, not
         # each reopen (an agent may answer them one after the other): when none is
@@ -193,6 +208,7 @@ class Recovery:
             async with limiter:
                 if method == acp.SESSION_LOAD:
                     self.muted.add(sid)
+                in_flight.add(sid)
                 try:
                     reopened = await self._ask(hop, method, params, bounded=False)
                 except Exception as e:  # it is gone: the restart failed
@@ -201,6 +217,8 @@ class Recovery:
                     return
                 finally:
                     self.muted.discard(sid)
+                in_flight.discard(sid)
+            self.suspects.pop(sid, None)
             progress[0] = anyio.current_time()
             if reopened.is_error:
                 lost[sid] = f"{method} failed: {_message(reopened)}"
@@ -209,13 +227,18 @@ class Recovery:
             chain.trace_lifecycle(hop.name, "session-reopened", session=sid, how=method)
 
         async with anyio.create_task_group() as tg:
-            if todo:
+            if todo or suspects:
                 tg.start_soon(watch)
             async with anyio.create_task_group() as reopening:
                 for sid, params in todo:
                     reopening.start_soon(reopen, sid, params)
+            for sid, params in suspects:
+                if failed:
+                    break
+                await reopen(sid, params)
             tg.cancel_scope.cancel()  # all answered: the watch is over
         if failed:
+            await self._suspect(in_flight, hop)
             raise failed[0]
         if lost:
             for sid, why in lost.items():
@@ -224,6 +247,22 @@ class Recovery:
                 while len(self.lost) > MAX_LOST:
                     del self.lost[next(iter(self.lost))]
             await chain.end_sessions(list(lost), CloseReason.LOST)
+
+    async def _suspect(self, session_ids: set[str], hop: Hop) -> None:
+        """The agent failed while these sessions were being reopened."""
+        lost = []
+        for sid in session_ids:
+            self.suspects[sid] = self.suspects.get(sid, 0) + 1
+            if self.suspects[sid] >= SUSPECT_LIMIT:
+                del self.suspects[sid]
+                why = f"it failed {SUSPECT_LIMIT} times while reopening this session"
+                log.warning("session %s lost: %s restarted and %s", sid, hop.name, why)
+                self.lost[sid] = why
+                lost.append(sid)
+        while len(self.lost) > MAX_LOST:
+            del self.lost[next(iter(self.lost))]
+        if lost:
+            await self._chain.end_sessions(lost, CloseReason.LOST)
 
     def restarting(self, name: str, error: ComponentError) -> None:
         """`name` failed and is started again after a wait: what is sent to it meanwhile

@@ -177,6 +177,24 @@ async def test_a_restarted_agent_that_answers_no_reopen_in_time_fails_its_restar
         assert await c.wait() == 3
 
 
+async def test_a_session_whose_reopen_crashes_the_agent_is_lost_not_every_session(
+        tmp_path: Path) -> None:
+    # Reopened with the others, the second session took the agent down each time, and with
+    # it every other session, until max_restarts gave the agent up.
+    path = resuming_agent(tmp_path, 10, "--crash-reopening", "2", max_restarts=3)
+    async with open_conductor("--chain", path, "--log-level", "info", check_exit=True) as c:
+        await c.initialize()
+        first, poisoned, third = [await c.new_session() for _ in range(3)]
+        await crash(c, "agent")
+        await c.wait_stderr("agent is back after its restart")
+        for sid in (first, third):
+            assert "result" in await prompt(c, sid)
+        lost = (await prompt(c, poisoned))["error"]
+        assert lost["code"] == SESSION_LOST
+        assert "it failed 2 times while reopening this session" in lost["message"]
+        assert "result" in await prompt(c, await c.new_session())
+
+
 async def test_an_agent_that_keeps_failing_is_given_up_after_max_restarts(
         tmp_path: Path) -> None:
     flag = tmp_path / "started-once"

@@ -28,7 +28,8 @@ A request `_fault/crash` {"who": NAME} crashes the component named NAME (`--name
 is passed on by the others. As an agent it keeps sessions in --state DIR (one file each),
 so that after a restart `session/resume` (--resume) and `session/load` (--load; replays
 one update first) succeed for sessions it created before; --reopen-together N holds their
-answers until N are waiting, and --reopen-delay S takes S seconds over each. Stdlib
+answers until N are waiting, --reopen-delay S takes S seconds over each, and
+--crash-reopening N crashes when asked to reopen the Nth session a run created. Stdlib
 only, synchronous.
 """
 
@@ -180,6 +181,8 @@ class Faulty:
             if not (known and allowed):
                 self.error(ident, -32002, f"faulty: no session {sid}")
                 return
+            if self.args.crash_reopening and sid.endswith(f"-{self.args.crash_reopening}"):
+                self.crash()  # a session whose reopen takes the agent down, every time
             time.sleep(self.args.reopen_delay)  # one at a time: this agent is synchronous
             self.held.append((method, ident, sid))
             if len(self.held) < self.args.reopen_together:
@@ -261,6 +264,8 @@ def main() -> None:
                              "of them are waiting (all at once)")
     parser.add_argument("--reopen-delay", type=float, default=0.0, metavar="S",
                         help="agent: take S seconds over each session/resume and session/load")
+    parser.add_argument("--crash-reopening", type=int, default=0, metavar="N",
+                        help="agent: crash when asked to reopen the Nth session it created")
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--linger", action="store_true")
     parser.add_argument("--grandchild", metavar="FILE")
