@@ -66,6 +66,9 @@ class RunOptions(Record):
     client_transport: str = "stdio"       # how the client reached us: stdio, ws, http (traces)
     early: EarlyStart | None = None       # the plan, and what was started before serving
     on_dropped: Callable[[str], None] | None = None  # a component's message refused unread
+    # The client is `run`/`check`/`call` in this process: it says itself why it stopped
+    # reading (a timeout, Ctrl-C), so its closing our output is no news to warn of.
+    editor_in_process: bool = False
 
 
 class _Outcome(Record):
@@ -499,11 +502,15 @@ async def serve_connection(
                             "starting (%s): shutting down", starting)
             stop.set()
 
+        input_ended = False
+
         async def serve_client() -> None:
+            nonlocal input_ended
             async with anyio.create_task_group() as watch:
                 watch.start_soon(stop_if_stuck)
                 await _serve_source(chain, client, client_source)
                 watch.cancel_scope.cancel()
+            input_ended = True
             log.info("client closed its input" if ended_because() is None
                      else f"client input ended: {ended_because()}")
             chain.disconnected()
@@ -527,10 +534,15 @@ async def serve_connection(
             # Nothing the chain says can reach the client again, while its side of our input
             # may stay open (another process holds it): stop as at the end of that input.
             await unheard.wait()
-            if not stop.is_set():
+            if stop.is_set():
+                return
+            if input_ended or options.editor_in_process:
+                # A client that is going away closes both ends: nothing went wrong.
+                log.info("the client closed its end of our output too; shutting down")
+            else:
                 log.warning("the client closed its end of our output: nothing can reach it "
                             "any more; shutting down")
-                stop.set()
+            stop.set()
 
         tg.start_soon(serve_client)
         tg.start_soon(chain.serve_timers)

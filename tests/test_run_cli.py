@@ -327,6 +327,25 @@ def test_timeout_covers_setup_and_names_the_request_a_mute_agent_never_answered(
     assert lines[-1]["cancelledBy"] == "timeout"
 
 
+def test_a_timeout_with_an_agent_that_floods_its_output_says_only_what_run_did(
+        tmp_path: Path) -> None:
+    # run stops reading when it gives up on the turn, while the agent is still writing:
+    # the conductor it drives warned "the client closed its end of our output", as if
+    # something had gone wrong besides the timeout run itself reports.
+    chain = tmp_path / "chain.toml"
+    chain.write_text(textwrap.dedent(f"""
+        [conductor]
+        shutdown_grace = 0.2
+        [agent]
+        command = [{json.dumps(sys.executable)}, {json.dumps(str(BIN / "flooding_agent.py"))}]
+        shutdown_grace = 0.2
+    """), encoding="utf-8")
+    result = run("run", "--chain", str(chain), "hi", "--timeout", "0.5")
+    assert result.returncode == 124, result.stderr
+    assert "[notice] timeout after 0.5s: cancelling the turn" in result.stderr
+    assert "WARNING" not in result.stderr, result.stderr
+
+
 def test_ctrl_c_during_setup_gives_up_and_a_second_one_stops_at_once(mute_chain: str) -> None:
     # A grace far longer than this test's bounds: a second Ctrl-C that waited it out would
     # be caught by communicate()'s timeout, not by timing the exit.

@@ -26,7 +26,8 @@ class InProcessChain:
     def __init__(self, config: ChainConfig, options: RunOptions) -> None:
         self._config = config
         # The editor side watches signals itself (a Ctrl-C cancels the turn first).
-        self._options = msgspec.structs.replace(options, handle_signals=False)
+        self._options = msgspec.structs.replace(options, handle_signals=False,
+                                                editor_in_process=True)
         self.to_conductor, self._conductor_in = memory_pipe()
         self._conductor_out, self.from_conductor = memory_pipe()
         self.code: int | None = None
