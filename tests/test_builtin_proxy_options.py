@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from acp_conductor_proxies.context import Context, ContextOptions
-from acp_conductor_proxies.permissions import path_matches
+from acp_conductor_proxies.permissions import TOOL_KINDS, PermissionsOptions, path_matches
 from acp_conductor_proxies.redact import Redact, RedactOptions
 from acp_conductor_proxies.transcript import Transcript, TranscriptOptions, file_stem
 from conductor.errors import RpcError
@@ -71,6 +71,23 @@ def test_a_path_through_a_symlinked_cwd_matches_relative_to_the_real_cwd(
 
 def context(**options: Any) -> Context:
     return Context(ContextOptions(**options))
+
+
+@pytest.mark.parametrize(("kind", "hint"), [
+    ("exec", "did you mean 'execute'?"), (["read", "Edit"], "did you mean 'edit'?"),
+    ("shell", "the kinds are read, edit, delete, move, search, execute, think, fetch"),
+])
+def test_permissions_refuses_a_rule_kind_no_agent_sends_when_options_are_read(
+        kind: str | list[str], hint: str) -> None:
+    # Such a rule matched nothing: a deny `kind = "exec"` let every command through.
+    with pytest.raises(ValidationError, match="is not an ACP tool kind") as refused:
+        PermissionsOptions(rules=[{"kind": kind, "action": "deny"}])
+    assert hint in str(refused.value)
+
+
+def test_permissions_takes_every_acp_tool_kind_and_an_agents_own() -> None:
+    kinds = [*TOOL_KINDS, "_acme_deploy"]
+    assert PermissionsOptions(rules=[{"kind": kinds, "action": "deny"}]).rules[0].kind == kinds
 
 
 @pytest.mark.parametrize("pattern", ["/etc/passwd", "/tmp/*.md", ""])

@@ -27,12 +27,13 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import as_object
 from conductor.plugins import Proxy, ProxyContext, WatchContext, on, watch
+from conductor.spelling import did_you_mean
 from conductor.validation import Regex
 
 if TYPE_CHECKING:
@@ -119,6 +120,11 @@ QUIET_FILES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
 _OPERATOR = re.compile(r"([;&|()]*?)(&?[<>].*)?")  # (command ends, then a redirection)
 
 
+# ACP's ToolKind (v1 and v2 schemas); v2 also lets an agent send its own, spelt `_...`.
+TOOL_KINDS = ("read", "edit", "delete", "move", "search", "execute", "think", "fetch",
+              "switch_mode", "other")
+
+
 class Rule(BaseModel):
     """One rule: every condition given must match; a rule with none matches everything."""
 
@@ -130,6 +136,20 @@ class Rule(BaseModel):
     title: str | None = None                # glob on the tool call's title
     path: str | None = None                 # glob on any path involved (see docs)
     command: Regex | None = None            # regex searched in the command line
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kinds(cls, value: str | list[str] | None) -> str | list[str] | None:
+        # A kind no agent sends (`exec`, `Edit`) would make the rule match nothing: a deny
+        # that never denies, found out only when it mattered.
+        for kind in [value] if isinstance(value, str) else value or []:
+            if kind not in TOOL_KINDS and not kind.startswith("_"):
+                hint = did_you_mean(kind, TOOL_KINDS)
+                raise ValueError(f"{kind!r} is not an ACP tool kind"
+                                 + (f" ({hint})" if hint else "")
+                                 + f"; the kinds are {', '.join(TOOL_KINDS)} (and an "
+                                 "agent's own, spelt `_name`)")
+        return value
 
 
 class PermissionsOptions(BaseModel):
