@@ -54,6 +54,13 @@ class DemoAgent:
         method, ident, params = msg.get("method"), msg.get("id"), msg.get("params") or {}
         if method is None:
             return  # a stray response
+        if not isinstance(method, str) or not isinstance(params, dict):
+            if ident is not None:
+                self.send({"id": ident, "error": {
+                    "code": -32600 if not isinstance(method, str) else -32602,
+                    "message": "Invalid Request" if not isinstance(method, str)
+                    else "Invalid params: the demo agent takes params as an object"}})
+            return
         handler = getattr(self, "on_" + method.replace("/", "_"), None)
         if handler is None:
             if ident is not None:
@@ -113,9 +120,19 @@ class DemoAgent:
     def read_line(self) -> dict[str, Any] | None:
         """The next message from stdin itself (not the queue), or None at EOF."""
         for line in self.inp:
-            if line.strip():
-                message: dict[str, Any] = json.loads(line)
+            if not line.strip():
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError:  # not JSON (nor UTF-8): answered, and the agent reads on
+                self.send({"id": None, "error": {"code": -32700, "message": "Parse error"}})
+                continue
+            if isinstance(message, dict):
                 return message
+            # ACP sends one message a line; a batch or a bare value is refused, not fatal
+            self.send({"id": None, "error": {
+                "code": -32600, "message": "Invalid Request",
+                "data": "the demo agent takes one JSON-RPC object a line (no batches)"}})
         return None
 
     def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -319,7 +336,7 @@ def _cwd(params: dict[str, Any]) -> str:
 
 
 def serve_stdio(protocol_version: int | None = None) -> None:
-    inp = open(sys.stdin.fileno(), encoding="utf-8", closefd=False)
+    inp = open(sys.stdin.fileno(), encoding="utf-8", errors="replace", closefd=False)
     DemoAgent(sys.stdout, inp, protocol_version).serve()
 
 

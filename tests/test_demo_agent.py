@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import json
 import sys
 from typing import TYPE_CHECKING
 
 import anyio
 
+from conductor.demo_agent import DemoAgent
 from conductor.testing import TestClient, open_process_client
 from tests.conftest import child_env
 
@@ -47,3 +50,19 @@ async def test_the_demo_agent_runs_terminals_in_the_session_cwd(tmp_path: Path) 
             await client.prompt(sid, "terminal:ls")
     [created] = client.received_params("terminal/create")
     assert created["cwd"] == str(tmp_path)
+
+
+def test_the_demo_agent_answers_lines_it_cannot_take_and_reads_on() -> None:
+    # A batch, a bare value, a line that is not JSON (nor UTF-8), a method that is not a
+    # string, params that are not an object: each crashed it with a traceback.
+    lines = ["[1, 2]", '"str"', "not json", "\ufffd",
+             '{"jsonrpc": "2.0", "id": 1, "method": 5}',
+             '{"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": [1]}',
+             '{"jsonrpc": "2.0", "id": 3, "method": "session/new", "params": {"cwd": "/w"}}']
+    out = io.StringIO()
+    DemoAgent(out, io.StringIO("\n".join(lines) + "\n")).serve()
+    answers = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(a["id"], a.get("error", {}).get("code")) for a in answers] == [
+        (None, -32600), (None, -32600), (None, -32700), (None, -32700), (1, -32600),
+        (2, -32602), (3, None)]
+    assert answers[-1]["result"]["sessionId"].startswith("demo-session-")
