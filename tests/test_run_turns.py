@@ -217,6 +217,35 @@ def answering_with(tmp_path: Path, answer: str, method: str = "session/prompt"
     return demo_chain(tmp_path, f'[[proxy]]\nplugin = "{tmp_path / "answers.py"}:Answers"')
 
 
+async def test_an_agent_that_wants_the_user_signed_in_is_reported_with_what_to_do(
+        tmp_path: Path) -> None:
+    # It said only the agent's "Authentication required", and nothing of what to do.
+    (tmp_path / "login.py").write_text(textwrap.dedent("""
+        from conductor import RpcError
+        from conductor.plugins import Proxy, on
+
+        class Login(Proxy):
+            @on("initialize")
+            async def initialize(self, ctx, message):
+                answer = await ctx.forward()
+                return {**answer.result_value(), "authMethods": [{"id": "web", "name": "Browser",
+                                                   "description": "run `agent login`"}]}
+
+            @on("session/new")
+            async def new(self, ctx, message):
+                raise RpcError(-32000, "Authentication required")
+        """), encoding="utf-8")
+    config = demo_chain(tmp_path, f'[[proxy]]\nplugin = "{tmp_path / "login.py"}:Login"')
+    code, events = await run(config, tmp_path, "one")
+    assert code == RunExit.FAILED
+    error = events.records[-1]["error"]
+    assert error["code"] == ErrorCode.AUTH_REQUIRED
+    assert error["message"] == (
+        "the agent needs you to sign in first (it answered session/new: Authentication "
+        "required); it offers: Browser: run `agent login`. Sign in with the agent's own "
+        "command or from an editor once, then run again")
+
+
 @pytest.mark.parametrize("answer", ['"done"', "[1, 2]", "None", "7"])
 async def test_a_prompt_answered_with_no_object_fails_the_turn_with_exit_1_and_reports_it(
         tmp_path: Path, answer: str) -> None:

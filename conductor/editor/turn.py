@@ -102,6 +102,7 @@ class _Turn(Record):
     closed: bool = False
     usage_error: ConfigError | None = None
     step: str = "initialize"       # the request the run is waiting on
+    auth_methods: list[Any] = field(default_factory=list)  # the agent's, from initialize
     prompted: bool = False         # session/prompt was sent: a cancel has a turn to end
     turns: list[dict[str, Any]] = field(default_factory=list)  # each turn's report
     closable: str | None = None    # the session, once known that the agent can close it
@@ -238,7 +239,7 @@ async def _converse(conn: ClientConnection, editor: RunEditor, options: TurnOpti
             try:
                 await _talk(conn, editor, options, events, turn, record, sid)
             except RpcError as e:
-                turn.error = e
+                turn.error = _explain_auth(e, turn) if e.code == ErrorCode.AUTH_REQUIRED else e
             except ConnectionClosedError:
                 turn.closed = True
             finally:
@@ -271,6 +272,22 @@ async def _converse(conn: ClientConnection, editor: RunEditor, options: TurnOpti
             tg.cancel_scope.cancel()
 
 
+def _explain_auth(error: RpcError, turn: _Turn) -> RpcError:
+    """The agent wants the user signed in (-32000): say what to do, which its bare
+    "Authentication required" does not. `run` signs in to nothing itself: a sign-in may
+    open a browser or ask for a secret, which is the agent's own business."""
+    offered = []
+    for method in turn.auth_methods:
+        if isinstance(method, dict):
+            name = str(method.get("name") or method.get("id") or "?")
+            about = method.get("description")
+            offered.append(f"{name}: {about}" if isinstance(about, str) and about else name)
+    ways = ("; it offers: " + "; ".join(offered)) if offered else ""
+    return RpcError(error.code, f"the agent needs you to sign in first (it answered "
+                    f"{turn.step}: {error.message}){ways}. Sign in with the agent's own "
+                    "command or from an editor once, then run again", error.data)
+
+
 async def _talk(conn: ClientConnection, editor: RunEditor, options: TurnOptions,
                 events: RunEvents, turn: _Turn, record: dict[str, Any], sid_out: list[str]) -> None:
     turn.step = "initialize"
@@ -294,6 +311,8 @@ async def _talk(conn: ClientConnection, editor: RunEditor, options: TurnOptions,
     caps = init.get("agentCapabilities")
     if not isinstance(caps, dict):
         caps = {}
+    methods = init.get("authMethods")
+    turn.auth_methods = methods if isinstance(methods, list) else []
     cwd = str(editor.root)
 
     def announce(sid: str, how: str) -> None:
