@@ -764,13 +764,13 @@ def chain_from_commands(commands: list[str], *, with_agent: bool) -> ChainConfig
         try:
             specs.append(ComponentSpec(command=command))
         except ValueError as e:
-            raise ConfigError(str(e).partition(": ")[2] or str(e), file="<command line>",
+            raise ConfigError(str(e).partition(": ")[2] or str(e), file=COMMAND_LINE,
                               field=f"COMMANDS[{i}]") from None
     if with_agent:
         config = ChainConfig(proxy=specs[:-1], agent=specs[-1])
     else:
         config = ChainConfig(proxy=specs)
-    config.source, config.base_dir = "<command line>", os.getcwd()
+    config.source, config.base_dir = COMMAND_LINE, os.getcwd()
     return config
 
 
@@ -811,22 +811,36 @@ def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str,
         return config.base_dir
     cwd = expand(spec.cwd, dict(os.environ if environ is None else environ),
                  where=f"{where}.cwd", file=config.source)
+    cwd = os.path.expanduser(cwd)  # `~/project`, as a shell would read it
     given = cwd
     if config.base_dir and not os.path.isabs(cwd):
         cwd = os.path.join(config.base_dir, cwd)
     # Checked here, not at spawn: there it is a start failure naming neither file nor key.
     if not os.path.isdir(cwd):
-        where_from = relative_to_chain(config.base_dir) if not os.path.isabs(given) else ""
+        where_from = relative_to_chain(config.base_dir, config.source) \
+            if not os.path.isabs(given) else ""
         problem = "not found" if not os.path.exists(cwd) else "is not a directory"
         raise ConfigError(f"{given} {problem}" + (f" ({where_from})" if where_from else ""),
                           file=config.source, field=f"{where}.cwd",
-                          hint="give a folder relative to the chain file, or an absolute one")
+                          hint=relative_hint(config.source, "a folder"))
     return cwd
 
 
-def relative_to_chain(base_dir: str | None) -> str:
+COMMAND_LINE = "<command line>"  # the `source` of a chain given as commands (`agent A B`)
+
+
+def relative_to_chain(base_dir: str | None, source: str | None = None) -> str:
     """How an error names the folder relative paths were taken from."""
-    return f"relative to {base_dir}, the chain file's folder" if base_dir else "relative"
+    if not base_dir:
+        return "relative"
+    if source == COMMAND_LINE:
+        return f"relative to {base_dir}, the current folder"
+    return f"relative to {base_dir}, the chain file's folder"
+
+
+def relative_hint(source: str | None, what: str = "a path") -> str:
+    base = "the current folder" if source == COMMAND_LINE else "the chain file"
+    return f"give {what} relative to {base}, or an absolute one"
 
 
 def component_argv(spec: ComponentSpec, *, file: str | None, where: str,
@@ -849,7 +863,8 @@ def component_argv(spec: ComponentSpec, *, file: str | None, where: str,
             found.append(e)
     if found:
         raise ConfigError.combine(found, file)
-    program = argv[0]
+    # `~/bin/agent`, as a shell would read it (a chain file is often written that way)
+    program = argv[0] = os.path.expanduser(argv[0])
     if not program.strip():  # else "cannot execute : Permission denied", naming no key
         named = ", ".join(f"${{{name}}}" for name, _ in variables(spec.argv()[0]))
         raise ConfigError("the program is empty once its variables are expanded",
@@ -858,9 +873,9 @@ def component_argv(spec: ComponentSpec, *, file: str | None, where: str,
     if base_dir and "/" in program and not os.path.isabs(program):
         argv[0] = os.path.normpath(os.path.join(base_dir, program))
         if not os.path.exists(argv[0]):
-            raise ConfigError(f"{program} not found ({relative_to_chain(base_dir)})",
+            raise ConfigError(f"{program} not found ({relative_to_chain(base_dir, file)})",
                               file=file, field=f"{where}.command",
-                              hint="give a path relative to the chain file, or an absolute one")
+                              hint=relative_hint(file))
     return argv
 
 
@@ -965,7 +980,7 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
         return McpServer(spec.name, "acp", provider=spec.provider, required=spec.required)
     if spec.type == "stdio":
         assert spec.command is not None
-        command = x(spec.command, "command")
+        command = os.path.expanduser(x(spec.command, "command"))  # as a shell would
         args = tuple(x(a, "args") for a in spec.args)
         server_env = tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items())
         if found and found[0].field == f"{where}.command":
@@ -974,7 +989,7 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
             relative = command  # a path, as a shell would see it: from the chain's folder
             command = os.path.normpath(os.path.join(config.base_dir, command))
             resolved = command if os.access(command, os.X_OK) else None
-            missing = f"{relative} ({relative_to_chain(config.base_dir)})"
+            missing = f"{relative} ({relative_to_chain(config.base_dir, config.source)})"
         else:  # which() checks an absolute path as it is, and looks a bare name up in PATH
             resolved = shutil.which(command)
             missing = command

@@ -10,12 +10,18 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from conductor.config import expand
+from conductor.config import chain_from_commands, component_argv, component_cwd, expand
 from conductor.errors import ConfigError
 from conductor.plan import plan_chain, read_chain
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
 
 
 def problem(tmp_path: Path, text: str) -> str:
@@ -441,3 +447,32 @@ def test_a_variable_set_empty_takes_its_default_as_a_shell_gives_it(
     # for a command that gives one.
     environ = {"AGENT_BIN": "", "A": "", "B": ""}
     assert expand(text, environ, where="agent.command", file="c.toml") == expected
+
+
+def test_a_program_and_a_cwd_written_from_home_are_taken_from_home(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `~/bin/agent` was taken as a folder named `~` beside the chain file: "not found".
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "agent").write_text("#!/bin/sh\n", encoding="utf-8")
+    monkeypatch.setenv("HOME", str(home))
+    config = read_chain(write(tmp_path, '[agent]\ncommand = "~/bin/agent --x"\ncwd = "~"\n'))
+    spec = config.agent
+    assert spec is not None
+    assert component_argv(spec, file=config.source, where="agent",
+                          base_dir=config.base_dir) == [str(home / "bin" / "agent"), "--x"]
+    assert component_cwd(spec, config, where="agent") == str(home)
+
+
+def test_a_missing_program_on_the_command_line_is_named_relative_to_the_current_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # There is no chain file: the error said "relative to ..., the chain file's folder".
+    monkeypatch.chdir(tmp_path)
+    config = chain_from_commands(["./agent"], with_agent=True)
+    assert config.agent is not None
+    with pytest.raises(ConfigError) as e:
+        component_argv(config.agent, file=config.source, where="agent",
+                       base_dir=config.base_dir)
+    assert str(e.value) == (f"<command line>: agent.command: ./agent not found (relative to "
+                            f"{tmp_path}, the current folder) (hint: give a path relative "
+                            "to the current folder, or an absolute one)")

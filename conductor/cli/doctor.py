@@ -82,7 +82,8 @@ def _program_findings(name: str, argv0: str, spec: ComponentSpec, config: ChainC
             os.path.join(config.base_dir, argv0)
         if os.access(path, os.X_OK) and os.path.isfile(path):
             return [Finding("ok", name, f"runs {path}")]
-        where = "" if os.path.isabs(argv0) else f" ({relative_to_chain(config.base_dir)})"
+        where = "" if os.path.isabs(argv0) else \
+            f" ({relative_to_chain(config.base_dir, config.source)})"
         if os.path.isfile(path):  # there, but the conductor could not start it
             return [Finding("fail", name, f"{argv0}{where} is not executable; make it so "
                                           f"(chmod +x {path}), or start it through its "
@@ -267,7 +268,8 @@ def _mcp_command_findings(where: str, command: str, config: ChainConfig,
     from conductor.config import expand, relative_to_chain
 
     try:
-        command = expand(command, environ, where=f"{where}.command", file=config.source)
+        command = os.path.expanduser(
+            expand(command, environ, where=f"{where}.command", file=config.source))
     except ConductorError:
         return []  # the variable findings say what is unset
     if "/" in command:  # a path, as a shell would see it; a relative one from the chain's
@@ -275,7 +277,8 @@ def _mcp_command_findings(where: str, command: str, config: ChainConfig,
         path = os.path.normpath(os.path.join(config.base_dir or "", command))
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return [Finding("ok", where, f"`{command}` is {path}")]
-        shown = f"{command} ({relative_to_chain(config.base_dir)})" if relative else command
+        shown = f"{command} ({relative_to_chain(config.base_dir, config.source)})" \
+            if relative else command
         return [Finding("fail", where, f"{shown} is not an executable file; give the path of "
                                        "the MCP server's program in the chain file")]
     found = _which(command, environ)
