@@ -730,10 +730,13 @@ def load_chain(path: str | os.PathLike[str]) -> ChainConfig:
     try:
         text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is no error
     except FileNotFoundError:
-        raise ConfigError(
-            "file not found", file=file,
-            hint="give the path of a chain TOML file, or a built-in chain's name "
-                 "(`acp-conductor chains` lists them)") from None
+        # `--chain demo.toml` for the built-in `demo`: a name, not a file in this folder
+        stem = path.stem if path.suffix == ".toml" and "/" not in str(path) else None
+        hint = f"`{stem}` is a built-in chain: give its name alone, `--chain {stem}`" \
+            if stem is not None and stem in builtin_chains() else \
+            "give the path of a chain TOML file, or a built-in chain's name " \
+            "(`acp-conductor chains` lists them)"
+        raise ConfigError("file not found", file=file, hint=hint) from None
     except IsADirectoryError as e:
         raise ConfigError(f"cannot read: {e.strerror}", file=file,
                           hint="give the path of a chain TOML file, not its folder") from None

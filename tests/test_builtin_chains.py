@@ -64,6 +64,9 @@ def test_a_path_that_does_not_exist_is_a_missing_file_not_a_name(tmp_path: Path)
     result = conductor("run", "--chain", "demo.toml", "hello", cwd=tmp_path)
     assert result.returncode == 2
     assert "demo.toml: file not found" in result.stderr
+    # the built-in of that name is reached by its name alone
+    assert "(hint: `demo` is a built-in chain: give its name alone, `--chain demo`)" \
+        in result.stderr
 
 
 def test_built_in_chain_names_complete_in_the_shell(tmp_path: Path) -> None:
