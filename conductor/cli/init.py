@@ -290,8 +290,8 @@ def proxy_files(name: str) -> dict[str, str]:
 @click.option("--proxy", "proxy_name", metavar="NAME",
               help="Write a proxy package NAME instead (entry point, module, tests).")
 @click.option("-o", "--output", "output_text", type=click.Path(),
-              help="Where to write: a file [default: chain.toml], or with --proxy a new "
-                   "directory [default: NAME].")
+              help="Where to write: a file [default: chain.toml] (a folder: chain.toml "
+                   "in it), or with --proxy a new directory [default: NAME].")
 @handle_errors
 def init_command(agent: str | None, agent_command: str | None, proxy_name: str | None,
                  output_text: str | None) -> None:
@@ -335,6 +335,8 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
     if agent_command is not None:
         _check_command(agent_command)
     file = output or Path("chain.toml")
+    if file.is_dir():  # `-o chains/`: a folder to write into, as `cp` reads it
+        file = file / "chain.toml"
     chosen = AGENTS[agent] if agent else KnownAgent(
         # one line: the title goes in a comment line, which a newline would end
         f"`{' '.join(str(agent_command).split())}`", _command_toml(str(agent_command), file),

@@ -132,6 +132,24 @@ def test_an_empty_agent_command_or_output_is_refused_by_name_and_nothing_is_writ
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_output_that_is_a_folder_gets_chain_toml_written_inside_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It was refused as "out already exists; not overwriting it".
+    from click.testing import CliRunner
+
+    from conductor.cli.app import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    result = CliRunner().invoke(main, ["init", "--agent", "demo", "-o", "out"])
+    assert result.exit_code == 0, result.output
+    assert "wrote out/chain.toml" in result.stdout
+    assert "[agent]" in (tmp_path / "out" / "chain.toml").read_text(encoding="utf-8")
+    again = CliRunner().invoke(main, ["init", "--agent", "demo", "-o", "out"])
+    assert again.exit_code == 2
+    assert "out/chain.toml already exists; not overwriting it" in again.stderr
+
+
 @pytest.mark.parametrize(("command", "said"), [
     ('my-agent "--acp', "--agent-command: cannot split it as a shell would: No closing "
                         "quotation (hint: close the quote"),
