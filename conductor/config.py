@@ -55,6 +55,22 @@ Float = Annotated[float, _Exact()]
 
 _NAME = r"[A-Za-z0-9_.:-]+"  # a component's name
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# `$NAME` without braces: a shell's spelling, which env values (passed to the process as
+# written, no shell between) do not get: the component would see the text `$NAME`.
+_BARE_VARIABLE = re.compile(r"(?<![$\\])\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def bare_variables(text: str) -> list[str]:
+    """The names of `$NAME` references in `text` (not `${NAME}`, `$$`, `\\$`)."""
+    return _BARE_VARIABLE.findall(text)
+
+
+def bare_variable_warning(names: list[str]) -> str:
+    """What to say of an env value with `$NAME` in it (`bare_variables`)."""
+    spelled = ", ".join(f"${name}" for name in names)
+    fixed = ", ".join(f"${{{name}}}" for name in names)
+    return (f"holds {spelled}, which reaches the component as written (the conductor "
+            f"expands {fixed}, with braces); write {fixed} to pass the variable")
 # What the conductor calls the ends of a chain in routing and traces (their lanes): a
 # component by one of these names would be drawn as, and taken for, that end.
 _OWN_NAMES = {"client": "the editor's side", "conductor": "itself",
@@ -792,6 +808,11 @@ def component_environment(spec: ComponentSpec, *, file: str | None, where: str) 
     base = dict(os.environ) if spec.inherit_env else {"PATH": os.environ.get("PATH", "")}
     found: list[ConductorError] = []
     for key, value in spec.env.items():
+        if "$" in value and (bare := bare_variables(value)):
+            import logging
+
+            logging.getLogger("acp_conductor").warning(
+                "%s: %s.env.%s %s", file or "chain", where, key, bare_variable_warning(bare))
         try:
             base[key] = expand(value, dict(os.environ), where=f"{where}.env.{key}", file=file)
         except ConfigError as e:

@@ -137,25 +137,34 @@ def _node_finding(name: str, environ: dict[str, str]) -> Finding:
 
 def _variable_findings(config: ChainConfig, environ: dict[str, str]) -> list[Finding]:
     """Every `${VAR}` the chain references, and every `secret_env` name."""
-    from conductor.config import unclosed_variable, variables
+    from conductor.config import (
+        bare_variable_warning,
+        bare_variables,
+        unclosed_variable,
+        variables,
+    )
 
     texts: list[tuple[str, str]] = []
+    verbatim: list[tuple[str, str]] = []  # passed on as written: no shell expands `$NAME`
     secrets: list[tuple[str, str]] = []
     specs = [*((f"proxy[{i}]", p) for i, p in enumerate(config.proxy)),
              *((("agent", config.agent),) if config.agent else ())]
     for where, spec in specs:
         argv = [spec.command] if isinstance(spec.command, str) else spec.command or []
         texts += [(f"{where}.command", a) for a in argv]
-        texts += [(f"{where}.env.{k}", v) for k, v in spec.env.items()]
+        verbatim += [(f"{where}.env.{k}", v) for k, v in spec.env.items()]
         texts += [(f"{where}.cwd", spec.cwd)] if spec.cwd else []
         texts += [(f"{where}.url", spec.url)] if spec.url else []
-        texts += [(f"{where}.headers.{k}", v) for k, v in spec.headers.items()]
+        verbatim += [(f"{where}.headers.{k}", v) for k, v in spec.headers.items()]
         secrets += [(f"{where}.secret_env", name) for name in spec.secret_env]
     for i, server in enumerate(config.mcp_server):
-        values = [server.command or "", *server.args, *server.env.values(), server.url or "",
-                  *server.headers.values()]
+        values = [server.command or "", *server.args, server.url or ""]
         texts += [(f"mcp_server[{i}]", v) for v in values]
-    out: list[Finding] = []
+        verbatim += [(f"mcp_server[{i}].env.{k}", v) for k, v in server.env.items()]
+        verbatim += [(f"mcp_server[{i}].headers.{k}", v) for k, v in server.headers.items()]
+    texts += verbatim
+    out: list[Finding] = [Finding("warn", where, bare_variable_warning(bare))
+                          for where, value in verbatim if (bare := bare_variables(value))]
     seen: set[str] = set()
     for where, text in texts:
         if (unclosed := unclosed_variable(text)) is not None:
