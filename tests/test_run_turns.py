@@ -389,3 +389,26 @@ def test_the_plain_and_live_views_show_a_malformed_plan_and_tool_call_without_fa
     for update in updates:
         rich.update("s", update)
     rich.live.stop()
+
+
+@pytest.mark.parametrize(("error", "shown"), [
+    # Claude Code without a login: what went wrong is only in `data.details`
+    ({"code": -32603, "message": "Internal error",
+      "data": {"details": "Query closed before response received"}},
+     "Internal error (Query closed before response received)"),
+    ({"code": -32602, "message": "Invalid params", "data": "cwd must be absolute"},
+     "Invalid params (cwd must be absolute)"),
+    ({"code": -33001, "message": "agent: exited with status 1", "data": {"component": "agent"}},
+     "agent: exited with status 1"),
+    ({"code": -32603, "message": "x", "data": {"details": "d" * 400}},
+     "x (" + "d" * 300 + "...)"),
+])
+def test_a_failed_runs_error_line_shows_the_detail_the_agent_gave_in_its_data(
+        error: dict[str, Any], shown: str) -> None:
+    record = {"type": "result", "error": error, "exitCode": 1, "exitReason": "failed"}
+    out, err = io.StringIO(), io.StringIO()
+    PlainEvents(out, err).result(record)
+    assert f"[error] {shown}\n" in err.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    QuietEvents(out, err).result(record)
+    assert err.getvalue() == f"acp-conductor: run: failed (exit 1): {shown}\n"

@@ -22,6 +22,7 @@ from conductor.editor.render import (
     _Tools,
     _usage_line,
     agent_info,
+    error_text,
     plan_entries,
 )
 from conductor.terminal_text import shown
@@ -157,7 +158,7 @@ class RichEvents:
         if usage:
             self.console.print(Text(usage, style="dim"))
         if record.get("error"):
-            self.err.print(f"[red]error:[/red] {escape(shown(record['error'].get('message')))}")
+            self.err.print(f"[red]error:[/red] {escape(shown(error_text(record['error'])))}")
         ok = record["exitCode"] == 0
         self.console.print(Text.assemble(
             ("■ ", "green" if ok else "red"),

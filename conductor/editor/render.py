@@ -64,6 +64,22 @@ class _Tools:
         return call
 
 
+def error_text(error: dict[str, Any]) -> str:
+    """An error answer as a line: its message, and the agent's own detail where it gave one
+    in `data` (Claude Code's `-32603 Internal error` says what went wrong only there)."""
+    message = str(error.get("message") or f"error {error.get('code')}")
+    data = error.get("data")
+    detail = data if isinstance(data, str) else next(
+        (data[k] for k in ("details", "detail", "reason", "message", "error")
+         if isinstance(data, dict) and isinstance(data.get(k), str) and data[k]), None)
+    if detail and detail not in message:
+        message += f" ({detail[:DETAIL_SHOWN]}{'...' if len(detail) > DETAIL_SHOWN else ''})"
+    return message
+
+
+DETAIL_SHOWN = 300  # characters of an error's detail shown on its line
+
+
 def agent_info(record: dict[str, Any]) -> dict[str, Any]:
     """The session record's agentInfo, as an object (anything else an agent sent: none)."""
     info = record.get("agentInfo")
@@ -265,7 +281,7 @@ class PlainEvents:
         if usage:
             self._line(f"[usage] {usage}")
         if record.get("error"):
-            self._line(f"[error] {record['error'].get('message')}")
+            self._line(f"[error] {error_text(record['error'])}")
         self._line(f"[stop] {record.get('stopReason') or record['exitReason']} "
                    f"(exit {record['exitCode']})")
 
@@ -319,7 +335,7 @@ class QuietEvents:
         line = f"acp-conductor: run: {record['exitReason']} (exit {record['exitCode']})"
         error = record.get("error")
         if isinstance(error, dict) and error.get("message"):
-            line += f": {error['message']}"
+            line += f": {error_text(error)}"
         self.err.write(line.translate(SHOWN) + "\n")  # the agent's words: shown, not obeyed
         self.err.flush()
 
