@@ -229,7 +229,7 @@ async def test_an_agent_that_wants_the_user_signed_in_is_reported_with_what_to_d
             async def initialize(self, ctx, message):
                 answer = await ctx.forward()
                 return {**answer.result_value(), "authMethods": [{"id": "web", "name": "Browser",
-                                                   "description": "run `agent login`"}]}
+                                                   "description": "run `agent login`."}]}
 
             @on("session/new")
             async def new(self, ctx, message):

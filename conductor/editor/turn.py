@@ -281,7 +281,8 @@ def _explain_auth(error: RpcError, turn: _Turn) -> RpcError:
         if isinstance(method, dict):
             name = str(method.get("name") or method.get("id") or "?")
             about = method.get("description")
-            offered.append(f"{name}: {about}" if isinstance(about, str) and about else name)
+            about = about.strip().rstrip(".") if isinstance(about, str) else ""
+            offered.append(f"{name}: {about}" if about else name)
     ways = ("; it offers: " + "; ".join(offered)) if offered else ""
     return RpcError(error.code, f"the agent needs you to sign in first (it answered "
                     f"{turn.step}: {error.message}){ways}. Sign in with the agent's own "
