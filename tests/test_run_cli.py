@@ -707,3 +707,13 @@ def test_a_plugin_proxy_failing_on_another_proxy_s_own_request_is_still_reported
     result = run("run", "--chain", chain, "hello")
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("the judge fell over") == 1, result.stderr
+
+
+def test_a_prompt_over_the_frame_limit_is_a_usage_error_before_anything_starts() -> None:
+    # The chain refused its request mid-run: exit 1, "client sent a message of N bytes".
+    result = run("run", "--chain", DEMO, "--max-frame-bytes", "1100", "x" * 1000)
+    assert result.returncode == 2, result.stderr
+    assert ("PROMPT: the prompt makes a request of about 1,130 bytes, over the 1,100-byte "
+            "limit on a message (hint: raise it with --max-frame-bytes") in result.stderr
+    fits = run("run", "--chain", DEMO, "--max-frame-bytes", "1200", "x" * 1000)
+    assert fits.returncode == 0, fits.stderr

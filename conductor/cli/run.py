@@ -130,6 +130,22 @@ def _prompts(prompt: str | None, more: tuple[str, ...], prompt_file: str | None)
     return prompts
 
 
+PROMPT_ENVELOPE = 128  # bytes of a session/prompt request around its text (a short session id)
+
+
+def _refuse_oversized(prompts: list[str], limit: int) -> None:
+    """A prompt whose request the chain would refuse as over its frame limit is a usage
+    error before anything starts (else exit 1, "client sent a message of N bytes")."""
+    for number, text in enumerate(prompts, 1):
+        size = len(json.dumps(text, ensure_ascii=False).encode("utf-8")) + PROMPT_ENVELOPE
+        if size > limit:
+            which = "the prompt" if len(prompts) == 1 else f"prompt {number}"
+            raise ConfigError(f"{which} makes a request of about {size:,} bytes, over the "
+                              f"{limit:,}-byte limit on a message", field="PROMPT",
+                              hint="raise it with --max-frame-bytes (or [conductor] "
+                                   "max_frame_bytes), or send less")
+
+
 @click.command("run", epilog=epilog("Exit codes of run", RunExit))
 @click.argument("prompt", required=False)
 @click.option("--prompt", "more_prompts", multiple=True, metavar="TEXT",
@@ -183,6 +199,7 @@ def run_command(ctx: click.Context, prompt: str | None, more_prompts: tuple[str,
                           field="--format")
     fmt = "json" if as_json else output_format or "text"
     prompts = _prompts(prompt, more_prompts, prompt_file)
+    _refuse_oversized(prompts, options.max_frame_bytes or config.conductor.max_frame_bytes)
     from_stdin = "-" in (prompt, prompt_file)
     if approve is None:
         interactive = sys.stdin.isatty() and sys.stderr.isatty() and not from_stdin
