@@ -335,6 +335,7 @@ class HttpClient(RemoteClient):
 
     async def send(self, item: Message | list[Message]) -> None:
         session: str | None = None
+        ended: str | None = None  # the session this answer closes: its stream ends after it
         if isinstance(item, Response):
             key = bytes(item.id)
             if key == self._initialize:
@@ -350,6 +351,7 @@ class HttpClient(RemoteClient):
                     # Closed: forgotten (a connection that opens and closes sessions for
                     # hours keeps none of them), and its id is no longer accepted.
                     self.sessions.discard(session)
+                    ended = session
             opened = acp.get_str(item.result, "sessionId") if item.result is not UNSET \
                 else None
             if opened is not None:
@@ -382,6 +384,10 @@ class HttpClient(RemoteClient):
             self._drop(stalled(waited))
             raise anyio.BrokenResourceError
         self._sent(item)
+        if ended is not None and (sink := self._session_streams.pop(ended, None)) is not None:
+            # Its GET sends what is queued, this answer last, and ends: a client that opens
+            # and closes sessions for hours is not left holding a stream for each.
+            sink.close()
 
     def _drop(self, why: str) -> None:
         """The client stopped reading (`why`): drop it as if it had left. Its streams end
@@ -442,7 +448,8 @@ class HttpClient(RemoteClient):
                 # The last reader of this session's stream: what is queued goes to the
                 # connection's stream, and so does what comes next.
                 del self._session_readers[session]
-                self._session_streams.pop(session).close()
+                if session in self._session_streams:  # not when its session closed
+                    self._session_streams.pop(session).close()
                 self._session_sources.pop(session).close()
                 self._handing_back[session] = handed = anyio.Event()
                 try:

@@ -22,6 +22,7 @@ class Stream:
         self.opened = anyio.Event()
         self.got_event = anyio.Event()
         self.ended = False
+        self.done = anyio.Event()  # set with `ended`
         self._flowing = anyio.Event()
         self._flowing.set()
         self._disconnect = anyio.Event()
@@ -41,6 +42,7 @@ class Stream:
                 self.got_event.set()
             if not message.get("more_body"):
                 self.ended = True
+                self.done.set()
 
     async def receive(self) -> Any:
         await self._disconnect.wait()
@@ -177,6 +179,29 @@ async def test_a_session_closed_on_an_http_connection_is_forgotten_by_it() -> No
             tg.cancel_scope.cancel()
     client.finish()  # what the listener does once the chain has stopped
     assert client.sessions == {"kept"}
+
+
+async def test_a_session_stream_ends_once_its_session_close_is_answered() -> None:
+    # The GET stayed open for ever: a client that opens and closes sessions for hours held
+    # one stream (and one of the server's connections) for each.
+    client = HttpClient("peer", 0, max_frame_bytes=1 << 20)
+    client.sessions.add("s1")
+    main, own = Stream(), Stream()
+    close = Request(id=raw(7), method="session/close", params=raw({"sessionId": "s1"}))
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.stream, None, main.send, main.receive)
+            tg.start_soon(client.stream, "s1", own.send, own.receive)
+            await main.opened.wait()
+            await own.opened.wait()
+            await client.send(update(1))
+            client.note_request(close, "s1")
+            await client.send(Response(id=close.id, result=raw({})))
+            await own.done.wait()
+            assert [e.get("params", {}).get("n", e.get("id")) for e in own.events] == [1, 7]
+            assert main.events == [] and not main.ended
+            tg.cancel_scope.cancel()
+    client.finish()
 
 
 def sse_events(body: bytes) -> list[Any]:
