@@ -29,6 +29,7 @@ from conductor import acp
 from conductor.errors import ComponentRestartingError, ComponentStartError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import Notification, Request, Response, error_response, payload
+from conductor.routing.handshake import chain_hooks
 from conductor.routing.roles import Role
 from conductor.routing.sessions import CloseReason
 
@@ -124,6 +125,11 @@ class Recovery:
                     answer = await self._ask(hop, init.method, init.params)
                 finally:
                     self.reinitializing.discard(name)
+                if node.role is Role.AGENT and (check := chain_hooks(init.hooks)) is not None:
+                    # What the first answer was held to (a v2 client's agent must say
+                    # version 2) holds for this one too, and which MCP servers it takes
+                    # is learnt again: a different build may take others.
+                    answer = await check(answer) or answer
                 if answer.is_error:
                     raise ComponentStartError(name, "answered initialize with an error after "
                                               f"its restart: {_message(answer)}")

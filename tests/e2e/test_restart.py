@@ -195,6 +195,21 @@ async def test_a_session_whose_reopen_crashes_the_agent_is_lost_not_every_sessio
         assert "result" in await prompt(c, await c.new_session())
 
 
+async def test_a_restarted_agent_held_to_the_protocol_version_its_client_was_promised(
+        tmp_path: Path) -> None:
+    # The answer to the re-initialize was not checked as the first was: a restarted build
+    # that said version 1 served a v2 client as if nothing had changed.
+    path = resuming_agent(tmp_path, 10, "--version-after-restart", "1", max_restarts=1)
+    async with open_conductor("--chain", path) as c:
+        await c.initialize(2)
+        await c.new_session()
+        await crash(c, "agent")
+        await c.wait_stderr("answered initialize with protocolVersion 1, but the client "
+                            "asked for protocol version 2")
+        assert await c.wait() == 3
+    assert "agent is back after its restart" not in c.stderr_text
+
+
 async def test_an_agent_that_keeps_failing_is_given_up_after_max_restarts(
         tmp_path: Path) -> None:
     flag = tmp_path / "started-once"

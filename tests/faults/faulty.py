@@ -164,7 +164,11 @@ class Faulty:
             session_caps: dict[str, Any] = {"close": {}}
             if self.args.resume:
                 session_caps["resume"] = {}
-            self.reply(ident, {"protocolVersion": params.get("protocolVersion", 1),
+            version = params.get("protocolVersion", 1)
+            if self.args.version_after_restart and self.args.state \
+                    and any(Path(self.args.state).iterdir()):  # sessions of an earlier run
+                version = self.args.version_after_restart
+            self.reply(ident, {"protocolVersion": version,
                                "agentCapabilities": {"loadSession": self.args.load,
                                                      "sessionCapabilities": session_caps},
                                "authMethods": []})
@@ -264,6 +268,9 @@ def main() -> None:
                              "of them are waiting (all at once)")
     parser.add_argument("--reopen-delay", type=float, default=0.0, metavar="S",
                         help="agent: take S seconds over each session/resume and session/load")
+    parser.add_argument("--version-after-restart", type=int, default=0, metavar="N",
+                        help="agent: answer initialize with protocolVersion N once --state "
+                             "holds sessions of an earlier run")
     parser.add_argument("--crash-reopening", type=int, default=0, metavar="N",
                         help="agent: crash when asked to reopen the Nth session it created")
     parser.add_argument("--ignore-term", action="store_true")
