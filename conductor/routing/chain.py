@@ -34,7 +34,7 @@ from conductor.jsonrpc.message import (
 from conductor.record import Record
 from conductor.routing.deadlines import Deadlines, Expired, Timeouts
 from conductor.routing.handshake import Handshake, ResponseHook, chain_hooks
-from conductor.routing.mcp import McpRefusedError, McpSupport, for_agent
+from conductor.routing.mcp import McpRefusedError, McpSupport, acp_declarations, for_agent
 from conductor.routing.mcp_routes import McpRoutes
 from conductor.routing.recovery import Recovery
 from conductor.routing.roles import Role
@@ -637,8 +637,9 @@ class Chain:
             McpRefusedError: a required server cannot reach the agent.
         """
         out = params
+        if target.role is Role.AGENT:
+            await self._await_agent_initialize(target, params)
         if target.role in (Role.AGENT, Role.SUCCESSOR):
-            await self._await_agent_initialize(target)
             if self._mcp is not None:
                 out = self._mcp.apply(out)
             if target.role is Role.AGENT:
@@ -661,19 +662,27 @@ class Chain:
             hooks.append(bind)
         return out
 
-    async def _await_agent_initialize(self, target: Node) -> None:
-        """A setup pipelined behind `initialize` waits for the agent's answer: before it,
-        nobody knows which MCP transports the agent takes (an `acp` server would reach an
-        agent that cannot take it, unbridged). The client's reader waits here, so order
-        is kept; bounded, so an agent that never answers cannot keep us from the
-        client's EOF for ever (then the setup goes on as the agent's answer would find it)."""
-        answered = self.handshake.agent_answered
-        if answered is None or answered.is_set() or target.hop.failure is not None:
+    async def _await_agent_initialize(self, target: Node, params: Raw | UnsetType) -> None:
+        """A setup pipelined behind `initialize` waits for the agent's answer when what
+        reaches the agent depends on it (servers to inject, `acp` servers to pass on or
+        bridge): before it, nobody knows which MCP transports the agent takes, and an
+        `acp` server would reach an agent that cannot take it, unbridged.
+
+        The reader that routes the setup waits here, so order is kept. Only toward the
+        agent, whose answers another reader reads (in proxy mode our successor answers on
+        the client's own connection, which this reader would be blocking), and bounded:
+        an agent that never answers must not keep us from the client's EOF. After one
+        such wait the setups go on as the answer would find them (with a warning)."""
+        pending = self.handshake.agent_pending
+        if pending is None or pending.is_set() or target.hop.failure is not None:
             return
+        if self._mcp is None and not self._required_acp and not acp_declarations(params):
+            return  # nothing in this setup turns on what the agent takes
         await flush_deferred()  # the initialize it waits for may still be in our buffer
         with anyio.move_on_after(INITIALIZE_WAIT) as waited:
-            await answered.wait()
+            await pending.wait()
         if waited.cancelled_caught:
+            pending.set()  # given up once: later setups do not each wait again
             log.warning("%s has not answered initialize after %g s: a session setup goes on "
                         "without knowing which MCP servers it takes", target.name,
                         INITIALIZE_WAIT)

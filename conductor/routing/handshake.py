@@ -12,7 +12,7 @@ the conductor learns from the agent's answer (protocol.md §3).
 - The agent's answer tells which MCP transports it supports (for injection and bridging);
   when the bridge stands in for `acp`, the answer going up says the agent takes it. A
   session setup the client sends before that answer (JSON-RPC lets it pipeline) waits for
-  it (`agent_answered`), bounded: its servers are judged by what the agent takes.
+  it (`agent_pending`), bounded: its servers are judged by what the agent takes.
 """
 
 from __future__ import annotations
@@ -68,10 +68,12 @@ class Handshake:
         self.agent_version: int | None = None
         self._mcp = mcp
         self._bridge = bridge
-        # Set once the agent (our successor, in proxy mode) has answered its first
-        # initialize, or is gone: a session setup the client pipelined behind initialize
-        # waits for it, so its MCP servers are judged by what the agent said it takes.
-        self.agent_answered: anyio.Event | None = None
+        # An initialize request to the agent not answered yet (set when answered, when the
+        # agent is gone, or when a setup gave up waiting): a session setup the client
+        # pipelined behind it waits for it, so its MCP servers are judged by what the agent
+        # said it takes. One event while any is pending: a retried initialize (after the
+        # first was answered for a failed agent) or a restart's settles it too.
+        self.agent_pending: anyio.Event | None = None
 
     async def accept_first(self, msg: Call, reply: Reply) -> bool:
         """Is `msg`, the client's first message, the initialize that starts the chain?
@@ -153,19 +155,19 @@ class Handshake:
                     asked = acp.result_protocol_version(params)  # raw: 3 is served as 2
                     out.hooks.append(self._require_v2(target, asked))
             if version is not None and self._mcp is not None:
-                # Only the first: a restarted agent's initialize is replayed by recovery,
-                # without hooks, and its sessions are set up only after it answers.
                 answered = None
-                if is_request and self.agent_answered is None:
-                    answered = self.agent_answered = anyio.Event()
+                if is_request and target.role is Role.AGENT:
+                    if self.agent_pending is None or self.agent_pending.is_set():
+                        self.agent_pending = anyio.Event()
+                    answered = self.agent_pending
                 out.hooks.append(self._learn_mcp_support(
                     version, self._bridge if target.role is Role.AGENT else None, answered))
         return out
 
     def agent_gone(self) -> None:
         """The agent will not answer: nothing may wait for its initialize answer."""
-        if self.agent_answered is not None:
-            self.agent_answered.set()
+        if self.agent_pending is not None:
+            self.agent_pending.set()
 
     @staticmethod
     def _legacy_fallback(params: Raw | UnsetType, target: Node,

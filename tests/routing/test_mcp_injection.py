@@ -7,12 +7,19 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import anyio
 import msgspec
 import pytest
 
+import conductor.routing.chain as chain_module
 from conductor.config import ConfigError, load_chain, mcp_servers
+from conductor.jsonrpc.message import Message, decode, encode
+from conductor.routing.chain import Chain
 from conductor.routing.mcp import McpInjection, McpRefusedError, McpServer
+from conductor.routing.roles import Role
+from conductor.routing.topology import ComponentLink, Hop
 from tests.conftest import child_env, conductor_argv
 
 STDIO = McpServer("files", "stdio", command="/usr/bin/files", args=("--x",), env=(("A", "1"),))
@@ -142,3 +149,55 @@ def test_a_required_server_that_cannot_be_added_refuses_the_setup_naming_it(
     with pytest.raises(McpRefusedError) as refused:
         inj.apply(msgspec.Raw(b'{"cwd":"/w","mcpServers":' + servers + b"}"))
     assert refused.value.name == "files" and "mcpServers" in refused.value.reason
+
+
+class _Box:
+    """A MessageSink keeping what the router sent, as JSON."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    async def send(self, item: Message | list[Message]) -> None:
+        for message in item if isinstance(item, list) else [item]:
+            self.sent.append(json.loads(encode(message)))
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def _chain_with_a_mute_agent(servers: list[McpServer]) -> tuple[Chain, Hop, _Box]:
+    """client -> agent, initialized by the client; the agent never answers initialize."""
+    client, agent = Hop("client", _Box()), Hop("agent", box := _Box())
+
+    async def starter() -> list[ComponentLink]:
+        return [ComponentLink("agent", Role.AGENT, agent)]
+
+    chain = Chain(client, starter, mcp=McpInjection(servers))
+    await chain.receive(client, decode(b'{"jsonrpc":"2.0","id":0,"method":"initialize",'
+                                       b'"params":{"protocolVersion":1}}'))
+    return chain, client, box
+
+
+async def _setup(chain: Chain, client: Hop, ident: int) -> None:
+    with anyio.fail_after(5):
+        await chain.receive(client, decode(json.dumps({
+            "jsonrpc": "2.0", "id": ident, "method": "session/new",
+            "params": {"cwd": "/w", "mcpServers": []}}).encode()))
+
+
+@pytest.mark.anyio
+async def test_setups_behind_an_initialize_the_agent_never_answers_wait_once_then_go_on(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(chain_module, "INITIALIZE_WAIT", 0.2)
+    chain, client, agent = await _chain_with_a_mute_agent([HTTP])
+    await _setup(chain, client, 1)
+    await _setup(chain, client, 2)  # given up once: it does not wait again
+    assert [m.get("method") for m in agent.sent] == ["initialize", "session/new", "session/new"]
+    assert caplog.text.count("has not answered initialize after 0.2 s") == 1
+
+
+@pytest.mark.anyio
+async def test_a_setup_that_nothing_in_it_turns_on_the_agents_answer_does_not_wait() -> None:
+    chain, client, agent = await _chain_with_a_mute_agent([])
+    await _setup(chain, client, 1)  # INITIALIZE_WAIT is 60 s: a wait would fail here
+    assert [m.get("method") for m in agent.sent] == ["initialize", "session/new"]

@@ -16,6 +16,7 @@ from conductor.jsonrpc.message import Message, decode, encode
 from conductor.plugins import Proxy, on
 from conductor.routing.chain import Chain
 from conductor.routing.deadlines import Timeouts
+from conductor.routing.mcp import McpInjection, McpServer
 from conductor.routing.roles import Role
 from conductor.routing.topology import ComponentLink, Hop
 from conductor.transport.pipes import incoming
@@ -46,7 +47,8 @@ class Outbox:
 class ProxyMode:
     """outer conductor (the client) -> this conductor: proxy:0 -> (successor, the client)."""
 
-    def __init__(self, *, proxies: int = 1, timeouts: Timeouts | None = None) -> None:
+    def __init__(self, *, proxies: int = 1, timeouts: Timeouts | None = None,
+                 mcp: McpInjection | None = None) -> None:
         self.client = Outbox()
         self.client_wire = Hop("client", self.client)
         self.boxes = [Outbox() for _ in range(proxies)]
@@ -56,7 +58,8 @@ class ProxyMode:
         async def starter() -> list[ComponentLink]:
             return [ComponentLink(w.name, Role.PROXY, w) for w in self.wires]
 
-        self.chain = Chain(self.client_wire, starter, proxy_mode=True, timeouts=timeouts)
+        self.chain = Chain(self.client_wire, starter, proxy_mode=True, timeouts=timeouts,
+                           mcp=mcp)
 
     async def line(self, wire: Hop, message: Any) -> None:
         with anyio.fail_after(5):
@@ -278,3 +281,19 @@ async def test_an_answer_to_the_successor_does_not_overtake_a_cancel_in_a_plugin
             while len(client.sent) < 2:
                 await client.changed.wait()
     assert [m.get("method", m.get("id")) for m in client.sent] == ["_proxy/successor", "q"]
+
+
+async def test_a_session_setup_pipelined_behind_initialize_goes_on_to_the_successor_at_once(
+        ) -> None:
+    # Toward the agent a setup waits for its initialize answer (which MCP servers it takes);
+    # our successor answers on the client's own connection, which that wait would block:
+    # the setup sat 60 s, then went on with a warning.
+    h = ProxyMode(proxies=0, mcp=McpInjection([McpServer("web", "http",
+                                                         url="http://127.0.0.1:1/mcp")]))
+    await h.from_client({"id": 0, "method": "_proxy/initialize",
+                         "params": {"protocolVersion": 1}})
+    await h.from_client({"id": 1, "method": "session/new",
+                         "params": {"cwd": "/w", "mcpServers": []}})  # within 5 s
+    initialize, setup = h.client.sent
+    assert initialize["params"]["method"] == "initialize"
+    assert setup["params"]["method"] == "session/new"
