@@ -192,6 +192,7 @@ class Recovery:
         suspects = [(sid, params) for sid, params in todo if sid in self.suspects]
         todo = [(sid, params) for sid, params in todo if sid not in self.suspects]
         in_flight: set[str] = set()  # asked and not answered: what the agent failed on
+        wedged: list[bool] = []
         # Several at once: the chain waits for them all, and one slow session must not
         # make the others wait their turn. The timeout bounds the wait for progress, not
         # each reopen (an agent may answer them one after the other): when none is
@@ -205,6 +206,7 @@ class Recovery:
             while True:
                 await anyio.sleep(max(0.0, progress[0] + self._timeout - anyio.current_time()))
                 if anyio.current_time() >= progress[0] + self._timeout:
+                    wedged.append(True)  # slow, not failing on a session: no suspects
                     failed.append(_no_answer(hop, method or "", self._timeout))
                     tg.cancel_scope.cancel()
                     return
@@ -244,7 +246,8 @@ class Recovery:
                 await reopen(sid, params)
             tg.cancel_scope.cancel()  # all answered: the watch is over
         if failed:
-            await self._suspect(in_flight, hop)
+            if not wedged:
+                await self._suspect(in_flight, hop)
             raise failed[0]
         if lost:
             for sid, why in lost.items():

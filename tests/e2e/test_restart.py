@@ -195,6 +195,22 @@ async def test_a_session_whose_reopen_crashes_the_agent_is_lost_not_every_sessio
         assert "result" in await prompt(c, await c.new_session())
 
 
+async def test_restarts_that_time_out_reopening_lose_no_session(tmp_path: Path) -> None:
+    # A reopen that times out is a slow agent, not one failing on that session: counted as
+    # a failure on it, two slow restarts lost every session that was reopening.
+    runs = tmp_path / "runs"
+    path = resuming_agent(tmp_path, 1, "--runs-file", str(runs),
+                          "--mute-reopens-until-run", "3", max_restarts=3)
+    async with open_conductor("--chain", path, "--log-level", "info", check_exit=True) as c:
+        await c.initialize()
+        sessions = [await c.new_session() for _ in range(2)]
+        await crash(c, "agent")
+        await c.wait_stderr("agent is back after its restart")
+        assert runs.read_text() == "4"  # two restarts timed out, the third came back
+        for sid in sessions:
+            assert "result" in await prompt(c, sid)
+
+
 async def test_a_restarted_agent_held_to_the_protocol_version_its_client_was_promised(
         tmp_path: Path) -> None:
     # The answer to the re-initialize was not checked as the first was: a restarted build

@@ -29,7 +29,8 @@ is passed on by the others. As an agent it keeps sessions in --state DIR (one fi
 so that after a restart `session/resume` (--resume) and `session/load` (--load; replays
 one update first) succeed for sessions it created before; --reopen-together N holds their
 answers until N are waiting, --reopen-delay S takes S seconds over each, and
---crash-reopening N crashes when asked to reopen the Nth session a run created. Stdlib
+--crash-reopening N crashes when asked to reopen the Nth session a run created, and
+--mute-reopens-until-run N (with --runs-file) never answers a reopen in runs 1..N. Stdlib
 only, synchronous.
 """
 
@@ -61,6 +62,11 @@ class Faulty:
         self.forwarded: dict[int, tuple[str, Any]] = {}
         self.sessions = 0
         self.held: list[tuple[str, Any, str]] = []  # reopens not answered yet
+        self.run = 1  # which start of this agent it is (--runs-file counts them)
+        if args.runs_file:
+            runs = Path(args.runs_file)
+            self.run = int(runs.read_text() or 0) + 1 if runs.exists() else 1
+            runs.write_text(str(self.run))
 
     # -- wire ------------------------------------------------------------------------------
 
@@ -185,6 +191,8 @@ class Faulty:
             if not (known and allowed):
                 self.error(ident, -32002, f"faulty: no session {sid}")
                 return
+            if self.run <= self.args.mute_reopens_until_run:
+                return  # this run never answers a reopen: a restart that times out
             if self.args.crash_reopening and sid.endswith(f"-{self.args.crash_reopening}"):
                 self.crash()  # a session whose reopen takes the agent down, every time
             time.sleep(self.args.reopen_delay)  # one at a time: this agent is synchronous
@@ -271,6 +279,10 @@ def main() -> None:
     parser.add_argument("--version-after-restart", type=int, default=0, metavar="N",
                         help="agent: answer initialize with protocolVersion N once --state "
                              "holds sessions of an earlier run")
+    parser.add_argument("--runs-file", metavar="FILE",
+                        help="count this agent's starts in FILE (for --mute-reopens-until-run)")
+    parser.add_argument("--mute-reopens-until-run", type=int, default=0, metavar="N",
+                        help="agent: runs 1..N (--runs-file) never answer a reopen")
     parser.add_argument("--crash-reopening", type=int, default=0, metavar="N",
                         help="agent: crash when asked to reopen the Nth session it created")
     parser.add_argument("--ignore-term", action="store_true")
