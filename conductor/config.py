@@ -55,14 +55,17 @@ Float = Annotated[float, _Exact()]
 
 _NAME = r"[A-Za-z0-9_.:-]+"  # a component's name
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# `$NAME` without braces: a shell's spelling, which env values (passed to the process as
-# written, no shell between) do not get: the component would see the text `$NAME`.
-_BARE_VARIABLE = re.compile(r"(?<![$\\])\$([A-Za-z_][A-Za-z0-9_]*)")
+# A value that is `$NAME` alone: a shell's spelling, which env values (passed to the
+# process as written, no shell between) do not get: the component would see the text
+# `$NAME`. Only the whole value: `$` inside one is as likely meant (a password, a command a
+# shell runs later: `GIT_SSH_COMMAND = "ssh -i $HOME/k"`).
+_BARE_VARIABLE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def bare_variables(text: str) -> list[str]:
-    """The names of `$NAME` references in `text` (not `${NAME}`, `$$`, `\\$`)."""
-    return _BARE_VARIABLE.findall(text)
+    """`[NAME]` when `text` is a bare `$NAME` and nothing else, else `[]`."""
+    whole = _BARE_VARIABLE.fullmatch(text.strip())
+    return [whole.group(1)] if whole else []
 
 
 def bare_variable_warning(names: list[str]) -> str:

@@ -232,18 +232,19 @@ def test_an_unset_variable_before_an_unclosed_one_is_reported_with_it(tmp_path: 
 def test_an_env_value_with_a_shell_style_variable_is_a_warning_saying_how_to_write_it(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # `KEY = "$API_KEY"` passed the text `$API_KEY` to the agent, without a word.
-    chain = ('[agent]\ncommand = "true"\nenv = { KEY = "$API_KEY", PW = "a$$b", '
-             'OK = "${API_KEY:-x}" }\n[[mcp_server]]\nname = "w"\ntype = "http"\n'
-             'url = "http://127.0.0.1:1/mcp"\nheaders = { Authorization = "Bearer $TOKEN" }\n')
+    chain = ('[agent]\ncommand = "true"\nenv = { KEY = "$API_KEY", PW = "a$Sw0rd", '
+             'SSH = "ssh -i $HOME/k", OK = "${API_KEY:-x}" }\n[[mcp_server]]\nname = "w"\n'
+             'type = "http"\nurl = "http://127.0.0.1:1/mcp"\nheaders = { X = "$TOKEN" }\n')
     found = findings(tmp_path, chain, {"PATH": "/usr/bin:/bin"})
     assert found["agent.env.KEY"] == Finding(
         "warn", "agent.env.KEY", "holds $API_KEY, which reaches the component as written (the "
         "conductor expands ${API_KEY}, with braces); write ${API_KEY} to pass the variable")
-    assert found["mcp_server[0].headers.Authorization"].status == "warn"
-    assert "agent.env.PW" not in found and "agent.env.OK" not in found
+    assert found["mcp_server[0].headers.X"].status == "warn"
+    # `$` inside a value is as likely meant (a password, a command a shell runs later)
+    assert not {"agent.env.PW", "agent.env.SSH", "agent.env.OK"} & set(found)
     # and when the chain starts, whoever did not run doctor reads it in the log
     config = load_chain(tmp_path / "chain.toml")
     assert config.agent is not None
     component_environment(config.agent, file="chain.toml", where="agent")
     assert "chain.toml: agent.env.KEY holds $API_KEY, which reaches" in caplog.text
-    assert "PW" not in caplog.text
+    assert "PW" not in caplog.text and "Sw0rd" not in caplog.text and "SSH" not in caplog.text
