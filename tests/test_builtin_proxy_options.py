@@ -14,7 +14,12 @@ import pytest
 from pydantic import ValidationError
 
 from acp_conductor_proxies.context import Context, ContextOptions
-from acp_conductor_proxies.permissions import TOOL_KINDS, PermissionsOptions, path_matches
+from acp_conductor_proxies.permissions import (
+    TOOL_KINDS,
+    Permissions,
+    PermissionsOptions,
+    path_matches,
+)
 from acp_conductor_proxies.redact import Redact, RedactOptions
 from acp_conductor_proxies.transcript import Transcript, TranscriptOptions, file_stem
 from conductor.errors import RpcError
@@ -75,14 +80,24 @@ def context(**options: Any) -> Context:
 
 @pytest.mark.parametrize(("kind", "hint"), [
     ("exec", "did you mean 'execute'?"), (["read", "Edit"], "did you mean 'edit'?"),
-    ("shell", "the kinds are read, edit, delete, move, search, execute, think, fetch"),
+    ("reads", "did you mean 'read'?"),
 ])
-def test_permissions_refuses_a_rule_kind_no_agent_sends_when_options_are_read(
+def test_permissions_refuses_a_misspelt_rule_kind_when_options_are_read(
         kind: str | list[str], hint: str) -> None:
     # Such a rule matched nothing: a deny `kind = "exec"` let every command through.
     with pytest.raises(ValidationError, match="is not an ACP tool kind") as refused:
         PermissionsOptions(rules=[{"kind": kind, "action": "deny"}])
     assert hint in str(refused.value)
+    assert "the kinds are read, edit, delete, move, search, execute, think" in str(refused.value)
+
+
+async def test_permissions_warns_of_a_rule_kind_acp_does_not_name_yet(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # v2 reserves other kinds for later versions: a rule may name one ahead of its time.
+    options = PermissionsOptions(rules=[{"name": "b", "kind": "browse", "action": "ask"}])
+    async with open_test_chain([Permissions(options)], ScriptedAgent()):
+        pass
+    assert "rule b names tool kind 'browse', which ACP does not name" in caplog.text
 
 
 def test_permissions_takes_every_acp_tool_kind_and_an_agents_own() -> None:

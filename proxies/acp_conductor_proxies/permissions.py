@@ -140,16 +140,20 @@ class Rule(BaseModel):
     @field_validator("kind")
     @classmethod
     def _known_kinds(cls, value: str | list[str] | None) -> str | list[str] | None:
-        # A kind no agent sends (`exec`, `Edit`) would make the rule match nothing: a deny
-        # that never denies, found out only when it mattered.
+        # A misspelt kind (`exec`, `Edit`) makes the rule match nothing: a deny that never
+        # denies, found out only when it mattered. A word near no kind may be one a later
+        # ACP adds (v2 reserves them): that is only warned of (`unknown_kinds`).
         for kind in [value] if isinstance(value, str) else value or []:
-            if kind not in TOOL_KINDS and not kind.startswith("_"):
-                hint = did_you_mean(kind, TOOL_KINDS)
-                raise ValueError(f"{kind!r} is not an ACP tool kind"
-                                 + (f" ({hint})" if hint else "")
-                                 + f"; the kinds are {', '.join(TOOL_KINDS)} (and an "
-                                 "agent's own, spelt `_name`)")
+            if kind not in TOOL_KINDS and not kind.startswith("_") \
+                    and (hint := did_you_mean(kind, TOOL_KINDS)) is not None:
+                raise ValueError(f"{kind!r} is not an ACP tool kind ({hint}); the kinds are "
+                                 f"{', '.join(TOOL_KINDS)} (and an agent's own, `_name`)")
         return value
+
+    def unknown_kinds(self) -> list[str]:
+        """Its kinds that ACP does not name today (nor as an agent's own, `_name`)."""
+        kinds = [self.kind] if isinstance(self.kind, str) else self.kind or []
+        return [k for k in kinds if k not in TOOL_KINDS and not k.startswith("_")]
 
 
 class PermissionsOptions(BaseModel):
@@ -1086,6 +1090,14 @@ class Permissions(Proxy[PermissionsOptions]):
 
     options_model = PermissionsOptions
     unreadable = False  # a session/update for no session it could read could not be decoded
+
+    async def chain_started(self) -> None:
+        for i, rule in enumerate(self.options.rules):
+            if unknown := rule.unknown_kinds():
+                self.log.warning(
+                    "rule %s names tool kind %s, which ACP does not name (%s): it matches "
+                    "only an agent that sends it", rule.name or i + 1,
+                    ", ".join(map(repr, unknown)), ", ".join(TOOL_KINDS))
 
     def decide(self, subject: Subject) -> tuple[Action, str]:
         for i, rule in enumerate(self.options.rules):
