@@ -836,9 +836,9 @@ def component_cwd(spec: ComponentSpec, config: ChainConfig, *, where: str,
     """
     if spec.cwd is None:
         return config.base_dir
-    cwd = expand(spec.cwd, dict(os.environ if environ is None else environ),
+    cwd = expand(os.path.expanduser(spec.cwd),  # `~/project`, as a shell would read it
+                 dict(os.environ if environ is None else environ),
                  where=f"{where}.cwd", file=config.source)
-    cwd = os.path.expanduser(cwd)  # `~/project`, as a shell would read it
     given = cwd
     if config.base_dir and not os.path.isabs(cwd):
         cwd = os.path.join(config.base_dir, cwd)
@@ -883,15 +883,16 @@ def component_argv(spec: ComponentSpec, *, file: str | None, where: str,
     env = dict(os.environ if environ is None else environ)
     argv: list[str] = []
     found: list[ConductorError] = []
-    for arg in spec.argv():
+    for i, arg in enumerate(spec.argv()):
+        if i == 0:  # `~/bin/agent` as a shell reads it: the `~` written, not one a variable holds
+            arg = os.path.expanduser(arg)
         try:
             argv.append(expand(arg, env, where=f"{where}.command", file=file))
         except ConfigError as e:  # and the other arguments' variables too
             found.append(e)
     if found:
         raise ConfigError.combine(found, file)
-    # `~/bin/agent`, as a shell would read it (a chain file is often written that way)
-    program = argv[0] = os.path.expanduser(argv[0])
+    program = argv[0]
     if not program.strip():  # else "cannot execute : Permission denied", naming no key
         named = ", ".join(f"${{{name}}}" for name, _ in variables(spec.argv()[0]))
         raise ConfigError("the program is empty once its variables are expanded",
@@ -1007,7 +1008,7 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
         return McpServer(spec.name, "acp", provider=spec.provider, required=spec.required)
     if spec.type == "stdio":
         assert spec.command is not None
-        command = os.path.expanduser(x(spec.command, "command"))  # as a shell would
+        command = x(os.path.expanduser(spec.command), "command")  # `~/...` as a shell would
         args = tuple(x(a, "args") for a in spec.args)
         server_env = tuple((k, x(v, f"env.{k}")) for k, v in spec.env.items())
         if found and found[0].field == f"{where}.command":

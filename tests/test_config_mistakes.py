@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from conductor.config import chain_from_commands, component_argv, component_cwd, expand
+from conductor.config import (
+    chain_from_commands,
+    component_argv,
+    component_cwd,
+    expand,
+    mcp_servers,
+)
 from conductor.errors import ConfigError
 from conductor.plan import plan_chain, read_chain
 
@@ -462,6 +468,18 @@ def test_a_program_and_a_cwd_written_from_home_are_taken_from_home(
     assert component_argv(spec, file=config.source, where="agent",
                           base_dir=config.base_dir) == [str(home / "bin" / "agent"), "--x"]
     assert component_cwd(spec, config, where="agent") == str(home)
+    (home / "bin" / "mcp").write_text("#!/bin/sh\n", encoding="utf-8")
+    (home / "bin" / "mcp").chmod(0o755)
+    config = read_chain(write(tmp_path, '[[mcp_server]]\nname = "m"\ncommand = "~/bin/mcp"\n'
+                                        '[agent]\ncommand = "true"\n'))
+    assert [s.command for s in mcp_servers(config)] == [str(home / "bin" / "mcp")]
+    # a `~` a variable holds is the variable's: a shell does not expand it either
+    monkeypatch.setenv("AGENT", "~/bin/agent")
+    config = read_chain(write(tmp_path, '[agent]\ncommand = "${AGENT}"\n'))
+    assert config.agent is not None
+    with pytest.raises(ConfigError, match="~/bin/agent not found"):
+        component_argv(config.agent, file=config.source, where="agent",
+                       base_dir=config.base_dir)
 
 
 def test_a_missing_program_on_the_command_line_is_named_relative_to_the_current_folder(

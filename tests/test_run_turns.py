@@ -246,6 +246,24 @@ async def test_an_agent_that_wants_the_user_signed_in_is_reported_with_what_to_d
         "command or from an editor once, then run again")
 
 
+async def test_a_generic_server_error_is_not_read_as_a_sign_in_request(tmp_path: Path) -> None:
+    # -32000 is also JSON-RPC's generic server error: without a sign-in offered or named,
+    # the agent's own words stand.
+    (tmp_path / "busy.py").write_text(textwrap.dedent("""
+        from conductor import RpcError
+        from conductor.plugins import Proxy, on
+
+        class Busy(Proxy):
+            @on("session/new")
+            async def new(self, ctx, message):
+                raise RpcError(-32000, "database is locked")
+        """), encoding="utf-8")
+    config = demo_chain(tmp_path, f'[[proxy]]\nplugin = "{tmp_path / "busy.py"}:Busy"')
+    code, events = await run(config, tmp_path, "one")
+    assert code == RunExit.FAILED
+    assert events.records[-1]["error"]["message"] == "database is locked"
+
+
 @pytest.mark.parametrize("answer", ['"done"', "[1, 2]", "None", "7"])
 async def test_a_prompt_answered_with_no_object_fails_the_turn_with_exit_1_and_reports_it(
         tmp_path: Path, answer: str) -> None:

@@ -277,8 +277,8 @@ def _mcp_command_findings(where: str, command: str, config: ChainConfig,
     from conductor.config import expand, relative_to_chain
 
     try:
-        command = os.path.expanduser(
-            expand(command, environ, where=f"{where}.command", file=config.source))
+        command = expand(os.path.expanduser(command), environ, where=f"{where}.command",
+                         file=config.source)
     except ConductorError:
         return []  # the variable findings say what is unset
     if "/" in command:  # a path, as a shell would see it; a relative one from the chain's

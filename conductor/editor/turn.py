@@ -239,7 +239,11 @@ async def _converse(conn: ClientConnection, editor: RunEditor, options: TurnOpti
             try:
                 await _talk(conn, editor, options, events, turn, record, sid)
             except RpcError as e:
-                turn.error = _explain_auth(e, turn) if e.code == ErrorCode.AUTH_REQUIRED else e
+                # -32000 is also JSON-RPC's generic server error: read as ACP's "sign in
+                # first" only from an agent that offers a sign-in or says so
+                wants_auth = e.code == ErrorCode.AUTH_REQUIRED and (
+                    turn.auth_methods or "auth" in e.message.lower())
+                turn.error = _explain_auth(e, turn) if wants_auth else e
             except ConnectionClosedError:
                 turn.closed = True
             finally:
