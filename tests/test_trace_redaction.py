@@ -157,6 +157,26 @@ def test_the_mcp_bridges_shim_token_never_reaches_the_trace(escaped: bool) -> No
         "name": TOKEN_ENV, "value": REDACTED}
 
 
+@pytest.mark.parametrize("escaped", [False, True], ids=["plain", "escaped"])
+def test_a_session_setups_mcp_server_env_and_header_values_never_reach_the_trace(
+        escaped: bool) -> None:
+    # What the editor declares, and what `[[mcp_server]]` injects, holds tokens under any
+    # name: every value is hidden, every name kept, so the trace says what was hidden.
+    servers = [{"name": "gh", "command": "/usr/bin/gh-mcp", "args": [],
+                "env": [{"name": "GITHUB_TOKEN", "value": "ghp_s3cretvalue"}]},
+               {"type": "http", "name": "search", "url": "https://x/mcp",
+                "headers": [{"value": "k3y-v4lue", "name": "X-Api-Key"}]}]
+    params = {"cwd": "/\\" if escaped else "/", "mcpServers": servers}
+    frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": params})
+    events = _traced(frame, Redactor())
+    text = json.dumps(events)
+    assert "ghp_s3cretvalue" not in text and "k3y-v4lue" not in text
+    traced = events[1]["payload"]["params"]["mcpServers"]
+    assert traced[0]["env"] == [{"name": "GITHUB_TOKEN", "value": REDACTED}]
+    assert traced[1]["headers"] == [{"value": REDACTED, "name": "X-Api-Key"}]
+    assert traced[1]["url"] == "https://x/mcp" and events[1]["method"] == "session/new"
+
+
 def test_a_pattern_that_could_run_past_a_strings_end_leaves_the_line_valid() -> None:
     # `\S+` also matches the closing quote of the string it starts in: the trace line must
     # stay JSON, or `trace show` refuses the whole file.

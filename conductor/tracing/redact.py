@@ -1,5 +1,6 @@
 """Trace redaction: secrets (`secret_env` values, `[conductor] redact` patterns,
-Authorization headers) never reach a trace file, however the JSON spells them."""
+Authorization headers, the values of MCP servers' `env` and `headers` entries) never reach
+a trace file, however the JSON spells them."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ _SHIM_TOKEN = b"ACP_CONDUCTOR_MCP_TOKEN"
 _SECRET_NAMES = ("authorization", _SHIM_TOKEN.decode().lower())
 # A `{"name": ..., "value": ...}` entry (an MCP header, an env entry) that may hold one.
 _NAMED_SECRET = re.compile(rb'"name"\s*:\s*"(?i:authorization|ACP_CONDUCTOR_MCP_TOKEN)"')
+# Lists of such entries whose every value is hidden: an MCP server's `env` and `headers`
+# (ACP's EnvVariable / HttpHeader; `terminal/create` has an `env` too) carry its tokens
+# under any name (GITHUB_TOKEN, X-Api-Key), and nothing tells a token from a log level.
+_SECRET_LISTS = frozenset(("env", "headers"))
+_SECRET_LIST = re.compile(rb'"(?:env|headers)"\s*:\s*\[')
 # A JSON string in a line without backslashes: nothing inside it can be a quote.
 _RAW_STRING = re.compile(rb'"[^"]*"')
 # Syntax that makes a match depend on what is around it (anchors, lookarounds; `^` in a
@@ -87,7 +93,8 @@ class Redactor:
         if authorization:
             line = _AUTH_JSON_KEY.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
             line = _AUTH_HEADER_TEXT.sub(rb"\1" + REDACTED.encode(), line)
-        if (authorization or _SHIM_TOKEN in line) and _NAMED_SECRET.search(line):
+        if ((authorization or _SHIM_TOKEN in line) and _NAMED_SECRET.search(line)) or \
+                ((b'"env"' in line or b'"headers"' in line) and _SECRET_LIST.search(line)):
             line = _redact_named_values(line)
         return line
 
@@ -187,7 +194,8 @@ def _auth_value(match: re.Match[str]) -> str:
 
 
 def _redact_named_values(line: bytes) -> bytes:
-    """The `value` of every `{"name": "Authorization" | shim token, "value": ...}` entry
+    """The `value` of every `{"name": "Authorization" | shim token, "value": ...}` entry,
+    and of every `{"name": ..., "value": ...}` entry in an `env` or `headers` list,
     redacted, whatever the order of the entry's fields (JSON objects are unordered: `value`
     may come first, `_meta` between them).
 
@@ -198,15 +206,17 @@ def _redact_named_values(line: bytes) -> bytes:
         root = msgspec.json.decode(line)
     except (msgspec.DecodeError, RecursionError):
         raise ValueError("not decodable, so not checked for secrets") from None
-    stack = [root]
+    stack: list[tuple[Any, bool]] = [(root, False)]  # (node, is it an entry of a secret list)
     while stack:
-        node = stack.pop()
+        node, listed = stack.pop()
         if isinstance(node, dict):
             name = node.get("name")
-            if isinstance(name, str) and name.lower() in _SECRET_NAMES and \
-                    isinstance(node.get("value"), str):
+            if isinstance(name, str) and isinstance(node.get("value"), str) and \
+                    (listed or name.lower() in _SECRET_NAMES):
                 node["value"] = REDACTED
-            stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
+            stack.extend((v, False) for v in node.values() if isinstance(v, dict))
+            stack.extend((v, k in _SECRET_LISTS) for k, v in node.items() if isinstance(v, list))
         elif isinstance(node, list):
-            stack.extend(v for v in node if isinstance(v, (dict, list)))
+            stack.extend((v, listed and isinstance(v, dict)) for v in node
+                         if isinstance(v, (dict, list)))
     return msgspec.json.encode(root)
