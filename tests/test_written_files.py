@@ -61,6 +61,22 @@ def test_a_symlink_at_an_output_path_is_refused_and_its_target_left_alone(
     assert victim.read_text(encoding="utf-8") == "precious\n"
 
 
+@pytest.mark.parametrize("other", ["--chain", "--log-file"])
+def test_a_trace_given_the_chain_or_log_files_path_is_refused_and_that_file_kept(
+        tmp_path: Path, other: str) -> None:
+    chain = tmp_path / "chain.toml"
+    chain.write_bytes((REPO / "chains" / "demo.toml").read_bytes())
+    kept = chain if other == "--chain" else tmp_path / "conductor.log"
+    before = chain.read_bytes()
+    done = run("--log-file", str(tmp_path / "conductor.log"), "--trace", str(kept),
+               "run", "--chain", str(chain), "hi", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    what = "the chain file" if other == "--chain" else "the --log-file"
+    assert f"--trace: {kept} is {what}" in done.stderr and "Traceback" not in done.stderr
+    assert chain.read_bytes() == before
+    assert not kept.read_bytes().startswith(b'{"seq"')
+
+
 def test_trace_html_refuses_to_write_through_a_symlink(tmp_path: Path, victim: Path) -> None:
     trace = tmp_path / "t.jsonl"
     assert run("--trace", str(trace), "run", "--chain", DEMO, "hi", cwd=tmp_path).returncode == 0
