@@ -155,3 +155,13 @@ def test_the_pages_close_button_reads_a_cross_not_an_escape(tmp_path: Path,
     parser = Buttons()
     parser.feed((tmp_path / "x.html").read_text(encoding="utf-8"))
     assert texts == ["\u00d7"]
+
+
+def test_trace_html_given_the_trace_itself_as_output_is_refused_and_the_trace_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = trace_file(tmp_path, HEADER + REQUEST)
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(trace_group, ["html", str(path), "-o", path.name])
+    assert done.exit_code == 2
+    assert f"--output: {path.name} is the trace it reads" in done.stderr
+    assert path.read_text(encoding="utf-8") == HEADER + REQUEST

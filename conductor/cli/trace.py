@@ -65,10 +65,11 @@ def trace_show(file: str, session: str | None, method: str | None,
 @handle_errors
 def trace_html(file: str, output: str, shareable: bool) -> None:
     """Write one self-contained HTML page (no network): lanes, arrows, click for JSON."""
-    from conductor.output import PRIVATE, open_output
+    from conductor.output import PRIVATE, open_output, refuse_overwriting
     from conductor.tracing.html import render_html
     from conductor.tracing.view import load_trace
 
+    refuse_overwriting(output, option="--output", inputs={"the trace it reads": file})
     trace = load_trace(file)
     _say_if_cut_off(file, trace)
     page = render_html(trace, f"acp-conductor trace: {os.path.basename(file)}")
