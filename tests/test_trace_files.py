@@ -165,3 +165,34 @@ def test_trace_html_given_the_trace_itself_as_output_is_refused_and_the_trace_ke
     assert done.exit_code == 2
     assert f"--output: {path.name} is the trace it reads" in done.stderr
     assert path.read_text(encoding="utf-8") == HEADER + REQUEST
+
+
+@pytest.mark.parametrize("frame", [
+    b'{"jsonrpc":"2.0","id":7,"method":"_x/crlf","params":{"a":\r\n1}}',
+    b'{"jsonrpc":"2.0","id":7,"method":"_x/huge","params":{"n":1e400}}',
+    b'{"jsonrpc":"2.0","id":1e400,"method":"_x/huge-id","params":{}}',
+], ids=["cr-between-tokens", "huge-number", "huge-id"])
+@pytest.mark.parametrize("redacted", [False, True], ids=["unredacted", "redacted"])
+def test_a_message_with_a_cr_or_an_out_of_range_number_shows_in_the_trace_with_what_follows(
+        tmp_path: Path, frame: bytes, redacted: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A component's frame is traced as sent: one such message made the whole trace "not
+    # JSON" to `trace show` and `trace html`.
+    from conductor.jsonrpc.message import Message, decode
+    from conductor.tracing.redact import Redactor
+    from conductor.tracing.sink import JsonlTraceSink
+
+    message = decode(frame.replace(b"\n", b""))  # as the agent's stdout frames it
+    assert isinstance(message, Message)
+    path = tmp_path / "trace.jsonl"
+    with JsonlTraceSink(path, redactor=Redactor() if redacted else None) as sink:
+        sink.message("agent", "in", message)
+        sink.lifecycle("agent", "stderr", line="still here")
+    done = CliRunner().invoke(trace_group, ["show", str(path)])
+    assert done.exit_code == 0, done.output
+    method = json.loads(frame.replace(b"1e400", b"1"))["method"]
+    assert method in done.stdout and "still here" in done.stdout
+    assert "#7" in done.stdout if b'"id":7' in frame else "#1e400" in done.stdout
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(trace_group, ["html", str(path), "-o", "page.html"])
+    assert done.exit_code == 0, done.output
+    assert "(2 events)" in done.stderr

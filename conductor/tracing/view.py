@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,23 @@ def _check_event(event: dict[str, Any], number: int, path: str) -> None:
                               hint="pass a file written by --trace") from None
 
 
+def _number(spelling: str) -> float | str:
+    """A float of the trace; one out of range (`1e400`, copied as a component sent it)
+    is kept as its spelling, shown as written rather than as inf or an error."""
+    value = float(spelling)
+    return value if math.isfinite(value) else spelling
+
+
+_tolerant = msgspec.json.Decoder(float_hook=_number)
+
+
+def _decode_event(line: bytes) -> Any:
+    try:
+        return msgspec.json.decode(line)
+    except msgspec.ValidationError:  # a number out of range: the slow path, only for it
+        return _tolerant.decode(line)
+
+
 def load_trace(path: str | Path) -> Trace:
     """Parse a trace file, pair requests with responses, and order the lanes.
 
@@ -63,7 +81,9 @@ def load_trace(path: str | Path) -> Trace:
         data = Path(path).read_bytes()
     except OSError as e:
         raise ConfigError(f"cannot read trace: {e.strerror}", file=str(path)) from None
-    lines = data.splitlines()
+    # Only LF ends a trace line: a payload is copied as sent, and a CR between its tokens
+    # (JSON whitespace, from a component writing CRLF) is part of the line.
+    lines = data.split(b"\n")
     header: dict[str, Any] = {}
     events: list[dict[str, Any]] = []
     cut_off: int | None = None
@@ -71,7 +91,7 @@ def load_trace(path: str | Path) -> Trace:
         if not line.strip():
             continue
         try:
-            event = msgspec.json.decode(line)
+            event = _decode_event(line)
         except msgspec.DecodeError:
             if number == len(lines) and not data.endswith(b"\n"):
                 cut_off = number  # written only in part: show what came before it
