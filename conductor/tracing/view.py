@@ -327,7 +327,7 @@ def render(trace: Trace, events: list[dict[str, Any]], console: Console) -> None
             console.print(_shown(row + label), overflow="ellipsis", no_wrap=True, crop=False)
         else:
             name, what = event.get("component", "?"), event.get("event", "?")
-            style = "red" if what in ("error", "noise") or (
+            style = "red" if what in ("error", "noise", "partial-frame") or (
                 what == "exited" and event.get("code") not in (0, None) and
                 not event.get("expected")) else "yellow"
             detail = {k: v for k, v in event.items()
