@@ -3,6 +3,7 @@ symbolic link, and owner-only under any umask unless the user asks otherwise."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -161,3 +162,44 @@ def test_a_trace_into_a_named_pipe_with_a_reader_is_written_there(tmp_path: Path
         assert os.read(reader, 100) == b'{"t": 1}\n'
     finally:
         os.close(reader)
+
+
+def test_a_trace_into_a_named_pipe_whose_reader_is_behind_drops_counted_events_never_blocks(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A blocking write there stopped every routing task (they trace) until the reader read.
+    import json
+    import threading
+
+    from conductor.tracing.sink import JsonlTraceSink
+
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    sink = JsonlTraceSink(fifo)
+    sink.MAX_BEHIND = 128 * 1024
+
+    def trace_a_lot() -> None:
+        for _ in range(1000):  # ~1 MB: far more than the pipe (64 KiB) and MAX_BEHIND hold
+            sink.lifecycle("agent", "stderr", line="x" * 1000)
+
+    tracing = threading.Thread(target=trace_a_lot, daemon=True)
+    with caplog.at_level(logging.WARNING):
+        tracing.start()
+        tracing.join(30)  # a hang bound only: a blocked write never returns
+    read = bytearray()
+    try:
+        assert not tracing.is_alive(), "tracing blocked on the pipe"
+        assert any("is behind: events are dropped" in r.getMessage() for r in caplog.records)
+        while b"trace-dropped" not in read:  # the reader catches up
+            with contextlib.suppress(BlockingIOError):
+                read += os.read(reader, 1 << 16)
+            sink.flush()
+        sink.close()
+        with contextlib.suppress(BlockingIOError):
+            read += os.read(reader, 1 << 20)
+    finally:
+        os.close(reader)
+    events = [json.loads(line) for line in read.splitlines()]
+    note = next(e for e in events if e.get("event") == "trace-dropped")
+    seqs = [e["seq"] for e in events]
+    assert note["count"] > 0 and len(seqs) + note["count"] == seqs[-1]
