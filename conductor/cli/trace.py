@@ -45,13 +45,11 @@ def trace_show(file: str, session: str | None, method: str | None,
 
     trace = view.load_trace(file)
     _say_if_cut_off(file, trace)
-    chosen = view.select(trace, session=session, method=method, component=component)
     if pending:
-        shown = {e["seq"] for e in chosen}
-        items = [p for p in view.pending(trace.events) if p.first["seq"] in shown
-                 or (component is not None and component in p.path)]
+        items = view.select_pending(trace, session=session, method=method, component=component)
         view.render_pending(trace, items, Console(soft_wrap=True))
         return
+    chosen = view.select(trace, session=session, method=method, component=component)
     console = Console(width=max(Console().width, 60 + 14 * len(trace.lanes)))
     view.render(trace, chosen, console)
 

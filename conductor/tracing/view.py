@@ -203,6 +203,24 @@ def pending(events: list[dict[str, Any]]) -> list[Pending]:
     return out
 
 
+def select_pending(trace: Trace, *, session: str | None = None, method: str | None = None,
+                   component: str | None = None) -> list[Pending]:
+    """The unanswered requests matching every given filter: `session` and `method` (a
+    glob) the request's, `component` any component on its way (or an end of its first hop)."""
+    out = []
+    for item in pending(trace.events):
+        first = item.first
+        if session is not None and first.get("session") != session:
+            continue
+        if method is not None and not fnmatch.fnmatchcase(str(first.get("method")), method):
+            continue
+        if component is not None and component not in item.path and \
+                component not in (first.get("from"), first.get("to")):
+            continue
+        out.append(item)
+    return out
+
+
 def _holder(requests: list[dict[str, Any]],
             unanswered: list[dict[str, Any]]) -> dict[str, Any]:
     """Where it stopped: the last request some component never answered, skipping those
