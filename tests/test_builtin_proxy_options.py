@@ -226,6 +226,34 @@ async def transcript_turn(directory: Path, session_id: str) -> ScriptedAgent:
     return agent
 
 
+def transcript_of(directory: Path, session_id: str) -> tuple[str, list[dict[str, Any]]]:
+    """A session's transcript: its Markdown, and its JSONL events."""
+    stem = file_stem(session_id)
+    lines = (directory / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()
+    return ((directory / f"{stem}.md").read_text(encoding="utf-8"),
+            [json.loads(line) for line in lines])
+
+
+async def test_a_prompts_resources_are_recorded_by_their_uri_without_credentials(
+        tmp_path: Path) -> None:
+    # An embedded resource has its uri in `resource`: it was recorded as "[resource: ]".
+    blocks: list[Any] = [
+        {"type": "text", "text": "see "},
+        {"type": "resource", "resource": {"uri": "file:///src/a.py", "text": "print(1)"}},
+        {"type": "resource_link", "name": "b", "uri": "https://bob:hunter2@git.example/b.py"}]
+    agent = ScriptedAgent({"session/new": {"sessionId": "s1"}})
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent) as client:
+        with anyio.fail_after(10):
+            await client.prompt(await client.new_session("/tmp"), blocks)
+    markdown, events = transcript_of(tmp_path, "s1")
+    recorded = ("see [resource: file:///src/a.py]"
+                "[resource_link: https://[redacted]@git.example/b.py]")
+    assert f"## User\n\n{recorded}\n\n" in markdown
+    assert [e["text"] for e in events if e["type"] == "prompt"] == [recorded]
+    assert "hunter2" not in markdown + json.dumps(events)
+
+
 async def test_transcript_of_a_very_long_session_id_is_written(tmp_path: Path) -> None:
     await transcript_turn(tmp_path, "s" * 5000)
     [md] = [name for name in os.listdir(tmp_path) if name.endswith(".md")]

@@ -40,6 +40,19 @@ class TranscriptOptions(BaseModel):
     directory: str = "transcripts"   # relative to the working directory of this process
 
 
+# A URI's user information (`https://user:token@host/`): credentials, never recorded.
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@]*@")
+
+
+def _uri(block: dict[str, Any]) -> str:
+    """Where a resource block points: a link's `uri`, an embedded resource's
+    `resource.uri` (else its name), without credentials, on one line."""
+    uri = block.get("uri") or as_object(block.get("resource")).get("uri") or block.get("name")
+    if not isinstance(uri, str):
+        return ""
+    return _USERINFO.sub(r"\1[redacted]@", " ".join(uri.splitlines()))
+
+
 def _text(blocks: Any) -> str:
     if isinstance(blocks, dict):
         blocks = [blocks]
@@ -49,7 +62,7 @@ def _text(blocks: Any) -> str:
             if block.get("type") == "text":
                 parts.append(str(block.get("text", "")))
             elif block.get("type") in ("resource_link", "resource"):
-                parts.append(f"[{block.get('type')}: {block.get('uri') or block.get('name', '')}]")
+                parts.append(f"[{block.get('type')}: {_uri(block)}]")
             else:
                 parts.append(f"[{block.get('type')}]")
     return "".join(parts)
