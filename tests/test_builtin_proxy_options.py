@@ -254,6 +254,39 @@ async def test_a_prompts_resources_are_recorded_by_their_uri_without_credentials
     assert "hunter2" not in markdown + json.dumps(events)
 
 
+async def test_a_loaded_sessions_replayed_history_is_not_recorded_again_as_a_new_turn(
+        tmp_path: Path) -> None:
+    def said(kind: str, text: str) -> dict[str, Any]:
+        return {"sessionId": "s1", "update": {"sessionUpdate": kind,
+                                              "content": {"type": "text", "text": text}}}
+
+    agent = ScriptedAgent({"session/new": {"sessionId": "s1"}})
+    answers = iter(["hi", "bye"])
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        await agent.notify("session/update", said("agent_message_chunk", next(answers)))
+        return {"stopReason": "end_turn"}
+
+    async def load(agent: ScriptedAgent, message: Any) -> Any:  # ACP: history, then the answer
+        await agent.notify("session/update", said("user_message_chunk", "one"))
+        await agent.notify("session/update", said("agent_message_chunk", "hi"))
+        return {}
+    agent.replies.update({"session/prompt": prompt, "session/load": load})
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent) as client:
+        with anyio.fail_after(10):
+            await client.prompt(await client.new_session("/tmp"), "one")
+            await client.call("session/load", {"sessionId": "s1", "cwd": "/tmp",
+                                               "mcpServers": []})
+            await client.prompt("s1", "two")
+    markdown, events = transcript_of(tmp_path, "s1")
+    assert markdown.count("**Agent:** hi") == 1
+    assert markdown.endswith("not recorded again_\n\n## User\n\ntwo\n\n**Agent:** bye\n\n"
+                             "_Turn ended: end_turn_\n\n")
+    assert [e["text"] for e in events if e["type"] == "agent_text"] == ["hi", "bye"]
+    assert [e["updates"] for e in events if e["type"] == "replayed"] == [2]
+
+
 async def test_transcript_of_a_very_long_session_id_is_written(tmp_path: Path) -> None:
     await transcript_turn(tmp_path, "s" * 5000)
     [md] = [name for name in os.listdir(tmp_path) if name.endswith(".md")]
