@@ -177,6 +177,23 @@ def test_a_session_setups_mcp_server_env_and_header_values_never_reach_the_trace
     assert traced[1]["url"] == "https://x/mcp" and events[1]["method"] == "session/new"
 
 
+@pytest.mark.parametrize("escaped", [False, True], ids=["plain", "escaped"])
+def test_a_urls_credentials_never_reach_the_trace_its_host_path_and_other_parameters_do(
+        escaped: bool) -> None:
+    # An MCP server's url, a git remote in a tool's output: tokens ride in URLs too.
+    server = {"type": "http", "name": "docs", "headers": [],
+              "url": "https://bob:s3cr3tpw@mcp.example/v1?access_token=tok123abc&mode=ro"}
+    output = "cloning https://x-access-token:ghs_t0ken@github.com/o/r.git\n"
+    params = {"cwd": "/\\" if escaped else "/", "mcpServers": [server], "note": output}
+    frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": params},
+                       ensure_ascii=False)
+    text = json.dumps(_traced(frame, Redactor()))
+    for secret in ("bob", "s3cr3tpw", "tok123abc", "x-access-token", "ghs_t0ken"):
+        assert secret not in text
+    assert f"https://{REDACTED}@mcp.example/v1?access_token={REDACTED}&mode=ro" in text
+    assert f"https://{REDACTED}@github.com/o/r.git" in text
+
+
 def test_a_pattern_that_could_run_past_a_strings_end_leaves_the_line_valid() -> None:
     # `\S+` also matches the closing quote of the string it starts in: the trace line must
     # stay JSON, or `trace show` refuses the whole file.

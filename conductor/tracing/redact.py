@@ -1,6 +1,6 @@
 """Trace redaction: secrets (`secret_env` values, `[conductor] redact` patterns,
-Authorization headers, the values of MCP servers' `env` and `headers` entries) never reach
-a trace file, however the JSON spells them."""
+Authorization headers, the values of MCP servers' `env` and `headers` entries, a URL's
+credentials) never reach a trace file, however the JSON spells them."""
 
 from __future__ import annotations
 
@@ -37,6 +37,14 @@ _RAW_STRING = re.compile(rb'"[^"]*"')
 # Syntax that makes a match depend on what is around it (anchors, lookarounds; `^` in a
 # class too, to be safe): such a pattern may match a string but not the line holding it.
 _CONTEXT = re.compile(r"[\^$]|\\[AZ]|\(\?<?[=!]")
+# A URL's credentials: its user information (`https://user:token@host`, as git remotes and
+# MCP server urls carry them), and query parameters named like one (`?access_token=...`).
+# Neither class crosses a quote or a backslash: a match stays inside one JSON string.
+_URL_USERINFO = re.compile(rb'://[^\s/?#@"\\]+@')  # (a literal first: a fast scan)
+_QUERY_SECRETS = (b"token", b"key", b"secret", b"password", b"passwd", b"sig", b"signature",
+                  b"auth", b"credential")
+_URL_QUERY_SECRET = re.compile(
+    rb'([?&][A-Za-z0-9_.-]*(?i:' + b"|".join(_QUERY_SECRETS) + rb')=)[^&#\s"\\]+')
 _MIN_SECRET = 4  # shorter values would blank out ordinary text
 _CLEAN_MAX, _CLEAN_MAX_LEN = 4096, 64
 
@@ -89,10 +97,16 @@ class Redactor:
         # Re-encoded lines are canonical (msgspec escapes only quotes, backslashes and control
         # characters), and these regexes match whole JSON strings or stop at a backslash.
         # Cheap tests first (one lowered copy of the line): the regexes cost ~10x more.
-        authorization = b"authorization" in line.lower()
+        lowered = line.lower()
+        authorization = b"authorization" in lowered
         if authorization:
             line = _AUTH_JSON_KEY.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
             line = _AUTH_HEADER_TEXT.sub(rb"\1" + REDACTED.encode(), line)
+        if b"://" in line:  # (a line with a URL in it: rare, so the regexes are too)
+            if b"@" in line:
+                line = _URL_USERINFO.sub(b"://" + REDACTED.encode() + b"@", line)
+            if b"=" in line:
+                line = _URL_QUERY_SECRET.sub(rb"\1" + REDACTED.encode(), line)
         if ((authorization or _SHIM_TOKEN in line) and _NAMED_SECRET.search(line)) or \
                 ((b'"env"' in line or b'"headers"' in line) and _SECRET_LIST.search(line)):
             line = _redact_named_values(line)
