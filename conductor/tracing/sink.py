@@ -333,14 +333,17 @@ class JsonlTraceSink:
             return
         self.flush()
         deadline = time.monotonic() + self.EXIT_WAIT
-        while self._buffer and not self._closed:  # a pipe's reader: a last, bounded wait
-            left = deadline - time.monotonic()
-            if left <= 0:
-                log.warning("the reader of the trace %s is behind: its last %d bytes are "
-                            "not written", self._path, len(self._buffer))
-                break
-            select.select([], [self._fd], [], left)
-            self.flush()
+        if self._buffer and not self._closed:  # a pipe's reader: a last, bounded wait
+            poller = select.poll()  # (not select(): it refuses descriptors above 1023)
+            poller.register(self._fd, select.POLLOUT)
+            while self._buffer and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("the reader of the trace %s is behind: its last %d bytes "
+                                "are not written", self._path, len(self._buffer))
+                    break
+                poller.poll(left * 1000)
+                self.flush()
         if self._closed:  # the flush failed, and closed it
             return
         self._closed = True
