@@ -162,17 +162,20 @@ def test_a_session_setups_mcp_server_env_and_header_values_never_reach_the_trace
         escaped: bool) -> None:
     # What the editor declares, and what `[[mcp_server]]` injects, holds tokens under any
     # name: every value is hidden, every name kept, so the trace says what was hidden.
+    # (An object of them too, as v1's terminal auth method `env` is.)
     servers = [{"name": "gh", "command": "/usr/bin/gh-mcp", "args": [],
-                "env": [{"name": "GITHUB_TOKEN", "value": "ghp_s3cretvalue"}]},
+                "env": [{"name": "GITHUB_TOKEN", "value": "ghp_s3cretvalue"}],
+                "_meta": {"env": {"GITLAB_TOKEN": "glpat-s3cret", "depth": 2}}},
                {"type": "http", "name": "search", "url": "https://x/mcp",
                 "headers": [{"value": "k3y-v4lue", "name": "X-Api-Key"}]}]
     params = {"cwd": "/\\" if escaped else "/", "mcpServers": servers}
     frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": params})
     events = _traced(frame, Redactor())
     text = json.dumps(events)
-    assert "ghp_s3cretvalue" not in text and "k3y-v4lue" not in text
+    assert "ghp_s3cretvalue" not in text and "k3y-v4lue" not in text and "glpat" not in text
     traced = events[1]["payload"]["params"]["mcpServers"]
     assert traced[0]["env"] == [{"name": "GITHUB_TOKEN", "value": REDACTED}]
+    assert traced[0]["_meta"]["env"] == {"GITLAB_TOKEN": REDACTED, "depth": 2}
     assert traced[1]["headers"] == [{"value": REDACTED, "name": "X-Api-Key"}]
     assert traced[1]["url"] == "https://x/mcp" and events[1]["method"] == "session/new"
 

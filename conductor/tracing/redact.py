@@ -30,8 +30,9 @@ _NAMED_SECRET = re.compile(rb'"name"\s*:\s*"(?i:authorization|ACP_CONDUCTOR_MCP_
 # Lists of such entries whose every value is hidden: an MCP server's `env` and `headers`
 # (ACP's EnvVariable / HttpHeader; `terminal/create` has an `env` too) carry its tokens
 # under any name (GITHUB_TOKEN, X-Api-Key), and nothing tells a token from a log level.
+# The same as objects (`{"GITHUB_TOKEN": "..."}`: v1's terminal auth method `env`).
 _SECRET_LISTS = frozenset(("env", "headers"))
-_SECRET_LIST = re.compile(rb'"(?:env|headers)"\s*:\s*\[')
+_SECRET_LIST = re.compile(rb'"(?:env|headers)"\s*:\s*[\[{]')
 # A JSON string in a line without backslashes: nothing inside it can be a quote.
 _RAW_STRING = re.compile(rb'"[^"]*"')
 # Syntax that makes a match depend on what is around it (anchors, lookarounds; `^` in a
@@ -209,9 +210,9 @@ def _auth_value(match: re.Match[str]) -> str:
 
 def _redact_named_values(line: bytes) -> bytes:
     """The `value` of every `{"name": "Authorization" | shim token, "value": ...}` entry,
-    and of every `{"name": ..., "value": ...}` entry in an `env` or `headers` list,
-    redacted, whatever the order of the entry's fields (JSON objects are unordered: `value`
-    may come first, `_meta` between them).
+    of every `{"name": ..., "value": ...}` entry in an `env` or `headers` list, and every
+    string of an `env` or `headers` object, redacted, whatever the order of the entry's
+    fields (JSON objects are unordered: `value` may come first, `_meta` between them).
 
     Raises:
         ValueError: the line cannot be decoded, so it cannot be checked.
@@ -228,6 +229,11 @@ def _redact_named_values(line: bytes) -> bytes:
             if isinstance(name, str) and isinstance(node.get("value"), str) and \
                     (listed or name.lower() in _SECRET_NAMES):
                 node["value"] = REDACTED
+            for key, value in node.items():
+                if key in _SECRET_LISTS and isinstance(value, dict):
+                    for field, text in value.items():
+                        if isinstance(text, str):
+                            value[field] = REDACTED
             stack.extend((v, False) for v in node.values() if isinstance(v, dict))
             stack.extend((v, k in _SECRET_LISTS) for k, v in node.items() if isinstance(v, list))
         elif isinstance(node, list):
