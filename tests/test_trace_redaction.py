@@ -4,6 +4,7 @@ escapes the sender used. The wire itself is never changed."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -195,6 +196,35 @@ def test_a_urls_credentials_never_reach_the_trace_its_host_path_and_other_parame
         assert secret not in text
     assert f"https://{REDACTED}@mcp.example/v1?access_token={REDACTED}&mode=ro" in text
     assert f"https://{REDACTED}@github.com/o/r.git" in text
+
+
+def test_a_variable_named_like_a_credential_is_redacted_wherever_the_chain_file_uses_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `${GH_TOKEN}` in an MCP server's args reaches the trace in every session/new, and in
+    # a command in its `spawned` argv: secret_env covers only what its author listed.
+    from conductor.config import load_chain, trace_redactor
+
+    monkeypatch.setenv("GH_TOKEN", "ghp_fromtheenv123")
+    monkeypatch.setenv("DB_PASSWORD", "hunter2hunter2")
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "Ada Lovelace")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(
+        '[agent]\ncommand = ["agent", "--author", "${GIT_AUTHOR_NAME}", '
+        '"--db", "${DB_URL:-postgres://${DB_PASSWORD}@h}"]\n\n'
+        '[[mcp_server]]\nname = "gh"\ncommand = "/bin/gh-mcp"\n'
+        'args = ["--token", "${GH_TOKEN}", "--home", "${HOME}"]\n', encoding="utf-8")
+    redactor = trace_redactor(load_chain(str(chain)))
+    assert redactor is not None
+    args = ["--token", "ghp_fromtheenv123", "--home", os.environ["HOME"]]
+    frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {
+        "cwd": "/", "mcpServers": [{"name": "gh", "command": "/bin/gh-mcp", "args": args,
+                                    "env": []}]}})
+    events = _traced(frame, redactor)
+    assert events[1]["payload"]["params"]["mcpServers"][0]["args"] == [
+        "--token", REDACTED, "--home", os.environ["HOME"]]
+    line = b'{"argv":["agent","--author","Ada Lovelace","--db","hunter2hunter2"]}'
+    assert json.loads(redactor(line))["argv"] == ["agent", "--author", "Ada Lovelace", "--db",
+                                                  REDACTED]
 
 
 def test_a_pattern_that_could_run_past_a_strings_end_leaves_the_line_valid() -> None:
