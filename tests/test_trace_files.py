@@ -171,7 +171,8 @@ def test_trace_html_given_the_trace_itself_as_output_is_refused_and_the_trace_ke
     b'{"jsonrpc":"2.0","id":7,"method":"_x/crlf","params":{"a":\r\n1}}',
     b'{"jsonrpc":"2.0","id":7,"method":"_x/huge","params":{"n":1e400}}',
     b'{"jsonrpc":"2.0","id":1e400,"method":"_x/huge-id","params":{}}',
-], ids=["cr-between-tokens", "huge-number", "huge-id"])
+    b'{"jsonrpc":"2.0","id":7,"method":"_x/long","params":{"n":1' + b"0" * 5000 + b'}}',
+], ids=["cr-between-tokens", "huge-number", "huge-id", "5000-digit-integer"])
 @pytest.mark.parametrize("redacted", [False, True], ids=["unredacted", "redacted"])
 def test_a_message_with_a_cr_or_an_out_of_range_number_shows_in_the_trace_with_what_follows(
         tmp_path: Path, frame: bytes, redacted: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,7 +190,7 @@ def test_a_message_with_a_cr_or_an_out_of_range_number_shows_in_the_trace_with_w
         sink.lifecycle("agent", "stderr", line="still here")
     done = CliRunner().invoke(trace_group, ["show", str(path)])
     assert done.exit_code == 0, done.output
-    method = json.loads(frame.replace(b"1e400", b"1"))["method"]
+    method = json.loads(frame.replace(b"1e400", b"1").replace(b"0" * 5000, b""))["method"]
     assert method in done.stdout and "still here" in done.stdout
     assert "#7" in done.stdout if b'"id":7' in frame else "#1e400" in done.stdout
     monkeypatch.chdir(tmp_path)

@@ -49,6 +49,9 @@ def _check_event(event: dict[str, Any], number: int, path: str) -> None:
                               hint="pass a file written by --trace") from None
 
 
+_MAX_DIGITS = 4000  # below Python's limit for an int's str() (4300)
+
+
 def _number(spelling: str) -> float | str:
     """A float of the trace; one out of range (`1e400`, copied as a component sent it)
     is kept as its spelling, shown as written rather than as inf or an error."""
@@ -56,14 +59,19 @@ def _number(spelling: str) -> float | str:
     return value if math.isfinite(value) else spelling
 
 
-_tolerant = msgspec.json.Decoder(float_hook=_number)
+def _integer(spelling: str) -> int | str:
+    """An integer of the trace; one too long to show (`1000...0`, 5000 digits) as its
+    spelling."""
+    return int(spelling) if len(spelling) <= _MAX_DIGITS else spelling
 
 
 def _decode_event(line: bytes) -> Any:
     try:
         return msgspec.json.decode(line)
     except msgspec.ValidationError:  # a number out of range: the slow path, only for it
-        return _tolerant.decode(line)
+        import json
+
+        return json.loads(line, parse_float=_number, parse_int=_integer)
 
 
 def load_trace(path: str | Path) -> Trace:
