@@ -197,3 +197,18 @@ def test_a_message_with_a_cr_or_an_out_of_range_number_shows_in_the_trace_with_w
     done = CliRunner().invoke(trace_group, ["html", str(path), "-o", "page.html"])
     assert done.exit_code == 0, done.output
     assert "(2 events)" in done.stderr
+
+
+@pytest.mark.parametrize("shareable", [False, True])
+def test_a_page_of_an_unredacted_trace_is_written_with_a_warning_that_it_holds_secrets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shareable: bool) -> None:
+    path = trace_file(tmp_path, HEADER.replace('"redacted":true', '"redacted":false') + REQUEST)
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(trace_group, ["html", str(path), "-o", "page.html",
+                                            *(["--shareable"] if shareable else [])])
+    assert done.exit_code == 0, done.output
+    assert "written with --trace-unredacted: page.html holds every secret" in done.stderr
+    assert ("readable by everyone" in done.stderr) == shareable
+    redacted = trace_file(tmp_path, HEADER + REQUEST)
+    done = CliRunner().invoke(trace_group, ["html", str(redacted), "-o", "page.html"])
+    assert "warning" not in done.stderr

@@ -75,3 +75,8 @@ def trace_html(file: str, output: str, shareable: bool) -> None:
     with open(fd, "w", encoding="utf-8") as f:
         f.write(page)
     click.echo(f"wrote {output} ({len(trace.events)} events)", err=True)
+    if trace.header.get("redacted") is False:
+        click.echo(f"acp-conductor: warning: {file} was written with --trace-unredacted: "
+                   f"{output} holds every secret it saw"
+                   + (", and --shareable made it readable by everyone" if shareable else ""),
+                   err=True)
