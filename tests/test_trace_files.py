@@ -212,3 +212,16 @@ def test_a_page_of_an_unredacted_trace_is_written_with_a_warning_that_it_holds_s
     redacted = trace_file(tmp_path, HEADER + REQUEST)
     done = CliRunner().invoke(trace_group, ["html", str(redacted), "-o", "page.html"])
     assert "warning" not in done.stderr
+
+
+@pytest.mark.parametrize("command", [["show"], ["show", "--pending"], ["html", "-o", "x.html"]])
+def test_a_trace_that_misses_events_says_so_where_it_is_read(
+        tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its pipe's reader fell behind (docs/tracing.md): an answer may be among them.
+    dropped = ('{"seq":9,"time":100.2,"type":"lifecycle","component":"conductor",'
+               '"event":"trace-dropped","count":6}\n')
+    path = trace_file(tmp_path, HEADER + REQUEST + dropped)
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(trace_group, [command[0], str(path), *command[1:]])
+    assert done.exit_code == 0, done.output
+    assert f"{path} misses 6 events (its reader fell behind)" in done.stderr

@@ -19,11 +19,18 @@ def trace_group() -> None:
     """Read a trace written with --trace FILE."""
 
 
-def _say_if_cut_off(file: str, trace: Trace) -> None:
+def _say_what_is_missing(file: str, trace: Trace) -> None:
     if trace.cut_off is not None:
         click.echo(f"acp-conductor: warning: {file}: line {trace.cut_off} is incomplete (the "
                    "conductor was stopped while writing it, or still is); showing the "
                    f"{len(trace.events)} events before it", err=True)
+    dropped = sum(e.get("count") or 0 for e in trace.events
+                  if e.get("type") == "lifecycle" and e.get("event") == "trace-dropped"
+                  and isinstance(e.get("count"), int))
+    if dropped:
+        click.echo(f"acp-conductor: warning: {file} misses {dropped} events (its reader fell "
+                   "behind): a request whose answer is among them shows as never answered",
+                   err=True)
 
 
 @trace_group.command("show")
@@ -44,7 +51,7 @@ def trace_show(file: str, session: str | None, method: str | None,
     from conductor.tracing import view
 
     trace = view.load_trace(file)
-    _say_if_cut_off(file, trace)
+    _say_what_is_missing(file, trace)
     if pending:
         items = view.select_pending(trace, session=session, method=method, component=component)
         view.render_pending(trace, items, Console(soft_wrap=True))
@@ -69,7 +76,7 @@ def trace_html(file: str, output: str, shareable: bool) -> None:
 
     refuse_overwriting(output, option="--output", inputs={"the trace it reads": file})
     trace = load_trace(file)
-    _say_if_cut_off(file, trace)
+    _say_what_is_missing(file, trace)
     page = render_html(trace, f"acp-conductor trace: {os.path.basename(file)}")
     fd = open_output(output, option="--output", mode=0o644 if shareable else PRIVATE)
     with open(fd, "w", encoding="utf-8") as f:
