@@ -203,3 +203,27 @@ def test_a_trace_into_a_named_pipe_whose_reader_is_behind_drops_counted_events_n
     note = next(e for e in events if e.get("event") == "trace-dropped")
     seqs = [e["seq"] for e in events]
     assert note["count"] > 0 and len(seqs) + note["count"] == seqs[-1]
+
+
+async def test_what_a_slow_pipe_reader_could_not_take_reaches_it_though_no_event_follows(
+        tmp_path: Path) -> None:
+    # The chain hangs after a burst: what waited for the reader must not wait for an event.
+    from conductor.tracing.sink import JsonlTraceSink
+
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    read = bytearray()
+    try:
+        sink = JsonlTraceSink(fifo)
+        async with sink.open_flusher():
+            for _ in range(200):  # ~200 KB: more than the pipe holds (64 KiB)
+                sink.lifecycle("agent", "stderr", line="x" * 1000)
+            with anyio.fail_after(10):
+                while read.count(b"\n") < 201:
+                    await anyio.wait_readable(reader)
+                    read += os.read(reader, 1 << 16)
+        sink.close()
+    finally:
+        os.close(reader)
+    assert read.count(b'"event":"stderr"') == 200
