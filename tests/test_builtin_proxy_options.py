@@ -240,7 +240,8 @@ async def test_a_prompts_resources_are_recorded_by_their_uri_without_credentials
     blocks: list[Any] = [
         {"type": "text", "text": "see "},
         {"type": "resource", "resource": {"uri": "file:///src/a.py", "text": "print(1)"}},
-        {"type": "resource_link", "name": "b", "uri": "https://bob:hunter2@git.example/b.py"}]
+        {"type": "resource_link", "name": "b", "uri": "https://bob:hunter2@git.example/b.py"},
+        {"type": "resource_link", "name": "c", "uri": "https://x.example/c?api_key=k3y&v=2"}]
     agent = ScriptedAgent({"session/new": {"sessionId": "s1"}})
     async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
                                agent) as client:
@@ -248,10 +249,11 @@ async def test_a_prompts_resources_are_recorded_by_their_uri_without_credentials
             await client.prompt(await client.new_session("/tmp"), blocks)
     markdown, events = transcript_of(tmp_path, "s1")
     recorded = ("see [resource: file:///src/a.py]"
-                "[resource_link: https://[redacted]@git.example/b.py]")
+                "[resource_link: https://[redacted]@git.example/b.py]"
+                "[resource_link: https://x.example/c?api_key=[redacted]&v=2]")
     assert f"## User\n\n{recorded}\n\n" in markdown
     assert [e["text"] for e in events if e["type"] == "prompt"] == [recorded]
-    assert "hunter2" not in markdown + json.dumps(events)
+    assert "hunter2" not in markdown + json.dumps(events) and "k3y" not in markdown
 
 
 async def test_a_loaded_sessions_replayed_history_is_not_recorded_again_as_a_new_turn(

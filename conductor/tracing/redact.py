@@ -48,6 +48,16 @@ _URL_QUERY_SECRET = re.compile(
     rb'([?&][A-Za-z0-9_.-]*(?i:' + b"|".join(_QUERY_SECRETS) + rb')=)[^&#\s"\\]+')
 _MIN_SECRET = 4  # shorter values would blank out ordinary text
 _CLEAN_MAX, _CLEAN_MAX_LEN = 4096, 64
+# The same two, for text (a transcript's record of a resource's URI)
+_TEXT_USERINFO = re.compile(_URL_USERINFO.pattern.decode())
+_TEXT_QUERY_SECRET = re.compile(_URL_QUERY_SECRET.pattern.decode())
+
+
+def redact_url(text: str) -> str:
+    """`text` (a URI) without its credentials: user information and query parameters named
+    like one, as traces hide them."""
+    text = _TEXT_USERINFO.sub("://" + REDACTED + "@", text)
+    return _TEXT_QUERY_SECRET.sub(r"\1" + REDACTED, text)
 
 
 class Redactor:

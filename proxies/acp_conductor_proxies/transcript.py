@@ -24,6 +24,7 @@ from conductor.errors import ConfigError
 from conductor.jsonrpc.message import as_object
 from conductor.output import make_private_dir, open_output
 from conductor.plugins import Proxy, ProxyContext, SessionScope, WatchContext, on, watch
+from conductor.tracing.redact import redact_url
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Notification, Request
@@ -41,17 +42,13 @@ class TranscriptOptions(BaseModel):
     directory: str = "transcripts"   # relative to the working directory of this process
 
 
-# A URI's user information (`https://user:token@host/`): credentials, never recorded.
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@]*@")
-
-
 def _uri(block: dict[str, Any]) -> str:
     """Where a resource block points: a link's `uri`, an embedded resource's
-    `resource.uri` (else its name), without credentials, on one line."""
+    `resource.uri` (else its name), without credentials (as traces hide them), on one line."""
     uri = block.get("uri") or as_object(block.get("resource")).get("uri") or block.get("name")
     if not isinstance(uri, str):
         return ""
-    return _USERINFO.sub(r"\1[redacted]@", " ".join(uri.splitlines()))
+    return redact_url(" ".join(uri.splitlines()))
 
 
 def _text(blocks: Any) -> str:
