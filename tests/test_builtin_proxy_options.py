@@ -256,8 +256,9 @@ async def test_a_prompts_resources_are_recorded_by_their_uri_without_credentials
     assert "hunter2" not in markdown + json.dumps(events) and "k3y" not in markdown
 
 
+@pytest.mark.parametrize("method", ["session/load", "session/resume"])
 async def test_a_loaded_sessions_replayed_history_is_not_recorded_again_as_a_new_turn(
-        tmp_path: Path) -> None:
+        tmp_path: Path, method: str) -> None:
     def said(kind: str, text: str) -> dict[str, Any]:
         return {"sessionId": "s1", "update": {"sessionUpdate": kind,
                                               "content": {"type": "text", "text": text}}}
@@ -273,13 +274,12 @@ async def test_a_loaded_sessions_replayed_history_is_not_recorded_again_as_a_new
         await agent.notify("session/update", said("user_message_chunk", "one"))
         await agent.notify("session/update", said("agent_message_chunk", "hi"))
         return {}
-    agent.replies.update({"session/prompt": prompt, "session/load": load})
+    agent.replies.update({"session/prompt": prompt, method: load})
     async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
                                agent) as client:
         with anyio.fail_after(10):
             await client.prompt(await client.new_session("/tmp"), "one")
-            await client.call("session/load", {"sessionId": "s1", "cwd": "/tmp",
-                                               "mcpServers": []})
+            await client.call(method, {"sessionId": "s1", "cwd": "/tmp", "mcpServers": []})
             await client.prompt("s1", "two")
     markdown, events = transcript_of(tmp_path, "s1")
     assert markdown.count("**Agent:** hi") == 1

@@ -3,7 +3,8 @@
 Records prompts, the agent's text, tool calls and their status, permission requests with
 the answer they got, and each turn's stop reason. Put it after `permissions` in a chain
 (nearer the agent) to record the decisions that proxy makes. The history an agent replays
-for `session/load` is counted, not recorded again (it was recorded as it happened).
+for `session/load` (or `session/resume`) is counted, not recorded again (it was recorded as
+it happened).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class Transcript(Proxy[TranscriptOptions]):
         super().__init__(options)
         # session id -> its open (markdown, jsonl) descriptors, least recently written first
         self._open: OrderedDict[str, tuple[int, int]] = OrderedDict()
-        # session id -> `session/load`s of it still unanswered: its updates are the replay
+        # session id -> loads and resumes of it still unanswered: its updates are the replay
         self._loading: dict[str, int] = {}
 
     def _paths(self, session_id: str) -> tuple[Path, Path]:
@@ -180,9 +181,11 @@ class Transcript(Proxy[TranscriptOptions]):
                     f"# Session {session.session_id}\n\n_{session.how}, cwd {session.cwd}_\n\n")
 
     @on("session/load")
+    @on("session/resume")
     async def load(self, ctx: ProxyContext, message: Request) -> object:
-        # The agent replays the session's history as updates before it answers: the
-        # transcript has them from when they happened, and they are no new turn.
+        # The agent replays the session's history as updates before it answers (v2's
+        # resume, as `replayFrom` asks): the transcript has them from when they happened,
+        # and they are no new turn.
         sid = as_object(message.params_value()).get("sessionId")
         if not isinstance(sid, str):
             return await ctx.forward()
@@ -197,7 +200,7 @@ class Transcript(Proxy[TranscriptOptions]):
         assert answer is not None
         session = ctx.session
         replayed = session.state.pop("transcript_replayed", 0) if session is not None else 0
-        if answer.error is UNSET:
+        if answer.error is UNSET and replayed:
             self._write(session, {"type": "replayed", "updates": replayed},
                         f"_History replayed by the agent ({replayed} updates), not recorded "
                         "again_\n\n")
