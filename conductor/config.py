@@ -1006,8 +1006,8 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
 
 
 # A variable named like a credential (GH_TOKEN, OPENAI_API_KEY, DB_PASSWORD, ...).
-_SECRET_VARIABLE = re.compile(
-    r"(?i)token|secret|passw|pwd|api_?key|access_?key|private_?key|credential|auth(?!or)")
+_SECRET_VARIABLE = re.compile(  # (not `pwd`: ${PWD} is the working directory)
+    r"(?i)token|secret|passw|api_?key|access_?key|private_?key|credential|auth(?!or)")
 
 
 def _secret_variables(config: ChainConfig) -> set[str]:

@@ -207,21 +207,24 @@ def test_a_variable_named_like_a_credential_is_redacted_wherever_the_chain_file_
     monkeypatch.setenv("GH_TOKEN", "ghp_fromtheenv123")
     monkeypatch.setenv("DB_PASSWORD", "hunter2hunter2")
     monkeypatch.setenv("GIT_AUTHOR_NAME", "Ada Lovelace")
+    monkeypatch.setenv("PWD", "/work/some/project")
     chain = tmp_path / "chain.toml"
     chain.write_text(
         '[agent]\ncommand = ["agent", "--author", "${GIT_AUTHOR_NAME}", '
         '"--db", "${DB_URL:-postgres://${DB_PASSWORD}@h}"]\n\n'
         '[[mcp_server]]\nname = "gh"\ncommand = "/bin/gh-mcp"\n'
-        'args = ["--token", "${GH_TOKEN}", "--home", "${HOME}"]\n', encoding="utf-8")
+        'args = ["--token", "${GH_TOKEN}", "--home", "${HOME}", "--in", "${PWD}"]\n',
+        encoding="utf-8")
     redactor = trace_redactor(load_chain(str(chain)))
     assert redactor is not None
-    args = ["--token", "ghp_fromtheenv123", "--home", os.environ["HOME"]]
+    args = ["--token", "ghp_fromtheenv123", "--home", os.environ["HOME"], "--in",
+            "/work/some/project"]
     frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {
         "cwd": "/", "mcpServers": [{"name": "gh", "command": "/bin/gh-mcp", "args": args,
                                     "env": []}]}})
     events = _traced(frame, redactor)
     assert events[1]["payload"]["params"]["mcpServers"][0]["args"] == [
-        "--token", REDACTED, "--home", os.environ["HOME"]]
+        "--token", REDACTED, *args[2:]]
     line = b'{"argv":["agent","--author","Ada Lovelace","--db","hunter2hunter2"]}'
     assert json.loads(redactor(line))["argv"] == ["agent", "--author", "Ada Lovelace", "--db",
                                                   REDACTED]
