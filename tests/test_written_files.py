@@ -78,6 +78,16 @@ def test_a_trace_given_the_chain_or_log_files_path_is_refused_and_that_file_kept
     assert not kept.read_bytes().startswith(b'{"seq"')
 
 
+def test_a_log_file_given_the_chain_files_path_is_refused_and_the_chain_kept(
+        tmp_path: Path) -> None:
+    chain = tmp_path / "chain.toml"
+    chain.write_bytes((REPO / "chains" / "demo.toml").read_bytes())
+    done = run("--log-file", str(chain), "run", "--chain", str(chain), "hi", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"--log-file: {chain} is the chain file" in done.stderr
+    assert chain.read_bytes() == (REPO / "chains" / "demo.toml").read_bytes()
+
+
 def test_trace_html_refuses_to_write_through_a_symlink(tmp_path: Path, victim: Path) -> None:
     trace = tmp_path / "t.jsonl"
     assert run("--trace", str(trace), "run", "--chain", DEMO, "hi", cwd=tmp_path).returncode == 0

@@ -100,6 +100,11 @@ def errors_reported(options: Globals | None, *,
 
     if options is not None:
         try:
+            if options.log_file and options.chain_file:  # appended to, it would not parse
+                from conductor.output import refuse_overwriting
+
+                refuse_overwriting(options.log_file, option="--log-file",
+                                   inputs={"the chain file": options.chain_file})
             configure_logging(options.log_level, options.log_file)
         except ConductorError as e:
             fail(e)
