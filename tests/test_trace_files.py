@@ -40,8 +40,12 @@ def test_a_trace_cut_off_mid_line_shows_the_events_before_it_and_says_so(
         assert "1 of 1 requests never got an answer" in done.stdout
 
 
-def test_a_line_that_is_not_json_in_the_middle_is_still_refused(tmp_path: Path) -> None:
-    path = trace_file(tmp_path, HEADER + REQUEST[:40] + "\n" + REQUEST)
+@pytest.mark.parametrize("broken", [REQUEST[:40].encode(), b'{"n":1e400,"s":"\xff"}'],
+                         ids=["cut", "huge-number-then-not-utf8"])
+def test_a_line_that_is_not_json_in_the_middle_is_still_refused(
+        tmp_path: Path, broken: bytes) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(HEADER.encode() + broken + b"\n" + REQUEST.encode())
     done = CliRunner().invoke(trace_group, ["show", str(path)])
     assert done.exit_code == 2
     assert "line 2 is not JSON" in done.stderr

@@ -71,7 +71,10 @@ def _decode_event(line: bytes) -> Any:
     except msgspec.ValidationError:  # a number out of range: the slow path, only for it
         import json
 
-        return json.loads(line, parse_float=_number, parse_int=_integer)
+        try:
+            return json.loads(line, parse_float=_number, parse_int=_integer)
+        except ValueError as e:  # the number came first: the line is broken further on
+            raise msgspec.DecodeError(str(e)) from None
 
 
 def load_trace(path: str | Path) -> Trace:
