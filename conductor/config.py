@@ -1048,9 +1048,35 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
     return server
 
 
+# A variable named like a credential (GH_TOKEN, OPENAI_API_KEY, DB_PASSWORD, ...).
+_SECRET_VARIABLE = re.compile(  # (not `pwd`: ${PWD} is the working directory)
+    r"(?i)token|secret|passw|api_?key|access_?key|private_?key|credential|auth(?!or)")
+
+
+def _secret_variables(config: ChainConfig) -> set[str]:
+    """The `${VAR}`s the chain file names (defaults included) that are named like a
+    credential: their values reach the trace in argv, args and urls, not only in env."""
+    texts: list[str] = []
+    for spec in [*config.proxy, *([config.agent] if config.agent else [])]:
+        command = spec.command if isinstance(spec.command, list) else [spec.command or ""]
+        texts += [*command, *spec.env.values(), *spec.headers.values(), spec.url or ""]
+    for server in config.mcp_server:
+        texts += [server.command or "", *server.args, *server.env.values(), server.url or "",
+                  *server.headers.values()]
+    names: set[str] = set()
+    while texts:
+        for name, default in variables(texts.pop()):
+            if _SECRET_VARIABLE.search(name):
+                names.add(name)
+            if default is not None:
+                texts.append(default)
+    return names
+
+
 def trace_redactor(config: ChainConfig | None, *, unredacted: bool = False) -> Redactor | None:
     """What a trace of `config`'s chain hides (None: nothing, `--trace-unredacted`): the
-    values of each component's `secret_env` names, and `[conductor] redact` patterns."""
+    values of each component's `secret_env` names and of the `${VAR}`s the chain file
+    names that are named like a credential, and `[conductor] redact` patterns."""
     from conductor.tracing.redact import Redactor
 
     if unredacted:
@@ -1066,4 +1092,5 @@ def trace_redactor(config: ChainConfig | None, *, unredacted: bool = False) -> R
         except ConfigError:
             env = dict(os.environ)  # the run itself will report the unset variable
         secrets.extend(env[n] for n in spec.secret_env if env.get(n))
+    secrets.extend(os.environ[n] for n in _secret_variables(config) if os.environ.get(n))
     return Redactor(secrets, config.conductor.redact)

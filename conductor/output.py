@@ -66,6 +66,23 @@ def open_output(path: str | os.PathLike[str], *, option: str, append: bool = Fal
     return fd
 
 
+def refuse_overwriting(path: str | os.PathLike[str], *, option: str,
+                       inputs: dict[str, str | os.PathLike[str] | None]) -> None:
+    """Refuse to write `path` when it is one of `inputs` (what each is: "the chain file").
+
+    Raises:
+        ConfigError: it is (the same file, by any name): writing it would destroy it.
+    """
+    for what, other in inputs.items():
+        try:
+            same = other is not None and os.path.samefile(path, other)
+        except OSError:  # either does not exist (yet): not the same file
+            same = False
+        if same:
+            raise ConfigError(f"{os.fsdecode(path)} is {what}; writing there would destroy it",
+                              field=option, hint="give another file name")
+
+
 def _is_fifo(path: str | os.PathLike[str]) -> bool:
     try:
         return stat.S_ISFIFO(os.stat(path, follow_symlinks=False).st_mode)

@@ -609,6 +609,7 @@ async def _serve(chain: Chain, hop: Hop, stream: ByteReceiveStream, max_frame: i
     def cut(why: str) -> None:
         log.warning("%s's output ended in the middle of a message (%s): dropped", hop.name,
                     why)
+        chain.trace_lifecycle(hop.name, "partial-frame", reason=why)
 
     await _serve_source(chain, hop, PipeSource(stream, max_frame_bytes=max_frame,
                                                on_cut=cut))

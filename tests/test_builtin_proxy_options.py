@@ -258,6 +258,69 @@ async def transcript_turn(directory: Path, session_id: str) -> ScriptedAgent:
     return agent
 
 
+def transcript_of(directory: Path, session_id: str) -> tuple[str, list[dict[str, Any]]]:
+    """A session's transcript: its Markdown, and its JSONL events."""
+    stem = file_stem(session_id)
+    lines = (directory / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()
+    return ((directory / f"{stem}.md").read_text(encoding="utf-8"),
+            [json.loads(line) for line in lines])
+
+
+async def test_a_prompts_resources_are_recorded_by_their_uri_without_credentials(
+        tmp_path: Path) -> None:
+    # An embedded resource has its uri in `resource`: it was recorded as "[resource: ]".
+    blocks: list[Any] = [
+        {"type": "text", "text": "see "},
+        {"type": "resource", "resource": {"uri": "file:///src/a.py", "text": "print(1)"}},
+        {"type": "resource_link", "name": "b", "uri": "https://bob:hunter2@git.example/b.py"},
+        {"type": "resource_link", "name": "c", "uri": "https://x.example/c?api_key=k3y&v=2"}]
+    agent = ScriptedAgent({"session/new": {"sessionId": "s1"}})
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent) as client:
+        with anyio.fail_after(10):
+            await client.prompt(await client.new_session("/tmp"), blocks)
+    markdown, events = transcript_of(tmp_path, "s1")
+    recorded = ("see [resource: file:///src/a.py]"
+                "[resource_link: https://[redacted]@git.example/b.py]"
+                "[resource_link: https://x.example/c?api_key=[redacted]&v=2]")
+    assert f"## User\n\n{recorded}\n\n" in markdown
+    assert [e["text"] for e in events if e["type"] == "prompt"] == [recorded]
+    assert "hunter2" not in markdown + json.dumps(events) and "k3y" not in markdown
+
+
+@pytest.mark.parametrize("method", ["session/load", "session/resume"])
+async def test_a_loaded_sessions_replayed_history_is_not_recorded_again_as_a_new_turn(
+        tmp_path: Path, method: str) -> None:
+    def said(kind: str, text: str) -> dict[str, Any]:
+        return {"sessionId": "s1", "update": {"sessionUpdate": kind,
+                                              "content": {"type": "text", "text": text}}}
+
+    agent = ScriptedAgent({"session/new": {"sessionId": "s1"}})
+    answers = iter(["hi", "bye"])
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
+        await agent.notify("session/update", said("agent_message_chunk", next(answers)))
+        return {"stopReason": "end_turn"}
+
+    async def load(agent: ScriptedAgent, message: Any) -> Any:  # ACP: history, then the answer
+        await agent.notify("session/update", said("user_message_chunk", "one"))
+        await agent.notify("session/update", said("agent_message_chunk", "hi"))
+        return {}
+    agent.replies.update({"session/prompt": prompt, method: load})
+    async with open_test_chain([Transcript(TranscriptOptions(directory=str(tmp_path)))],
+                               agent) as client:
+        with anyio.fail_after(10):
+            await client.prompt(await client.new_session("/tmp"), "one")
+            await client.call(method, {"sessionId": "s1", "cwd": "/tmp", "mcpServers": []})
+            await client.prompt("s1", "two")
+    markdown, events = transcript_of(tmp_path, "s1")
+    assert markdown.count("**Agent:** hi") == 1
+    assert markdown.endswith("not recorded again_\n\n## User\n\ntwo\n\n**Agent:** bye\n\n"
+                             "_Turn ended: end_turn_\n\n")
+    assert [e["text"] for e in events if e["type"] == "agent_text"] == ["hi", "bye"]
+    assert [e["updates"] for e in events if e["type"] == "replayed"] == [2]
+
+
 async def test_transcript_of_a_very_long_session_id_is_written(tmp_path: Path) -> None:
     await transcript_turn(tmp_path, "s" * 5000)
     [md] = [name for name in os.listdir(tmp_path) if name.endswith(".md")]

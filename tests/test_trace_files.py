@@ -40,8 +40,12 @@ def test_a_trace_cut_off_mid_line_shows_the_events_before_it_and_says_so(
         assert "1 of 1 requests never got an answer" in done.stdout
 
 
-def test_a_line_that_is_not_json_in_the_middle_is_still_refused(tmp_path: Path) -> None:
-    path = trace_file(tmp_path, HEADER + REQUEST[:40] + "\n" + REQUEST)
+@pytest.mark.parametrize("broken", [REQUEST[:40].encode(), b'{"n":1e400,"s":"\xff"}'],
+                         ids=["cut", "huge-number-then-not-utf8"])
+def test_a_line_that_is_not_json_in_the_middle_is_still_refused(
+        tmp_path: Path, broken: bytes) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(HEADER.encode() + broken + b"\n" + REQUEST.encode())
     done = CliRunner().invoke(trace_group, ["show", str(path)])
     assert done.exit_code == 2
     assert "line 2 is not JSON" in done.stderr
@@ -155,3 +159,73 @@ def test_the_pages_close_button_reads_a_cross_not_an_escape(tmp_path: Path,
     parser = Buttons()
     parser.feed((tmp_path / "x.html").read_text(encoding="utf-8"))
     assert texts == ["\u00d7"]
+
+
+def test_trace_html_given_the_trace_itself_as_output_is_refused_and_the_trace_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = trace_file(tmp_path, HEADER + REQUEST)
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(trace_group, ["html", str(path), "-o", path.name])
+    assert done.exit_code == 2
+    assert f"--output: {path.name} is the trace it reads" in done.stderr
+    assert path.read_text(encoding="utf-8") == HEADER + REQUEST
+
+
+@pytest.mark.parametrize("frame", [
+    b'{"jsonrpc":"2.0","id":7,"method":"_x/crlf","params":{"a":\r\n1}}',
+    b'{"jsonrpc":"2.0","id":7,"method":"_x/huge","params":{"n":1e400}}',
+    b'{"jsonrpc":"2.0","id":1e400,"method":"_x/huge-id","params":{}}',
+    b'{"jsonrpc":"2.0","id":7,"method":"_x/long","params":{"n":1' + b"0" * 5000 + b'}}',
+], ids=["cr-between-tokens", "huge-number", "huge-id", "5000-digit-integer"])
+@pytest.mark.parametrize("redacted", [False, True], ids=["unredacted", "redacted"])
+def test_a_message_with_a_cr_or_an_out_of_range_number_shows_in_the_trace_with_what_follows(
+        tmp_path: Path, frame: bytes, redacted: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A component's frame is traced as sent: one such message made the whole trace "not
+    # JSON" to `trace show` and `trace html`.
+    from conductor.jsonrpc.message import Message, decode
+    from conductor.tracing.redact import Redactor
+    from conductor.tracing.sink import JsonlTraceSink
+
+    message = decode(frame.replace(b"\n", b""))  # as the agent's stdout frames it
+    assert isinstance(message, Message)
+    path = tmp_path / "trace.jsonl"
+    with JsonlTraceSink(path, redactor=Redactor() if redacted else None) as sink:
+        sink.message("agent", "in", message)
+        sink.lifecycle("agent", "stderr", line="still here")
+    done = CliRunner().invoke(trace_group, ["show", str(path)])
+    assert done.exit_code == 0, done.output
+    method = json.loads(frame.replace(b"1e400", b"1").replace(b"0" * 5000, b""))["method"]
+    assert method in done.stdout and "still here" in done.stdout
+    assert "#7" in done.stdout if b'"id":7' in frame else "#1e400" in done.stdout
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(trace_group, ["html", str(path), "-o", "page.html"])
+    assert done.exit_code == 0, done.output
+    assert "(2 events)" in done.stderr
+
+
+@pytest.mark.parametrize("shareable", [False, True])
+def test_a_page_of_an_unredacted_trace_is_written_with_a_warning_that_it_holds_secrets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shareable: bool) -> None:
+    path = trace_file(tmp_path, HEADER.replace('"redacted":true', '"redacted":false') + REQUEST)
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(trace_group, ["html", str(path), "-o", "page.html",
+                                            *(["--shareable"] if shareable else [])])
+    assert done.exit_code == 0, done.output
+    assert "written with --trace-unredacted: page.html holds every secret" in done.stderr
+    assert ("readable by everyone" in done.stderr) == shareable
+    redacted = trace_file(tmp_path, HEADER + REQUEST)
+    done = CliRunner().invoke(trace_group, ["html", str(redacted), "-o", "page.html"])
+    assert "warning" not in done.stderr
+
+
+@pytest.mark.parametrize("command", [["show"], ["show", "--pending"], ["html", "-o", "x.html"]])
+def test_a_trace_that_misses_events_says_so_where_it_is_read(
+        tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its pipe's reader fell behind (docs/tracing.md): an answer may be among them.
+    dropped = ('{"seq":9,"time":100.2,"type":"lifecycle","component":"conductor",'
+               '"event":"trace-dropped","count":6}\n')
+    path = trace_file(tmp_path, HEADER + REQUEST + dropped)
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(trace_group, [command[0], str(path), *command[1:]])
+    assert done.exit_code == 0, done.output
+    assert f"{path} misses 6 events (its reader fell behind)" in done.stderr

@@ -127,6 +127,25 @@ def test_trace_show_pending_lists_them_and_the_timeline_marks_them(stuck_trace: 
         if "pair" not in e)
 
 
+@pytest.mark.parametrize(("filters", "shown"), [
+    (["--method", "_ext/hold", "--component", "proxy-number-0"], ["_ext/hold"]),
+    (["--session", "session-1", "--component", "proxy-number-0"], ["_ext/hang"]),
+    (["--component", "proxy-number-7"], ["_ext/hang"]),
+    (["--component", "client"], ["_ext/hang", "_ext/hold"]),
+    (["--method", "_ext/hang", "--component", "holder"], ["_ext/hang"]),
+    (["--method", "_ext/hold", "--component", "agent"], []),
+])
+def test_trace_show_pending_applies_every_filter_together(
+        stuck_trace: Path, filters: list[str], shown: list[str]) -> None:
+    # A component on the way used to let a request past the --method and --session filters.
+    from conductor.cli.trace import trace_group
+
+    out = CliRunner().invoke(trace_group, ["show", str(stuck_trace), "--pending", *filters])
+    assert out.exit_code == 0, out.output
+    listed = [line.split(" ")[0] for line in out.output.splitlines() if line.startswith("_ext/")]
+    assert listed == shown
+
+
 def test_each_pending_request_is_set_apart_by_a_blank_line_not_a_control_symbol(
         stuck_trace: Path) -> None:
     from conductor.cli.trace import trace_group

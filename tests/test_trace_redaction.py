@@ -4,6 +4,7 @@ escapes the sender used. The wire itself is never changed."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -155,6 +156,78 @@ def test_the_mcp_bridges_shim_token_never_reaches_the_trace(escaped: bool) -> No
     assert token.encode() not in out
     assert json.loads(out)["payload"]["params"]["mcpServers"][0]["env"][1] == {
         "name": TOKEN_ENV, "value": REDACTED}
+
+
+@pytest.mark.parametrize("escaped", [False, True], ids=["plain", "escaped"])
+def test_a_session_setups_mcp_server_env_and_header_values_never_reach_the_trace(
+        escaped: bool) -> None:
+    # What the editor declares, and what `[[mcp_server]]` injects, holds tokens under any
+    # name: every value is hidden, every name kept, so the trace says what was hidden.
+    # (An object of them too, as v1's terminal auth method `env` is.)
+    servers = [{"name": "gh", "command": "/usr/bin/gh-mcp", "args": [],
+                "env": [{"name": "GITHUB_TOKEN", "value": "ghp_s3cretvalue"}],
+                "_meta": {"env": {"GITLAB_TOKEN": "glpat-s3cret", "depth": 2}}},
+               {"type": "http", "name": "search", "url": "https://x/mcp",
+                "headers": [{"value": "k3y-v4lue", "name": "X-Api-Key"}]}]
+    params = {"cwd": "/\\" if escaped else "/", "mcpServers": servers}
+    frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": params})
+    events = _traced(frame, Redactor())
+    text = json.dumps(events)
+    assert "ghp_s3cretvalue" not in text and "k3y-v4lue" not in text and "glpat" not in text
+    traced = events[1]["payload"]["params"]["mcpServers"]
+    assert traced[0]["env"] == [{"name": "GITHUB_TOKEN", "value": REDACTED}]
+    assert traced[0]["_meta"]["env"] == {"GITLAB_TOKEN": REDACTED, "depth": 2}
+    assert traced[1]["headers"] == [{"value": REDACTED, "name": "X-Api-Key"}]
+    assert traced[1]["url"] == "https://x/mcp" and events[1]["method"] == "session/new"
+
+
+@pytest.mark.parametrize("escaped", [False, True], ids=["plain", "escaped"])
+def test_a_urls_credentials_never_reach_the_trace_its_host_path_and_other_parameters_do(
+        escaped: bool) -> None:
+    # An MCP server's url, a git remote in a tool's output: tokens ride in URLs too.
+    server = {"type": "http", "name": "docs", "headers": [],
+              "url": "https://bob:s3cr3tpw@mcp.example/v1?access_token=tok123abc&mode=ro"}
+    output = "cloning https://x-access-token:ghs_t0ken@github.com/o/r.git\n"
+    params = {"cwd": "/\\" if escaped else "/", "mcpServers": [server], "note": output}
+    frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": params},
+                       ensure_ascii=False)
+    text = json.dumps(_traced(frame, Redactor()))
+    for secret in ("bob", "s3cr3tpw", "tok123abc", "x-access-token", "ghs_t0ken"):
+        assert secret not in text
+    assert f"https://{REDACTED}@mcp.example/v1?access_token={REDACTED}&mode=ro" in text
+    assert f"https://{REDACTED}@github.com/o/r.git" in text
+
+
+def test_a_variable_named_like_a_credential_is_redacted_wherever_the_chain_file_uses_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `${GH_TOKEN}` in an MCP server's args reaches the trace in every session/new, and in
+    # a command in its `spawned` argv: secret_env covers only what its author listed.
+    from conductor.config import load_chain, trace_redactor
+
+    monkeypatch.setenv("GH_TOKEN", "ghp_fromtheenv123")
+    monkeypatch.setenv("DB_PASSWORD", "hunter2hunter2")
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "Ada Lovelace")
+    monkeypatch.setenv("PWD", "/work/some/project")
+    chain = tmp_path / "chain.toml"
+    chain.write_text(
+        '[agent]\ncommand = ["agent", "--author", "${GIT_AUTHOR_NAME}", '
+        '"--db", "${DB_URL:-postgres://${DB_PASSWORD}@h}"]\n\n'
+        '[[mcp_server]]\nname = "gh"\ncommand = "/bin/gh-mcp"\n'
+        'args = ["--token", "${GH_TOKEN}", "--home", "${HOME}", "--in", "${PWD}"]\n',
+        encoding="utf-8")
+    redactor = trace_redactor(load_chain(str(chain)))
+    assert redactor is not None
+    args = ["--token", "ghp_fromtheenv123", "--home", os.environ["HOME"], "--in",
+            "/work/some/project"]
+    frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {
+        "cwd": "/", "mcpServers": [{"name": "gh", "command": "/bin/gh-mcp", "args": args,
+                                    "env": []}]}})
+    events = _traced(frame, redactor)
+    assert events[1]["payload"]["params"]["mcpServers"][0]["args"] == [
+        "--token", REDACTED, *args[2:]]
+    line = b'{"argv":["agent","--author","Ada Lovelace","--db","hunter2hunter2"]}'
+    assert json.loads(redactor(line))["argv"] == ["agent", "--author", "Ada Lovelace", "--db",
+                                                  REDACTED]
 
 
 def test_a_pattern_that_could_run_past_a_strings_end_leaves_the_line_valid() -> None:

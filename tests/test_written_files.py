@@ -3,6 +3,7 @@ symbolic link, and owner-only under any umask unless the user asks otherwise."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -59,6 +60,32 @@ def test_a_symlink_at_an_output_path_is_refused_and_its_target_left_alone(
     assert f"{option}: {link} is a symbolic link" in done.stderr
     assert "Traceback" not in done.stderr
     assert victim.read_text(encoding="utf-8") == "precious\n"
+
+
+@pytest.mark.parametrize("other", ["--chain", "--log-file"])
+def test_a_trace_given_the_chain_or_log_files_path_is_refused_and_that_file_kept(
+        tmp_path: Path, other: str) -> None:
+    chain = tmp_path / "chain.toml"
+    chain.write_bytes((REPO / "chains" / "demo.toml").read_bytes())
+    kept = chain if other == "--chain" else tmp_path / "conductor.log"
+    before = chain.read_bytes()
+    done = run("--log-file", str(tmp_path / "conductor.log"), "--trace", str(kept),
+               "run", "--chain", str(chain), "hi", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    what = "the chain file" if other == "--chain" else "the --log-file"
+    assert f"--trace: {kept} is {what}" in done.stderr and "Traceback" not in done.stderr
+    assert chain.read_bytes() == before
+    assert not kept.read_bytes().startswith(b'{"seq"')
+
+
+def test_a_log_file_given_the_chain_files_path_is_refused_and_the_chain_kept(
+        tmp_path: Path) -> None:
+    chain = tmp_path / "chain.toml"
+    chain.write_bytes((REPO / "chains" / "demo.toml").read_bytes())
+    done = run("--log-file", str(chain), "run", "--chain", str(chain), "hi", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"--log-file: {chain} is the chain file" in done.stderr
+    assert chain.read_bytes() == (REPO / "chains" / "demo.toml").read_bytes()
 
 
 def test_trace_html_refuses_to_write_through_a_symlink(tmp_path: Path, victim: Path) -> None:
@@ -145,3 +172,68 @@ def test_a_trace_into_a_named_pipe_with_a_reader_is_written_there(tmp_path: Path
         assert os.read(reader, 100) == b'{"t": 1}\n'
     finally:
         os.close(reader)
+
+
+def test_a_trace_into_a_named_pipe_whose_reader_is_behind_drops_counted_events_never_blocks(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A blocking write there stopped every routing task (they trace) until the reader read.
+    import json
+    import threading
+
+    from conductor.tracing.sink import JsonlTraceSink
+
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    sink = JsonlTraceSink(fifo)
+    sink.MAX_BEHIND = 128 * 1024
+
+    def trace_a_lot() -> None:
+        for _ in range(1000):  # ~1 MB: far more than the pipe (64 KiB) and MAX_BEHIND hold
+            sink.lifecycle("agent", "stderr", line="x" * 1000)
+
+    tracing = threading.Thread(target=trace_a_lot, daemon=True)
+    with caplog.at_level(logging.WARNING):
+        tracing.start()
+        tracing.join(30)  # a hang bound only: a blocked write never returns
+    read = bytearray()
+    try:
+        assert not tracing.is_alive(), "tracing blocked on the pipe"
+        assert any("is behind: events are dropped" in r.getMessage() for r in caplog.records)
+        while b"trace-dropped" not in read:  # the reader catches up
+            with contextlib.suppress(BlockingIOError):
+                read += os.read(reader, 1 << 16)
+            sink.flush()
+        sink.close()
+        with contextlib.suppress(BlockingIOError):
+            read += os.read(reader, 1 << 20)
+    finally:
+        os.close(reader)
+    events = [json.loads(line) for line in read.splitlines()]
+    note = next(e for e in events if e.get("event") == "trace-dropped")
+    seqs = [e["seq"] for e in events]
+    assert note["count"] > 0 and len(seqs) + note["count"] == seqs[-1]
+
+
+async def test_what_a_slow_pipe_reader_could_not_take_reaches_it_though_no_event_follows(
+        tmp_path: Path) -> None:
+    # The chain hangs after a burst: what waited for the reader must not wait for an event.
+    from conductor.tracing.sink import JsonlTraceSink
+
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    read = bytearray()
+    try:
+        sink = JsonlTraceSink(fifo)
+        async with sink.open_flusher():
+            for _ in range(200):  # ~200 KB: more than the pipe holds (64 KiB)
+                sink.lifecycle("agent", "stderr", line="x" * 1000)
+            with anyio.fail_after(10):
+                while read.count(b"\n") < 201:
+                    await anyio.wait_readable(reader)
+                    read += os.read(reader, 1 << 16)
+        sink.close()
+    finally:
+        os.close(reader)
+    assert read.count(b'"event":"stderr"') == 200

@@ -56,12 +56,20 @@ class Globals(Record):
     def trace_sink(self, config: ChainConfig | None
                    ) -> AbstractContextManager[JsonlTraceSink | None]:
         """The `--trace` file for a run of `config`'s chain (None without --trace), hiding
-        its secrets unless --trace-unredacted."""
+        its secrets unless --trace-unredacted.
+
+        Raises:
+            ConfigError: the file cannot be written, or is the chain file or the log file.
+        """
         if self.trace is None:  # the usual case: before the early start, import nothing
             return nullcontext(None)
         from conductor.config import trace_redactor
+        from conductor.output import refuse_overwriting
         from conductor.tracing.sink import open_trace_sink
 
+        refuse_overwriting(self.trace, option="--trace", inputs={
+            "the chain file": config.source if config is not None else None,
+            "the --log-file": self.log_file})
         return open_trace_sink(self.trace,
                                trace_redactor(config, unredacted=self.trace_unredacted))
 
@@ -92,6 +100,11 @@ def errors_reported(options: Globals | None, *,
 
     if options is not None:
         try:
+            if options.log_file and options.chain_file:  # appended to, it would not parse
+                from conductor.output import refuse_overwriting
+
+                refuse_overwriting(options.log_file, option="--log-file",
+                                   inputs={"the chain file": options.chain_file})
             configure_logging(options.log_level, options.log_file)
         except ConductorError as e:
             fail(e)

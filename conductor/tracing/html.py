@@ -233,7 +233,7 @@ function render() {
       tip.textContent = e.from + " \\u2192 " + e.to + (e.session ? " [" + e.session + "]" : "");
       g.addEventListener("click", function () { show(e); });
     } else {
-      const bad = e.event === "error" || (e.event === "exited" && e.code && !e.expected);
+      const bad = e.event === "error" || e.event === "partial-frame" || (e.event === "exited" && e.code && !e.expected);
       const g = el("g", {"class": "life" + (bad ? " bad" : ""), "data-seq": e.seq}, svg);
       const x = laneX(e.component);
       el("circle", {cx: x, cy: mid, r: 4}, g);

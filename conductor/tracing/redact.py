@@ -1,5 +1,6 @@
 """Trace redaction: secrets (`secret_env` values, `[conductor] redact` patterns,
-Authorization headers) never reach a trace file, however the JSON spells them."""
+Authorization headers, the values of MCP servers' `env` and `headers` entries, a URL's
+credentials) never reach a trace file, however the JSON spells them."""
 
 from __future__ import annotations
 
@@ -26,13 +27,37 @@ _SHIM_TOKEN = b"ACP_CONDUCTOR_MCP_TOKEN"
 _SECRET_NAMES = ("authorization", _SHIM_TOKEN.decode().lower())
 # A `{"name": ..., "value": ...}` entry (an MCP header, an env entry) that may hold one.
 _NAMED_SECRET = re.compile(rb'"name"\s*:\s*"(?i:authorization|ACP_CONDUCTOR_MCP_TOKEN)"')
+# Lists of such entries whose every value is hidden: an MCP server's `env` and `headers`
+# (ACP's EnvVariable / HttpHeader; `terminal/create` has an `env` too) carry its tokens
+# under any name (GITHUB_TOKEN, X-Api-Key), and nothing tells a token from a log level.
+# The same as objects (`{"GITHUB_TOKEN": "..."}`: v1's terminal auth method `env`).
+_SECRET_LISTS = frozenset(("env", "headers"))
+_SECRET_LIST = re.compile(rb'"(?:env|headers)"\s*:\s*[\[{]')
 # A JSON string in a line without backslashes: nothing inside it can be a quote.
 _RAW_STRING = re.compile(rb'"[^"]*"')
 # Syntax that makes a match depend on what is around it (anchors, lookarounds; `^` in a
 # class too, to be safe): such a pattern may match a string but not the line holding it.
 _CONTEXT = re.compile(r"[\^$]|\\[AZ]|\(\?<?[=!]")
+# A URL's credentials: its user information (`https://user:token@host`, as git remotes and
+# MCP server urls carry them), and query parameters named like one (`?access_token=...`).
+# Neither class crosses a quote or a backslash: a match stays inside one JSON string.
+_URL_USERINFO = re.compile(rb'://[^\s/?#@"\\]+@')  # (a literal first: a fast scan)
+_QUERY_SECRETS = (b"token", b"key", b"secret", b"password", b"passwd", b"sig", b"signature",
+                  b"auth", b"credential")
+_URL_QUERY_SECRET = re.compile(
+    rb'([?&][A-Za-z0-9_.-]*(?i:' + b"|".join(_QUERY_SECRETS) + rb')=)[^&#\s"\\]+')
 _MIN_SECRET = 4  # shorter values would blank out ordinary text
 _CLEAN_MAX, _CLEAN_MAX_LEN = 4096, 64
+# The same two, for text (a transcript's record of a resource's URI)
+_TEXT_USERINFO = re.compile(_URL_USERINFO.pattern.decode())
+_TEXT_QUERY_SECRET = re.compile(_URL_QUERY_SECRET.pattern.decode())
+
+
+def redact_url(text: str) -> str:
+    """`text` (a URI) without its credentials: user information and query parameters named
+    like one, as traces hide them."""
+    text = _TEXT_USERINFO.sub("://" + REDACTED + "@", text)
+    return _TEXT_QUERY_SECRET.sub(r"\1" + REDACTED, text)
 
 
 class Redactor:
@@ -83,11 +108,21 @@ class Redactor:
         # Re-encoded lines are canonical (msgspec escapes only quotes, backslashes and control
         # characters), and these regexes match whole JSON strings or stop at a backslash.
         # Cheap tests first (one lowered copy of the line): the regexes cost ~10x more.
-        authorization = b"authorization" in line.lower()
+        lowered = line.lower()
+        authorization = b"authorization" in lowered
         if authorization:
             line = _AUTH_JSON_KEY.sub(rb'\1"' + REDACTED.encode() + rb'"', line)
             line = _AUTH_HEADER_TEXT.sub(rb"\1" + REDACTED.encode(), line)
-        if (authorization or _SHIM_TOKEN in line) and _NAMED_SECRET.search(line):
+        # Single characters first (memchr), then "://": a long line without a URL costs a
+        # scan only if it has an `@`, or both a `?` and a `=`, in it.
+        userinfo, query = b"@" in line, b"?" in line and b"=" in line
+        if (userinfo or query) and b"://" in line:
+            if userinfo:
+                line = _URL_USERINFO.sub(b"://" + REDACTED.encode() + b"@", line)
+            if query:
+                line = _URL_QUERY_SECRET.sub(rb"\1" + REDACTED.encode(), line)
+        if ((authorization or _SHIM_TOKEN in line) and _NAMED_SECRET.search(line)) or \
+                _lists_secrets(line):
             line = _redact_named_values(line)
         return line
 
@@ -182,14 +217,24 @@ class Redactor:
         return root
 
 
+def _lists_secrets(line: bytes) -> bool:
+    """Whether `line` has an `env` or `headers` list or object. In a short line two
+    substring tests cost less than the regex, which stops at every quote; in a long one
+    the regex, one scan, costs less than two."""
+    if len(line) < 4096 and b'"env"' not in line and b'"headers"' not in line:
+        return False
+    return _SECRET_LIST.search(line) is not None
+
+
 def _auth_value(match: re.Match[str]) -> str:
     return match[1] + (f'"{REDACTED}"' if match[2] else REDACTED)
 
 
 def _redact_named_values(line: bytes) -> bytes:
-    """The `value` of every `{"name": "Authorization" | shim token, "value": ...}` entry
-    redacted, whatever the order of the entry's fields (JSON objects are unordered: `value`
-    may come first, `_meta` between them).
+    """The `value` of every `{"name": "Authorization" | shim token, "value": ...}` entry,
+    of every `{"name": ..., "value": ...}` entry in an `env` or `headers` list, and every
+    string of an `env` or `headers` object, redacted, whatever the order of the entry's
+    fields (JSON objects are unordered: `value` may come first, `_meta` between them).
 
     Raises:
         ValueError: the line cannot be decoded, so it cannot be checked.
@@ -198,15 +243,22 @@ def _redact_named_values(line: bytes) -> bytes:
         root = msgspec.json.decode(line)
     except (msgspec.DecodeError, RecursionError):
         raise ValueError("not decodable, so not checked for secrets") from None
-    stack = [root]
+    stack: list[tuple[Any, bool]] = [(root, False)]  # (node, is it an entry of a secret list)
     while stack:
-        node = stack.pop()
+        node, listed = stack.pop()
         if isinstance(node, dict):
             name = node.get("name")
-            if isinstance(name, str) and name.lower() in _SECRET_NAMES and \
-                    isinstance(node.get("value"), str):
+            if isinstance(name, str) and isinstance(node.get("value"), str) and \
+                    (listed or name.lower() in _SECRET_NAMES):
                 node["value"] = REDACTED
-            stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
+            for key, value in node.items():
+                if key in _SECRET_LISTS and isinstance(value, dict):
+                    for field, text in value.items():
+                        if isinstance(text, str):
+                            value[field] = REDACTED
+            stack.extend((v, False) for v in node.values() if isinstance(v, dict))
+            stack.extend((v, k in _SECRET_LISTS) for k, v in node.items() if isinstance(v, list))
         elif isinstance(node, list):
-            stack.extend(v for v in node if isinstance(v, (dict, list)))
+            stack.extend((v, listed and isinstance(v, dict)) for v in node
+                         if isinstance(v, (dict, list)))
     return msgspec.json.encode(root)

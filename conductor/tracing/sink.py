@@ -4,13 +4,17 @@
 routing tasks, so it never awaits: each event is encoded, redacted and appended to an
 in-memory buffer that is written out when it passes 64 KiB, by a flusher task 50 ms after
 it stopped being empty (so the last events before a hang reach the file), and on close (a
-plain `write` to a regular file; measured in docs/tracing.md).
+plain `write` to a regular file; measured in docs/tracing.md). A named pipe is written
+without blocking: what its reader has not taken waits, bounded, and past that events are
+dropped and counted (a `trace-dropped` event), never the conductor stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
+import stat
 import time
 from collections import OrderedDict
 from contextlib import asynccontextmanager, contextmanager
@@ -85,12 +89,21 @@ class JsonlTraceSink:
     # without its method and flow), so a long run keeps no more than this.
     MAX_OPEN_REQUESTS = 10_000
     MAX_UNCLAIMED = 256  # per hop: requests a component may still forward
+    # A named pipe whose reader is behind: bytes held for it, then events are dropped
+    MAX_BEHIND = 4 * 1024 * 1024
+    EXIT_WAIT = 0.5  # at close, how long what is held may wait for the pipe's reader
 
     def __init__(self, path: str | os.PathLike[str], *, redactor: Redactor | None = None) -> None:
         from conductor.output import open_output
 
         self._fd = open_output(path, option="--trace")
         self._path = os.fsdecode(path)
+        # A pipe (`jq . t.fifo`) is written without blocking: a slow reader must not stop
+        # the routing tasks that trace. (The flag is this open's own: the reader has its.)
+        self._pipe = stat.S_ISFIFO(os.fstat(self._fd).st_mode)
+        if self._pipe:
+            os.set_blocking(self._fd, False)
+        self._dropped = 0  # events dropped since the reader was last caught up
         self._buffer = bytearray()
         self._last_flush = time.monotonic()
         self._filled: anyio.Event | None = None  # set when the buffer stops being empty
@@ -236,6 +249,11 @@ class JsonlTraceSink:
                         event[key] = bytes(event[key]).decode("utf-8", "replace")
                 line = self._redact(msgspec.json.encode(event))
         was_empty = not self._buffer
+        if self._pipe and len(self._buffer) >= self.MAX_BEHIND:
+            self.flush()
+            if len(self._buffer) >= self.MAX_BEHIND:
+                self._drop()
+                return
         self._buffer += line
         self._buffer += b"\n"
         now = time.monotonic()
@@ -267,14 +285,39 @@ class JsonlTraceSink:
             filled = self._filled = anyio.Event()
             if not self._closed and self._buffer:
                 self.flush()
+            if not self._closed and self._buffer:  # a pipe's reader is behind: try again
+                filled.set()
+
+    def _drop(self) -> None:
+        if not self._dropped:
+            log.warning("the reader of the trace %s is behind: events are dropped until it "
+                        "catches up (the trace says how many)", self._path)
+        self._dropped += 1
+
+    def _say_dropped(self) -> None:
+        """The pipe's reader caught up: tell it how many events it missed (their `seq`s)."""
+        self._seq += 1
+        self._buffer += msgspec.json.encode(
+            {"seq": self._seq, "time": round(time.time(), 6), "type": "lifecycle",
+             "component": "conductor", "event": "trace-dropped", "count": self._dropped})
+        self._buffer += b"\n"
+        self._dropped = 0
+        if self._filled is not None:
+            self._filled.set()
 
     def flush(self) -> None:
         data, self._buffer = self._buffer, bytearray()
         try:
             with memoryview(data) as view:
                 while view:
-                    written = os.write(self._fd, view)
+                    try:
+                        written = os.write(self._fd, view)
+                    except BlockingIOError:  # a pipe whose reader is behind: the rest waits
+                        self._buffer[:0] = view
+                        break
                     view = view[written:]
+            if self._dropped and not self._buffer:
+                self._say_dropped()
         except OSError as e:
             # Called from routing tasks: a full disk must not take the session down with
             # the trace. Say so once; a trace with holes in it would mislead.
@@ -289,6 +332,18 @@ class JsonlTraceSink:
         if self._closed:
             return
         self.flush()
+        deadline = time.monotonic() + self.EXIT_WAIT
+        if self._buffer and not self._closed:  # a pipe's reader: a last, bounded wait
+            poller = select.poll()  # (not select(): it refuses descriptors above 1023)
+            poller.register(self._fd, select.POLLOUT)
+            while self._buffer and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("the reader of the trace %s is behind: its last %d bytes "
+                                "are not written", self._path, len(self._buffer))
+                    break
+                poller.poll(left * 1000)
+                self.flush()
         if self._closed:  # the flush failed, and closed it
             return
         self._closed = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,34 @@ def _check_event(event: dict[str, Any], number: int, path: str) -> None:
                               hint="pass a file written by --trace") from None
 
 
+_MAX_DIGITS = 4000  # below Python's limit for an int's str() (4300)
+
+
+def _number(spelling: str) -> float | str:
+    """A float of the trace; one out of range (`1e400`, copied as a component sent it)
+    is kept as its spelling, shown as written rather than as inf or an error."""
+    value = float(spelling)
+    return value if math.isfinite(value) else spelling
+
+
+def _integer(spelling: str) -> int | str:
+    """An integer of the trace; one too long to show (`1000...0`, 5000 digits) as its
+    spelling."""
+    return int(spelling) if len(spelling) <= _MAX_DIGITS else spelling
+
+
+def _decode_event(line: bytes) -> Any:
+    try:
+        return msgspec.json.decode(line)
+    except msgspec.ValidationError:  # a number out of range: the slow path, only for it
+        import json
+
+        try:
+            return json.loads(line, parse_float=_number, parse_int=_integer)
+        except ValueError as e:  # the number came first: the line is broken further on
+            raise msgspec.DecodeError(str(e)) from None
+
+
 def load_trace(path: str | Path) -> Trace:
     """Parse a trace file, pair requests with responses, and order the lanes.
 
@@ -63,7 +92,9 @@ def load_trace(path: str | Path) -> Trace:
         data = Path(path).read_bytes()
     except OSError as e:
         raise ConfigError(f"cannot read trace: {e.strerror}", file=str(path)) from None
-    lines = data.splitlines()
+    # Only LF ends a trace line: a payload is copied as sent, and a CR between its tokens
+    # (JSON whitespace, from a component writing CRLF) is part of the line.
+    lines = data.split(b"\n")
     header: dict[str, Any] = {}
     events: list[dict[str, Any]] = []
     cut_off: int | None = None
@@ -71,7 +102,7 @@ def load_trace(path: str | Path) -> Trace:
         if not line.strip():
             continue
         try:
-            event = msgspec.json.decode(line)
+            event = _decode_event(line)
         except msgspec.DecodeError:
             if number == len(lines) and not data.endswith(b"\n"):
                 cut_off = number  # written only in part: show what came before it
@@ -180,6 +211,24 @@ def pending(events: list[dict[str, Any]]) -> list[Pending]:
         answer = next((a for a in answers.get(key, ()) if a["hop"] == first["hop"]
                        and a["dir"] != first["dir"]), None)
         out.append(Pending(key, requests, _holder(requests, unanswered), answer))
+    return out
+
+
+def select_pending(trace: Trace, *, session: str | None = None, method: str | None = None,
+                   component: str | None = None) -> list[Pending]:
+    """The unanswered requests matching every given filter: `session` and `method` (a
+    glob) the request's, `component` any component on its way (or an end of its first hop)."""
+    out = []
+    for item in pending(trace.events):
+        first = item.first
+        if session is not None and first.get("session") != session:
+            continue
+        if method is not None and not fnmatch.fnmatchcase(str(first.get("method")), method):
+            continue
+        if component is not None and component not in item.path and \
+                component not in (first.get("from"), first.get("to")):
+            continue
+        out.append(item)
     return out
 
 
@@ -307,7 +356,7 @@ def render(trace: Trace, events: list[dict[str, Any]], console: Console) -> None
             console.print(_shown(row + label), overflow="ellipsis", no_wrap=True, crop=False)
         else:
             name, what = event.get("component", "?"), event.get("event", "?")
-            style = "red" if what in ("error", "noise") or (
+            style = "red" if what in ("error", "noise", "partial-frame") or (
                 what == "exited" and event.get("code") not in (0, None) and
                 not event.get("expected")) else "yellow"
             detail = {k: v for k, v in event.items()

@@ -2,7 +2,9 @@
 
 Records prompts, the agent's text, tool calls and their status, permission requests with
 the answer they got, and each turn's stop reason. Put it after `permissions` in a chain
-(nearer the agent) to record the decisions that proxy makes.
+(nearer the agent) to record the decisions that proxy makes. The history an agent replays
+for `session/load` (or `session/resume`) is counted, not recorded again (it was recorded as
+it happened).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from conductor.errors import ConfigError
 from conductor.jsonrpc.message import as_object
 from conductor.output import make_private_dir, open_output
 from conductor.plugins import Proxy, ProxyContext, SessionScope, WatchContext, on, watch
+from conductor.tracing.redact import redact_url
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Notification, Request
@@ -40,6 +43,15 @@ class TranscriptOptions(BaseModel):
     directory: str = "transcripts"   # relative to the working directory of this process
 
 
+def _uri(block: dict[str, Any]) -> str:
+    """Where a resource block points: a link's `uri`, an embedded resource's
+    `resource.uri` (else its name), without credentials (as traces hide them), on one line."""
+    uri = block.get("uri") or as_object(block.get("resource")).get("uri") or block.get("name")
+    if not isinstance(uri, str):
+        return ""
+    return redact_url(" ".join(uri.splitlines()))
+
+
 def _text(blocks: Any) -> str:
     if isinstance(blocks, dict):
         blocks = [blocks]
@@ -49,7 +61,7 @@ def _text(blocks: Any) -> str:
             if block.get("type") == "text":
                 parts.append(str(block.get("text", "")))
             elif block.get("type") in ("resource_link", "resource"):
-                parts.append(f"[{block.get('type')}: {block.get('uri') or block.get('name', '')}]")
+                parts.append(f"[{block.get('type')}: {_uri(block)}]")
             else:
                 parts.append(f"[{block.get('type')}]")
     return "".join(parts)
@@ -79,6 +91,8 @@ class Transcript(Proxy[TranscriptOptions]):
         super().__init__(options)
         # session id -> its open (markdown, jsonl) descriptors, least recently written first
         self._open: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        # session id -> loads and resumes of it still unanswered: its updates are the replay
+        self._loading: dict[str, int] = {}
 
     def _paths(self, session_id: str) -> tuple[Path, Path]:
         stem = file_stem(session_id)
@@ -166,6 +180,32 @@ class Transcript(Proxy[TranscriptOptions]):
         self._write(session, {"type": "session", "how": session.how, "cwd": session.cwd},
                     f"# Session {session.session_id}\n\n_{session.how}, cwd {session.cwd}_\n\n")
 
+    @on("session/load")
+    @on("session/resume")
+    async def load(self, ctx: ProxyContext, message: Request) -> object:
+        # The agent replays the session's history as updates before it answers (v2's
+        # resume, as `replayFrom` asks): the transcript has them from when they happened,
+        # and they are no new turn.
+        sid = as_object(message.params_value()).get("sessionId")
+        if not isinstance(sid, str):
+            return await ctx.forward()
+        self._loading[sid] = self._loading.get(sid, 0) + 1
+        try:
+            answer = await ctx.forward()
+        finally:
+            if self._loading[sid] == 1:
+                del self._loading[sid]
+            else:
+                self._loading[sid] -= 1
+        assert answer is not None
+        session = ctx.session
+        replayed = session.state.pop("transcript_replayed", 0) if session is not None else 0
+        if answer.error is UNSET and replayed:
+            self._write(session, {"type": "replayed", "updates": replayed},
+                        f"_History replayed by the agent ({replayed} updates), not recorded "
+                        "again_\n\n")
+        return answer
+
     @on("session/prompt")
     async def prompt(self, ctx: ProxyContext, message: Request) -> object:
         text = _text(as_object(message.params_value()).get("prompt"))
@@ -202,6 +242,10 @@ class Transcript(Proxy[TranscriptOptions]):
             titles[call_id] = title
             if len(titles) > MAX_TITLES:
                 del titles[next(iter(titles))]
+        if session.session_id in self._loading:  # the replay of a load: recorded already
+            session.state["transcript_replayed"] = session.state.get("transcript_replayed",
+                                                                     0) + 1
+            return
         if kind == "agent_message_chunk":
             chunk = _text(update.get("content"))
             # In chunks, joined once when written: growing one string would copy the whole

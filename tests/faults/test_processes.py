@@ -147,6 +147,21 @@ async def test_a_component_that_dies_writing_half_an_answer_fails_it_with_its_ex
     answered_once(c)
 
 
+async def test_a_component_that_dies_writing_half_an_answer_leaves_that_loss_in_the_trace(
+        tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    path = write_chain(tmp_path, 0, "agent", ["--cut-at=3"])
+    async with open_conductor("--trace", str(trace), "--chain", path) as c:
+        await c.initialize()
+        await c.request("session/prompt", prompt(await c.new_session()))
+        assert await c.wait() == 3
+    events = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
+    lost = [e for e in events if e.get("event") == "partial-frame"]
+    assert len(lost) == 1 and lost[0]["component"] == "agent" and lost[0]["reason"], lost
+    exited = next(e for e in events if e.get("event") == "exited")
+    assert lost[0]["seq"] < exited["seq"]
+
+
 # -- processes that will not go ---------------------------------------------------------------
 
 @pytest.mark.parametrize(("faulty", "length", "end"), [
