@@ -514,13 +514,16 @@ class _MessageContext:
 class ProxyContext(_MessageContext):
     """What a handler can do: forward, answer (by returning), send its own, cancel."""
 
-    __slots__ = ("_outstanding", "forwarded", "released")
+    __slots__ = ("_outstanding", "forwarded", "released", "sent_on")
 
     def __init__(self, host: ProxyHost, source: Side, message: Call) -> None:
         super().__init__(host, source, message)
         self._outstanding: list[PendingRequest] = []
         # Set by the host while this handler holds dispatch (see `release`).
         self.released: Callable[[], None] | None = None
+        # Set by the host for a notification's handler until it forwards the notification:
+        # what its side sends after it waits until then (docs/writing-a-proxy.md, Ordering).
+        self.sent_on: Callable[[], None] | None = None
         self.forwarded = False  # a request was forwarded: its handler owes the answer back
 
     @property
@@ -549,6 +552,8 @@ class ProxyContext(_MessageContext):
             raise RuntimeError("messages of a proxy's own session never go to its predecessor")
         if not isinstance(self.message, Request):
             await self._host.notify(message.method, message.params, to)
+            if self.sent_on is not None:
+                self.sent_on()
             return None
         self.forwarded = True
         pending = await self._host.start_request(message.method, message.params, to,

@@ -40,6 +40,7 @@ from conductor.jsonrpc.message import (
     Request,
     Response,
     error_response,
+    id_key,
 )
 from conductor.plugins.api import (
     CloseReason,
@@ -114,6 +115,9 @@ class _Everything:
 
 
 _EVERYTHING: Final = _Everything()
+_FROM_SUCCESSOR: Final = frozenset({Side.SUCCESSOR})
+_FROM_PREDECESSOR: Final = frozenset({Side.PREDECESSOR})
+_BOTH_SIDES: Final = _FROM_SUCCESSOR | _FROM_PREDECESSOR
 
 
 class HostRequest:
@@ -170,6 +174,8 @@ class _Sent(Record):
     declared: list[str] | None = None  # serverIds of this proxy's MCP servers it declares
     fresh: bool = False          # a load/resume of a session no answer has confirmed yet
     inbound: Inbound | None = None  # a pass-through forward: how the conductor's id is tracked
+    to: Side = Side.SUCCESSOR    # where it went (its answer comes from there)
+    owner: ProxyContext | None = None  # the handler that sent it, if one did
 
 
 class _CallbackSink:
@@ -232,6 +238,16 @@ class ProxyHost:
         # the shielded waits of those already waiting, cut short by `stop_dispatch`).
         self.stopping = False
         self.graces: set[anyio.CancelScope] = set()
+        # Order behind a notification handler that let dispatch go on before forwarding
+        # its notification (docs/writing-a-proxy.md, "Ordering"): what its side sends
+        # after it is held (`_held`, in arrival order, with the sides it comes from) until
+        # it forwards or returns, and then dispatched by `_drain`. Answers its own requests
+        # (and unowned ones) need are not held: it may be waiting for them.
+        self._barriers: dict[ProxyContext, Side] = {}
+        self._held: list[tuple[frozenset[Side], Message | Callable[[], Awaitable[None]]]] = []
+        self._held_sides: dict[Side, int] = {}
+        self._draining = False
+        self._ordering = False  # any of the three above: checked on every message
         # Methods this proxy must see, per direction (None: it handles `*`, so everything).
         self._visit_up = self._must_visit(Side.SUCCESSOR)
         self._visit_down = self._must_visit(Side.PREDECESSOR)
@@ -264,7 +280,7 @@ class ProxyHost:
                             on_behalf_of: ProxyContext | None = None,
                             forwarding: bool = False) -> HostRequest:
         outgoing = await self._send_request(method, params, to, _Sent(
-            None, owned=not forwarding))
+            None, owned=not forwarding, owner=on_behalf_of))
         pending = HostRequest(self, outgoing)
         if on_behalf_of is not None:
             pending.owner = on_behalf_of
@@ -273,6 +289,7 @@ class ProxyHost:
 
     async def _send_request(self, method: str, params: Raw | UnsetType, to: Side,
                             sent: _Sent) -> Outgoing:
+        sent.to = to
         if to is Side.SUCCESSOR and self.tools is not None and method in acp.SESSION_SETUP:
             params, sent.declared = await self.tools.declare(method, params)
         if to is Side.SUCCESSOR:
@@ -349,6 +366,98 @@ class ProxyHost:
 
     async def dispatch(self, message: Message) -> None:
         """Handle one message from the conductor. A plugin's failure is answered, not raised."""
+        if self._ordering and self._hold(message, self._sides_of(message)):
+            return
+        await self._dispatch_now(message)
+
+    async def relay(self, then: Callable[[], Awaitable[None]]) -> None:
+        """Pass on an answer the router routed past this proxy (`_InboxSink.relay_if_busy`),
+        behind whatever is held (it may travel either way)."""
+        if self._ordering and self._hold(then, _BOTH_SIDES):
+            return
+        await then()
+
+    def _sides_of(self, message: Message) -> frozenset[Side] | None:
+        """The side `message` comes from, for ordering; None: never held (an answer a
+        waiting handler may need to go on)."""
+        if not isinstance(message, Response):
+            return _FROM_SUCCESSOR if message.method in acp.SUCCESSOR_METHODS \
+                else _FROM_PREDECESSOR
+        try:
+            key = id_key(message.id)
+        except ValueError:
+            return None
+        outgoing = self.endpoint.pending.get(key) if isinstance(key, int) else None
+        sent = outgoing.context if outgoing is not None else None
+        if not isinstance(sent, _Sent) or (sent.origin_id is None and (
+                sent.owner is None or sent.owner in self._barriers)):
+            return None
+        return _FROM_SUCCESSOR if sent.to is Side.SUCCESSOR else _FROM_PREDECESSOR
+
+    def _hold(self, item: Message | Callable[[], Awaitable[None]],
+              sides: frozenset[Side] | None) -> bool:
+        """Keep `item` for `_drain` if something it must not overtake is held or still in a
+        handler (or a drain is dispatching: it alone dispatches until it is done)."""
+        if sides is None:
+            return False
+        if not self._draining and not any(
+                self._held_sides.get(side) or side in self._barriers.values()
+                for side in sides):
+            return False
+        self._held.append((sides, item))
+        for side in sides:
+            self._held_sides[side] = self._held_sides.get(side, 0) + 1
+        self.queued += 1
+        return True
+
+    def _hold_back(self, ctx: ProxyContext) -> None:
+        """`ctx`'s handler let dispatch go on before forwarding its notification."""
+        self._barriers[ctx] = ctx.source
+        self.queued += 1
+        self._ordering = True
+
+    def _let_go(self, ctx: ProxyContext) -> None:
+        """`ctx`'s handler forwarded its notification, or returned: what it held may go."""
+        del self._barriers[ctx]
+        self.queued -= 1
+        if self._held and not self._draining:
+            assert self.task_group is not None
+            self._draining = True
+            self.task_group.start_soon(self._drain)
+        self._ordering = bool(self._barriers or self._held or self._draining)
+
+    def _next_held(self) -> int | None:
+        """The first held item nothing keeps back any more (nothing before it from its side
+        is held, and no handler of its side holds it back)."""
+        blocked = set(self._barriers.values())
+        for i, (sides, _) in enumerate(self._held):
+            if sides.isdisjoint(blocked):
+                return i
+            blocked |= sides
+        return None
+
+    async def _drain(self) -> None:
+        """Dispatch the held items nothing keeps back any more, in order (the only
+        dispatcher until done: dispatch holds everything else meanwhile)."""
+        _handler_release.set(_not_a_handler)
+        try:
+            while not self.stopping and (i := self._next_held()) is not None:
+                sides, item = self._held[i]
+                try:
+                    if isinstance(item, Request | Notification | Response):
+                        await self._dispatch_now(item)
+                    else:
+                        await item()
+                finally:
+                    del self._held[i]  # (meanwhile only appended to: `i` still holds)
+                    for side in sides:
+                        self._held_sides[side] -= 1
+                    self.queued -= 1
+        finally:
+            self._draining = False
+            self._ordering = bool(self._barriers or self._held)
+
+    async def _dispatch_now(self, message: Message) -> None:
         try:
             await self._dispatch(message)
         except Exception as e:  # a plugin bug must never take the conductor down
@@ -462,15 +571,29 @@ class ProxyHost:
 
     async def _handle(self, handler: Handler, ctx: ProxyContext, *,
                       task_status: TaskStatus[None]) -> None:
-        released = False
+        released = holds_back = False
 
         def release() -> None:
-            nonlocal released
+            nonlocal released, holds_back
             if not released:
                 released = True
+                if ctx.sent_on is not None:  # a notification still to be forwarded
+                    holds_back = True
+                    self._hold_back(ctx)
                 task_status.started()
 
+        def sent_on() -> None:
+            nonlocal holds_back
+            ctx.sent_on = None
+            if holds_back:
+                holds_back = False
+                self._let_go(ctx)
+
         ctx.released = release
+        if ctx.source is Side.SUCCESSOR and isinstance(ctx.message, Notification):
+            # The agent's stream keeps its order (updates, then the turn's answer). Not
+            # the editor side's: a handler there may well work on for as long as it likes.
+            ctx.sent_on = sent_on
         self._holding = release
         _handler_release.set(release)
         msg = ctx.message
@@ -487,6 +610,7 @@ class ProxyHost:
             self.peer_cancelled.discard(ctx)
             if self._holding is release:
                 self._holding = None
+            sent_on()  # returned: nothing of its side waits for it any more
             release()
 
     def _run(self, handler: Handler, ctx: ProxyContext
@@ -853,7 +977,7 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
                                 item = []
                             elif isinstance(item, _Relay):
                                 try:
-                                    await item.then()
+                                    await host.relay(item.then)
                                 finally:
                                     host.queued -= 1
                                 item = []
