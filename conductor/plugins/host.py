@@ -107,6 +107,39 @@ def _not_a_handler() -> None:
     """The `_handler_release` of dispatch and of the tasks it starts: releases nothing."""
 
 
+def plugin_failure(error: BaseException) -> Exception | None:
+    """What a plugin's code raised, as the failure to answer or log. An ExceptionGroup (a
+    task group in a handler) is its real cause (or, for several, all of them, an RpcError
+    first); `sys.exit()` is a failure like any other, since a plugin cannot stop the
+    conductor. None: no failure of the plugin's (a cancellation, Ctrl-C): it goes on."""
+    if isinstance(error, Exception) and not isinstance(error, BaseExceptionGroup):
+        return error  # the common case: as it is
+    leaves: list[BaseException] = []
+    todo = [error]
+    while todo:
+        one = todo.pop()
+        if isinstance(one, BaseExceptionGroup):
+            todo.extend(reversed(one.exceptions))
+        else:
+            leaves.append(one)
+    failures: list[Exception] = []
+    for leaf in leaves:
+        if isinstance(leaf, SystemExit):
+            exited = RuntimeError(f"sys.exit({leaf.code!r}) was called, and a plugin cannot "
+                                  "stop the conductor")
+            exited.__traceback__ = leaf.__traceback__
+            failures.append(exited)
+        elif isinstance(leaf, Exception):
+            failures.append(leaf)
+        else:
+            return None
+    if len(failures) == 1:
+        return failures[0]
+    rpc = next((f for f in failures if isinstance(f, RpcError)), None)
+    return rpc if rpc is not None else RuntimeError(
+        f"{len(failures)} errors: " + "; ".join(f"{type(f).__name__}: {f}" for f in failures))
+
+
 class _Everything:
     """A set that contains every method (a proxy with a `*` handler sees all)."""
 
@@ -331,7 +364,10 @@ class ProxyHost:
         if sent.rule is not None:
             try:
                 await self._apply(sent, answer)
-            except Exception as e:  # e.g. session_opened raised: answer, naming the plugin
+            except BaseException as raised:  # e.g. session_opened raised: answer, naming it
+                e = plugin_failure(raised)
+                if e is None:
+                    raise
                 # Passed back to the client itself, the error reaches the client.
                 self._log_failure(e, f"the answer to {outgoing.method}",
                                   reaches_client=self._next_to_client
@@ -460,7 +496,10 @@ class ProxyHost:
     async def _dispatch_now(self, message: Message) -> None:
         try:
             await self._dispatch(message)
-        except Exception as e:  # a plugin bug must never take the conductor down
+        except BaseException as raised:  # a plugin bug must never take the conductor down
+            e = plugin_failure(raised)
+            if e is None:
+                raise
             method = message.method if not isinstance(message, Response) else "an answer"
             self._log_failure(e, method)
             if isinstance(message, Request):
@@ -527,7 +566,10 @@ class ProxyHost:
         if watcher is not None:
             try:
                 watcher(WatchContext(self, source, msg), msg)
-            except Exception as e:  # it only watches: the notification goes on regardless
+            except BaseException as raised:  # it only watches: the notification goes on
+                e = plugin_failure(raised)
+                if e is None:
+                    raise
                 self._log_failure(e, msg.method)
 
     async def _route(self, source: Side, msg: Call) -> None:
@@ -604,7 +646,10 @@ class ProxyHost:
             else:
                 try:
                     await handler(ctx, msg)
-                except Exception as e:
+                except BaseException as raised:
+                    e = plugin_failure(raised)
+                    if e is None:
+                        raise
                     self._log_failure(e, msg.method)
         finally:
             self.peer_cancelled.discard(ctx)
@@ -638,11 +683,18 @@ class ProxyHost:
                 return reply
             except RpcError:
                 raise
-            except Exception as e:
+            except BaseException as raised:
+                e = plugin_failure(raised)
+                if e is None:
+                    raise
+                if isinstance(e, RpcError):  # from inside a task group: its answer still
+                    raise e from None
                 # Answered with an error: to the client itself, it reaches the client.
                 self._log_failure(e, request.method, reaches_client=self._next_to_client
                                   and ctx.source is Side.PREDECESSOR)
-                raise
+                if e is raised:
+                    raise
+                raise e from None
         return run
 
     def _cancellable(self, ctx: ProxyContext) -> Inbound:
@@ -784,7 +836,10 @@ class ProxyHost:
         hook's failure is logged."""
         try:
             await self._remove(sid, reason)
-        except Exception as e:
+        except BaseException as raised:
+            e = plugin_failure(raised)
+            if e is None:
+                raise
             self._log_failure(e, f"session_closed of {sid}")
 
     # -- the chain's life ----------------------------------------------------------------
@@ -806,7 +861,10 @@ class ProxyHost:
         try:
             with anyio.move_on_after(START_HOOK_BOUND) as bound:
                 await self._proxy.chain_started()
-        except Exception as e:
+        except BaseException as raised:
+            e = plugin_failure(raised)
+            if e is None:
+                raise
             # In-process, the start failure answers the editor's initialize, which
             # run/check/call report: this line is theirs to hide (REACHES_CLIENT).
             self._log_failure(e, "chain_started", reaches_client=True)
@@ -826,15 +884,21 @@ class ProxyHost:
             for sid in list(self._sessions):
                 try:
                     await self._remove(sid, CloseReason.STOPPED)
-                except Exception as e:
-                    self._log_failure(e, "session_closed")
+                except BaseException as raised:
+                    self._log_stop_failure(raised, "session_closed")
             try:
                 await self._proxy.chain_stopped()
-            except Exception as e:
-                self._log_failure(e, "chain_stopped")
+            except BaseException as raised:
+                self._log_stop_failure(raised, "chain_stopped")
         if bound.cancelled_caught:
             self._proxy.log.warning("proxy %s: its stop hooks took over %gs; abandoned",
                                     self.name, STOP_HOOKS_GRACE)
+
+    def _log_stop_failure(self, raised: BaseException, hook: str) -> None:
+        e = plugin_failure(raised)
+        if e is None:
+            raise raised
+        self._log_failure(e, hook)
 
 
 # -- running a host -----------------------------------------------------------------------
