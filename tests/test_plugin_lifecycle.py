@@ -195,3 +195,39 @@ async def test_a_failing_session_closed_hook_is_logged_and_the_close_still_succe
     assert "proxy failstoclose failed handling session_closed of session-1: OSError: disk " \
         "full" in caplog.text
 
+
+class HangsInSessionHooks(Proxy):
+    """Its session hooks wait for a server that never answers (for the second session)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = 0
+
+    async def session_opened(self, session: SessionScope) -> None:
+        self.opened += 1
+        if self.opened == 2:
+            await anyio.sleep_forever()
+
+    async def session_closed(self, session: SessionScope) -> None:
+        await anyio.sleep_forever()
+
+
+async def test_session_hooks_that_never_return_fail_or_are_abandoned_naming_the_proxy(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # They run inline, in the proxy's dispatch: the whole chain stood still behind them.
+    monkeypatch.setattr("conductor.plugins.host.SESSION_HOOK_BOUND", 0.2)
+    proxy = HangsInSessionHooks()
+    proxy.rename("store")
+    async with open_test_chain([proxy]) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            refused = await client.request("session/new", {"cwd": "/", "mcpServers": []})
+            closed = await client.request("session/close", {"sessionId": sid})
+            assert await client.new_session()  # the chain goes on
+    error = refused.error_value()
+    assert error["code"] == ErrorCode.HANDLER_FAILED
+    assert error["data"]["component"] == "store"
+    assert "session_opened did not return within 0.2s" in error["message"]
+    assert closed.result_value() == {}  # the agent did close it
+    assert f"proxy store failed handling session_closed of {sid}: TimeoutError: " \
+        "session_closed did not return within 0.2s" in caplog.text

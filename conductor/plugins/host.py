@@ -22,7 +22,7 @@ import logging
 from collections import deque
 from collections.abc import Coroutine
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import msgspec
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("acp_conductor.plugins")
+_T = TypeVar("_T")
 
 # Messages waiting for an in-process proxy. Bounded like a pipe buffer; large enough that
 # traffic flowing both ways at once cannot fill both inboxes and wedge each other.
@@ -86,6 +87,9 @@ STOP_HOOKS_GRACE: Final = 5.0
 # How long `chain_started` may take (a plugin connecting to a server that never answers
 # must not keep the editor's initialize waiting for ever: nothing else bounds the start).
 START_HOOK_BOUND = 60.0
+# How long `session_opened`, `session_closed` and `session_mcp_servers` may take: they run
+# inline, in the proxy's dispatch, so everything crossing the proxy waits for them.
+SESSION_HOOK_BOUND = 10.0
 # How long a cancelled handler waits for the far end to answer a request it sent (so its
 # own answer follows what the far end streamed before answering).
 CANCELLED_ANSWER_GRACE: Final = 5.0
@@ -804,7 +808,7 @@ class ProxyHost:
         if owned:
             self._routed = True
         try:
-            await self._proxy.session_opened(scope)
+            await self.bounded("session_opened", self._proxy.session_opened(scope))
         except BaseException:
             # The setup is answered with the failure: nobody will ever close this session,
             # so its scope must not stay (nor get a session_closed when the chain stops).
@@ -828,7 +832,17 @@ class ProxyHost:
         scope.closed_reason = reason
         if self._strays.pop(sid, False) is None:
             return  # never opened (see session_of): no hook for its end either
-        await self._proxy.session_closed(scope)
+        await self.bounded("session_closed", self._proxy.session_closed(scope))
+
+    async def bounded(self, hook: str, call: Awaitable[_T]) -> _T:
+        """A session hook's `call`, within `SESSION_HOOK_BOUND`.
+
+        Raises:
+            TimeoutError: it did not return in time (abandoned: the hook is cancelled).
+        """
+        with anyio.move_on_after(SESSION_HOOK_BOUND):
+            return await call
+        raise TimeoutError(f"{hook} did not return within {SESSION_HOOK_BOUND:g}s")
 
     async def release(self, sid: str, reason: CloseReason) -> None:
         """A session ended (closed, refused; or ended by the conductor without a message
