@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import math
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import anyio
 import pytest
@@ -109,3 +110,35 @@ async def test_a_handler_failing_twice_in_its_task_group_is_answered_with_both_c
 async def test_an_rpc_error_raised_in_a_handlers_task_group_is_its_answer() -> None:
     error = await failure(FailsInATaskGroup(), "_ext/refuse")
     assert (error.code, error.message, error.data) == (-32042, "not today", {"why": "policy"})
+
+
+class AnswersOddly(Proxy):
+    """Answers, or notifies the editor, with Python values JSON has no word for."""
+
+    ODD: ClassVar[dict[str, Any]] = {
+        "nan": {"score": math.nan}, "inf": [1, -math.inf], "bytes": {"b": b"\x00"},
+        "set": {"tags": {"a", "b"}}}
+
+    @on("_ext/answer")
+    async def answer(self, ctx: ProxyContext, message: Message) -> object:
+        return self.ODD[message.params_value()["odd"]]
+
+    @on("_ext/notify")
+    async def notify(self, ctx: ProxyContext, message: Message) -> object:
+        await ctx.notify("_ext/note", self.ODD[message.params_value()["odd"]],
+                         to="predecessor")
+        return {}
+
+
+@pytest.mark.parametrize("method", ["_ext/answer", "_ext/notify"])
+@pytest.mark.parametrize(("odd", "says"), [
+    ("nan", "nan at .score"), ("inf", "-inf at [1]"), ("bytes", "bytes at .b"),
+    ("set", "a set at .tags")])
+async def test_a_value_that_is_not_json_is_an_error_naming_the_proxy_not_a_silent_null(
+        method: str, odd: str, says: str) -> None:
+    # msgspec encoded NaN and Infinity as null, bytes as base64, a set as an array in no
+    # order: the editor got something the plugin never meant, and nobody was told.
+    error = await failure(AnswersOddly(), method, {"odd": odd})
+    assert error.code == ErrorCode.HANDLER_FAILED
+    assert error.data == {"component": "answersoddly", "method": method}
+    assert f"not JSON: {says}" in error.message

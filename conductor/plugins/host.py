@@ -50,6 +50,7 @@ from conductor.plugins.api import (
     SessionScope,
     Side,
     WatchContext,
+    not_json,
 )
 from conductor.record import Record
 from conductor.routing.sessions import Lifecycle, PendingLoads, Step, lifecycle
@@ -684,6 +685,11 @@ class ProxyHost:
                     raise TypeError(f"{name} answered {request.method} with None, and an ACP "
                                     "answer is an object: return the result (`{}` for an "
                                     "empty one) or `await ctx.forward()`")
+                problem = None if isinstance(reply, Response | Raw) else not_json(reply)
+                if problem is not None:
+                    name = getattr(handler, "__qualname__", repr(handler))
+                    raise TypeError(f"{name} answered {request.method} with a value that is "
+                                    f"not JSON: {problem}")
                 return reply
             except RpcError:
                 raise
