@@ -16,6 +16,7 @@ import msgspec
 
 from conductor.config import (
     MCP_REQUESTED_ENV,
+    PROXY_NAME_ENV,
     ChainConfig,
     ComponentSpec,
     component_argv,
@@ -52,7 +53,7 @@ def _each(found: list[ConductorError], resolve: Callable[[], T]) -> T | None:
 
 
 def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig,
-                 grace: float) -> LaunchSpec:
+                 grace: float, *, proxy: bool = False) -> LaunchSpec:
     found: list[ConductorError] = []
     argv = _each(found, lambda: component_argv(spec, file=config.source, where=where,
                                                base_dir=config.base_dir))
@@ -68,6 +69,9 @@ def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig
     env.pop(MCP_REQUESTED_ENV, None)
     if requested:
         env[MCP_REQUESTED_ENV] = msgspec.json.encode(requested).decode()
+    env.pop(PROXY_NAME_ENV, None)
+    if proxy:
+        env[PROXY_NAME_ENV] = name
     return LaunchSpec(
         name=name, argv=argv, env=env, cwd=cwd,
         shutdown_grace=spec.shutdown_grace if spec.shutdown_grace is not None else grace,
@@ -145,7 +149,8 @@ def _resolve(config: ChainConfig, mode: str | None, *, plugins: bool = True,
                              _remote_spec(spec, name, f"proxy[{i}]", config)))
             else:
                 plan.append((Role.PROXY, spec,
-                             _launch_spec(spec, name, f"proxy[{i}]", config, grace)))
+                             _launch_spec(spec, name, f"proxy[{i}]", config, grace,
+                                          proxy=True)))
     if mode == "agent" and config.agent is None:
         found.append(ConfigError("the chain has no agent", file=config.source,
                                  field="agent", hint="add an [agent] table with a command"))
