@@ -291,8 +291,18 @@ class ProxyHost:
         self._visit_down = self._must_visit(Side.PREDECESSOR)
         # MCP servers the proxy offers (docs/mcp.md); the SDK is imported only then.
         self.tools: ToolServers | None = None
-        if proxy.declared_mcp_servers() \
-                or type(proxy).session_mcp_servers is not Proxy.session_mcp_servers:
+        try:
+            declared = proxy.declared_mcp_servers()
+        except BaseException as raised:
+            # A plugin's hook: its failure fails the start naming it, as chain_started's
+            # does (it was an "internal error" naming nobody).
+            e = plugin_failure(raised)
+            if e is None:
+                raise
+            self._log_failure(e, "mcp_servers", reaches_client=True)
+            raise ComponentStartError(self.name, f"mcp_servers failed: "
+                                                 f"{type(e).__name__}: {e}") from None
+        if declared or type(proxy).session_mcp_servers is not Proxy.session_mcp_servers:
             from conductor.plugins.tools import ToolServers
             self.tools = ToolServers(self, proxy.offered_mcp_servers())
 
