@@ -548,3 +548,45 @@ async def test_a_stand_alone_proxys_released_update_handler_keeps_the_turn_in_or
             lines = [msgspec.json.decode(line) for line in out.splitlines()]
     assert [m.get("params", {}).get("update", {}).get("content", {}).get("text", m.get("id"))
             for m in lines] == ["0", "1", "2", 1]
+
+
+class AsksAJudgeFirst(Proxy):
+    """On the first update of the editor's session, asks a judge session of its own (whose
+    agent asks it a permission question meanwhile) before forwarding it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.verdicts: list[str] = []
+
+    @on("session/update", source="successor")
+    async def relay(self, ctx: ProxyContext, message: Message) -> None:
+        if not self.verdicts:
+            judge = await ctx.open_session({"cwd": "/", "mcpServers": []})
+
+            async def decide(ctx: ProxyContext, message: Message) -> object:
+                return {"outcome": {"outcome": "selected", "optionId": "allow"}}
+            judge.on("session/request_permission", decide)
+            answer = await judge.prompt("safe?")
+            self.verdicts.append(answer.result_value()["stopReason"])
+        await ctx.forward()
+
+
+async def test_an_update_handler_asking_its_own_session_is_not_held_behind_itself() -> None:
+    # The judge's messages come from the agent side too, after the update being handled:
+    # held behind it, they would wait for it, and it for them.
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        params = message.params_value()
+        if params["prompt"][0]["text"] == "safe?":
+            await agent.request("session/request_permission", {
+                "sessionId": params["sessionId"], "toolCall": {"toolCallId": "t"},
+                "options": []})
+            return {"stopReason": "end_turn"}
+        return await streams_three_updates(agent, message)
+
+    proxy = AsksAJudgeFirst()
+    async with open_test_chain([proxy], ScriptedAgent({"session/prompt": prompt})) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            turn = await client.prompt(sid, "go")
+    assert (turn.text, proxy.verdicts) == ("012", ["end_turn"])
+    assert "session/request_permission" not in client.received_methods()

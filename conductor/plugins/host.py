@@ -156,6 +156,7 @@ _EVERYTHING: Final = _Everything()
 _FROM_SUCCESSOR: Final = frozenset({Side.SUCCESSOR})
 _FROM_PREDECESSOR: Final = frozenset({Side.PREDECESSOR})
 _BOTH_SIDES: Final = _FROM_SUCCESSOR | _FROM_PREDECESSOR
+_IN_NO_STREAM: Final[frozenset[Side]] = frozenset()  # held only while a drain dispatches
 
 
 class HostRequest:
@@ -432,8 +433,13 @@ class ProxyHost:
         """The side `message` comes from, for ordering; None: never held (an answer a
         waiting handler may need to go on)."""
         if not isinstance(message, Response):
-            return _FROM_SUCCESSOR if message.method in acp.SUCCESSOR_METHODS \
-                else _FROM_PREDECESSOR
+            if message.method not in acp.SUCCESSOR_METHODS:
+                return _FROM_PREDECESSOR
+            if self._routed and self._of_own_session(message):
+                # Never goes to the editor, so it keeps no order with what does; and the
+                # handler holding the agent side back may well be waiting for it (a judge's).
+                return _IN_NO_STREAM
+            return _FROM_SUCCESSOR
         try:
             key = id_key(message.id)
         except ValueError:
@@ -444,6 +450,15 @@ class ProxyHost:
                 sent.owner is None or sent.owner in self._barriers)):
             return None
         return _FROM_SUCCESSOR if sent.to is Side.SUCCESSOR else _FROM_PREDECESSOR
+
+    def _of_own_session(self, message: Call) -> bool:
+        """Whether `message`, wrapped as from the successor, is of a session of our own."""
+        try:
+            env = acp.decode_envelope(message.params)
+        except ValueError:
+            return False
+        scope = self.session_of(env.params, create=False)
+        return scope is not None and scope.owned
 
     def _hold(self, item: Message | Callable[[], Awaitable[None]],
               sides: frozenset[Side] | None) -> bool:
