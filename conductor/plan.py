@@ -198,14 +198,21 @@ def ask_providers(config: ChainConfig, plan: Plan) -> None:
     them (its opt-in servers), and must offer one by that name.
 
     Raises:
-        ConfigError: the provider offers no MCP server by that name.
+        ConfigError: the provider offers no MCP server by that name (or its
+            `mcp_servers` raised).
     """
     plugins = {launch.name: launch for _, _, launch in plan if is_plugin(launch)}
     for i, server in enumerate(config.mcp_server):
         proxy = plugins.get(server.provider or "") if server.type == "acp" else None
         if proxy is None:
             continue  # a subprocess provider declares its own; only `required` applies
-        offered = [o.declared_name for o in proxy.offered_mcp_servers()]
+        try:
+            offered = [o.declared_name for o in proxy.offered_mcp_servers()]
+        except Exception as e:  # the plugin's hook: its failure, naming it (not ours)
+            raise ConfigError(f"proxy {proxy.name!r}: mcp_servers failed: "
+                              f"{type(e).__name__}: {e}", file=config.source,
+                              field=f"mcp_server[{i}].provider",
+                              hint="fix the proxy's mcp_servers()") from None
         if server.name not in offered:
             raise ConfigError(f"proxy {proxy.name!r} offers no MCP server named "
                               f"{server.name!r} (it offers: {', '.join(offered) or 'none'})",
