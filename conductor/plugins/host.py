@@ -11,7 +11,9 @@ Dispatch is in order, in one task, like a subprocess reading its stdin. A handle
 inline until it first waits for an answer (or calls `ctx.release()`); then the host goes
 on dispatching while the handler waits in its own task. So a session's route is installed
 before the next message is dispatched, and nothing overtakes a handled message that has not
-been forwarded yet.
+been forwarded yet: a handler of an agent-side notification that let dispatch go on holds
+what the agent side sends after it (`_hold`) until it forwards or returns, so the editor
+sees the agent's stream in order, a turn's answer last.
 """
 
 from __future__ import annotations
