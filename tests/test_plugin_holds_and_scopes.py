@@ -590,3 +590,53 @@ async def test_an_update_handler_asking_its_own_session_is_not_held_behind_itsel
             turn = await client.prompt(sid, "go")
     assert (turn.text, proxy.verdicts) == ("012", ["end_turn"])
     assert "session/request_permission" not in client.received_methods()
+
+
+class AsksTheAgentFirst(Proxy):
+    """On the first update, asks the agent something before forwarding it."""
+
+    @on("session/update", source="successor")
+    async def relay(self, ctx: ProxyContext, message: Message) -> None:
+        if message.params_value()["update"]["content"]["text"] == "0":
+            await ctx.request("_ext/status", {}, to="successor")
+        await ctx.forward()
+
+
+async def test_the_editors_answer_routed_past_is_not_held_behind_an_agent_side_handler(
+        ) -> None:
+    # Only what the agent side sends waits for such a handler: the editor's answer to the
+    # agent goes the other way, and the agent may need it to answer the handler.
+    answered, gate = anyio.Event(), anyio.Event()
+
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        sid = message.params_value()["sessionId"]
+
+        async def ask() -> None:
+            await agent.request("session/request_permission", {
+                "sessionId": sid, "toolCall": {"toolCallId": "t"}, "options": []})
+            answered.set()
+        assert agent.tg is not None
+        agent.tg.start_soon(ask)
+        await anyio.wait_all_tasks_blocked()  # the question is with the editor
+        await agent.notify("session/update", update(sid, "0"))
+        return {"stopReason": "end_turn"}
+
+    async def status(agent: ScriptedAgent, message: Message) -> object:
+        await answered.wait()  # busy with the permission question until it is answered
+        return {}
+
+    async def permission(message: Message) -> object:
+        await gate.wait()
+        return {"outcome": {"outcome": "cancelled"}}
+
+    agent = ScriptedAgent({"session/prompt": prompt, "_ext/status": status})
+    async with open_test_chain([AsksTheAgentFirst()], agent,
+                               client=TestClient({"session/request_permission": permission})
+                               ) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.prompt, sid, "go")
+                await agent.wait_for("_ext/status")  # the handler holds the agent side
+                gate.set()
+            assert client.agent_text(sid) == "0"

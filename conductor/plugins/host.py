@@ -157,7 +157,6 @@ class _Everything:
 _EVERYTHING: Final = _Everything()
 _FROM_SUCCESSOR: Final = frozenset({Side.SUCCESSOR})
 _FROM_PREDECESSOR: Final = frozenset({Side.PREDECESSOR})
-_BOTH_SIDES: Final = _FROM_SUCCESSOR | _FROM_PREDECESSOR
 _IN_NO_STREAM: Final[frozenset[Side]] = frozenset()  # held only while a drain dispatches
 
 
@@ -424,10 +423,10 @@ class ProxyHost:
             return
         await self._dispatch_now(message)
 
-    async def relay(self, then: Callable[[], Awaitable[None]]) -> None:
+    async def relay(self, then: Callable[[], Awaitable[None]], *, up: bool) -> None:
         """Pass on an answer the router routed past this proxy (`_InboxSink.relay_if_busy`),
-        behind whatever is held (it may travel either way)."""
-        if self._ordering and self._hold(then, _BOTH_SIDES):
+        behind what is held of the side it comes from (`up`: the successor's)."""
+        if self._ordering and self._hold(then, _FROM_SUCCESSOR if up else _FROM_PREDECESSOR):
             return
         await then()
 
@@ -961,10 +960,11 @@ class _Relay:
     """In the inbox: an answer the router routed past this proxy, to pass on (`then`) once
     dispatch has handled what was handed over before it (`_InboxSink.relay_if_busy`)."""
 
-    __slots__ = ("then",)
+    __slots__ = ("then", "up")
 
-    def __init__(self, then: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, then: Callable[[], Awaitable[None]], *, up: bool) -> None:
         self.then = then
+        self.up = up  # toward the client: from the successor's side, to this proxy
 
 
 _InboxItem = Message | list[Message] | _Wake | _Relay
@@ -1006,7 +1006,7 @@ class _InboxSink:
             self._host.queued -= count
             raise
 
-    def relay_if_busy(self, then: Callable[..., Awaitable[None]], *args: Any
+    def relay_if_busy(self, then: Callable[..., Awaitable[None]], *args: Any, up: bool
                       ) -> Awaitable[bool] | None:
         """An answer to a request routed past this proxy is on its way past it too. None:
         nothing is in dispatch (pass it on now). Else what queues `then(*args)` (passing it
@@ -1014,7 +1014,7 @@ class _InboxSink:
         dispatch has stopped. Checked without a coroutine: this is on every such answer."""
         if not self._host.queued:
             return None
-        return self._relay(_Relay(functools.partial(then, *args)))
+        return self._relay(_Relay(functools.partial(then, *args, up=up), up=up))
 
     async def _relay(self, relay: _Relay) -> bool:
         self._host.queued += 1
@@ -1088,7 +1088,7 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
                                 item = []
                             elif isinstance(item, _Relay):
                                 try:
-                                    await host.relay(item.then)
+                                    await host.relay(item.then, up=item.up)
                                 finally:
                                     host.queued -= 1
                                 item = []
