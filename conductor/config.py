@@ -800,6 +800,10 @@ def chain_from_commands(commands: list[str], *, with_agent: bool) -> ChainConfig
 # to declare: how a stand-alone plugin (`serve-proxy`) learns its `mcp_requested`. Set, or
 # removed, for every command, so that a nested conductor's own value goes no further.
 MCP_REQUESTED_ENV = "ACP_CONDUCTOR_MCP_REQUESTED"
+# The name the chain gives a proxy run as a command (what its logs and errors should say,
+# docs/writing-a-proxy.md): `serve-proxy` takes it when no `--name` is given. Set for every
+# proxy command and removed for the agent's, for the same reason.
+PROXY_NAME_ENV = "ACP_CONDUCTOR_PROXY_NAME"
 
 
 def component_environment(spec: ComponentSpec, *, file: str | None, where: str) -> dict[str, str]:

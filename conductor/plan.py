@@ -16,6 +16,7 @@ import msgspec
 
 from conductor.config import (
     MCP_REQUESTED_ENV,
+    PROXY_NAME_ENV,
     ChainConfig,
     ComponentSpec,
     component_argv,
@@ -52,7 +53,7 @@ def _each(found: list[ConductorError], resolve: Callable[[], T]) -> T | None:
 
 
 def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig,
-                 grace: float) -> LaunchSpec:
+                 grace: float, *, proxy: bool = False) -> LaunchSpec:
     found: list[ConductorError] = []
     argv = _each(found, lambda: component_argv(spec, file=config.source, where=where,
                                                base_dir=config.base_dir))
@@ -68,6 +69,9 @@ def _launch_spec(spec: ComponentSpec, name: str, where: str, config: ChainConfig
     env.pop(MCP_REQUESTED_ENV, None)
     if requested:
         env[MCP_REQUESTED_ENV] = msgspec.json.encode(requested).decode()
+    env.pop(PROXY_NAME_ENV, None)
+    if proxy:
+        env[PROXY_NAME_ENV] = name
     return LaunchSpec(
         name=name, argv=argv, env=env, cwd=cwd,
         shutdown_grace=spec.shutdown_grace if spec.shutdown_grace is not None else grace,
@@ -145,7 +149,8 @@ def _resolve(config: ChainConfig, mode: str | None, *, plugins: bool = True,
                              _remote_spec(spec, name, f"proxy[{i}]", config)))
             else:
                 plan.append((Role.PROXY, spec,
-                             _launch_spec(spec, name, f"proxy[{i}]", config, grace)))
+                             _launch_spec(spec, name, f"proxy[{i}]", config, grace,
+                                          proxy=True)))
     if mode == "agent" and config.agent is None:
         found.append(ConfigError("the chain has no agent", file=config.source,
                                  field="agent", hint="add an [agent] table with a command"))
@@ -193,14 +198,21 @@ def ask_providers(config: ChainConfig, plan: Plan) -> None:
     them (its opt-in servers), and must offer one by that name.
 
     Raises:
-        ConfigError: the provider offers no MCP server by that name.
+        ConfigError: the provider offers no MCP server by that name (or its
+            `mcp_servers` raised).
     """
     plugins = {launch.name: launch for _, _, launch in plan if is_plugin(launch)}
     for i, server in enumerate(config.mcp_server):
         proxy = plugins.get(server.provider or "") if server.type == "acp" else None
         if proxy is None:
             continue  # a subprocess provider declares its own; only `required` applies
-        offered = [o.declared_name for o in proxy.offered_mcp_servers()]
+        try:
+            offered = [o.declared_name for o in proxy.offered_mcp_servers()]
+        except Exception as e:  # the plugin's hook: its failure, naming it (not ours)
+            raise ConfigError(f"proxy {proxy.name!r}: mcp_servers failed: "
+                              f"{type(e).__name__}: {e}", file=config.source,
+                              field=f"mcp_server[{i}].provider",
+                              hint="fix the proxy's mcp_servers()") from None
         if server.name not in offered:
             raise ConfigError(f"proxy {proxy.name!r} offers no MCP server named "
                               f"{server.name!r} (it offers: {', '.join(offered) or 'none'})",

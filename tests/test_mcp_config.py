@@ -10,6 +10,7 @@ from conductor.config import MCP_REQUESTED_ENV, parse_chain
 from conductor.errors import ConfigError
 from conductor.plan import ask_providers as _ask_providers
 from conductor.plan import plan_chain as _plan
+from conductor.plugins import Proxy
 
 AGENT = {"command": ["/bin/true"]}
 
@@ -67,3 +68,20 @@ def test_mcp_bridge_takes_four_values() -> None:
     assert parse_chain(chain(conductor={"mcp_bridge": "stdio"})).conductor.mcp_bridge == "stdio"
     with pytest.raises(ConfigError, match=r"conductor\.mcp_bridge"):
         parse_chain(chain(conductor={"mcp_bridge": "ws"}))
+
+
+
+class OffersNoTools(Proxy):
+    """Cannot say which MCP servers it offers."""
+
+    def mcp_servers(self) -> list[Any]:
+        raise ValueError("no tools configured")
+
+
+def test_a_provider_whose_mcp_servers_raises_is_a_chain_error_naming_it() -> None:
+    # It was "acp-conductor: internal error: ValueError: no tools configured" (exit 1).
+    config = parse_chain(chain(proxy=[{"name": "tools", "plugin": f"{__name__}:OffersNoTools"}],
+                               mcp_server=[{"name": "t", "type": "acp", "provider": "tools"}]))
+    with pytest.raises(ConfigError, match=r"mcp_server\[0\]\.provider: proxy 'tools': "
+                       "mcp_servers failed: ValueError: no tools configured"):
+        _ask_providers(config, _plan(config, "agent"))

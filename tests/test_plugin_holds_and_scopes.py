@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 import pytest
 
 from conductor.errors import RpcError
@@ -460,3 +461,182 @@ async def test_a_session_two_loads_race_for_is_refused_only_when_both_are(
             assert [a.is_error for a in answers] == [True, second == "refused"]
     refused = [e for e in proxy.events if e[0] == "closed" and e[2] is CloseReason.REFUSED]
     assert refused == ([("closed", "S", CloseReason.REFUSED)] if second == "refused" else [])
+
+
+class WorksOnTheFirstUpdate(Proxy):
+    """Handles the agent's updates; on the first it lets dispatch go on and works (as a
+    handler doing blocking work in a thread does) until nothing else can move, or asks the
+    editor something (`asks`), then forwards it."""
+
+    def __init__(self, *, asks: bool = False) -> None:
+        super().__init__()
+        self.seen, self.asks = 0, asks
+
+    @on("session/update", source="successor")
+    async def relay(self, ctx: ProxyContext, message: Message) -> None:
+        self.seen += 1
+        if self.seen == 1 and self.asks:
+            await ctx.request("_ext/ask", {}, to="predecessor")
+        elif self.seen == 1:
+            ctx.release()
+            await anyio.wait_all_tasks_blocked()  # whatever could overtake it has, by now
+        await ctx.forward()
+
+
+async def streams_three_updates(agent: ScriptedAgent, message: Message) -> object:
+    sid = message.params_value()["sessionId"]
+    for i in range(3):
+        await agent.notify("session/update", update(sid, str(i)))
+    return {"stopReason": "end_turn"}
+
+
+@pytest.mark.parametrize(("in_front", "asks"), [(False, False), (True, False), (False, True)])
+async def test_a_released_update_handler_keeps_the_updates_and_the_turns_answer_in_order(
+        in_front: bool, asks: bool) -> None:
+    # `in_front`: a proxy handling prompts sits before it, so the answer is a handler's
+    # (through its forward), not one routed past. `asks`: the handler waits for an answer
+    # of its own (which must get through, or it would wait for ever).
+    proxies: list[Proxy[Any]] = [HandlesPrompts()] if in_front else []
+    async with open_test_chain([*proxies, WorksOnTheFirstUpdate(asks=asks)],
+                               ScriptedAgent({"session/prompt": streams_three_updates}),
+                               client=TestClient({"_ext/ask": {}})) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            turn = await client.prompt(sid, "go")
+            await anyio.wait_all_tasks_blocked()
+    assert turn.text == "012"  # in the agent's order, all before the answer
+    assert client.agent_text(sid) == "012"
+
+
+@asynccontextmanager
+async def stand_alone(proxy: Proxy[Any]) -> AsyncIterator[tuple[Any, Any]]:
+    """`proxy` served as a stdio program (`serve_proxy`) over in-memory pipes: yields
+    (what writes its stdin, what reads its stdout); stopped on exit."""
+    from conductor.plugins.host import serve_proxy
+    from conductor.transport.memory import memory_pipe
+
+    to_proxy, proxy_in = memory_pipe()
+    proxy_out, from_proxy = memory_pipe()
+    async with to_proxy, proxy_in, proxy_out, from_proxy, anyio.create_task_group() as tg:
+        tg.start_soon(serve_proxy, proxy, proxy_in, proxy_out)
+        yield to_proxy, from_proxy
+        tg.cancel_scope.cancel()
+
+
+def successor(message: dict[str, Any]) -> dict[str, Any]:
+    """`message` as the conductor hands a stand-alone proxy what its successor sent."""
+    envelope = {"method": message.pop("method"), "params": message.pop("params")}
+    return {**message, "method": "_proxy/successor", "params": envelope}
+
+
+async def test_a_stand_alone_proxys_released_update_handler_keeps_the_turn_in_order() -> None:
+    lines: list[dict[str, Any]] = []
+    with anyio.fail_after(5):
+        async with stand_alone(WorksOnTheFirstUpdate()) as (stdin, stdout):
+            prompt = {"jsonrpc": "2.0", "id": 1, "method": "session/prompt",
+                      "params": {"sessionId": "s", "prompt": []}}
+            await stdin.send(msgspec.json.encode(prompt) + b"\n")
+            forwarded = msgspec.json.decode(await stdout.receive())
+            turn = [successor({"jsonrpc": "2.0", "method": "session/update",
+                               "params": update("s", str(i))}) for i in range(3)]
+            turn.append({"jsonrpc": "2.0", "id": forwarded["id"],
+                         "result": {"stopReason": "end_turn"}})
+            await stdin.send(b"".join(msgspec.json.encode(m) + b"\n" for m in turn))
+            out = b""
+            while out.count(b"\n") < 4:  # writes may be coalesced: count lines
+                out += await stdout.receive()
+            lines = [msgspec.json.decode(line) for line in out.splitlines()]
+    assert [m.get("params", {}).get("update", {}).get("content", {}).get("text", m.get("id"))
+            for m in lines] == ["0", "1", "2", 1]
+
+
+class AsksAJudgeFirst(Proxy):
+    """On the first update of the editor's session, asks a judge session of its own (whose
+    agent asks it a permission question meanwhile) before forwarding it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.verdicts: list[str] = []
+
+    @on("session/update", source="successor")
+    async def relay(self, ctx: ProxyContext, message: Message) -> None:
+        if not self.verdicts:
+            judge = await ctx.open_session({"cwd": "/", "mcpServers": []})
+
+            async def decide(ctx: ProxyContext, message: Message) -> object:
+                return {"outcome": {"outcome": "selected", "optionId": "allow"}}
+            judge.on("session/request_permission", decide)
+            answer = await judge.prompt("safe?")
+            self.verdicts.append(answer.result_value()["stopReason"])
+        await ctx.forward()
+
+
+async def test_an_update_handler_asking_its_own_session_is_not_held_behind_itself() -> None:
+    # The judge's messages come from the agent side too, after the update being handled:
+    # held behind it, they would wait for it, and it for them.
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        params = message.params_value()
+        if params["prompt"][0]["text"] == "safe?":
+            await agent.request("session/request_permission", {
+                "sessionId": params["sessionId"], "toolCall": {"toolCallId": "t"},
+                "options": []})
+            return {"stopReason": "end_turn"}
+        return await streams_three_updates(agent, message)
+
+    proxy = AsksAJudgeFirst()
+    async with open_test_chain([proxy], ScriptedAgent({"session/prompt": prompt})) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            turn = await client.prompt(sid, "go")
+    assert (turn.text, proxy.verdicts) == ("012", ["end_turn"])
+    assert "session/request_permission" not in client.received_methods()
+
+
+class AsksTheAgentFirst(Proxy):
+    """On the first update, asks the agent something before forwarding it."""
+
+    @on("session/update", source="successor")
+    async def relay(self, ctx: ProxyContext, message: Message) -> None:
+        if message.params_value()["update"]["content"]["text"] == "0":
+            await ctx.request("_ext/status", {}, to="successor")
+        await ctx.forward()
+
+
+async def test_the_editors_answer_routed_past_is_not_held_behind_an_agent_side_handler(
+        ) -> None:
+    # Only what the agent side sends waits for such a handler: the editor's answer to the
+    # agent goes the other way, and the agent may need it to answer the handler.
+    answered, gate = anyio.Event(), anyio.Event()
+
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        sid = message.params_value()["sessionId"]
+
+        async def ask() -> None:
+            await agent.request("session/request_permission", {
+                "sessionId": sid, "toolCall": {"toolCallId": "t"}, "options": []})
+            answered.set()
+        assert agent.tg is not None
+        agent.tg.start_soon(ask)
+        await anyio.wait_all_tasks_blocked()  # the question is with the editor
+        await agent.notify("session/update", update(sid, "0"))
+        return {"stopReason": "end_turn"}
+
+    async def status(agent: ScriptedAgent, message: Message) -> object:
+        await answered.wait()  # busy with the permission question until it is answered
+        return {}
+
+    async def permission(message: Message) -> object:
+        await gate.wait()
+        return {"outcome": {"outcome": "cancelled"}}
+
+    agent = ScriptedAgent({"session/prompt": prompt, "_ext/status": status})
+    async with open_test_chain([AsksTheAgentFirst()], agent,
+                               client=TestClient({"session/request_permission": permission})
+                               ) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.prompt, sid, "go")
+                await agent.wait_for("_ext/status")  # the handler holds the agent side
+                gate.set()
+            assert client.agent_text(sid) == "0"

@@ -4,7 +4,7 @@ chain_stopped last; in-process (through the real router) and stand-alone."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -69,16 +69,36 @@ class FailsToStart(Proxy):
         raise OSError("database is locked")
 
 
-async def test_a_proxy_whose_chain_started_raises_fails_initialize_naming_it() -> None:
-    proxy = FailsToStart()
+async def refused_initialize(proxy: Proxy[Any]) -> dict[str, Any]:
+    """The error the editor's initialize gets from a chain of `proxy`, named "store"."""
     proxy.rename("store")
     async with open_test_chain([proxy], initialize=False) as client:
-        answer = await client.request("initialize", {"protocolVersion": 1})
-    error = answer.error_value()
+        with anyio.fail_after(5):
+            answer = await client.request("initialize", {"protocolVersion": 1})
+    error: dict[str, Any] = answer.error_value()
     assert error["code"] == ErrorCode.COMPONENT_FAILED
     assert "store" in error["message"]
-    assert "chain_started failed: OSError: database is locked" in error["message"]
     assert error["data"]["component"] == "store"
+    return error
+
+
+async def test_a_proxy_whose_chain_started_raises_fails_initialize_naming_it() -> None:
+    error = await refused_initialize(FailsToStart())
+    assert "chain_started failed: OSError: database is locked" in error["message"]
+
+
+class OffersNoTools(Proxy):
+    """Cannot say which MCP servers it offers."""
+
+    def mcp_servers(self) -> list[Any]:
+        raise ValueError("no tools configured")
+
+
+async def test_a_proxy_whose_mcp_servers_raises_fails_initialize_naming_it() -> None:
+    # It was "acp-conductor: internal error: ValueError: no tools configured", exit 1,
+    # naming no proxy.
+    error = await refused_initialize(OffersNoTools())
+    assert "mcp_servers failed: ValueError: no tools configured" in error["message"]
 
 
 class HangsAtStart(Proxy):
@@ -92,15 +112,8 @@ async def test_a_proxy_whose_chain_started_never_returns_fails_initialize_naming
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Else the editor's initialize waits for ever (no request_timeout covers the start).
     monkeypatch.setattr("conductor.plugins.host.START_HOOK_BOUND", 0.2)
-    proxy = HangsAtStart()
-    proxy.rename("store")
-    async with open_test_chain([proxy], initialize=False) as client:
-        with anyio.fail_after(5):
-            answer = await client.request("initialize", {"protocolVersion": 1})
-    error = answer.error_value()
-    assert error["code"] == ErrorCode.COMPONENT_FAILED
+    error = await refused_initialize(HangsAtStart())
     assert "chain_started did not return within 0.2s" in error["message"]
-    assert error["data"]["component"] == "store"
 
 
 class BrokenHooks(Recorder):
@@ -195,3 +208,39 @@ async def test_a_failing_session_closed_hook_is_logged_and_the_close_still_succe
     assert "proxy failstoclose failed handling session_closed of session-1: OSError: disk " \
         "full" in caplog.text
 
+
+class HangsInSessionHooks(Proxy):
+    """Its session hooks wait for a server that never answers (for the second session)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = 0
+
+    async def session_opened(self, session: SessionScope) -> None:
+        self.opened += 1
+        if self.opened == 2:
+            await anyio.sleep_forever()
+
+    async def session_closed(self, session: SessionScope) -> None:
+        await anyio.sleep_forever()
+
+
+async def test_session_hooks_that_never_return_fail_or_are_abandoned_naming_the_proxy(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # They run inline, in the proxy's dispatch: the whole chain stood still behind them.
+    monkeypatch.setattr("conductor.plugins.host.SESSION_HOOK_BOUND", 0.2)
+    proxy = HangsInSessionHooks()
+    proxy.rename("store")
+    async with open_test_chain([proxy]) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            refused = await client.request("session/new", {"cwd": "/", "mcpServers": []})
+            closed = await client.request("session/close", {"sessionId": sid})
+            assert await client.new_session()  # the chain goes on
+    error = refused.error_value()
+    assert error["code"] == ErrorCode.HANDLER_FAILED
+    assert error["data"]["component"] == "store"
+    assert "session_opened did not return within 0.2s" in error["message"]
+    assert closed.result_value() == {}  # the agent did close it
+    assert f"proxy store failed handling session_closed of {sid}: TimeoutError: " \
+        "session_closed did not return within 0.2s" in caplog.text

@@ -491,3 +491,40 @@ def test_a_module_path_for_a_file_next_to_the_chain_file_suggests_the_file_path(
     with pytest.raises(PluginNotFoundError) as caught:
         _plan(load_chain(chain), "agent")
     assert "write plugin = \"guardmod.py:NeedsToken\"" in str(caught.value)
+
+
+def test_each_proxy_command_is_told_the_name_the_chain_gives_it_and_the_agent_is_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACP_CONDUCTOR_PROXY_NAME", "outer")  # a nested conductor's own
+    config = parse_chain({"proxy": [{"name": "guard", "command": ["/bin/cat"]},
+                                    {"command": ["/bin/cat"]}],
+                          "agent": {"command": ["/bin/cat"]}})
+    envs = [launch.env or {} for _, _, launch in _plan(config, "agent")]  # type: ignore[union-attr]
+    assert [env.get("ACP_CONDUCTOR_PROXY_NAME") for env in envs] == \
+        ["guard", config.proxy_names()[1], None]
+
+
+CRASHES_PLUGIN = '''
+from conductor.plugins import Proxy, on
+class Crashes(Proxy):
+    """Fails on purpose."""
+    @on("_ext/boom")
+    async def boom(self, ctx, message):
+        raise KeyError("boom")
+'''
+
+
+@pytest.mark.parametrize(("flags", "named"), [((), "guard"), (("--name", "mine"), "mine")])
+def test_a_stand_alone_proxy_takes_the_name_its_chain_gives_it_unless_given_one(
+        tmp_path: Path, flags: tuple[str, ...], named: str) -> None:
+    # It called itself by its class ("crashes") in its errors and logs, whatever the chain
+    # named it: the editor saw a name the chain file never mentions.
+    (tmp_path / "crashes.py").write_text(CRASHES_PLUGIN, encoding="utf-8")
+    done = subprocess.run(
+        conductor_argv("serve-proxy", f"{tmp_path / 'crashes.py'}:Crashes", *flags),
+        env={**child_env(), "ACP_CONDUCTOR_PROXY_NAME": "guard"}, capture_output=True,
+        text=True, timeout=30,
+        input='{"jsonrpc":"2.0","id":1,"method":"_ext/boom","params":{}}\n')
+    error = json.loads(done.stdout)["error"]
+    assert error["data"]["component"] == named
+    assert f"proxy {named} failed handling _ext/boom" in done.stderr

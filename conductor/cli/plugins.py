@@ -63,7 +63,7 @@ def serve_proxy(ctx: click.Context, plugin: str, options_json: str | None,
                                "that starts it, whose trace shows this proxy's hop")
     options = _options(options_json)
     run_stdio(lambda: load_proxy(plugin, options, name=name, file="--options", where=""),
-              max_frame_bytes=given.max_frame_bytes)
+              max_frame_bytes=given.max_frame_bytes, named=name is not None)
 
 
 @click.command("proxies")
@@ -81,11 +81,13 @@ def list_proxies() -> None:
         click.echo(f"{p.name:<{width}}  {p.description()}  [{p.value}]")
 
 
-def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = None) -> None:
+def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = None,
+              named: bool = False) -> None:
     """Serve a plugin on this process's stdin/stdout (the stand-alone form).
 
     Stdout is claimed before `load` imports any user code, so a stray `print` lands in the
-    log instead of corrupting the wire; the wire keeps the real stdout.
+    log instead of corrupting the wire; the wire keeps the real stdout. Unless `named`
+    (`--name`), the proxy takes the name the conductor's chain gives it (`PROXY_NAME_ENV`).
     """
     import anyio
 
@@ -100,6 +102,7 @@ def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = N
     for handler in logging.getLogger("acp_conductor.proxy").handlers:
         handler.setFormatter(ProxyFormatter(prefixed=False))  # the conductor adds our name
     proxy = load()
+    _take_chain_name(proxy, named=named)
     _take_requested(proxy)
 
     async def serve() -> signal.Signals | None:
@@ -123,6 +126,17 @@ def run_stdio(load: Callable[[], Proxy[Any]], *, max_frame_bytes: int | None = N
     stopped_by = loop.run(serve)
     if stopped_by is not None:
         sys.exit(EXIT_SIGNAL[stopped_by])
+
+
+def _take_chain_name(proxy: Proxy[Any], *, named: bool) -> None:
+    """The name the conductor's chain gives this stand-alone proxy (`PROXY_NAME_ENV`), for
+    its logs and errors. Taken out of the environment, so that nothing it starts inherits
+    it (a nested conductor's own proxies get theirs)."""
+    from conductor.config import PROXY_NAME_ENV
+
+    name = os.environ.pop(PROXY_NAME_ENV, "").strip()
+    if name and not named:
+        proxy.rename(name)
 
 
 def _take_requested(proxy: Proxy[Any]) -> None:

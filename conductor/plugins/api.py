@@ -23,6 +23,7 @@ import enum
 import inspect
 import itertools
 import logging
+import math
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -514,13 +515,16 @@ class _MessageContext:
 class ProxyContext(_MessageContext):
     """What a handler can do: forward, answer (by returning), send its own, cancel."""
 
-    __slots__ = ("_outstanding", "forwarded", "released")
+    __slots__ = ("_outstanding", "forwarded", "released", "sent_on")
 
     def __init__(self, host: ProxyHost, source: Side, message: Call) -> None:
         super().__init__(host, source, message)
         self._outstanding: list[PendingRequest] = []
         # Set by the host while this handler holds dispatch (see `release`).
         self.released: Callable[[], None] | None = None
+        # Set by the host for a notification's handler until it forwards the notification:
+        # what its side sends after it waits until then (docs/writing-a-proxy.md, Ordering).
+        self.sent_on: Callable[[], None] | None = None
         self.forwarded = False  # a request was forwarded: its handler owes the answer back
 
     @property
@@ -549,6 +553,8 @@ class ProxyContext(_MessageContext):
             raise RuntimeError("messages of a proxy's own session never go to its predecessor")
         if not isinstance(self.message, Request):
             await self._host.notify(message.method, message.params, to)
+            if self.sent_on is not None:
+                self.sent_on()
             return None
         self.forwarded = True
         pending = await self._host.start_request(message.method, message.params, to,
@@ -703,12 +709,36 @@ def _structured(raw: Raw) -> bool:
     return bytes(raw).lstrip()[:1] in (b"{", b"[")
 
 
+def not_json(value: object) -> str | None:
+    """What in a plugin's value JSON has no word for (NaN, Infinity, bytes, a set), and
+    where; None if nothing. Encoded anyway, they would be null, base64 and an array in no
+    order: never what the plugin meant, and nobody told. (A Raw, a message or a model
+    is checked where it is encoded.)"""
+    todo: list[tuple[object, str]] = [(value, "")]
+    while todo:
+        one, at = todo.pop()
+        if isinstance(one, dict):
+            todo.extend((v, f"{at}.{k}") for k, v in one.items())
+        elif isinstance(one, list | tuple):
+            todo.extend((v, f"{at}[{i}]") for i, v in enumerate(one))
+        elif isinstance(one, float) and not math.isfinite(one):
+            return f"{one!r} at {at or 'the top'} (JSON has no NaN or Infinity)"
+        elif isinstance(one, bytes | bytearray | memoryview):
+            return f"bytes at {at or 'the top'} (decode them to a str)"
+        elif isinstance(one, set | frozenset):
+            return f"a set at {at or 'the top'} (make it a sorted list)"
+    return None
+
+
 def _params(params: object) -> Raw | UnsetType:
     """A plugin's own params. JSON-RPC allows an object or an array only: anything else
     would reach the editor as a message it may refuse, or be dropped by the conductor
     while the handler carried on as if it had been sent."""
     if params is None:
         return UNSET
+    problem = not_json(params)
+    if problem is not None:
+        raise TypeError(f"params are not JSON: {problem}")
     raw = payload(params)
     if not _structured(raw):
         shown = params if not isinstance(params, Raw) else bytes(params)

@@ -11,7 +11,9 @@ Dispatch is in order, in one task, like a subprocess reading its stdin. A handle
 inline until it first waits for an answer (or calls `ctx.release()`); then the host goes
 on dispatching while the handler waits in its own task. So a session's route is installed
 before the next message is dispatched, and nothing overtakes a handled message that has not
-been forwarded yet.
+been forwarded yet: a handler of an agent-side notification that let dispatch go on holds
+what the agent side sends after it (`_hold`) until it forwards or returns, so the editor
+sees the agent's stream in order, a turn's answer last.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 from collections import deque
 from collections.abc import Coroutine
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import msgspec
@@ -40,6 +42,7 @@ from conductor.jsonrpc.message import (
     Request,
     Response,
     error_response,
+    id_key,
 )
 from conductor.plugins.api import (
     CloseReason,
@@ -49,6 +52,7 @@ from conductor.plugins.api import (
     SessionScope,
     Side,
     WatchContext,
+    not_json,
 )
 from conductor.record import Record
 from conductor.routing.sessions import Lifecycle, PendingLoads, Step, lifecycle
@@ -71,6 +75,7 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("acp_conductor.plugins")
+_T = TypeVar("_T")
 
 # Messages waiting for an in-process proxy. Bounded like a pipe buffer; large enough that
 # traffic flowing both ways at once cannot fill both inboxes and wedge each other.
@@ -85,6 +90,9 @@ STOP_HOOKS_GRACE: Final = 5.0
 # How long `chain_started` may take (a plugin connecting to a server that never answers
 # must not keep the editor's initialize waiting for ever: nothing else bounds the start).
 START_HOOK_BOUND = 60.0
+# How long `session_opened`, `session_closed` and `session_mcp_servers` may take: they run
+# inline, in the proxy's dispatch, so everything crossing the proxy waits for them.
+SESSION_HOOK_BOUND = 10.0
 # How long a cancelled handler waits for the far end to answer a request it sent (so its
 # own answer follows what the far end streamed before answering).
 CANCELLED_ANSWER_GRACE: Final = 5.0
@@ -106,6 +114,39 @@ def _not_a_handler() -> None:
     """The `_handler_release` of dispatch and of the tasks it starts: releases nothing."""
 
 
+def plugin_failure(error: BaseException) -> Exception | None:
+    """What a plugin's code raised, as the failure to answer or log. An ExceptionGroup (a
+    task group in a handler) is its real cause (or, for several, all of them, an RpcError
+    first); `sys.exit()` is a failure like any other, since a plugin cannot stop the
+    conductor. None: no failure of the plugin's (a cancellation, Ctrl-C): it goes on."""
+    if isinstance(error, Exception) and not isinstance(error, BaseExceptionGroup):
+        return error  # the common case: as it is
+    leaves: list[BaseException] = []
+    todo = [error]
+    while todo:
+        one = todo.pop()
+        if isinstance(one, BaseExceptionGroup):
+            todo.extend(reversed(one.exceptions))
+        else:
+            leaves.append(one)
+    failures: list[Exception] = []
+    for leaf in leaves:
+        if isinstance(leaf, SystemExit):
+            exited = RuntimeError(f"sys.exit({leaf.code!r}) was called, and a plugin cannot "
+                                  "stop the conductor")
+            exited.__traceback__ = leaf.__traceback__
+            failures.append(exited)
+        elif isinstance(leaf, Exception):
+            failures.append(leaf)
+        else:
+            return None
+    if len(failures) == 1:
+        return failures[0]
+    rpc = next((f for f in failures if isinstance(f, RpcError)), None)
+    return rpc if rpc is not None else RuntimeError(
+        f"{len(failures)} errors: " + "; ".join(f"{type(f).__name__}: {f}" for f in failures))
+
+
 class _Everything:
     """A set that contains every method (a proxy with a `*` handler sees all)."""
 
@@ -114,6 +155,9 @@ class _Everything:
 
 
 _EVERYTHING: Final = _Everything()
+_FROM_SUCCESSOR: Final = frozenset({Side.SUCCESSOR})
+_FROM_PREDECESSOR: Final = frozenset({Side.PREDECESSOR})
+_IN_NO_STREAM: Final[frozenset[Side]] = frozenset()  # held only while a drain dispatches
 
 
 class HostRequest:
@@ -170,6 +214,8 @@ class _Sent(Record):
     declared: list[str] | None = None  # serverIds of this proxy's MCP servers it declares
     fresh: bool = False          # a load/resume of a session no answer has confirmed yet
     inbound: Inbound | None = None  # a pass-through forward: how the conductor's id is tracked
+    to: Side = Side.SUCCESSOR    # where it went (its answer comes from there)
+    owner: ProxyContext | None = None  # the handler that sent it, if one did
 
 
 class _CallbackSink:
@@ -232,13 +278,33 @@ class ProxyHost:
         # the shielded waits of those already waiting, cut short by `stop_dispatch`).
         self.stopping = False
         self.graces: set[anyio.CancelScope] = set()
+        # Order behind a notification handler that let dispatch go on before forwarding
+        # its notification (docs/writing-a-proxy.md, "Ordering"): what its side sends
+        # after it is held (`_held`, in arrival order, with the sides it comes from) until
+        # it forwards or returns, and then dispatched by `_drain`. Answers its own requests
+        # (and unowned ones) need are not held: it may be waiting for them.
+        self._barriers: dict[ProxyContext, Side] = {}
+        self._held: list[tuple[frozenset[Side], Message | Callable[[], Awaitable[None]]]] = []
+        self._held_sides: dict[Side, int] = {}
+        self._draining = False
+        self._ordering = False  # any of the three above: checked on every message
         # Methods this proxy must see, per direction (None: it handles `*`, so everything).
         self._visit_up = self._must_visit(Side.SUCCESSOR)
         self._visit_down = self._must_visit(Side.PREDECESSOR)
         # MCP servers the proxy offers (docs/mcp.md); the SDK is imported only then.
         self.tools: ToolServers | None = None
-        if proxy.declared_mcp_servers() \
-                or type(proxy).session_mcp_servers is not Proxy.session_mcp_servers:
+        try:
+            declared = proxy.declared_mcp_servers()
+        except BaseException as raised:
+            # A plugin's hook: its failure fails the start naming it, as chain_started's
+            # does (it was an "internal error" naming nobody).
+            e = plugin_failure(raised)
+            if e is None:
+                raise
+            self._log_failure(e, "mcp_servers", reaches_client=True)
+            raise ComponentStartError(self.name, f"mcp_servers failed: "
+                                                 f"{type(e).__name__}: {e}") from None
+        if declared or type(proxy).session_mcp_servers is not Proxy.session_mcp_servers:
             from conductor.plugins.tools import ToolServers
             self.tools = ToolServers(self, proxy.offered_mcp_servers())
 
@@ -264,7 +330,7 @@ class ProxyHost:
                             on_behalf_of: ProxyContext | None = None,
                             forwarding: bool = False) -> HostRequest:
         outgoing = await self._send_request(method, params, to, _Sent(
-            None, owned=not forwarding))
+            None, owned=not forwarding, owner=on_behalf_of))
         pending = HostRequest(self, outgoing)
         if on_behalf_of is not None:
             pending.owner = on_behalf_of
@@ -273,6 +339,7 @@ class ProxyHost:
 
     async def _send_request(self, method: str, params: Raw | UnsetType, to: Side,
                             sent: _Sent) -> Outgoing:
+        sent.to = to
         if to is Side.SUCCESSOR and self.tools is not None and method in acp.SESSION_SETUP:
             params, sent.declared = await self.tools.declare(method, params)
         if to is Side.SUCCESSOR:
@@ -314,7 +381,10 @@ class ProxyHost:
         if sent.rule is not None:
             try:
                 await self._apply(sent, answer)
-            except Exception as e:  # e.g. session_opened raised: answer, naming the plugin
+            except BaseException as raised:  # e.g. session_opened raised: answer, naming it
+                e = plugin_failure(raised)
+                if e is None:
+                    raise
                 # Passed back to the client itself, the error reaches the client.
                 self._log_failure(e, f"the answer to {outgoing.method}",
                                   reaches_client=self._next_to_client
@@ -349,9 +419,118 @@ class ProxyHost:
 
     async def dispatch(self, message: Message) -> None:
         """Handle one message from the conductor. A plugin's failure is answered, not raised."""
+        if self._ordering and self._hold(message, self._sides_of(message)):
+            return
+        await self._dispatch_now(message)
+
+    async def relay(self, then: Callable[[], Awaitable[None]], *, up: bool) -> None:
+        """Pass on an answer the router routed past this proxy (`_InboxSink.relay_if_busy`),
+        behind what is held of the side it comes from (`up`: the successor's)."""
+        if self._ordering and self._hold(then, _FROM_SUCCESSOR if up else _FROM_PREDECESSOR):
+            return
+        await then()
+
+    def _sides_of(self, message: Message) -> frozenset[Side] | None:
+        """The side `message` comes from, for ordering; None: never held (an answer a
+        waiting handler may need to go on)."""
+        if not isinstance(message, Response):
+            if message.method not in acp.SUCCESSOR_METHODS:
+                return _FROM_PREDECESSOR
+            if self._routed and self._of_own_session(message):
+                # Never goes to the editor, so it keeps no order with what does; and the
+                # handler holding the agent side back may well be waiting for it (a judge's).
+                return _IN_NO_STREAM
+            return _FROM_SUCCESSOR
+        try:
+            key = id_key(message.id)
+        except ValueError:
+            return None
+        outgoing = self.endpoint.pending.get(key) if isinstance(key, int) else None
+        sent = outgoing.context if outgoing is not None else None
+        if not isinstance(sent, _Sent) or (sent.origin_id is None and (
+                sent.owner is None or sent.owner in self._barriers)):
+            return None
+        return _FROM_SUCCESSOR if sent.to is Side.SUCCESSOR else _FROM_PREDECESSOR
+
+    def _of_own_session(self, message: Call) -> bool:
+        """Whether `message`, wrapped as from the successor, is of a session of our own."""
+        try:
+            env = acp.decode_envelope(message.params)
+        except ValueError:
+            return False
+        scope = self.session_of(env.params, create=False)
+        return scope is not None and scope.owned
+
+    def _hold(self, item: Message | Callable[[], Awaitable[None]],
+              sides: frozenset[Side] | None) -> bool:
+        """Keep `item` for `_drain` if something it must not overtake is held or still in a
+        handler (or a drain is dispatching: it alone dispatches until it is done)."""
+        if sides is None:
+            return False
+        if not self._draining and not any(
+                self._held_sides.get(side) or side in self._barriers.values()
+                for side in sides):
+            return False
+        self._held.append((sides, item))
+        for side in sides:
+            self._held_sides[side] = self._held_sides.get(side, 0) + 1
+        self.queued += 1
+        return True
+
+    def _hold_back(self, ctx: ProxyContext) -> None:
+        """`ctx`'s handler let dispatch go on before forwarding its notification."""
+        self._barriers[ctx] = ctx.source
+        self.queued += 1
+        self._ordering = True
+
+    def _let_go(self, ctx: ProxyContext) -> None:
+        """`ctx`'s handler forwarded its notification, or returned: what it held may go."""
+        del self._barriers[ctx]
+        self.queued -= 1
+        if self._held and not self._draining:
+            assert self.task_group is not None
+            self._draining = True
+            self.task_group.start_soon(self._drain)
+        self._ordering = bool(self._barriers or self._held or self._draining)
+
+    def _next_held(self) -> int | None:
+        """The first held item nothing keeps back any more (nothing before it from its side
+        is held, and no handler of its side holds it back)."""
+        blocked = set(self._barriers.values())
+        for i, (sides, _) in enumerate(self._held):
+            if sides.isdisjoint(blocked):
+                return i
+            blocked |= sides
+        return None
+
+    async def _drain(self) -> None:
+        """Dispatch the held items nothing keeps back any more, in order (the only
+        dispatcher until done: dispatch holds everything else meanwhile)."""
+        _handler_release.set(_not_a_handler)
+        try:
+            while not self.stopping and (i := self._next_held()) is not None:
+                sides, item = self._held[i]
+                try:
+                    if isinstance(item, Request | Notification | Response):
+                        await self._dispatch_now(item)
+                    else:
+                        await item()
+                finally:
+                    del self._held[i]  # (meanwhile only appended to: `i` still holds)
+                    for side in sides:
+                        self._held_sides[side] -= 1
+                    self.queued -= 1
+        finally:
+            self._draining = False
+            self._ordering = bool(self._barriers or self._held)
+
+    async def _dispatch_now(self, message: Message) -> None:
         try:
             await self._dispatch(message)
-        except Exception as e:  # a plugin bug must never take the conductor down
+        except BaseException as raised:  # a plugin bug must never take the conductor down
+            e = plugin_failure(raised)
+            if e is None:
+                raise
             method = message.method if not isinstance(message, Response) else "an answer"
             self._log_failure(e, method)
             if isinstance(message, Request):
@@ -418,7 +597,10 @@ class ProxyHost:
         if watcher is not None:
             try:
                 watcher(WatchContext(self, source, msg), msg)
-            except Exception as e:  # it only watches: the notification goes on regardless
+            except BaseException as raised:  # it only watches: the notification goes on
+                e = plugin_failure(raised)
+                if e is None:
+                    raise
                 self._log_failure(e, msg.method)
 
     async def _route(self, source: Side, msg: Call) -> None:
@@ -462,15 +644,29 @@ class ProxyHost:
 
     async def _handle(self, handler: Handler, ctx: ProxyContext, *,
                       task_status: TaskStatus[None]) -> None:
-        released = False
+        released = holds_back = False
 
         def release() -> None:
-            nonlocal released
+            nonlocal released, holds_back
             if not released:
                 released = True
+                if ctx.sent_on is not None:  # a notification still to be forwarded
+                    holds_back = True
+                    self._hold_back(ctx)
                 task_status.started()
 
+        def sent_on() -> None:
+            nonlocal holds_back
+            ctx.sent_on = None
+            if holds_back:
+                holds_back = False
+                self._let_go(ctx)
+
         ctx.released = release
+        if ctx.source is Side.SUCCESSOR and isinstance(ctx.message, Notification):
+            # The agent's stream keeps its order (updates, then the turn's answer). Not
+            # the editor side's: a handler there may well work on for as long as it likes.
+            ctx.sent_on = sent_on
         self._holding = release
         _handler_release.set(release)
         msg = ctx.message
@@ -481,12 +677,16 @@ class ProxyHost:
             else:
                 try:
                     await handler(ctx, msg)
-                except Exception as e:
+                except BaseException as raised:
+                    e = plugin_failure(raised)
+                    if e is None:
+                        raise
                     self._log_failure(e, msg.method)
         finally:
             self.peer_cancelled.discard(ctx)
             if self._holding is release:
                 self._holding = None
+            sent_on()  # returned: nothing of its side waits for it any more
             release()
 
     def _run(self, handler: Handler, ctx: ProxyContext
@@ -511,14 +711,26 @@ class ProxyHost:
                     raise TypeError(f"{name} answered {request.method} with None, and an ACP "
                                     "answer is an object: return the result (`{}` for an "
                                     "empty one) or `await ctx.forward()`")
+                problem = None if isinstance(reply, Response | Raw) else not_json(reply)
+                if problem is not None:
+                    name = getattr(handler, "__qualname__", repr(handler))
+                    raise TypeError(f"{name} answered {request.method} with a value that is "
+                                    f"not JSON: {problem}")
                 return reply
             except RpcError:
                 raise
-            except Exception as e:
+            except BaseException as raised:
+                e = plugin_failure(raised)
+                if e is None:
+                    raise
+                if isinstance(e, RpcError):  # from inside a task group: its answer still
+                    raise e from None
                 # Answered with an error: to the client itself, it reaches the client.
                 self._log_failure(e, request.method, reaches_client=self._next_to_client
                                   and ctx.source is Side.PREDECESSOR)
-                raise
+                if e is raised:
+                    raise
+                raise e from None
         return run
 
     def _cancellable(self, ctx: ProxyContext) -> Inbound:
@@ -628,7 +840,7 @@ class ProxyHost:
         if owned:
             self._routed = True
         try:
-            await self._proxy.session_opened(scope)
+            await self.bounded("session_opened", self._proxy.session_opened(scope))
         except BaseException:
             # The setup is answered with the failure: nobody will ever close this session,
             # so its scope must not stay (nor get a session_closed when the chain stops).
@@ -652,7 +864,17 @@ class ProxyHost:
         scope.closed_reason = reason
         if self._strays.pop(sid, False) is None:
             return  # never opened (see session_of): no hook for its end either
-        await self._proxy.session_closed(scope)
+        await self.bounded("session_closed", self._proxy.session_closed(scope))
+
+    async def bounded(self, hook: str, call: Awaitable[_T]) -> _T:
+        """A session hook's `call`, within `SESSION_HOOK_BOUND`.
+
+        Raises:
+            TimeoutError: it did not return in time (abandoned: the hook is cancelled).
+        """
+        with anyio.move_on_after(SESSION_HOOK_BOUND):
+            return await call
+        raise TimeoutError(f"{hook} did not return within {SESSION_HOOK_BOUND:g}s")
 
     async def release(self, sid: str, reason: CloseReason) -> None:
         """A session ended (closed, refused; or ended by the conductor without a message
@@ -660,7 +882,10 @@ class ProxyHost:
         hook's failure is logged."""
         try:
             await self._remove(sid, reason)
-        except Exception as e:
+        except BaseException as raised:
+            e = plugin_failure(raised)
+            if e is None:
+                raise
             self._log_failure(e, f"session_closed of {sid}")
 
     # -- the chain's life ----------------------------------------------------------------
@@ -682,7 +907,10 @@ class ProxyHost:
         try:
             with anyio.move_on_after(START_HOOK_BOUND) as bound:
                 await self._proxy.chain_started()
-        except Exception as e:
+        except BaseException as raised:
+            e = plugin_failure(raised)
+            if e is None:
+                raise
             # In-process, the start failure answers the editor's initialize, which
             # run/check/call report: this line is theirs to hide (REACHES_CLIENT).
             self._log_failure(e, "chain_started", reaches_client=True)
@@ -702,15 +930,21 @@ class ProxyHost:
             for sid in list(self._sessions):
                 try:
                     await self._remove(sid, CloseReason.STOPPED)
-                except Exception as e:
-                    self._log_failure(e, "session_closed")
+                except BaseException as raised:
+                    self._log_stop_failure(raised, "session_closed")
             try:
                 await self._proxy.chain_stopped()
-            except Exception as e:
-                self._log_failure(e, "chain_stopped")
+            except BaseException as raised:
+                self._log_stop_failure(raised, "chain_stopped")
         if bound.cancelled_caught:
             self._proxy.log.warning("proxy %s: its stop hooks took over %gs; abandoned",
                                     self.name, STOP_HOOKS_GRACE)
+
+    def _log_stop_failure(self, raised: BaseException, hook: str) -> None:
+        e = plugin_failure(raised)
+        if e is None:
+            raise raised
+        self._log_failure(e, hook)
 
 
 # -- running a host -----------------------------------------------------------------------
@@ -726,10 +960,11 @@ class _Relay:
     """In the inbox: an answer the router routed past this proxy, to pass on (`then`) once
     dispatch has handled what was handed over before it (`_InboxSink.relay_if_busy`)."""
 
-    __slots__ = ("then",)
+    __slots__ = ("then", "up")
 
-    def __init__(self, then: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, then: Callable[[], Awaitable[None]], *, up: bool) -> None:
         self.then = then
+        self.up = up  # toward the client: from the successor's side, to this proxy
 
 
 _InboxItem = Message | list[Message] | _Wake | _Relay
@@ -771,7 +1006,7 @@ class _InboxSink:
             self._host.queued -= count
             raise
 
-    def relay_if_busy(self, then: Callable[..., Awaitable[None]], *args: Any
+    def relay_if_busy(self, then: Callable[..., Awaitable[None]], *args: Any, up: bool
                       ) -> Awaitable[bool] | None:
         """An answer to a request routed past this proxy is on its way past it too. None:
         nothing is in dispatch (pass it on now). Else what queues `then(*args)` (passing it
@@ -779,7 +1014,7 @@ class _InboxSink:
         dispatch has stopped. Checked without a coroutine: this is on every such answer."""
         if not self._host.queued:
             return None
-        return self._relay(_Relay(functools.partial(then, *args)))
+        return self._relay(_Relay(functools.partial(then, *args, up=up), up=up))
 
     async def _relay(self, relay: _Relay) -> bool:
         self._host.queued += 1
@@ -853,7 +1088,7 @@ async def _dispatching(host: ProxyHost, send: MemoryObjectSendStream[_InboxItem]
                                 item = []
                             elif isinstance(item, _Relay):
                                 try:
-                                    await item.then()
+                                    await host.relay(item.then, up=item.up)
                                 finally:
                                     host.queued -= 1
                                 item = []

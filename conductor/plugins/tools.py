@@ -167,7 +167,8 @@ class ToolServers:
         if self._per_session:
             decoded = None if params is UNSET else msgspec.json.decode(params)
             setup = SessionSetup(method, decoded, session_id)
-            offers += [as_offer(o) for o in await self._host.proxy.session_mcp_servers(setup)]
+            offers += [as_offer(o) for o in await self._host.bounded(
+                "session_mcp_servers", self._host.proxy.session_mcp_servers(setup))]
         if not offers:
             return params, []
         # A reload of a known session declares the serverIds it had (stable for the agent).

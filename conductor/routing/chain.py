@@ -756,7 +756,7 @@ class Chain:
         # stream, so it overtakes nothing, and must not wait on a proxy stuck in dispatch.
         past = self._routed_past(forward) if source != "conductor" else None
         if past:
-            await self._send_past(past, origin, reply, source)
+            await self._send_past(past, origin, reply, source, up=forward.down)
         else:
             await self._send(origin, reply, source=source)
 
@@ -780,14 +780,16 @@ class Chain:
         return self.topology.find(hop)
 
     async def _send_past(self, past: list[Hop], origin: Hop, reply: Response,
-                         source: str) -> None:
+                         source: str, *, up: bool) -> None:
         """Send `reply` to `origin` past these proxies without overtaking what is still in
         their dispatch (sent before it by the same side): behind such a proxy's queue, it
-        goes on when dispatch reaches it (docs/architecture.md: order is unchanged)."""
+        goes on when dispatch reaches it (docs/architecture.md: order is unchanged). `up`:
+        it travels toward the client (what a proxy holds back of one side, it holds back
+        only going that way)."""
         for i, hop in enumerate(past):
             if hop.relay is None or hop.failure is not None:
                 continue
-            queued = hop.relay(self._send_past, past[i + 1:], origin, reply, source)
+            queued = hop.relay(self._send_past, past[i + 1:], origin, reply, source, up=up)
             if queued is not None and await queued:
                 return
         await self._send(origin, reply, source=source)
