@@ -198,9 +198,13 @@ class Transcript(Proxy[TranscriptOptions]):
             else:
                 self._loading[sid] -= 1
         assert answer is not None
+        if answer.error is not UNSET:
+            # Refused: its session is released; reading `ctx.session` now would make it
+            # again, as one never set up, and keep it for ever.
+            return answer
         session = ctx.session
         replayed = session.state.pop("transcript_replayed", 0) if session is not None else 0
-        if answer.error is UNSET and replayed:
+        if replayed:
             self._write(session, {"type": "replayed", "updates": replayed},
                         f"_History replayed by the agent ({replayed} updates), not recorded "
                         "again_\n\n")
