@@ -196,6 +196,42 @@ def result_protocol_version(payload: Raw | UnsetType) -> object:
         return None
 
 
+# -- v2 turns ------------------------------------------------------------------------------
+
+class _StateUpdate(msgspec.Struct):
+    sessionUpdate: str | UnsetType = UNSET
+    state: str | UnsetType = UNSET
+
+
+class _UpdateProbe(msgspec.Struct):
+    sessionId: str | UnsetType = UNSET
+    update: _StateUpdate | UnsetType = UNSET
+
+
+def idle_session(params: Raw | UnsetType) -> str | None:
+    """The session a v2 `session/update` says is idle (`state_update`, state `idle`: the
+    end of its turn), or None for any other update."""
+    if params is UNSET:
+        return None
+    try:
+        probe = msgspec.json.decode(params, type=_UpdateProbe)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    update = probe.update
+    if update is UNSET or update.sessionUpdate != "state_update" or update.state != "idle" \
+            or probe.sessionId is UNSET:
+        return None
+    return probe.sessionId
+
+
+def idle_update(session_id: str, meta: object = None) -> Raw:
+    """The params of a v2 `session/update` saying `session_id` is idle (`meta`: its `_meta`)."""
+    update: dict[str, object] = {"sessionUpdate": "state_update", "state": "idle"}
+    if meta is not None:
+        update["_meta"] = meta
+    return Raw(_encoder.encode({"sessionId": session_id, "update": update}))
+
+
 def is_legacy_proxy_initialize(params: Raw | UnsetType) -> bool:
     """The older dialect initializes proxies with plain initialize and `_meta.proxy: true`."""
     if params is UNSET:

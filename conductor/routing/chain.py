@@ -185,6 +185,8 @@ class Chain:
         # The proxies on the way see it even when it goes nowhere, as a handler would have.
         for watch in plain[4]:
             watch(item, plain[2])
+        if self.sessions.accepted_turns:
+            self._turn_update(hop, item)
         return True  # sent, or as `receive` does: nowhere to go
 
     def _plain(self, hop: Hop, msg: Notification) -> _PlainRoute | None:
@@ -215,6 +217,8 @@ class Chain:
                 target, _, up, source, watchers = plain
                 for watch in watchers:  # even if it goes nowhere, as a handler would have
                     watch(item, up)
+                if self.sessions.accepted_turns:
+                    self._turn_update(hop, item)
                 if target.failure is None:
                     try:
                         await target.send(item, source=source)
@@ -319,6 +323,8 @@ class Chain:
         if isinstance(msg, Notification):
             if self.recovery.muted and self.recovery.is_muted(msg):
                 return  # replayed by a restarted agent's session/load: the editor has it
+            if self.sessions.accepted_turns:
+                self._turn_update(hop, msg)
             plain = None if plain_tried else self._plain(hop, msg)
             if plain is not None:
                 target, _, up, source, watchers = plain
@@ -784,7 +790,9 @@ class Chain:
             return None  # turns and closes count where they reach the agent
         assert rule.session_id is not None
         turn = table.prompting(rule.session_id) if rule.step is Step.PROMPT else None
-        return self._ended_hook(rule, turn)
+        # A v2 agent answers a prompt when it accepts it: the turn ends with its idle state.
+        v2 = target.role is Role.AGENT and (self.handshake.agent_version or 0) >= 2
+        return self._ended_hook(rule, turn, v2=v2)
 
     def _opened_hook(self, rule: Lifecycle, source: Node,
                      setup: Raw | UnsetType) -> ResponseHook:
@@ -825,12 +833,15 @@ class Chain:
             return answer
         return refused
 
-    def _ended_hook(self, rule: Lifecycle, turn: SessionRecord | None) -> ResponseHook:
+    def _ended_hook(self, rule: Lifecycle, turn: SessionRecord | None, *,
+                    v2: bool = False) -> ResponseHook:
         table = self.sessions
 
         async def ended(answer: Response) -> Response:
             assert rule.session_id is not None
-            if rule.step is Step.PROMPT:
+            if rule.step is Step.PROMPT and v2 and not answer.is_error:
+                table.accepted(rule.session_id, turn)  # runs on until the agent says idle
+            elif rule.step is Step.PROMPT:
                 table.idle(rule.session_id, turn)
             elif rule.closed_by(answer) is not None:
                 table.closed(rule.session_id, CloseReason.DELETED
@@ -838,6 +849,31 @@ class Chain:
                 await self.mcp_routes.drain()  # its MCP connections end
             return answer
         return ended
+
+    def _turn_update(self, hop: Hop, msg: Notification) -> None:
+        """A notification from `hop` while v2 turns run: the agent's `session/update` saying
+        a session is idle ends its turns (their prompts were answered when accepted)."""
+        last = self.topology.last
+        if msg.method != acp.SESSION_UPDATE or last.role is not Role.AGENT \
+                or hop is not last.hop:
+            return
+        sid = acp.idle_session(msg.params)
+        if sid is not None:
+            self.sessions.said_idle(sid)
+
+    async def _end_v2_turns(self, agent: Node, error: ComponentError) -> None:
+        """The agent failed with v2 turns running: their prompts were answered (accepted)
+        long ago, and only the agent would have said they ended. Each ends in the table,
+        and the agent's side is told its session is idle, with why in `_meta` (the error
+        a v1 prompt would have been answered with): else a v2 editor waits for ever."""
+        rpc = failure_response(None, error, component=agent.name).error_value()
+        for sid in list(self.sessions.accepted_turns):
+            self.sessions.said_idle(sid)
+            log.warning("session %s: its turn ended with %s (%s)", sid, agent.name, error)
+            with anyio.move_on_after(CANCEL_WRITE_BOUND):
+                await self._originate(agent, self.topology.before(agent), acp.SESSION_UPDATE,
+                                      acp.idle_update(sid, {"acp-conductor": {"error": rpc}}),
+                                      as_request=False)
 
     # -- releasing sessions ------------------------------------------------------------------
 
@@ -1029,6 +1065,8 @@ class Chain:
         await hop.fail(error, component=hop.name)
         if node is not None:
             await self.mcp_routes.hop_failed(node)
+            if node.role is Role.AGENT and self.sessions.accepted_turns:
+                await self._end_v2_turns(node, error)
         for target, outgoing in orphans:
             if target.pending.get(outgoing.ident) is outgoing and target.failure is None:
                 await self._cancel_held(target, outgoing.ident, outgoing.context.turn)
