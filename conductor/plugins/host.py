@@ -30,7 +30,7 @@ from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
 from conductor.acp import Dialect
-from conductor.errors import REACHES_CLIENT, ComponentStartError, RpcError
+from conductor.errors import REACHES_CLIENT, ComponentStartError, ProtocolVersionError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import (
     Batch,
@@ -222,6 +222,8 @@ class ProxyHost:
         self.watch: Callable[[Notification, bool], None] | None = \
             self.watch_inline if watchers else None
         self._routed = False   # some session has its own handlers or is ours: read sessionId
+        # The ACP version of the initialize its predecessor sent (1 until one arrives).
+        self.protocol_version = 1
         self._dialect = Dialect.PROXY
         self._holding: Callable[[], None] | None = None
         # Messages handed to this proxy and not yet fully dispatched (a held handler counts
@@ -395,6 +397,11 @@ class ProxyHost:
             self._dialect = Dialect.LEGACY
             if isinstance(msg, Request):
                 self.endpoint.amend_answer(msg.id, acp.accepting_legacy_proxy_role)
+        if msg.method == acp.INITIALIZE and source is Side.PREDECESSOR:
+            try:  # the version its predecessor speaks: what it sends that way is shaped so
+                self.protocol_version = acp.protocol_version(msg.params)
+            except ProtocolVersionError:
+                pass  # its successor answers that initialize with the error
         await self._route(source, msg)
 
     async def _cancel_not_request(self, msg: Call, method: str) -> bool:
