@@ -484,7 +484,9 @@ async def test_redact_scrubs_a_v2_elicitation_shown_to_the_user(
             "requestedSchema": {"type": "object", "properties": {
                 "key": {"type": "string", "default": "tok-123456"}}}})
         assert answer == {"action": "accept", "content": {"key": "ok"}}
-        return {"stopReason": "end_turn"}
+        agent.after_reply("session/update", {"sessionId": "session-1", "update": {
+            "sessionUpdate": "state_update", "state": "idle"}})  # a v2 turn's end
+        return {}
 
     agent = ScriptedAgent({"session/prompt": prompt})
     client_replies = {"elicitation/create": {"action": "accept", "content": {"key": "ok"}}}
