@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
@@ -525,6 +526,9 @@ class Chain:
             target = self.topology.nodes[target.index + (1 if downward else -1)]
         is_request = isinstance(msg, Request)
         out_method, out_params = method, params
+        if method == acp.ELICITATION_CREATE and not downward \
+                and (self.handshake.version or 0) >= 2:
+            out_params = self._elicitation_scope(origin, target, params)
         hooks: list[ResponseHook] = []
         after_resend: list[ResponseHook] | None = None  # a legacy resend's answer: these
         handshake_hooks = 0
@@ -623,6 +627,27 @@ class Chain:
                             except Exception as e:
                                 log.debug("hooks of a forgotten %s: %s", method, e)
             raise
+
+    @staticmethod
+    def _elicitation_scope(origin: Hop, target: Node, params: Raw | UnsetType
+                           ) -> Raw | UnsetType:
+        """A request-scoped v2 elicitation names the request it is about by its id on
+        `origin`'s hop (`requestId`), one the conductor sent there: going up to the hop that
+        request came from, it names it by that hop's id instead, as every id is mapped per
+        hop. Any other `requestId` (one `target` never sent) crosses unchanged."""
+        ident = acp.get_raw(params, "requestId")
+        try:
+            key = msgspec.json.decode(ident) if ident is not None else None
+        except (msgspec.DecodeError, RecursionError):
+            return params
+        outgoing = origin.pending.get(key) if type(key) is int else None
+        forward = outgoing.context if outgoing is not None else None
+        if not isinstance(forward, Forward) or forward.origin is not target.hop:
+            return params
+        try:
+            return acp.set_key(params, "requestId", forward.origin_id)
+        except ValueError:
+            return params
 
     def _initialize_answer_hook(self, proxy: str) -> ResponseHook:
         async def remember(answer: Response) -> Response:
