@@ -412,13 +412,16 @@ def says(text: str, *, stop_reason: str = "end_turn",
 def _turn(chunks: list[tuple[str, str]], stop_reason: str
           ) -> Callable[[ScriptedAgent, Request], Awaitable[JsonValue]]:
     async def reply(agent: ScriptedAgent, message: Request) -> JsonValue:
+        v2 = agent.protocol_version >= 2
+        if not chunks and not v2:
+            return {"stopReason": stop_reason}  # (params unread: they may be any shape)
         params = message.params_value()
         sid = params.get("sessionId") if isinstance(params, dict) else None
         updates: list[JsonValue] = [
             {"sessionId": sid, "update": {"sessionUpdate": kind,
                                           "content": {"type": "text", "text": chunk}}}
             for kind, chunk in chunks]
-        if agent.protocol_version >= 2:
+        if v2:
             for params in [*updates, {"sessionId": sid, "update": {
                     "sessionUpdate": "state_update", "state": "idle",
                     "stopReason": stop_reason}}]:
