@@ -180,6 +180,8 @@ class Chain:
         plain = self._plain(hop, item)
         if plain is None:
             return False
+        if self.sessions.accepted_turns and self._late_idle(hop, item):
+            return False  # `receive` ends the turn and drops it
         target = plain[0]
         if target.failure is None and not target.send_nowait(item):
             return False  # `receive` takes it, and its watchers see it there
@@ -215,11 +217,11 @@ class Chain:
             # The hot path (streamed updates): a plain notification is sent as it came.
             plain = self._plain(hop, item)
             if plain is not None:
+                if self.sessions.accepted_turns and self._turn_update(hop, item):
+                    return  # the agent's late idle, for a turn the conductor ended
                 target, _, up, source, watchers = plain
                 for watch in watchers:  # even if it goes nowhere, as a handler would have
                     watch(item, up)
-                if self.sessions.accepted_turns:
-                    self._turn_update(hop, item)
                 if target.failure is None:
                     try:
                         await target.send(item, source=source)
@@ -324,8 +326,8 @@ class Chain:
         if isinstance(msg, Notification):
             if self.recovery.muted and self.recovery.is_muted(msg):
                 return  # replayed by a restarted agent's session/load: the editor has it
-            if self.sessions.accepted_turns:
-                self._turn_update(hop, msg)
+            if self.sessions.accepted_turns and self._turn_update(hop, msg):
+                return  # the agent's late idle, for a turn the conductor ended
             plain = None if plain_tried else self._plain(hop, msg)
             if plain is not None:
                 target, _, up, source, watchers = plain
@@ -866,6 +868,10 @@ class Chain:
             assert rule.session_id is not None
             if rule.step is Step.PROMPT and v2 and not answer.is_error:
                 table.accepted(rule.session_id, turn)  # runs on until the agent says idle
+                if self.timeouts.prompt is not None and self._timers is not None \
+                        and turn is not None:
+                    self._timers.start_soon(self._turn_deadline, rule.session_id, turn,
+                                            self.timeouts.prompt)
             elif rule.step is Step.PROMPT:
                 table.idle(rule.session_id, turn)
             elif rule.closed_by(answer) is not None:
@@ -875,16 +881,56 @@ class Chain:
             return answer
         return ended
 
-    def _turn_update(self, hop: Hop, msg: Notification) -> None:
+    def _turn_update(self, hop: Hop, msg: Notification) -> bool:
         """A notification from `hop` while v2 turns run: the agent's `session/update` saying
-        a session is idle ends its turns (their prompts were answered when accepted)."""
+        a session is idle ends its turns (their prompts were answered when accepted). True:
+        it is the agent's late idle for turns the conductor ended (timed out), dropped:
+        the editor was told they ended."""
+        sid = self._idle_of(hop, msg)
+        return sid is not None and self.sessions.said_idle(sid) == 0
+
+    def _late_idle(self, hop: Hop, msg: Notification) -> bool:
+        """Whether `msg` is the agent's late idle for turns the conductor ended (it does
+        not change the table: `_turn_update` does, on the full route)."""
+        sid = self._idle_of(hop, msg)
+        return sid is not None and self.sessions.accepted_turns.get(sid) == 0
+
+    def _idle_of(self, hop: Hop, msg: Notification) -> str | None:
         last = self.topology.last
         if msg.method != acp.SESSION_UPDATE or last.role is not Role.AGENT \
                 or hop is not last.hop:
-            return
-        sid = acp.idle_session(msg.params)
-        if sid is not None:
-            self.sessions.said_idle(sid)
+            return None
+        return acp.idle_session(msg.params)
+
+    async def _turn_deadline(self, session_id: str, record: SessionRecord,
+                             seconds: float) -> None:
+        """A v2 turn the agent accepted must end (its idle state) within `prompt_timeout`
+        of its acceptance, as a v1 turn's answer must come within it: else the editor is
+        told it ended (an idle update with the timeout error), and the agent is told to
+        stop it (`session/cancel`); its own late idle is dropped."""
+        prompts = record.prompts
+        await anyio.sleep(seconds)
+        table, agent = self.sessions, self.topology.last
+        if table.get(session_id) is not record or record.prompts != prompts \
+                or not table.accepted_turns.get(session_id) or agent.role is not Role.AGENT:
+            return  # it ended, or another turn began since (its own deadline holds)
+        table.timed_out(session_id)
+        reason = f"{agent.name} did not end the turn of session {session_id} " \
+                 f"within {seconds:g}s"
+        log.warning("%s; told the editor it ended and cancelled it there", reason)
+        self._trace_lifecycle(agent.name, "request-timeout", method=acp.SESSION_PROMPT,
+                              timeout=seconds)
+        error = {"code": int(ErrorCode.REQUEST_TIMEOUT), "message": reason,
+                 "data": {"component": agent.name, "method": acp.SESSION_PROMPT,
+                          "timeout": seconds}}
+        with anyio.move_on_after(CANCEL_WRITE_BOUND):
+            await self._originate(agent, self.topology.before(agent), acp.SESSION_UPDATE,
+                                  acp.idle_update(session_id, {"acp-conductor": {"error": error}}),
+                                  as_request=False)
+        if agent.hop.failure is None:
+            with anyio.move_on_after(CANCEL_WRITE_BOUND):
+                await self._send(agent.hop, Notification(
+                    method=acp.SESSION_CANCEL, params=payload({"sessionId": session_id})))
 
     async def _end_v2_turns(self, agent: Node, error: ComponentError) -> None:
         """The agent failed with v2 turns running: their prompts were answered (accepted)
@@ -892,8 +938,10 @@ class Chain:
         and the agent's side is told its session is idle, with why in `_meta` (the error
         a v1 prompt would have been answered with): else a v2 editor waits for ever."""
         rpc = failure_response(None, error, component=agent.name).error_value()
-        for sid in list(self.sessions.accepted_turns):
+        for sid, count in list(self.sessions.accepted_turns.items()):
             self.sessions.said_idle(sid)
+            if not count:
+                continue  # timed out: the editor was told already
             log.warning("session %s: its turn ended with %s (%s)", sid, agent.name, error)
             with anyio.move_on_after(CANCEL_WRITE_BOUND):
                 await self._originate(agent, self.topology.before(agent), acp.SESSION_UPDATE,

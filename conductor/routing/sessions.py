@@ -253,14 +253,23 @@ class SessionTable:
         if record is not None and self._records.get(session_id) is record:
             self.accepted_turns[session_id] = self.accepted_turns.get(session_id, 0) + 1
 
-    def said_idle(self, session_id: str) -> bool:
+    def said_idle(self, session_id: str) -> int | None:
         """The agent said `session_id` is idle (v2 `state_update`): every turn of it that
-        it accepted ends (a prompt not yet answered is not one of them). True if any did."""
-        count = self.accepted_turns.pop(session_id, 0)
+        it accepted ends (a prompt not yet answered is not one of them). Returns how many
+        did; 0 when they had ended already (`timed_out`: this idle is the agent's late
+        word); None when none was waiting."""
+        count = self.accepted_turns.pop(session_id, None)
         record = self._records.get(session_id)
-        for _ in range(count):
+        for _ in range(count or 0):
             self.idle(session_id, record)
-        return count > 0
+        return count
+
+    def timed_out(self, session_id: str) -> None:
+        """The conductor ended the session's accepted v2 turns itself (its prompt timeout):
+        they end now, and the agent's own idle state, when it comes, ends nothing."""
+        if self.accepted_turns.get(session_id):
+            self.said_idle(session_id)
+            self.accepted_turns[session_id] = 0
 
     def closed(self, session_id: str, reason: CloseReason = CloseReason.CLOSED
                ) -> SessionRecord | None:

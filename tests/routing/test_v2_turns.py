@@ -93,3 +93,29 @@ async def test_a_v2_agent_that_dies_mid_turn_leaves_the_editor_an_idle_session_n
     error = ended["update"]["_meta"]["acp-conductor"]["error"]
     assert error["code"] == -33001
     assert error["data"]["component"] == "agent"
+
+
+async def test_a_v2_turn_past_the_prompt_timeout_ends_for_the_editor_and_is_cancelled(
+) -> None:
+    async def rest(agent: ScriptedAgent, sid: str) -> None:
+        await agent.wait_for("session/cancel")  # a wedged turn, until told to stop
+        await agent.notify("session/update", {"sessionId": sid, "update": {
+            "sessionUpdate": "state_update", "state": "idle", "stopReason": "cancelled"}})
+        await agent.notify("session/update", {"sessionId": sid, "update": {
+            "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "!"}}})
+
+    client = TestClient()
+    agent = ScriptedAgent({"session/prompt": accepts_then(rest)})
+    async with open_test_chain([Recorder()], agent, client=client, initialize=False,
+                               timeouts=Timeouts(prompt=0.2)):
+        with anyio.fail_after(5):
+            await client.initialize(2)
+            sid = await client.new_session()
+            assert await client.call("session/prompt", {"sessionId": sid, "prompt": []}) == {}
+            await client.wait_for("session/update",  # what the agent said after its idle
+                                  where=lambda p: p["update"]["sessionUpdate"] != "state_update")
+    [ended] = [u for u in client.updates(sid) if u["sessionUpdate"] == "state_update"]
+    error = ended["_meta"]["acp-conductor"]["error"]
+    assert ended["state"] == "idle" and error["code"] == -33005
+    assert error["data"] == {"component": "agent", "method": "session/prompt", "timeout": 0.2}
+    assert agent.received_params("session/cancel") == [{"sessionId": sid}]
