@@ -214,8 +214,13 @@ def idle_session(params: Raw | UnsetType) -> str | None:
     end of its turn), or None for any other update."""
     if params is UNSET:
         return None
+    # Most updates are streamed chunks: a scan is cheaper than a decode. (A `\u` escape
+    # may spell the name: then decode.)
+    data = bytes(params)
+    if b"state_update" not in data and b"\\u" not in data:
+        return None
     try:
-        probe = msgspec.json.decode(params, type=_UpdateProbe)
+        probe = msgspec.json.decode(data, type=_UpdateProbe)
     except (msgspec.MsgspecError, RecursionError):
         return None
     update = probe.update
