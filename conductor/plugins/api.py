@@ -472,10 +472,25 @@ class SessionScope(Record, eq=False, dict=True, weakref=True):
         self.state, self.handlers = previous.state, previous.handlers
 
     async def prompt(self, prompt: list[JsonValue] | str, **extra: JsonValue) -> Response:
-        """Prompt a session this proxy owns; returns the response (the turn's end)."""
+        """Prompt a session this proxy owns; returns the response at the turn's end (v2:
+        the acceptance, returned once the agent said the session is idle)."""
         blocks = [{"type": "text", "text": prompt}] if isinstance(prompt, str) else prompt
-        return await self._call(acp.SESSION_PROMPT,
-                                {"sessionId": self.session_id, "prompt": blocks, **extra})
+        if self.host is None or self.host.protocol_version < 2:
+            return await self._call(acp.SESSION_PROMPT,
+                                    {"sessionId": self.session_id, "prompt": blocks, **extra})
+        import anyio  # here: the plugin API is imported before any event loop runs
+
+        # Set by the host when the agent says the session is idle (v2: the turn's end),
+        # which may come before this task sees the answer.
+        idle = anyio.Event()
+        self._turn_idle: anyio.Event | None = idle
+        try:
+            answer = await self._call(acp.SESSION_PROMPT,
+                                      {"sessionId": self.session_id, "prompt": blocks, **extra})
+            await idle.wait()
+        finally:
+            self._turn_idle = None
+        return answer
 
     async def close(self) -> Response:
         """session/close for a session this proxy owns; the route is removed on success."""

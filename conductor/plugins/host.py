@@ -188,6 +188,15 @@ class _CallbackSink:
         return None
 
 
+def _turn_update(scope: SessionScope, msg: Call) -> None:
+    """A message from the successor for a session this proxy owns: the v2 idle state ends
+    the turn its `SessionScope.prompt` waits for."""
+    idle = getattr(scope, "_turn_idle", None)
+    if idle is not None and msg.method == acp.SESSION_UPDATE \
+            and acp.idle_session(msg.params) == scope.session_id:
+        idle.set()
+
+
 class ProxyHost:
     """One plugin instance speaking the proxy protocol to one conductor."""
 
@@ -438,6 +447,8 @@ class ProxyHost:
         if self._routed:
             scope = self.session_of(msg.params, create=False)
             if scope is not None:
+                if scope.owned and source is Side.SUCCESSOR:
+                    _turn_update(scope, msg)
                 handler = scope.handler_for(source, msg.method)
                 if handler is None and scope.owned and source is Side.SUCCESSOR:
                     await self._unclaimed(msg, scope)  # our own session: never goes upstream
