@@ -123,6 +123,7 @@ class Chain:
                                     on_release=bridge.release if bridge is not None else None)
         self.sessions.observe(lambda event, record: self.mcp_routes.session_closed(
             record.session_id) if event == "closed" else None)
+        self.sessions.observe(self._stop_turn_timer)
         self._bridge = bridge
         self.handshake = Handshake(proxy_mode=proxy_mode, mcp=self.mcp_support,
                                    bridge=bridge)
@@ -142,6 +143,9 @@ class Chain:
         self.timeouts = timeouts or Timeouts()
         self._deadlines = Deadlines(self.timeouts) if self.timeouts.any_deadline else None
         self._timers: TaskGroup | None = None  # serve_timers' tasks
+        # v2 sessions -> the deadline of their accepted turn (prompt_timeout), cancelled
+        # when the turn ends: one sleeping task per running turn, none per ended one.
+        self._turn_timers: dict[str, anyio.CancelScope] = {}
         self.recovery = Recovery(self)
         self._muted = self.recovery.muted  # the same set: one lookup on the hot path
 
@@ -887,7 +891,19 @@ class Chain:
         it is the agent's late idle for turns the conductor ended (timed out), dropped:
         the editor was told they ended."""
         sid = self._idle_of(hop, msg)
-        return sid is not None and self.sessions.said_idle(sid) == 0
+        return sid is not None and self._turns_ended(sid) == 0
+
+    def _stop_turn_timer(self, event: str, record: SessionRecord) -> None:
+        if event == "closed" and (timer := self._turn_timers.pop(record.session_id, None)):
+            timer.cancel()  # its turns ended with it
+
+    def _turns_ended(self, session_id: str) -> int | None:
+        """The session's accepted v2 turns end (`SessionTable.said_idle`), and so does the
+        deadline timing them."""
+        timer = self._turn_timers.pop(session_id, None)
+        if timer is not None:
+            timer.cancel()
+        return self.sessions.said_idle(session_id)
 
     def _late_idle(self, hop: Hop, msg: Notification) -> bool:
         """Whether `msg` is the agent's late idle for turns the conductor ended (it does
@@ -909,7 +925,18 @@ class Chain:
         told it ended (an idle update with the timeout error), and the agent is told to
         stop it (`session/cancel`); its own late idle is dropped."""
         prompts = record.prompts
-        await anyio.sleep(seconds)
+        with anyio.CancelScope() as timer:
+            previous = self._turn_timers.pop(session_id, None)
+            if previous is not None:
+                previous.cancel()  # an earlier turn's: the newest turn's deadline holds
+            self._turn_timers[session_id] = timer
+            try:
+                await anyio.sleep(seconds)
+            finally:
+                if self._turn_timers.get(session_id) is timer:
+                    del self._turn_timers[session_id]
+        if timer.cancel_called:
+            return  # it ended in time
         table, agent = self.sessions, self.topology.last
         if table.get(session_id) is not record or record.prompts != prompts \
                 or not table.accepted_turns.get(session_id) or agent.role is not Role.AGENT:
@@ -939,7 +966,7 @@ class Chain:
         a v1 prompt would have been answered with): else a v2 editor waits for ever."""
         rpc = failure_response(None, error, component=agent.name).error_value()
         for sid, count in list(self.sessions.accepted_turns.items()):
-            self.sessions.said_idle(sid)
+            self._turns_ended(sid)
             if not count:
                 continue  # timed out: the editor was told already
             log.warning("session %s: its turn ended with %s (%s)", sid, agent.name, error)
