@@ -82,6 +82,29 @@ restart = "on-failure"
         assert "result" in await prompt(c, other)
 
 
+async def test_a_v2_turn_running_when_its_agent_crashes_ends_for_the_editor_naming_it(
+        tmp_path: Path) -> None:
+    # v2 answers a prompt when it accepts it: nothing was left to answer -33001, and the
+    # editor waited for the turn's idle state from an agent that was gone.
+    path = chain(tmp_path, f"""
+[agent]
+command = {faulty("--name", "agent")}
+restart = "on-failure"
+""")
+    async with open_conductor("--chain", path, check_exit=True) as c:
+        await c.initialize(2)
+        sid = await c.new_session()
+        assert "result" in await prompt(c, sid)  # accepted: the turn runs on
+        await crash(c, "agent")
+        ended = await c.read_until(lambda m: m.get("method") == "session/update"
+                                   and m["params"]["update"]["sessionUpdate"] == "state_update")
+        await c.wait_stderr("agent is back after its restart")
+    assert ended["params"]["sessionId"] == sid
+    assert ended["params"]["update"]["state"] == "idle"
+    error = ended["params"]["update"]["_meta"]["acp-conductor"]["error"]
+    assert error["code"] == COMPONENT_FAILED and error["data"]["component"] == "agent"
+
+
 async def test_sessions_an_agent_cannot_reopen_are_lost_and_new_sessions_work(
         tmp_path: Path) -> None:
     path = chain(tmp_path, f"""
