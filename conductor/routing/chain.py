@@ -959,21 +959,41 @@ class Chain:
                 await self._send(agent.hop, Notification(
                     method=acp.SESSION_CANCEL, params=payload({"sessionId": session_id})))
 
-    async def _end_v2_turns(self, agent: Node, error: ComponentError) -> None:
-        """The agent failed with v2 turns running: their prompts were answered (accepted)
-        long ago, and only the agent would have said they ended. Each ends in the table,
-        and the agent's side is told its session is idle, with why in `_meta` (the error
-        a v1 prompt would have been answered with): else a v2 editor waits for ever."""
-        rpc = failure_response(None, error, component=agent.name).error_value()
+    async def _end_v2_turns(self, failed: Node, error: ComponentError) -> None:
+        """A component failed with v2 turns running through it (the agent: all of them; a
+        proxy: those of sessions opened on its editor side). Their prompts were answered
+        (accepted) long ago, and only the agent would have said they ended, through the
+        failed component: each ends in the table, and the failed component's editor side
+        is told its session is idle, with why in `_meta` (the error a v1 prompt would have
+        been answered with), else a v2 editor waits for ever. Behind a failed proxy the
+        agent, still working, is told to stop (`session/cancel`), as for a v1 prompt, and
+        its late idle is dropped."""
+        rpc = failure_response(None, error, component=failed.name).error_value()
+        agent = self.topology.last
         for sid, count in list(self.sessions.accepted_turns.items()):
-            self._turns_ended(sid)
-            if not count:
-                continue  # timed out: the editor was told already
-            log.warning("session %s: its turn ended with %s (%s)", sid, agent.name, error)
+            if failed.role is Role.PROXY and (not count
+                                              or self.sessions.rank(sid) >= failed.index):
+                continue  # ended already, or a session of the proxies after it
+            timer = self._turn_timers.pop(sid, None)
+            if timer is not None:
+                timer.cancel()
+            if failed.role is Role.AGENT:
+                self.sessions.said_idle(sid)
+                if not count:
+                    continue  # timed out: the editor was told already
+            else:
+                self.sessions.timed_out(sid)
+            log.warning("session %s: its turn ended with %s (%s)", sid, failed.name, error)
             with anyio.move_on_after(CANCEL_WRITE_BOUND):
-                await self._originate(agent, self.topology.before(agent), acp.SESSION_UPDATE,
+                await self._originate(failed, self.topology.before(failed),
+                                      acp.SESSION_UPDATE,
                                       acp.idle_update(sid, {"acp-conductor": {"error": rpc}}),
                                       as_request=False)
+            if failed.role is Role.PROXY and agent.role is Role.AGENT \
+                    and agent.hop.failure is None:
+                with anyio.move_on_after(CANCEL_WRITE_BOUND):
+                    await self._send(agent.hop, Notification(
+                        method=acp.SESSION_CANCEL, params=payload({"sessionId": sid})))
 
     # -- releasing sessions ------------------------------------------------------------------
 
@@ -1165,7 +1185,7 @@ class Chain:
         await hop.fail(error, component=hop.name)
         if node is not None:
             await self.mcp_routes.hop_failed(node)
-            if node.role is Role.AGENT and self.sessions.accepted_turns:
+            if node.role in (Role.AGENT, Role.PROXY) and self.sessions.accepted_turns:
                 await self._end_v2_turns(node, error)
         for target, outgoing in orphans:
             if target.pending.get(outgoing.ident) is outgoing and target.failure is None:

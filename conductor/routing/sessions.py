@@ -264,6 +264,10 @@ class SessionTable:
             self.idle(session_id, record)
         return count
 
+    def rank(self, session_id: str) -> int:
+        """How close to the client the session's opener is (0: the client itself)."""
+        return self._rank.get(session_id, 0)
+
     def timed_out(self, session_id: str) -> None:
         """The conductor ended the session's accepted v2 turns itself (its prompt timeout):
         they end now, and the agent's own idle state, when it comes, ends nothing."""
