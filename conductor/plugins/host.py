@@ -170,6 +170,7 @@ class _Sent(Record):
     declared: list[str] | None = None  # serverIds of this proxy's MCP servers it declares
     fresh: bool = False          # a load/resume of a session no answer has confirmed yet
     inbound: Inbound | None = None  # a pass-through forward: how the conductor's id is tracked
+    about: Raw | None = None     # a handler's forward: the id of the request it handles
 
 
 class _CallbackSink:
@@ -246,6 +247,11 @@ class ProxyHost:
         # Methods this proxy must see, per direction (None: it handles `*`, so everything).
         self._visit_up = self._must_visit(Side.SUCCESSOR)
         self._visit_down = self._must_visit(Side.PREDECESSOR)
+        if any(side is Side.PREDECESSOR for side, _ in self._handlers) \
+                and not isinstance(self._visit_up, _Everything):
+            # A request it handles goes on under its own id: an elicitation (rare) about
+            # it must visit, to be told the id its predecessor knows (`_elicitation_scope`).
+            self._visit_up |= {acp.ELICITATION_CREATE}
         # MCP servers the proxy offers (docs/mcp.md); the SDK is imported only then.
         self.tools: ToolServers | None = None
         if proxy.declared_mcp_servers() \
@@ -274,8 +280,12 @@ class ProxyHost:
     async def start_request(self, method: str, params: Raw | UnsetType, to: Side, *,
                             on_behalf_of: ProxyContext | None = None,
                             forwarding: bool = False) -> HostRequest:
+        # A forward of the handled request stands for it: a v2 elicitation about it (by
+        # the id it goes on under) is told the handled one's id (`_elicitation_scope`).
+        about = on_behalf_of.message.id if forwarding and on_behalf_of is not None \
+            and isinstance(on_behalf_of.message, Request) else None
         outgoing = await self._send_request(method, params, to, _Sent(
-            None, owned=not forwarding))
+            None, owned=not forwarding, about=about))
         pending = HostRequest(self, outgoing)
         if on_behalf_of is not None:
             pending.owner = on_behalf_of
@@ -413,6 +423,26 @@ class ProxyHost:
                 pass  # its successor answers that initialize with the error
         await self._route(source, msg)
 
+    def _elicitation_scope(self, msg: Call) -> Call:
+        """A v2 elicitation from the successor about a request this proxy sent there (by
+        its id on this hop, `requestId`): when that request forwarded one from the
+        predecessor, it is named by that one's id instead, as the router maps ids per hop.
+        """
+        ident = acp.get_raw(msg.params, "requestId")
+        try:
+            key = msgspec.json.decode(ident) if ident is not None else None
+        except (msgspec.DecodeError, RecursionError):
+            return msg
+        outgoing = self.endpoint.pending.get(key) if type(key) is int else None
+        sent = outgoing.context if outgoing is not None else None
+        origin = (sent.origin_id or sent.about) if isinstance(sent, _Sent) else None
+        if origin is None:
+            return msg
+        try:
+            return msg.with_params(acp.set_key(msg.params, "requestId", origin))
+        except ValueError:
+            return msg
+
     async def _cancel_not_request(self, msg: Call, method: str) -> bool:
         """A cancel sent with an id is refused, as the router does: nobody else would
         answer it, and its sender would wait for ever."""
@@ -438,6 +468,9 @@ class ProxyHost:
                 self._log_failure(e, msg.method)
 
     async def _route(self, source: Side, msg: Call) -> None:
+        if msg.method == acp.ELICITATION_CREATE and source is Side.SUCCESSOR \
+                and self.protocol_version >= 2:
+            msg = self._elicitation_scope(msg)
         if self.watch is not None and isinstance(msg, Notification):
             self.watch_inline(msg, source is Side.SUCCESSOR)
         if self.tools is not None and msg.method in acp.MCP_METHODS and self.tools.claims(msg):
