@@ -28,6 +28,7 @@ SESSION_CLOSE: Final = "session/close"
 SESSION_DELETE: Final = "session/delete"
 SESSION_UPDATE: Final = "session/update"
 SESSION_REQUEST_PERMISSION: Final = "session/request_permission"
+ELICITATION_CREATE: Final = "elicitation/create"
 FS_READ_TEXT_FILE: Final = "fs/read_text_file"
 FS_WRITE_TEXT_FILE: Final = "fs/write_text_file"
 CANCEL_REQUEST: Final = "$/cancel_request"
@@ -194,6 +195,47 @@ def result_protocol_version(payload: Raw | UnsetType) -> object:
         return msgspec.json.decode(probe.protocolVersion)
     except (msgspec.MsgspecError, RecursionError):
         return None
+
+
+# -- v2 turns ------------------------------------------------------------------------------
+
+class _StateUpdate(msgspec.Struct):
+    sessionUpdate: str | UnsetType = UNSET
+    state: str | UnsetType = UNSET
+
+
+class _UpdateProbe(msgspec.Struct):
+    sessionId: str | UnsetType = UNSET
+    update: _StateUpdate | UnsetType = UNSET
+
+
+def idle_session(params: Raw | UnsetType) -> str | None:
+    """The session a v2 `session/update` says is idle (`state_update`, state `idle`: the
+    end of its turn), or None for any other update."""
+    if params is UNSET:
+        return None
+    # Most updates are streamed chunks: a scan is cheaper than a decode. (A `\u` escape
+    # may spell the name: then decode.)
+    data = bytes(params)
+    if b"state_update" not in data and b"\\u" not in data:
+        return None
+    try:
+        probe = msgspec.json.decode(data, type=_UpdateProbe)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    update = probe.update
+    if update is UNSET or update.sessionUpdate != "state_update" or update.state != "idle" \
+            or probe.sessionId is UNSET:
+        return None
+    return probe.sessionId
+
+
+def idle_update(session_id: str, meta: object = None) -> Raw:
+    """The params of a v2 `session/update` saying `session_id` is idle (`meta`: its `_meta`)."""
+    update: dict[str, object] = {"sessionUpdate": "state_update", "state": "idle"}
+    if meta is not None:
+        update["_meta"] = meta
+    return Raw(_encoder.encode({"sessionId": session_id, "update": update}))
 
 
 def is_legacy_proxy_initialize(params: Raw | UnsetType) -> bool:

@@ -14,6 +14,9 @@ A relative PATH is resolved against the session's cwd: ACP paths are absolute.
                 MCP-over-ACP itself (mcp/connect, mcp/message), so it takes `acp` servers
                 only; `tool:NAME` picks the tool, else the first it can fill (string
                 arguments get the prompt's text)
+Asked for ACP v2, it speaks v2: its initialize answer has `info` and `capabilities`, a
+prompt is answered `{}` as soon as it is accepted and the turn ends with a `state_update`
+to idle carrying the stop reason, and a permission request has a `title` and a `subject`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class DemoAgent:
     def __init__(self, out: Any, inp: Any, protocol_version: int | None = None) -> None:
         self.out, self.inp = out, inp
         self.forced_version = protocol_version
+        self.version = 1  # as its initialize answered
         self.sessions: dict[str, str] = {}     # session id -> its cwd
         self.ids = itertools.count(1)
         self.queue: list[dict[str, Any]] = []   # messages read while waiting for an answer
@@ -67,6 +71,15 @@ class DemoAgent:
                 self.send({"id": ident, "error": {"code": -32601, "message": "Method not found",
                                                   "data": {"method": method}}})
             return
+        if method == "session/prompt" and self.version >= 2:
+            # v2: the answer accepts the prompt; the turn runs on, to its idle state.
+            if ident is not None:
+                self.send({"id": ident, "result": {}})
+            ended = handler(params)
+            self.update(params.get("sessionId", ""), {
+                "sessionUpdate": "state_update", "state": "idle",
+                "stopReason": ended.get("stopReason")})
+            return
         result = handler(params)
         if ident is not None:
             self.send({"id": ident, "result": result})
@@ -74,6 +87,13 @@ class DemoAgent:
     def on_initialize(self, params: dict[str, Any]) -> dict[str, Any]:
         asked = params.get("protocolVersion", 1)
         version = self.forced_version or (2 if isinstance(asked, int) and asked >= 2 else 1)
+        self.version = version
+        if version >= 2:
+            return {"protocolVersion": version,
+                    "info": {"name": "demo-agent", "version": "0.1.0"},
+                    "capabilities": {"session": {"prompt": {"embeddedContext": {}},
+                                                 "mcp": {"acp": {}}}},
+                    "authMethods": []}
         result = {"protocolVersion": version,
                   "agentCapabilities": {"loadSession": True,
                                         "sessionCapabilities": {"close": {}},
@@ -83,8 +103,6 @@ class DemoAgent:
                                                             "acp": True}},
                   "agentInfo": {"name": "demo-agent", "version": "0.1.0"},
                   "authMethods": []}
-        if version >= 2:
-            result["capabilities"] = {"session": {"mcp": {"acp": {}}}}
         return result
 
     def remember_servers(self, sid: str, params: dict[str, Any]) -> None:
@@ -163,13 +181,14 @@ class DemoAgent:
             # the file it would write, so a policy can judge the edit by its path, not
             # by a title the agent chooses
             notes = [{"path": os.path.join(self.sessions.get(sid, "/"), "notes.txt")}]
-            self.update(sid, {"sessionUpdate": "tool_call", "toolCallId": "call-1",
-                              "title": "Write notes.txt", "kind": "edit", "status": "pending",
-                              "locations": notes})
+            self.tool_call(sid, {"toolCallId": "call-1", "title": "Write notes.txt",
+                                 "kind": "edit", "status": "pending", "locations": notes})
+            tool = {"toolCallId": "call-1", "title": "Write notes.txt", "kind": "edit",
+                    "locations": notes}
+            about: dict[str, Any] = {"toolCall": tool} if self.version < 2 else {
+                "title": "Write notes.txt", "subject": {"type": "tool_call", "toolCall": tool}}
             answer = self.ask("session/request_permission", {
-                "sessionId": sid,
-                "toolCall": {"toolCallId": "call-1", "title": "Write notes.txt", "kind": "edit",
-                             "locations": notes},
+                "sessionId": sid, **about,
                 "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
                             {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]})
             outcome = (answer.get("result") or {}).get("outcome") or {}
@@ -184,6 +203,7 @@ class DemoAgent:
         if "plan" in words:
             self.update(sid, {"sessionUpdate": "agent_thought_chunk",
                               "content": {"type": "text", "text": "Thinking about the plan."}})
+        if "plan" in words and self.version < 2:  # (v2's plans and usage are shaped anew)
             self.update(sid, {"sessionUpdate": "plan", "entries": [
                 {"content": "Read the prompt", "priority": "high", "status": "completed"},
                 {"content": "Answer it", "priority": "medium", "status": "in_progress"}]})
@@ -208,6 +228,12 @@ class DemoAgent:
                               "content": {"type": "text", "text": word + " "}})
         reason = next((w.split(":", 1)[1] for w in words if w.startswith("stop:")), "end_turn")
         return {"stopReason": reason}
+
+    def tool_call(self, sid: str, call: dict[str, Any]) -> None:
+        """Announce a tool call: v1 `tool_call`; v2 has none, its first `tool_call_update`
+        creates it."""
+        kind = "tool_call" if self.version < 2 else "tool_call_update"
+        self.update(sid, {"sessionUpdate": kind, **call})
 
     def say(self, sid: str, text: str) -> None:
         self.update(sid, {"sessionUpdate": "agent_message_chunk",
@@ -301,8 +327,8 @@ class DemoAgent:
                   mcp: Any) -> None:
         call_id = f"mcp-{next(self.ids)}"
         title = f"{server.get('name')}: {tool.get('name')}"
-        self.update(sid, {"sessionUpdate": "tool_call", "toolCallId": call_id, "title": title,
-                          "kind": "other", "status": "in_progress"})
+        self.tool_call(sid, {"toolCallId": call_id, "title": title, "kind": "other",
+                             "status": "in_progress"})
         answer = mcp("tools/call", {"name": tool.get("name"),
                                     "arguments": self.arguments(tool, text) or {}})
         result = answer.get("result") or {}

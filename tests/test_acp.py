@@ -142,3 +142,14 @@ def test_payload_helpers_answer_for_params_nested_too_deeply_instead_of_crashing
                                                  + b"}"))):
         with pytest.raises(ValueError, match="nested too deeply"):
             edit()
+
+
+@pytest.mark.parametrize(("raw", "idle"), [
+    (b'{"sessionId":"s","update":{"sessionUpdate":"state_update","state":"idle"}}', "s"),
+    (b'{"sessionId":"s","update":{"sessionUpdate":"state\\u005fupdate","state":"idle"}}', "s"),
+    (b'{"sessionId":"s","update":{"sessionUpdate":"state_update","state":"running"}}', None),
+    (b'{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk"}}', None),
+    (b'{"sessionId":"s","update":"state_update"}', None)])
+def test_a_v2_idle_state_is_found_however_its_name_is_spelt(raw: bytes, idle: str | None
+                                                              ) -> None:
+    assert acp.idle_session(msgspec.Raw(raw)) == idle

@@ -23,7 +23,7 @@ from acp_conductor_proxies.permissions import (
 from acp_conductor_proxies.redact import Redact, RedactOptions
 from acp_conductor_proxies.transcript import Transcript, TranscriptOptions, file_stem
 from conductor.errors import RpcError
-from conductor.testing import ScriptedAgent, TestClient, open_test_chain
+from conductor.testing import ScriptedAgent, TestClient, open_test_chain, says
 
 
 @pytest.fixture
@@ -241,19 +241,19 @@ def test_transcript_ids_that_read_alike_get_different_files() -> None:
     assert file_stem("x" * 64 + "1") != file_stem("x" * 64 + "2")
 
 
-async def transcript_turn(directory: Path, session_id: str) -> ScriptedAgent:
-    agent = ScriptedAgent({"session/new": {"sessionId": session_id}})
-    async def prompt(agent: ScriptedAgent, message: Any) -> Any:
-        await agent.notify("session/update", {"sessionId": session_id, "update": {
-            "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hi"}}})
-        return {"stopReason": "end_turn"}
-    agent.replies["session/prompt"] = prompt
+async def transcript_turn(directory: Path, session_id: str, *,
+                          version: int = 1) -> ScriptedAgent:
+    """Two turns ("one", "two"; the agent says "hi") of `session_id` through a transcript
+    into `directory`, with an editor speaking ACP `version`."""
+    agent = ScriptedAgent({"session/new": {"sessionId": session_id},
+                           "session/prompt": says("hi")})
     async with open_test_chain([Transcript(TranscriptOptions(directory=str(directory)))],
-                               agent) as client:
+                               agent, initialize=False) as client:
         with anyio.fail_after(10):
+            await client.initialize(version)
             sid = await client.new_session("/tmp")
-            assert await client.prompt(sid, "one") == {"stopReason": "end_turn"}
-            assert await client.prompt(sid, "two") == {"stopReason": "end_turn"}
+            assert (await client.prompt(sid, "one")).stop_reason == "end_turn"
+            assert (await client.prompt(sid, "two")).stop_reason == "end_turn"
             assert client.agent_text() == "hihi"
     return agent
 
@@ -319,6 +319,18 @@ async def test_a_loaded_sessions_replayed_history_is_not_recorded_again_as_a_new
                              "_Turn ended: end_turn_\n\n")
     assert [e["text"] for e in events if e["type"] == "agent_text"] == ["hi", "bye"]
     assert [e["updates"] for e in events if e["type"] == "replayed"] == [2]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_a_transcript_ends_each_turn_after_what_the_agent_said_in_it(
+        tmp_path: Path, version: int) -> None:
+    # ACP v2 answers a prompt when it accepts it; the turn ends with the idle state. The
+    # transcript ended it at the answer ("Turn ended: None"), before the agent said a word.
+    await transcript_turn(tmp_path, "sess-1", version=version)
+    [md] = [name for name in os.listdir(tmp_path) if name.endswith(".md")]
+    turn = "**Agent:** hi\n\n_Turn ended: end_turn_\n\n"
+    assert f"## User\n\none\n\n{turn}## User\n\ntwo\n\n" in \
+        (tmp_path / md).read_text(encoding="utf-8")
 
 
 async def test_transcript_of_a_very_long_session_id_is_written(tmp_path: Path) -> None:
@@ -579,7 +591,9 @@ async def test_redact_scrubs_a_v2_elicitation_shown_to_the_user(
             "requestedSchema": {"type": "object", "properties": {
                 "key": {"type": "string", "default": "tok-123456"}}}})
         assert answer == {"action": "accept", "content": {"key": "ok"}}
-        return {"stopReason": "end_turn"}
+        agent.after_reply("session/update", {"sessionId": "session-1", "update": {
+            "sessionUpdate": "state_update", "state": "idle"}})  # a v2 turn's end
+        return {}
 
     agent = ScriptedAgent({"session/prompt": prompt})
     client_replies = {"elicitation/create": {"action": "accept", "content": {"key": "ok"}}}

@@ -281,3 +281,23 @@ def test_what_components_answered_is_shown_not_obeyed_in_every_check_view(
     for view in views:
         assert not any(trick in view for trick in tricks), ascii(view)
         assert "login" in view
+
+
+def test_check_shows_a_v2_agents_prompt_capabilities_and_auth_method_ids() -> None:
+    from conductor.cli.check import _line
+    from conductor.editor.check import ComponentReport
+
+    # v2 moves prompt capabilities under `capabilities.session.prompt` (object markers, not
+    # booleans) and names an auth method by `methodId`: check showed "session: prompt" and
+    # the method's display name.
+    agent = ComponentReport(name="a", role="agent", argv=["agent"], result={
+        "protocolVersion": 2, "info": {"name": "a", "version": "1"},
+        "capabilities": {"session": {"prompt": {"image": {}, "embeddedContext": {},
+                                                "audio": None},
+                                     "mcp": {"http": {}}, "delete": {}}},
+        "authMethods": [{"type": "agent", "methodId": "oauth", "name": "Log in"}]})
+    line = _line(agent)
+    assert "prompt: image,embeddedContext" in line
+    assert "session: delete" in line and "session: prompt" not in line
+    assert "auth: oauth" in line
+    assert "MCP: stdio, http" in line

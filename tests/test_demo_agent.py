@@ -11,12 +11,13 @@ import anyio
 
 from conductor.demo_agent import DemoAgent
 from conductor.testing import TestClient, open_process_client
-from tests.conftest import child_env
+from tests.conftest import child_env, conductor_argv
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from conductor.jsonrpc.message import Message
+    from conductor.jsonrpc.message import JsonValue, Message
+    from conductor.testing import TurnResult
 
 DEMO = [sys.executable, "-m", "conductor.demo_agent"]
 
@@ -66,3 +67,32 @@ def test_the_demo_agent_answers_lines_it_cannot_take_and_reads_on() -> None:
         (None, -32600), (None, -32600), (None, -32700), (None, -32700), (1, -32600),
         (2, -32602), (3, None)]
     assert answers[-1]["result"]["sessionId"].startswith("demo-session-")
+
+
+async def v2_permission_turn(argv: list[str]) -> tuple[TurnResult, list[JsonValue]]:
+    """A v2 editor's turn with `argv` (the demo agent, or a conductor in front of it) that
+    asks for permission: the turn, and the permission requests the editor got."""
+    async with open_process_client(argv, env=child_env(), initialize=False) as client:
+        with anyio.fail_after(20):
+            init = await client.initialize(2)
+            assert init["protocolVersion"] == 2 and init["info"]["name"] == "demo-agent"
+            sid = await client.new_session("/tmp")
+            turn = await client.prompt(sid, "ask permission")
+    return turn, client.received_params("session/request_permission")
+
+
+async def test_the_demo_agent_speaks_v2_to_a_v2_editor() -> None:
+    turn, [asked] = await v2_permission_turn(DEMO)
+    assert turn == {}  # the answer accepts the prompt; the idle state ends the turn
+    assert turn.stop_reason == "end_turn"
+    assert "Hello from the demo agent" in turn.text
+    assert "toolCall" not in asked and asked["title"] == "Write notes.txt"
+    assert asked["subject"]["toolCall"]["toolCallId"] == "call-1"
+    assert "tool_call" not in [u["sessionUpdate"] for u in turn.updates]  # v2 has none
+
+
+async def test_a_v2_turn_crosses_the_demo_chain_end_to_end() -> None:
+    turn, [asked] = await v2_permission_turn(conductor_argv("--chain", "demo"))
+    assert turn == {} and turn.stop_reason == "end_turn"
+    assert "Hello from the demo agent" in turn.text
+    assert asked["subject"]["type"] == "tool_call"

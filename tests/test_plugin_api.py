@@ -14,7 +14,7 @@ from acp_conductor_proxies.passthrough import Passthrough
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.plugins import Proxy, ProxyContext, SessionScope, on, watch
-from conductor.testing import ScriptedAgent, open_test_chain
+from conductor.testing import ScriptedAgent, open_test_chain, says
 
 if TYPE_CHECKING:
     from conductor.jsonrpc.message import Message, Request
@@ -400,7 +400,7 @@ class Judge(Proxy):
         heard: list[str] = []
 
         async def collect(c: ProxyContext, m: Message) -> None:
-            heard.append(m.params_value()["update"]["content"]["text"])
+            heard.append(m.params_value()["update"].get("content", {}).get("text", ""))
 
         async def permission(c: ProxyContext, m: Message) -> object:
             self.asked.append(m.params_value()["sessionId"])
@@ -436,6 +436,20 @@ async def test_a_proxy_owned_sub_session_is_never_seen_by_the_editor() -> None:
     editor_sessions |= {p["sessionId"] for p in client.received_params(
         "session/request_permission")}
     assert editor_sessions == {sid}
+    assert agent.received_params("session/close") == [{"sessionId": "session-2"}]
+
+
+async def test_a_proxy_prompting_its_own_v2_session_gets_the_whole_turn() -> None:
+    # v2 answers a prompt when it accepts it: `prompt()` returned then, before the turn
+    # said anything, and the judge's verdict was empty.
+    judge = Judge()
+    agent = ScriptedAgent({"session/prompt": says("looks fine")})
+    async with open_test_chain([judge], agent, initialize=False) as client:
+        with anyio.fail_after(5):
+            await client.initialize(2)
+            sid = await client.new_session()
+            await client.prompt(sid, "hello")
+    assert judge.verdicts == ["looks fine"]
     assert agent.received_params("session/close") == [{"sessionId": "session-2"}]
 
 

@@ -45,14 +45,19 @@ INIT = {"protocolVersion": "2025-06-18", "capabilities": {},
 class McpAgent(ScriptedAgent):
     """An agent that takes `acp` MCP servers and talks MCP over ACP when told to."""
 
-    def __init__(self, *, takes_acp: bool = True) -> None:
+    def __init__(self, *, takes_acp: bool = True, version: int = 1) -> None:
         super().__init__({"initialize": self._init, "session/new": self._new})
         self.takes_acp = takes_acp
+        self.version = version
         self.servers: dict[str, list[dict[str, Any]]] = {}
         self.answer_mcp: dict[str, JsonValue] = {}  # what it answers the server's requests
         self.replies["mcp/message"] = self._mcp_request
 
     async def _init(self, agent: ScriptedAgent, msg: Request) -> JsonValue:
+        if self.version >= 2:
+            mcp: JsonValue = {"acp": {}} if self.takes_acp else {}
+            return {"protocolVersion": 2, "info": {"name": "mcp-agent", "version": "0"},
+                    "capabilities": {"session": {"mcp": mcp}}}
         return {"protocolVersion": 1,
                 "agentCapabilities": {"mcpCapabilities": {"acp": self.takes_acp}}}
 
@@ -176,23 +181,31 @@ async def test_an_inner_mcp_error_is_the_answers_error() -> None:
             assert failed.value.code == -32601
 
 
-async def test_a_tool_handler_sees_its_session_and_asks_the_editor() -> None:
+async def confirm_twice(version: int) -> tuple[str, list[JsonValue], Any, TestClient]:
+    """An editor speaking ACP `version` allows both questions the `confirm` tool asks
+    (deploy, roll back): the session, what it was asked, the first result, the client."""
     asked: list[JsonValue] = []
 
     async def permission(msg: Request) -> JsonValue:
         asked.append(msg.params_value())
         return {"outcome": {"outcome": "selected", "optionId": "allow"}}
 
-    agent = McpAgent()
+    agent = McpAgent(version=version)
     client = TestClient(replies={"session/request_permission": permission})
-    async with open_test_chain([Docs()], agent, client=client):
+    async with open_test_chain([Docs()], agent, client=client, initialize=False):
         with anyio.fail_after(5):
+            await client.initialize(version)
             sid = await client.new_session()
             conn = await agent.open_mcp(sid)
             result = await agent.mcp(conn, "tools/call", {"name": "confirm",
                                                           "arguments": {"what": "deploy"}})
             await agent.mcp(conn, "tools/call", {"name": "confirm",
                                                  "arguments": {"what": "roll back"}})
+    return sid, asked, result, client
+
+
+async def test_a_tool_handler_sees_its_session_and_asks_the_editor() -> None:
+    sid, asked, result, client = await confirm_twice(1)
     assert result["content"][0]["text"] == "yes"
     assert asked[0]["sessionId"] == sid
     assert asked[0]["toolCall"]["title"] == "Do deploy?"
@@ -200,6 +213,18 @@ async def test_a_tool_handler_sees_its_session_and_asks_the_editor() -> None:
     # Each question is a tool call of its own to the editor, which keys its prompt by id.
     first, second = (a["toolCall"]["toolCallId"] for a in asked)
     assert first != second and first.startswith("docs-permission-")
+
+
+async def test_a_tool_asks_a_v2_editor_with_a_title_and_a_tool_call_subject() -> None:
+    sid, asked, result, _ = await confirm_twice(2)
+    assert result["content"][0]["text"] == "yes"
+    assert "toolCall" not in asked[0]  # v2 has no such field: its editor would refuse it
+    assert asked[0]["sessionId"] == sid
+    assert asked[0]["title"] == "Do deploy?"
+    subject = asked[0]["subject"]
+    assert subject["type"] == "tool_call"
+    assert subject["toolCall"]["title"] == "Do deploy?"
+    assert subject["toolCall"]["toolCallId"].startswith("docs-permission-")
 
 
 async def test_cancelling_an_in_flight_tool_call_cancels_the_handler() -> None:

@@ -225,3 +225,40 @@ def test_the_tools_chain_answers_initialize_without_importing_the_mcp_sdk(
                           capture_output=True, timeout=30, check=False)
     assert json.loads(done.stdout.splitlines()[0])["result"]["protocolVersion"] == 1, done
     assert seen.read_text() == "[]"
+
+
+async def v2_turn(agent: McpAgent, message: Request) -> JsonValue:
+    """A v2 turn: accepted at once; then a tool call (its first titled update creates it),
+    chunks of a message that a whole `agent_message` replaces, and the idle state."""
+    sid = message.params_value()["sessionId"]
+    for update in ({"sessionUpdate": "tool_call_update", "toolCallId": "c1",
+                    "title": "Read config.py", "kind": "read", "status": "pending"},
+                   {"sessionUpdate": "tool_call_update", "toolCallId": "c1",
+                    "title": "Read config.py", "status": "completed"},
+                   {"sessionUpdate": "agent_message_chunk", "messageId": "m1",
+                    "content": {"type": "text", "text": "the config dra"}},
+                   {"sessionUpdate": "agent_message", "messageId": "m1",
+                    "content": [{"type": "text", "text": "the config parser is here"}]},
+                   {"sessionUpdate": "state_update", "state": "idle",
+                    "stopReason": "end_turn"}):
+        agent.after_reply("session/update", {"sessionId": sid, "update": update})
+    return {}
+
+
+async def test_session_tools_record_a_v2_turn_and_name_a_v2_editor_and_agent() -> None:
+    agent = McpAgent(version=2)
+    agent.replies["session/prompt"] = v2_turn
+    async with open_test_chain([SessionTools()], agent, initialize=False) as client:
+        with anyio.fail_after(5):
+            await client.initialize(2)
+            sid = await client.new_session()
+            await client.prompt(sid, "where is the config?")
+            conn = await agent.open_mcp(sid)
+            found = await call_tool(agent, conn, "search_transcript", query="config")
+            chain = await call_tool(agent, conn, "chain")
+    assert found == ("user: where is the config?\n"
+                     "tool call: Read config.py (read)\n"
+                     "agent: the config parser is here")
+    assert "client: test-client 0" in chain
+    assert "agent: mcp-agent 0" in chain
+    assert "ACP protocol version: 2" in chain

@@ -72,6 +72,32 @@ async def test_a_second_turn_reports_only_its_own_text(acp_client: TestClient) -
     assert acp_client.agent_text(sid) == "Hi there.Hi there."
 
 
+async def test_a_v2_prompt_waits_for_the_idle_state_and_reports_its_stop_reason() -> None:
+    agent = ScriptedAgent(replies={"session/prompt": says("Hi there.", stop_reason="refusal")})
+    async with open_test_chain([Echo()], agent, initialize=False) as client:
+        with anyio.fail_after(5):
+            init = await client.initialize(2)
+            sid = await client.new_session("/tmp")
+            turn = await client.prompt(sid, "one")
+            second = await client.prompt(sid, "two")
+    agent_init = agent.last_params("initialize")
+    assert set(agent_init) == {"protocolVersion", "info", "capabilities"}  # v2's shape
+    assert init["protocolVersion"] == 2 and "info" in init and "capabilities" in init
+    assert turn == {}  # v2: the answer only accepts the prompt
+    assert turn.text == "Hi there."
+    assert turn.stop_reason == "refusal"
+    assert [u["sessionUpdate"] for u in turn.updates] == ["agent_message_chunk"]
+    assert second.text == "Hi there."
+
+
+async def test_the_default_v2_turn_ends_idle() -> None:
+    async with open_test_chain([], initialize=False) as client:
+        with anyio.fail_after(5):
+            await client.initialize(2)
+            turn = await client.prompt(await client.new_session("/tmp"), "hello")
+    assert turn == {} and turn.stop_reason == "end_turn" and turn.updates == []
+
+
 async def test_the_process_fixture_drives_any_acp_command_over_real_pipes(
         acp_process: Any) -> None:
     from tests.conftest import child_env, conductor_argv

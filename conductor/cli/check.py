@@ -34,17 +34,23 @@ def _short_command(argv: list[str]) -> str:
 
 
 def _capabilities_text(caps: dict[str, Any]) -> str:
+    """v1: `loadSession`, `promptCapabilities` booleans, `sessionCapabilities`; v2: object
+    markers under `session` (its `prompt` ones are the prompt's, `mcp` is shown apart)."""
     parts = []
     if caps.get("loadSession"):
         parts.append("loadSession")
-    prompt = caps.get("promptCapabilities")
+    session = caps.get("sessionCapabilities") or caps.get("session")
+    v2 = "session" in caps and isinstance(session, dict)
+    prompt = session.get("prompt") if v2 and isinstance(session, dict) \
+        else caps.get("promptCapabilities")
     if isinstance(prompt, dict):
-        kinds = [k for k, v in prompt.items() if v is True]
+        kinds = [k for k, v in prompt.items()
+                 if (isinstance(v, dict) if v2 else v is True) and not k.startswith("_")]
         if kinds:
             parts.append("prompt: " + ",".join(kinds))
-    session = caps.get("sessionCapabilities") or caps.get("session")
     if isinstance(session, dict):
-        keys = [k for k, v in session.items() if v is not None and k != "mcp"]
+        keys = [k for k, v in session.items() if v is not None and k != "mcp"
+                and not (v2 and k == "prompt")]
         if keys:
             parts.append("session: " + ",".join(keys))
     return "\n".join(parts) or "-"

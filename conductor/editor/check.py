@@ -56,7 +56,9 @@ class ComponentReport(Record):
                 "protocolVersion": result.get("protocolVersion"),
                 "agentInfo": result.get("agentInfo") or result.get("info"),
                 "capabilities": caps, "mcpTransports": mcp_transports(caps),
-                "authMethods": [m.get("id", m.get("name")) if isinstance(m, dict) else m
+                # v1 names a method by `id`, v2 by `methodId`
+                "authMethods": [m.get("id", m.get("methodId", m.get("name")))
+                                if isinstance(m, dict) else m
                                 for m in (auth if isinstance(auth, list) else [])],
                 "error": self.error, "exitCode": self.exit_code, "bypassed": self.bypassed}
 

@@ -395,6 +395,9 @@ class PendingRequest(Protocol):
 class ProxyHost(Protocol):
     """What the API needs from whoever runs a proxy (conductor.plugins.host)."""
 
+    # The ACP version (1 or 2) of the initialize its predecessor sent: the editor's side.
+    protocol_version: int
+
     @property
     def proxy(self) -> Proxy[Any]: ...
 
@@ -470,10 +473,25 @@ class SessionScope(Record, eq=False, dict=True, weakref=True):
         self.state, self.handlers = previous.state, previous.handlers
 
     async def prompt(self, prompt: list[JsonValue] | str, **extra: JsonValue) -> Response:
-        """Prompt a session this proxy owns; returns the response (the turn's end)."""
+        """Prompt a session this proxy owns; returns the response at the turn's end (v2:
+        the acceptance, returned once the agent said the session is idle)."""
         blocks = [{"type": "text", "text": prompt}] if isinstance(prompt, str) else prompt
-        return await self._call(acp.SESSION_PROMPT,
-                                {"sessionId": self.session_id, "prompt": blocks, **extra})
+        if self.host is None or self.host.protocol_version < 2:
+            return await self._call(acp.SESSION_PROMPT,
+                                    {"sessionId": self.session_id, "prompt": blocks, **extra})
+        import anyio  # here: the plugin API is imported before any event loop runs
+
+        # Set by the host when the agent says the session is idle (v2: the turn's end),
+        # which may come before this task sees the answer.
+        idle = anyio.Event()
+        self._turn_idle: anyio.Event | None = idle
+        try:
+            answer = await self._call(acp.SESSION_PROMPT,
+                                      {"sessionId": self.session_id, "prompt": blocks, **extra})
+            await idle.wait()
+        finally:
+            self._turn_idle = None
+        return answer
 
     async def close(self) -> Response:
         """session/close for a session this proxy owns; the route is removed on success."""
@@ -510,6 +528,11 @@ class _MessageContext:
 
     def session_for(self, session_id: str) -> SessionScope | None:
         return self._host.sessions.get(session_id)
+
+    @property
+    def protocol_version(self) -> int:
+        """The ACP version the editor's side speaks (1 or 2), as its initialize said."""
+        return self._host.protocol_version
 
 
 class ProxyContext(_MessageContext):
@@ -644,6 +667,11 @@ class ToolContext:
         sid = self.session_id
         return self._host.sessions.get(sid) if sid is not None else None
 
+    @property
+    def protocol_version(self) -> int:
+        """The ACP version the editor's side speaks (1 or 2), as its initialize said."""
+        return self._host.protocol_version
+
     async def request(self, method: str, params: object = None, *,
                       to: Side | str = Side.PREDECESSOR) -> Response:
         """Send a request (default: toward the editor) and wait for the answer.
@@ -667,16 +695,19 @@ class ToolContext:
 
     async def ask_permission(self, title: str, *, kind: str = "other",
                              tool_call_id: str | None = None) -> bool:
-        """Ask the editor (`session/request_permission`, allow once / reject once);
-        True when allowed. A cancelled or refused question is False."""
+        """Ask the editor (`session/request_permission`, allow once / reject once), in the
+        shape of the version it speaks (v1 `toolCall`; v2 `title` and a tool call
+        `subject`); True when allowed. A cancelled or refused question is False."""
         sid = self.session_id
         if sid is None:
             raise RuntimeError("this MCP connection has no ACP session yet")
+        tool: JsonValue = {"toolCallId": tool_call_id
+                           or f"{self.server_name}-permission-{next(_QUESTIONS)}",
+                           "title": title, "kind": kind}
+        about: dict[str, JsonValue] = {"toolCall": tool} if self.protocol_version < 2 else \
+            {"title": title, "subject": {"type": "tool_call", "toolCall": tool}}
         answer = await self.request(acp.SESSION_REQUEST_PERMISSION, {
-            "sessionId": sid,
-            "toolCall": {"toolCallId": tool_call_id
-                         or f"{self.server_name}-permission-{next(_QUESTIONS)}",
-                         "title": title, "kind": kind},
+            "sessionId": sid, **about,
             "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
                         {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]})
         outcome = (answer.result_value() or {}).get("outcome") or {}

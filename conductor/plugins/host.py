@@ -32,7 +32,7 @@ from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
 from conductor.acp import Dialect
-from conductor.errors import REACHES_CLIENT, ComponentStartError, RpcError
+from conductor.errors import REACHES_CLIENT, ComponentStartError, ProtocolVersionError, RpcError
 from conductor.jsonrpc.codes import ErrorCode
 from conductor.jsonrpc.message import (
     Batch,
@@ -216,6 +216,7 @@ class _Sent(Record):
     inbound: Inbound | None = None  # a pass-through forward: how the conductor's id is tracked
     to: Side = Side.SUCCESSOR    # where it went (its answer comes from there)
     owner: ProxyContext | None = None  # the handler that sent it, if one did
+    about: Raw | None = None     # a handler's forward: the id of the request it handles
 
 
 class _CallbackSink:
@@ -232,6 +233,15 @@ class _CallbackSink:
 
     async def aclose(self) -> None:
         return None
+
+
+def _turn_update(scope: SessionScope, msg: Call) -> None:
+    """A message from the successor for a session this proxy owns: the v2 idle state ends
+    the turn its `SessionScope.prompt` waits for."""
+    idle = getattr(scope, "_turn_idle", None)
+    if idle is not None and msg.method == acp.SESSION_UPDATE \
+            and acp.idle_session(msg.params) == scope.session_id:
+        idle.set()
 
 
 class ProxyHost:
@@ -268,6 +278,8 @@ class ProxyHost:
         self.watch: Callable[[Notification, bool], None] | None = \
             self.watch_inline if watchers else None
         self._routed = False   # some session has its own handlers or is ours: read sessionId
+        # The ACP version of the initialize its predecessor sent (1 until one arrives).
+        self.protocol_version = 1
         self._dialect = Dialect.PROXY
         self._holding: Callable[[], None] | None = None
         # Messages handed to this proxy and not yet fully dispatched (a held handler counts
@@ -291,6 +303,11 @@ class ProxyHost:
         # Methods this proxy must see, per direction (None: it handles `*`, so everything).
         self._visit_up = self._must_visit(Side.SUCCESSOR)
         self._visit_down = self._must_visit(Side.PREDECESSOR)
+        if any(side is Side.PREDECESSOR for side, _ in self._handlers) \
+                and not isinstance(self._visit_up, _Everything):
+            # A request it handles goes on under its own id: an elicitation (rare) about
+            # it must visit, to be told the id its predecessor knows (`_elicitation_scope`).
+            self._visit_up |= {acp.ELICITATION_CREATE}
         # MCP servers the proxy offers (docs/mcp.md); the SDK is imported only then.
         self.tools: ToolServers | None = None
         try:
@@ -329,8 +346,12 @@ class ProxyHost:
     async def start_request(self, method: str, params: Raw | UnsetType, to: Side, *,
                             on_behalf_of: ProxyContext | None = None,
                             forwarding: bool = False) -> HostRequest:
+        # A forward of the handled request stands for it: a v2 elicitation about it (by
+        # the id it goes on under) is told the handled one's id (`_elicitation_scope`).
+        about = on_behalf_of.message.id if forwarding and on_behalf_of is not None \
+            and isinstance(on_behalf_of.message, Request) else None
         outgoing = await self._send_request(method, params, to, _Sent(
-            None, owned=not forwarding, owner=on_behalf_of))
+            None, owned=not forwarding, owner=on_behalf_of, about=about))
         pending = HostRequest(self, outgoing)
         if on_behalf_of is not None:
             pending.owner = on_behalf_of
@@ -574,7 +595,32 @@ class ProxyHost:
             self._dialect = Dialect.LEGACY
             if isinstance(msg, Request):
                 self.endpoint.amend_answer(msg.id, acp.accepting_legacy_proxy_role)
+        if msg.method == acp.INITIALIZE and source is Side.PREDECESSOR:
+            try:  # the version its predecessor speaks: what it sends that way is shaped so
+                self.protocol_version = acp.protocol_version(msg.params)
+            except ProtocolVersionError:
+                pass  # its successor answers that initialize with the error
         await self._route(source, msg)
+
+    def _elicitation_scope(self, msg: Call) -> Call:
+        """A v2 elicitation from the successor about a request this proxy sent there (by
+        its id on this hop, `requestId`): when that request forwarded one from the
+        predecessor, it is named by that one's id instead, as the router maps ids per hop.
+        """
+        ident = acp.get_raw(msg.params, "requestId")
+        try:
+            key = msgspec.json.decode(ident) if ident is not None else None
+        except (msgspec.DecodeError, RecursionError):
+            return msg
+        outgoing = self.endpoint.pending.get(key) if type(key) is int else None
+        sent = outgoing.context if outgoing is not None else None
+        origin = (sent.origin_id or sent.about) if isinstance(sent, _Sent) else None
+        if origin is None:
+            return msg
+        try:
+            return msg.with_params(acp.set_key(msg.params, "requestId", origin))
+        except ValueError:
+            return msg
 
     async def _cancel_not_request(self, msg: Call, method: str) -> bool:
         """A cancel sent with an id is refused, as the router does: nobody else would
@@ -604,6 +650,9 @@ class ProxyHost:
                 self._log_failure(e, msg.method)
 
     async def _route(self, source: Side, msg: Call) -> None:
+        if msg.method == acp.ELICITATION_CREATE and source is Side.SUCCESSOR \
+                and self.protocol_version >= 2:
+            msg = self._elicitation_scope(msg)
         if self.watch is not None and isinstance(msg, Notification):
             self.watch_inline(msg, source is Side.SUCCESSOR)
         if self.tools is not None and msg.method in acp.MCP_METHODS and self.tools.claims(msg):
@@ -613,6 +662,8 @@ class ProxyHost:
         if self._routed:
             scope = self.session_of(msg.params, create=False)
             if scope is not None:
+                if scope.owned and source is Side.SUCCESSOR:
+                    _turn_update(scope, msg)
                 handler = scope.handler_for(source, msg.method)
                 if handler is None and scope.owned and source is Side.SUCCESSOR:
                     await self._unclaimed(msg, scope)  # our own session: never goes upstream

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from conductor import acp
@@ -124,6 +125,7 @@ class Chain:
                                     on_release=bridge.release if bridge is not None else None)
         self.sessions.observe(lambda event, record: self.mcp_routes.session_closed(
             record.session_id) if event == "closed" else None)
+        self.sessions.observe(self._stop_turn_timer)
         self._bridge = bridge
         self.handshake = Handshake(proxy_mode=proxy_mode, mcp=self.mcp_support,
                                    bridge=bridge)
@@ -143,6 +145,9 @@ class Chain:
         self.timeouts = timeouts or Timeouts()
         self._deadlines = Deadlines(self.timeouts) if self.timeouts.any_deadline else None
         self._timers: TaskGroup | None = None  # serve_timers' tasks
+        # v2 sessions -> the deadline of their accepted turn (prompt_timeout), cancelled
+        # when the turn ends: one sleeping task per running turn, none per ended one.
+        self._turn_timers: dict[str, anyio.CancelScope] = {}
         self.recovery = Recovery(self)
         self._muted = self.recovery.muted  # the same set: one lookup on the hot path
 
@@ -181,12 +186,16 @@ class Chain:
         plain = self._plain(hop, item)
         if plain is None:
             return False
+        if self.sessions.accepted_turns and self._late_idle(hop, item):
+            return False  # `receive` ends the turn and drops it
         target = plain[0]
         if target.failure is None and not target.send_nowait(item):
             return False  # `receive` takes it, and its watchers see it there
         # The proxies on the way see it even when it goes nowhere, as a handler would have.
         for watch in plain[4]:
             watch(item, plain[2])
+        if self.sessions.accepted_turns:
+            self._turn_update(hop, item)
         return True  # sent, or as `receive` does: nowhere to go
 
     def _plain(self, hop: Hop, msg: Notification) -> _PlainRoute | None:
@@ -214,6 +223,8 @@ class Chain:
             # The hot path (streamed updates): a plain notification is sent as it came.
             plain = self._plain(hop, item)
             if plain is not None:
+                if self.sessions.accepted_turns and self._turn_update(hop, item):
+                    return  # the agent's late idle, for a turn the conductor ended
                 target, _, up, source, watchers = plain
                 for watch in watchers:  # even if it goes nowhere, as a handler would have
                     watch(item, up)
@@ -321,6 +332,8 @@ class Chain:
         if isinstance(msg, Notification):
             if self.recovery.muted and self.recovery.is_muted(msg):
                 return  # replayed by a restarted agent's session/load: the editor has it
+            if self.sessions.accepted_turns and self._turn_update(hop, msg):
+                return  # the agent's late idle, for a turn the conductor ended
             plain = None if plain_tried else self._plain(hop, msg)
             if plain is not None:
                 target, _, up, source, watchers = plain
@@ -521,6 +534,9 @@ class Chain:
             target = self.topology.nodes[target.index + (1 if downward else -1)]
         is_request = isinstance(msg, Request)
         out_method, out_params = method, params
+        if method == acp.ELICITATION_CREATE and not downward \
+                and (self.handshake.version or 0) >= 2:
+            out_params = self._elicitation_scope(origin, target, params)
         hooks: list[ResponseHook] = []
         after_resend: list[ResponseHook] | None = None  # a legacy resend's answer: these
         handshake_hooks = 0
@@ -619,6 +635,27 @@ class Chain:
                             except Exception as e:
                                 log.debug("hooks of a forgotten %s: %s", method, e)
             raise
+
+    @staticmethod
+    def _elicitation_scope(origin: Hop, target: Node, params: Raw | UnsetType
+                           ) -> Raw | UnsetType:
+        """A request-scoped v2 elicitation names the request it is about by its id on
+        `origin`'s hop (`requestId`), one the conductor sent there: going up to the hop that
+        request came from, it names it by that hop's id instead, as every id is mapped per
+        hop. Any other `requestId` (one `target` never sent) crosses unchanged."""
+        ident = acp.get_raw(params, "requestId")
+        try:
+            key = msgspec.json.decode(ident) if ident is not None else None
+        except (msgspec.DecodeError, RecursionError):
+            return params
+        outgoing = origin.pending.get(key) if type(key) is int else None
+        forward = outgoing.context if outgoing is not None else None
+        if not isinstance(forward, Forward) or forward.origin is not target.hop:
+            return params
+        try:
+            return acp.set_key(params, "requestId", forward.origin_id)
+        except ValueError:
+            return params
 
     def _initialize_answer_hook(self, proxy: str) -> ResponseHook:
         async def remember(answer: Response) -> Response:
@@ -815,7 +852,9 @@ class Chain:
             return None  # turns and closes count where they reach the agent
         assert rule.session_id is not None
         turn = table.prompting(rule.session_id) if rule.step is Step.PROMPT else None
-        return self._ended_hook(rule, turn)
+        # A v2 agent answers a prompt when it accepts it: the turn ends with its idle state.
+        v2 = target.role is Role.AGENT and (self.handshake.agent_version or 0) >= 2
+        return self._ended_hook(rule, turn, v2=v2)
 
     def _opened_hook(self, rule: Lifecycle, source: Node,
                      setup: Raw | UnsetType) -> ResponseHook:
@@ -856,12 +895,19 @@ class Chain:
             return answer
         return refused
 
-    def _ended_hook(self, rule: Lifecycle, turn: SessionRecord | None) -> ResponseHook:
+    def _ended_hook(self, rule: Lifecycle, turn: SessionRecord | None, *,
+                    v2: bool = False) -> ResponseHook:
         table = self.sessions
 
         async def ended(answer: Response) -> Response:
             assert rule.session_id is not None
-            if rule.step is Step.PROMPT:
+            if rule.step is Step.PROMPT and v2 and not answer.is_error:
+                table.accepted(rule.session_id, turn)  # runs on until the agent says idle
+                if self.timeouts.prompt is not None and self._timers is not None \
+                        and turn is not None:
+                    self._timers.start_soon(self._turn_deadline, rule.session_id, turn,
+                                            self.timeouts.prompt)
+            elif rule.step is Step.PROMPT:
                 table.idle(rule.session_id, turn)
             elif rule.closed_by(answer) is not None:
                 table.closed(rule.session_id, CloseReason.DELETED
@@ -869,6 +915,116 @@ class Chain:
                 await self.mcp_routes.drain()  # its MCP connections end
             return answer
         return ended
+
+    def _turn_update(self, hop: Hop, msg: Notification) -> bool:
+        """A notification from `hop` while v2 turns run: the agent's `session/update` saying
+        a session is idle ends its turns (their prompts were answered when accepted). True:
+        it is the agent's late idle for turns the conductor ended (timed out), dropped:
+        the editor was told they ended."""
+        sid = self._idle_of(hop, msg)
+        return sid is not None and self._turns_ended(sid) == 0
+
+    def _stop_turn_timer(self, event: str, record: SessionRecord) -> None:
+        if event == "closed" and (timer := self._turn_timers.pop(record.session_id, None)):
+            timer.cancel()  # its turns ended with it
+
+    def _turns_ended(self, session_id: str) -> int | None:
+        """The session's accepted v2 turns end (`SessionTable.said_idle`), and so does the
+        deadline timing them."""
+        timer = self._turn_timers.pop(session_id, None)
+        if timer is not None:
+            timer.cancel()
+        return self.sessions.said_idle(session_id)
+
+    def _late_idle(self, hop: Hop, msg: Notification) -> bool:
+        """Whether `msg` is the agent's late idle for turns the conductor ended (it does
+        not change the table: `_turn_update` does, on the full route)."""
+        sid = self._idle_of(hop, msg)
+        return sid is not None and self.sessions.accepted_turns.get(sid) == 0
+
+    def _idle_of(self, hop: Hop, msg: Notification) -> str | None:
+        last = self.topology.last
+        if msg.method != acp.SESSION_UPDATE or last.role is not Role.AGENT \
+                or hop is not last.hop:
+            return None
+        return acp.idle_session(msg.params)
+
+    async def _turn_deadline(self, session_id: str, record: SessionRecord,
+                             seconds: float) -> None:
+        """A v2 turn the agent accepted must end (its idle state) within `prompt_timeout`
+        of its acceptance, as a v1 turn's answer must come within it: else the editor is
+        told it ended (an idle update with the timeout error), and the agent is told to
+        stop it (`session/cancel`); its own late idle is dropped."""
+        prompts = record.prompts
+        with anyio.CancelScope() as timer:
+            previous = self._turn_timers.pop(session_id, None)
+            if previous is not None:
+                previous.cancel()  # an earlier turn's: the newest turn's deadline holds
+            self._turn_timers[session_id] = timer
+            try:
+                await anyio.sleep(seconds)
+            finally:
+                if self._turn_timers.get(session_id) is timer:
+                    del self._turn_timers[session_id]
+        if timer.cancel_called:
+            return  # it ended in time
+        table, agent = self.sessions, self.topology.last
+        if table.get(session_id) is not record or record.prompts != prompts \
+                or not table.accepted_turns.get(session_id) or agent.role is not Role.AGENT:
+            return  # it ended, or another turn began since (its own deadline holds)
+        table.timed_out(session_id)
+        reason = f"{agent.name} did not end the turn of session {session_id} " \
+                 f"within {seconds:g}s"
+        log.warning("%s; told the editor it ended and cancelled it there", reason)
+        self._trace_lifecycle(agent.name, "request-timeout", method=acp.SESSION_PROMPT,
+                              timeout=seconds)
+        error = {"code": int(ErrorCode.REQUEST_TIMEOUT), "message": reason,
+                 "data": {"component": agent.name, "method": acp.SESSION_PROMPT,
+                          "timeout": seconds}}
+        with anyio.move_on_after(CANCEL_WRITE_BOUND):
+            await self._originate(agent, self.topology.before(agent), acp.SESSION_UPDATE,
+                                  acp.idle_update(session_id, {"acp-conductor": {"error": error}}),
+                                  as_request=False)
+        if agent.hop.failure is None:
+            with anyio.move_on_after(CANCEL_WRITE_BOUND):
+                await self._send(agent.hop, Notification(
+                    method=acp.SESSION_CANCEL, params=payload({"sessionId": session_id})))
+
+    async def _end_v2_turns(self, failed: Node, error: ComponentError) -> None:
+        """A component failed with v2 turns running through it (the agent: all of them; a
+        proxy: those of sessions opened on its editor side). Their prompts were answered
+        (accepted) long ago, and only the agent would have said they ended, through the
+        failed component: each ends in the table, and the failed component's editor side
+        is told its session is idle, with why in `_meta` (the error a v1 prompt would have
+        been answered with), else a v2 editor waits for ever. Behind a failed proxy the
+        agent, still working, is told to stop (`session/cancel`), as for a v1 prompt, and
+        its late idle is dropped."""
+        rpc = failure_response(None, error, component=failed.name).error_value()
+        agent = self.topology.last
+        for sid, count in list(self.sessions.accepted_turns.items()):
+            if failed.role is Role.PROXY and (not count
+                                              or self.sessions.rank(sid) >= failed.index):
+                continue  # ended already, or a session of the proxies after it
+            timer = self._turn_timers.pop(sid, None)
+            if timer is not None:
+                timer.cancel()
+            if failed.role is Role.AGENT:
+                self.sessions.said_idle(sid)
+                if not count:
+                    continue  # timed out: the editor was told already
+            else:
+                self.sessions.timed_out(sid)
+            log.warning("session %s: its turn ended with %s (%s)", sid, failed.name, error)
+            with anyio.move_on_after(CANCEL_WRITE_BOUND):
+                await self._originate(failed, self.topology.before(failed),
+                                      acp.SESSION_UPDATE,
+                                      acp.idle_update(sid, {"acp-conductor": {"error": rpc}}),
+                                      as_request=False)
+            if failed.role is Role.PROXY and agent.role is Role.AGENT \
+                    and agent.hop.failure is None:
+                with anyio.move_on_after(CANCEL_WRITE_BOUND):
+                    await self._send(agent.hop, Notification(
+                        method=acp.SESSION_CANCEL, params=payload({"sessionId": sid})))
 
     # -- releasing sessions ------------------------------------------------------------------
 
@@ -1062,6 +1218,8 @@ class Chain:
             self.handshake.agent_gone()
         if node is not None:
             await self.mcp_routes.hop_failed(node)
+            if node.role in (Role.AGENT, Role.PROXY) and self.sessions.accepted_turns:
+                await self._end_v2_turns(node, error)
         for target, outgoing in orphans:
             if target.pending.get(outgoing.ident) is outgoing and target.failure is None:
                 await self._cancel_held(target, outgoing.ident, outgoing.context.turn)

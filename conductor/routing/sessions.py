@@ -5,8 +5,10 @@ session and when: `session/load` and `session/resume` open it *before* the reque
 out (replayed updates precede the answer, protocol.md §7); `session/new` and
 `session/fork` open it when a successful answer names it; `session/close` and
 `session/delete` end it on a successful answer; `session/prompt` starts a turn that its
-answer ends. The router and the plugin host both apply these rules, each to its own
-state, so they cannot drift apart.
+answer ends (v1), or, when a v2 agent accepts it, that runs on until the agent's
+`session/update` says the session is idle (`state_update`; the router's table only). The
+router and the plugin host both apply these rules, each to its own state, so they cannot
+drift apart.
 
 The `SessionTable` is the router's record of which sessions are open, who opened them and
 whether a turn is running. It is read by traces (session events), by MCP-over-ACP
@@ -163,6 +165,10 @@ class SessionTable:
         self._records: dict[str, SessionRecord] = {}
         self.loads = PendingLoads()
         self._rank: dict[str, int] = {}  # how close to the client the opener is (lower: closer)
+        # v2 sessions -> how many of their prompts the agent accepted and has not yet ended
+        # with a `state_update` to idle (v2 answers a prompt when it accepts it).
+        # (Read on the router's hot path: empty, no v2 turn waits.)
+        self.accepted_turns: dict[str, int] = {}
         self._observers: list[Observer] = [observer] if observer is not None else []
         self.clock = clock
 
@@ -240,9 +246,39 @@ class SessionTable:
                 record.state = SessionState.IDLE
                 record.idle_since = self.clock()
 
+    def accepted(self, session_id: str, record: SessionRecord | None) -> None:
+        """A v2 agent accepted a prompt (`record`: what `prompting` returned for it): its
+        answer does not end the turn, which runs until the agent says the session is idle
+        (`said_idle`)."""
+        if record is not None and self._records.get(session_id) is record:
+            self.accepted_turns[session_id] = self.accepted_turns.get(session_id, 0) + 1
+
+    def said_idle(self, session_id: str) -> int | None:
+        """The agent said `session_id` is idle (v2 `state_update`): every turn of it that
+        it accepted ends (a prompt not yet answered is not one of them). Returns how many
+        did; 0 when they had ended already (`timed_out`: this idle is the agent's late
+        word); None when none was waiting."""
+        count = self.accepted_turns.pop(session_id, None)
+        record = self._records.get(session_id)
+        for _ in range(count or 0):
+            self.idle(session_id, record)
+        return count
+
+    def rank(self, session_id: str) -> int:
+        """How close to the client the session's opener is (0: the client itself)."""
+        return self._rank.get(session_id, 0)
+
+    def timed_out(self, session_id: str) -> None:
+        """The conductor ended the session's accepted v2 turns itself (its prompt timeout):
+        they end now, and the agent's own idle state, when it comes, ends nothing."""
+        if self.accepted_turns.get(session_id):
+            self.said_idle(session_id)
+            self.accepted_turns[session_id] = 0
+
     def closed(self, session_id: str, reason: CloseReason = CloseReason.CLOSED
                ) -> SessionRecord | None:
         """The session ended: its record is released (and returned; None if unknown)."""
+        self.accepted_turns.pop(session_id, None)
         record = self._records.pop(session_id, None)
         self._rank.pop(session_id, None)
         self.loads.forget(session_id)

@@ -212,15 +212,19 @@ def _bound(timeout: float | None) -> float:
 
 class TurnResult(dict[str, JsonValue]):
     """The result of `session/prompt` (a dict, as the agent sent it), with what the turn
-    streamed: `text` (the agent's message chunks), `stop_reason`, `updates`."""
+    streamed: `text` (the agent's message chunks), `stop_reason`, `updates`. In ACP v2 the
+    result is the agent's acceptance (`{}`): the stop reason is its idle state update's."""
 
-    def __init__(self, result: JsonValue, updates: list[JsonValue]) -> None:
+    def __init__(self, result: JsonValue, updates: list[JsonValue],
+                 idle: JsonValue = None) -> None:
         super().__init__(result if isinstance(result, dict) else {})
         self.updates: list[JsonValue] = updates  # each session/update's `update` object
+        self.idle = idle  # v2: the `state_update` that ended the turn
 
     @property
     def stop_reason(self) -> str | None:
-        reason = self.get("stopReason")
+        reason = self.idle.get("stopReason") if isinstance(self.idle, dict) \
+            else self.get("stopReason")
         return reason if isinstance(reason, str) else None
 
     @property
@@ -231,6 +235,16 @@ class TurnResult(dict[str, JsonValue]):
     @property
     def thoughts(self) -> str:
         return _chunks(self.updates, "agent_thought_chunk")
+
+
+def _is_idle(params: JsonValue, session_id: str | None = None) -> bool:
+    """Whether `session/update` params say (v2) that a session (`session_id`, or any) is idle:
+    the end of its turn."""
+    if not isinstance(params, dict) or session_id not in (None, params.get("sessionId")):
+        return False
+    update = params.get("update")
+    return isinstance(update, dict) and update.get("sessionUpdate") == "state_update" \
+        and update.get("state") == "idle"
 
 
 def _chunks(updates: list[JsonValue], kind: str) -> str:
@@ -246,6 +260,7 @@ class TestClient(TestPeer):
     def __init__(self, replies: dict[str, ClientScript] | None = None, *,
                  timeout: float | None = DEFAULT_TIMEOUT) -> None:
         super().__init__("client", timeout=timeout)
+        self.protocol_version = 1  # as its last `initialize` asked
         self.replies: dict[str, ClientScript] = {
             "session/request_permission": {"outcome": {"outcome": "selected",
                                                        "optionId": "allow"}},
@@ -260,13 +275,19 @@ class TestClient(TestPeer):
         return await script(message) if callable(script) else script
 
     async def initialize(self, protocol_version: int = 1) -> JsonValue:
+        """`initialize` in the shape of `protocol_version` (v2: `info` and `capabilities`);
+        returns the result. `prompt` follows the version asked for."""
+        self.protocol_version = protocol_version
+        info = {"name": "test-client", "version": "0"}
+        if protocol_version >= 2:
+            return await self.call("initialize", {"protocolVersion": protocol_version,
+                                                  "info": info, "capabilities": {}})
         return await self.call("initialize", {"protocolVersion": protocol_version,
                                               "clientCapabilities": {
                                                   "fs": {"readTextFile": True,
                                                          "writeTextFile": True},
                                                   "terminal": True},
-                                              "clientInfo": {"name": "test-client",
-                                                             "version": "0"}})
+                                              "clientInfo": info})
 
     async def new_session(self, cwd: str = "/", **extra: JsonValue) -> str:
         result = await self.call("session/new", {"cwd": cwd, "mcpServers": [], **extra})
@@ -276,17 +297,28 @@ class TestClient(TestPeer):
                      **extra: JsonValue) -> TurnResult:
         """One turn (a text, or a list of content blocks). Returns the prompt's result,
         e.g. {"stopReason": "end_turn"}, with `.text`, `.stop_reason` and `.updates` of
-        the turn.
+        the turn. In ACP v2 (`initialize(2)`) the answer only accepts the prompt: this
+        waits on for the agent's `state_update` saying the session is idle (`.idle`).
 
         Raises:
             RpcError: the prompt was answered with an error.
+            TimeoutError: (v2) no idle state within `timeout` seconds.
         """
         blocks = [{"type": "text", "text": prompt}] if isinstance(prompt, str) else prompt
         start = len(self.received)
         result = await self.call("session/prompt", {"sessionId": session_id,
                                                     "prompt": blocks, **extra})
-        # An agent streams a turn's updates before its answer; they arrived first, in order.
-        return TurnResult(result, self.updates(session_id, since=start))
+        if self.protocol_version < 2:
+            # An agent streams a turn's updates before its answer: they arrived first.
+            return TurnResult(result, self.updates(session_id, since=start))
+        before = sum(1 for m in self.received[:start] if m.method == "session/update"
+                     and _is_idle(m.params_value(), session_id))
+        await self.wait_for("session/update", before + 1,
+                            where=lambda p: _is_idle(p, session_id))
+        updates = self.updates(session_id, since=start)
+        end = next(i for i, u in enumerate(updates)
+                   if _is_idle({"sessionId": session_id, "update": u}, session_id))
+        return TurnResult(result, updates[:end], updates[end])
 
     def updates(self, session_id: str | None = None, *, since: int = 0) -> list[JsonValue]:
         """The `update` object of every session/update received (for one session, or all),
@@ -318,6 +350,7 @@ class ScriptedAgent(TestPeer):
     def __init__(self, replies: dict[str, Script] | None = None, *,
                  timeout: float | None = DEFAULT_TIMEOUT) -> None:
         super().__init__("agent", timeout=timeout)
+        self.protocol_version = 1  # as the last `initialize` it received asked
         self._sessions = itertools.count(1)
         self._after: list[tuple[str, JsonValue]] = []
         self.replies: dict[str, Script] = {
@@ -326,12 +359,16 @@ class ScriptedAgent(TestPeer):
             "session/load": {},
             "session/resume": {},
             "session/close": {},
-            "session/prompt": {"stopReason": "end_turn"},
+            "session/prompt": _end_turn,
             **(replies or {})}
 
     @staticmethod
     async def _initialize(agent: ScriptedAgent, message: Request) -> JsonValue:
         asked = (message.params_value() or {}).get("protocolVersion", 1)
+        if agent.protocol_version >= 2:  # (resume: any `capabilities.session`)
+            return {"protocolVersion": asked, "info": {"name": "scripted-agent",
+                                                       "version": "0"},
+                    "capabilities": {"session": {}}, "authMethods": []}
         return {"protocolVersion": asked, "agentCapabilities": {"loadSession": True},
                 "authMethods": []}
 
@@ -343,6 +380,9 @@ class ScriptedAgent(TestPeer):
         self._after.append((method, params))
 
     async def answer(self, message: Request) -> JsonValue:
+        if message.method == "initialize":
+            asked = (message.params_value() or {}).get("protocolVersion")
+            self.protocol_version = 2 if isinstance(asked, int) and asked >= 2 else 1
         if message.method not in self.replies:
             return await super().answer(message)
         script = self.replies[message.method]
@@ -358,18 +398,43 @@ class ScriptedAgent(TestPeer):
 def says(text: str, *, stop_reason: str = "end_turn",
          thought: str | None = None) -> Callable[[ScriptedAgent, Request], Awaitable[JsonValue]]:
     """A `session/prompt` script: stream `text` (after a `thought`, if given) as the agent's
-    message, then end the turn with `stop_reason`.
+    message, then end the turn with `stop_reason`. In ACP v2 the prompt is accepted first
+    (`{}`), and the turn streams after it and ends with a `state_update` to idle.
 
         ScriptedAgent(replies={"session/prompt": says("Hello!")})
     """
+    chunks = [(kind, chunk) for kind, chunk in (("agent_thought_chunk", thought),
+                                                ("agent_message_chunk", text))
+              if chunk is not None]
+    return _turn(chunks, stop_reason)
+
+
+def _turn(chunks: list[tuple[str, str]], stop_reason: str
+          ) -> Callable[[ScriptedAgent, Request], Awaitable[JsonValue]]:
     async def reply(agent: ScriptedAgent, message: Request) -> JsonValue:
-        sid = (message.params_value() or {}).get("sessionId")
-        for kind, chunk in (("agent_thought_chunk", thought), ("agent_message_chunk", text)):
-            if chunk is not None:
-                await agent.notify("session/update", {"sessionId": sid, "update": {
-                    "sessionUpdate": kind, "content": {"type": "text", "text": chunk}}})
+        v2 = agent.protocol_version >= 2
+        if not chunks and not v2:
+            return {"stopReason": stop_reason}  # (params unread: they may be any shape)
+        params = message.params_value()
+        sid = params.get("sessionId") if isinstance(params, dict) else None
+        updates: list[JsonValue] = [
+            {"sessionId": sid, "update": {"sessionUpdate": kind,
+                                          "content": {"type": "text", "text": chunk}}}
+            for kind, chunk in chunks]
+        if v2:
+            for params in [*updates, {"sessionId": sid, "update": {
+                    "sessionUpdate": "state_update", "state": "idle",
+                    "stopReason": stop_reason}}]:
+                agent.after_reply("session/update", params)
+            return {}
+        for params in updates:
+            await agent.notify("session/update", params)
         return {"stopReason": stop_reason}
     return reply
+
+
+# The default turn: v1 answers end_turn; v2 accepts, then says the session is idle.
+_end_turn = _turn([], "end_turn")
 
 
 @asynccontextmanager

@@ -1399,12 +1399,19 @@ def _params(message: Request) -> dict[str, Any]:
 
 
 def _summary(params: dict[str, Any]) -> str:
-    """What a request names, for the log line of one that could not be placed."""
-    tool = params.get("toolCall")
+    """What a request names, for the log line of one that could not be placed: v1 reads
+    `toolCall`; a v2 permission request has its own `title` and a `subject` (a tool call,
+    or a command with its cwd)."""
+    subject = params.get("subject")
+    subject = subject if isinstance(subject, dict) else {}
+    tool = params.get("toolCall") or subject.get("toolCall")
     if not isinstance(tool, dict):
         tool = {}
-    shown = {"path": params.get("path"), "command": params.get("command"),
-             "args": params.get("args"), "cwd": params.get("cwd"), "title": tool.get("title"),
+    title = params.get("title") if isinstance(params.get("title"), str) else None  # v2
+    shown = {"path": params.get("path"),
+             "command": params.get("command") or subject.get("command"),
+             "args": params.get("args"), "cwd": params.get("cwd") or subject.get("cwd"),
+             "title": title if title is not None else tool.get("title"),
              "sessionId": params.get("sessionId")}
     return " ".join(f"{k}={v!r:.200}" for k, v in shown.items() if v is not None)
 

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from conductor.jsonrpc.message import Notification, Request
 
 
+MAX_CALLS = 1024  # tool call ids remembered per session (v2's first update creates a call)
+
+
 class SessionToolsOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -57,7 +60,10 @@ class SessionTools(Proxy[SessionToolsOptions]):
         # be copied whole for every chunk), and whose it is: the agent's, or the user's
         # (in a session/load's replay of the history).
         self._streamed: dict[str, tuple[str, list[str]]] = {}
-        self._turns: set[str] = set()  # sessions with a prompt in flight
+        self._turns: set[str] = set()  # sessions with a turn running
+        # v2 has no `tool_call` update: a call's first titled `tool_call_update` creates it.
+        # The ids of each session's calls already recorded (the newest MAX_CALLS).
+        self._calls: dict[str, OrderedDict[str, None]] = {}
         self._initialize: dict[str, Any] = {}
 
     # -- what it records -------------------------------------------------------------------
@@ -71,6 +77,7 @@ class SessionTools(Proxy[SessionToolsOptions]):
             while len(self._lines) > self.options.sessions:
                 forgotten, _ = self._lines.popitem(last=False)
                 self._streamed.pop(forgotten, None)
+                self._calls.pop(forgotten, None)
         else:
             self._lines.move_to_end(session_id)
         return lines
@@ -86,11 +93,12 @@ class SessionTools(Proxy[SessionToolsOptions]):
 
     @on("initialize")
     async def remember_initialize(self, ctx: ProxyContext, request: Request) -> Any:
-        self._initialize["client"] = as_object(request.params_value()).get("clientInfo")
+        params = as_object(request.params_value())
+        self._initialize["client"] = params.get("clientInfo") or params.get("info")  # v1, v2
         answer = await ctx.forward()
         if answer is not None and not answer.is_error:
             result = as_object(answer.result_value())
-            self._initialize["agent"] = result.get("agentInfo")
+            self._initialize["agent"] = result.get("agentInfo") or result.get("info")
             self._initialize["protocolVersion"] = result.get("protocolVersion")
         return answer
 
@@ -101,11 +109,14 @@ class SessionTools(Proxy[SessionToolsOptions]):
         self._flush(sid)
         self._log(sid, f"user: {_text(params.get('prompt'))}")
         self._turns.add(sid)
+        answer = None
         try:
             answer = await ctx.forward()
         finally:
-            self._turns.discard(sid)
-        self._flush(sid)
+            # v2 answers when it accepts the prompt: its turn runs on, to its idle state.
+            if answer is None or answer.is_error or ctx.protocol_version < 2:
+                self._turns.discard(sid)
+                self._flush(sid)
         return answer
 
     @watch("session/update", source="successor")
@@ -126,9 +137,36 @@ class SessionTools(Proxy[SessionToolsOptions]):
                 self._flush(sid)
                 streamed = self._streamed[sid] = (who, [])
             streamed[1].append(_text(update.get("content")))
-        elif kind == "tool_call":
+        elif kind in ("agent_message", "user_message") and "content" in update:
+            # v2: a whole message, replacing what its chunks said so far
+            who = "agent" if kind == "agent_message" else "user"
+            streamed = self._streamed.get(sid)
+            if streamed is not None and streamed[0] == who:
+                del self._streamed[sid]
+            self._flush(sid)
+            text = _text(update.get("content")).strip()
+            if text:
+                self._log(sid, f"{who}: {text}")
+        elif kind == "tool_call" or (kind == "tool_call_update" and "title" in update
+                                     and ctx.protocol_version >= 2
+                                     and self._new_call(sid, update.get("toolCallId"))):
             self._flush(sid)
             self._log(sid, f"tool call: {update.get('title', '')} ({update.get('kind', '')})")
+        elif kind == "state_update" and update.get("state") == "idle":
+            self._turns.discard(sid)  # v2: the turn ended
+            self._flush(sid)
+
+    def _new_call(self, session_id: str, call_id: object) -> bool:
+        """Whether a v2 tool call is seen for the first time (then remembered)."""
+        if not isinstance(call_id, str):
+            return False
+        calls = self._calls.setdefault(session_id, OrderedDict())
+        if call_id in calls:
+            return False
+        calls[call_id] = None
+        if len(calls) > MAX_CALLS:
+            calls.popitem(last=False)
+        return True
 
     # -- the tools ---------------------------------------------------------------------------
 

@@ -214,18 +214,25 @@ class Transcript(Proxy[TranscriptOptions]):
     async def prompt(self, ctx: ProxyContext, message: Request) -> object:
         text = _text(as_object(message.params_value()).get("prompt"))
         self._write(ctx.session, {"type": "prompt", "text": text}, f"## User\n\n{text}\n\n")
+        v2 = ctx.protocol_version >= 2
+        if v2 and ctx.session is not None:
+            # v2 answers when it accepts the prompt: the turn ends with its idle state,
+            # which may overtake this handler's return from the forward.
+            ctx.session.state["transcript_turn"] = True
         answer = await ctx.forward()
         assert answer is not None
-        if answer.error is UNSET:
-            result = answer.result_value()
-            stop = result.get("stopReason") if isinstance(result, dict) else None
-            self._write(ctx.session, {"type": "stop", "stopReason": stop},
-                        f"_Turn ended: {stop}_\n\n")
-        else:
+        if answer.error is not UNSET:
+            if ctx.session is not None:
+                ctx.session.state.pop("transcript_turn", None)
             err = answer.error_value()
             shown = err.get("message") if isinstance(err, dict) else err
             self._write(ctx.session, {"type": "error", "error": err},
                         f"_Turn failed: {shown}_\n\n")
+        elif not v2:  # (v2: accepted; the turn is recorded as it streams, to its idle state)
+            result = answer.result_value()
+            stop = result.get("stopReason") if isinstance(result, dict) else None
+            self._write(ctx.session, {"type": "stop", "stopReason": stop},
+                        f"_Turn ended: {stop}_\n\n")
         return answer
 
     @watch("session/update", source="successor")
@@ -269,6 +276,11 @@ class Transcript(Proxy[TranscriptOptions]):
                                   "status": update.get("status")},
                         f"- Tool call `{update.get('title')}` ({update.get('kind', 'other')}): "
                         f"{update.get('status', 'pending')}\n\n")
+        elif kind == "state_update" and update.get("state") == "idle" \
+                and session.state.pop("transcript_turn", False):
+            stop = update.get("stopReason")  # v2: the end of the turn it accepted
+            self._write(session, {"type": "stop", "stopReason": stop},
+                        f"_Turn ended: {stop}_\n\n")
         elif kind == "tool_call_update" and update.get("status"):
             self._write(session, {"type": "tool_call_update", "id": update.get("toolCallId"),
                                   "status": update.get("status")},

@@ -16,7 +16,7 @@ from tests.wire_client import open_conductor
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from tests.wire_client import ConductorProcess
+    from tests.wire_client import ConductorProcess, Json
 
 FAULTY = REPO / "tests" / "faults" / "faulty.py"
 SESSION_LOST = -33006
@@ -80,6 +80,47 @@ restart = "on-failure"
         assert "session " + sid + " reopened" in c.stderr_text
         other = await c.new_session()
         assert "result" in await prompt(c, other)
+
+
+async def v2_turn_cut_by_a_crash(tmp_path: Path, who: str, proxy: str = "") -> Json:
+    """A v2 editor's turn, accepted (the faulty agent's answer), while `who` crashes and is
+    restarted: the idle state the editor got for it."""
+    path = chain(tmp_path, proxy + f"""
+[agent]
+command = {faulty("--name", "agent")}
+restart = "on-failure"
+""")
+    async with open_conductor("--chain", path, check_exit=True) as c:
+        await c.initialize(2)
+        sid = await c.new_session()
+        assert "result" in await prompt(c, sid)  # accepted: the turn runs on
+        await crash(c, who)
+        ended = await c.read_until(lambda m: m.get("method") == "session/update"
+                                   and m["params"]["update"]["sessionUpdate"] == "state_update")
+        await c.wait_stderr(f"{who} is back after its restart")
+    assert ended["params"]["sessionId"] == sid
+    assert ended["params"]["update"]["state"] == "idle"
+    return ended["params"]["update"]["_meta"]["acp-conductor"]["error"]
+
+
+async def test_a_v2_turn_running_when_its_agent_crashes_ends_for_the_editor_naming_it(
+        tmp_path: Path) -> None:
+    # v2 answers a prompt when it accepts it: nothing was left to answer -33001, and the
+    # editor waited for the turn's idle state from an agent that was gone.
+    error = await v2_turn_cut_by_a_crash(tmp_path, "agent")
+    assert error["code"] == COMPONENT_FAILED and error["data"]["component"] == "agent"
+
+
+async def test_a_v2_turn_running_through_a_proxy_that_crashes_ends_for_the_editor(
+        tmp_path: Path) -> None:
+    # The agent's idle state would reach the editor through the dead proxy: it never did.
+    error = await v2_turn_cut_by_a_crash(tmp_path, "p0", f"""
+[[proxy]]
+name = "p0"
+command = {faulty("--role", "proxy", "--name", "p0")}
+restart = "on-failure"
+""")
+    assert error["code"] == COMPONENT_FAILED and error["data"]["component"] == "p0"
 
 
 async def test_sessions_an_agent_cannot_reopen_are_lost_and_new_sessions_work(

@@ -1128,3 +1128,16 @@ async def test_an_allowed_request_offering_only_allow_always_is_left_to_the_edit
                         {"optionId": "no", "name": "Reject", "kind": "reject_once"}]}))
         assert got.result_value()["outcome"] == {"outcome": "selected", "optionId": "editor"}
         assert len(probe.client.received_params("session/request_permission")) == 1
+
+
+async def test_the_log_line_of_an_unplaceable_v2_request_names_its_title_and_command(
+        ws: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # v2 puts the title at the top and the command in the `subject`: the line named only
+    # v1's toolCall title, so it said nothing but the session.
+    caplog.set_level(logging.INFO)
+    async with policy(ws, protocol=2) as probe:
+        assert await probe.permission_v2({"type": "command", "command": "make all",
+                                          "cwd": "relative/dir"}, "Build it") == "no"
+    [line] = [r.getMessage() for r in caplog.records if "cannot place it" in r.getMessage()]
+    assert "title='Build it'" in line
+    assert "command='make all'" in line and "cwd='relative/dir'" in line
