@@ -14,6 +14,7 @@ tests/e2e): signals, a terminal, closed standard fds, stdout holding only the ou
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import subprocess
@@ -36,16 +37,20 @@ LOGGERS = ("", "acp_conductor", "acp_conductor.stderr", "acp_conductor.proxy", "
 @overload
 def conductor(*args: str | bytes | os.PathLike[str], stdin: str | None = None,
               cwd: Path | None = None, text: Literal[True] = True,
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]: ...
+              env: dict[str, str] | None = None, umask: int | None = None
+              ) -> subprocess.CompletedProcess[str]: ...
 @overload
 def conductor(*args: str | bytes | os.PathLike[str], stdin: bytes | None = None,
               cwd: Path | None = None, text: Literal[False],
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]: ...
+              env: dict[str, str] | None = None, umask: int | None = None
+              ) -> subprocess.CompletedProcess[bytes]: ...
 def conductor(*args: str | bytes | os.PathLike[str], stdin: str | bytes | None = None,
-              cwd: Path | None = None, text: bool = True, env: dict[str, str] | None = None
+              cwd: Path | None = None, text: bool = True, env: dict[str, str] | None = None,
+              umask: int | None = None
               ) -> subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes]:
     """`acp-conductor ARGS` with `stdin` (else /dev/null) in `cwd` (else the repo), its
-    stdout and stderr captured; `env`: more variables (over `child_env()`)."""
+    stdout and stderr captured; `env`: more variables (over `child_env()`); `umask`: the
+    process's, as `subprocess.run(umask=...)` sets it."""
     # Arguments as the interpreter decodes a command line (bytes: surrogate escapes).
     argv = ["acp-conductor", *(os.fsdecode(a) for a in args)]
     data = stdin.encode() if isinstance(stdin, str) else stdin
@@ -53,7 +58,7 @@ def conductor(*args: str | bytes | os.PathLike[str], stdin: str | bytes | None =
         paths = [os.path.join(scratch, name) for name in ("stdin", "stdout", "stderr")]
         with open(paths[0], "wb") as f:
             f.write(data or b"")
-        with _as_a_process(argv, paths, cwd or REPO, child_env(**(env or {}))):
+        with _as_a_process(argv, paths, cwd or REPO, child_env(**(env or {})), umask):
             code = _exit_code()
         out, err = (Path(p).read_bytes() for p in paths[1:])
     if text:
@@ -85,10 +90,11 @@ def _exit_code() -> int:
 
 
 @contextmanager
-def _as_a_process(argv: list[str], paths: list[str], cwd: Path,
-                  env: dict[str, str]) -> Iterator[None]:
-    """fds 0-2 on `paths`, sys.std* on them, `argv`, `cwd` and `env` for the body; after
-    it, everything as it was (the command moves fd 1, sys.std* and logging)."""
+def _as_a_process(argv: list[str], paths: list[str], cwd: Path, env: dict[str, str],
+                  umask: int | None) -> Iterator[None]:
+    """fds 0-2 on `paths`, sys.std* on them, `argv`, `cwd`, `env` and `umask` for the body;
+    after it, everything as it was (the command moves fd 1, sys.std* and logging), and the
+    log file it opened closed, as its exit would."""
     saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
     saved_std = sys.stdin, sys.stdout, sys.stderr
     saved_logs = {name: _logger_state(logging.getLogger(name)) for name in LOGGERS}
@@ -110,6 +116,8 @@ def _as_a_process(argv: list[str], paths: list[str], cwd: Path,
             os.environ.update(env)
             os.chdir(cwd)
             sys.argv = argv
+            if umask is not None:
+                umask = os.umask(umask)
             # A process's warning filters: the suite's `error` is for the tests' own code.
             stack.enter_context(warnings.catch_warnings())
             warnings.resetwarnings()
@@ -126,6 +134,8 @@ def _as_a_process(argv: list[str], paths: list[str], cwd: Path,
                 os.dup2(saved, fd)
                 os.close(saved)
             sys.argv = saved_argv
+            if umask is not None:
+                os.umask(umask)
             os.chdir(saved_cwd)
             os.environ.clear()
             os.environ.update(saved_env)
@@ -139,6 +149,11 @@ def _logger_state(logger: logging.Logger) -> tuple[list[logging.Handler], int, b
 
 def _restore_logger(logger: logging.Logger,
                     state: tuple[list[logging.Handler], int, bool]) -> None:
+    for handler in logger.handlers:
+        stream = getattr(handler, "stream", None)
+        if handler not in state[0] and isinstance(stream, io.IOBase) and not stream.closed \
+                and stream.fileno() > 2:
+            stream.close()  # --log-file's
     logger.handlers[:] = state[0]
     logger.setLevel(state[1])
     logger.propagate = state[2]
