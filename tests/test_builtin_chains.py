@@ -12,12 +12,14 @@ import pytest
 from conductor.cli.chains import description
 from conductor.config import BUILTIN_CHAINS, chain_path
 from conductor.errors import ConfigError
-from tests.conftest import child_env, conductor_argv
+from tests import in_process
+from tests.conftest import child_env
 
 
 def conductor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(conductor_argv(*args), env=child_env(), cwd=cwd, capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=60, check=False)
+    """In this process (tests/in_process.py); shell completion is tested on the real
+    command (below)."""
+    return in_process.conductor(*args, cwd=cwd)
 
 
 def test_a_built_in_chain_runs_by_name_from_any_directory(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from conductor.config import load_chain
 from conductor.editor.call import CallExit, CallOptions, call_chain
 from conductor.jsonrpc.message import Notification
 from tests.conftest import BIN, REPO, child_env, conductor_argv, doc_files
+from tests.in_process import conductor
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -82,6 +83,8 @@ async def test_a_notification_is_delivered_without_waiting_for_an_answer(chain: 
 
 
 def test_the_command_prints_only_the_answer_on_stdout(chain: Path) -> None:
+    # A real process: what only it shows (its stdout is the answer alone). The tests below
+    # run the command in this process (tests/in_process.py).
     done = subprocess.run(conductor_argv("call", "--chain", str(chain), "_ext/echo",
                                          '{"x": [1, "é"]}'),
                           capture_output=True, text=True, env=child_env(), timeout=60)
@@ -91,8 +94,7 @@ def test_the_command_prints_only_the_answer_on_stdout(chain: Path) -> None:
 
 
 def test_params_that_are_not_json_are_a_usage_error_with_nothing_on_stdout(chain: Path) -> None:
-    done = subprocess.run(conductor_argv("call", "--chain", str(chain), "_ext/echo", "{x: 1}"),
-                          capture_output=True, text=True, env=child_env(), timeout=60)
+    done = conductor("call", "--chain", str(chain), "_ext/echo", "{x: 1}")
     assert done.returncode == 2
     assert done.stdout == ""
     assert "PARAMS is not JSON" in done.stderr
@@ -104,8 +106,7 @@ def test_params_that_are_not_json_are_a_usage_error_with_nothing_on_stdout(chain
     ("[Infinity]", "PARAMS is not JSON: Infinity is not a JSON value")])
 def test_params_nested_too_deeply_or_with_a_non_json_number_are_a_usage_error(
         chain: Path, params: str, said: str) -> None:
-    done = subprocess.run(conductor_argv("call", "--chain", str(chain), "_ext/echo", params),
-                          capture_output=True, text=True, env=child_env(), timeout=60)
+    done = conductor("call", "--chain", str(chain), "_ext/echo", params)
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert said in done.stderr
     assert "internal error" not in done.stderr
@@ -118,9 +119,7 @@ def test_params_or_a_method_that_are_not_utf8_are_a_usage_error_not_an_internal_
         chain: Path, args: tuple[str, str], said: str) -> None:
     # json.loads accepts a lone surrogate escape, and a non-UTF-8 byte in argv arrives as
     # one: neither can be encoded to send, which surfaced as an internal error (exit 1).
-    argv = [a.encode("utf-8", "surrogateescape") for a in conductor_argv("call", "--chain",
-                                                                         str(chain), *args)]
-    done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=60)
+    done = conductor("call", "--chain", str(chain), *args)
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert said in done.stderr
     assert "internal error" not in done.stderr
@@ -133,8 +132,7 @@ def test_the_call_example_in_writing_a_proxy_prints_what_it_says(tmp_path: Path)
     command = "acp-conductor call --chain upper.toml _ext/upper/count '{}'"
     text = (REPO / "docs" / "writing-a-proxy.md").read_text(encoding="utf-8")
     assert f"\n{command}\n" in text and "The first prints `{\"prompts\": 0}`" in text
-    done = subprocess.run(conductor_argv(*shlex.split(command)[1:]), capture_output=True,
-                          text=True, env=child_env(), timeout=60, cwd=tmp_path)
+    done = conductor(*shlex.split(command)[1:], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"prompts": 0}
 
@@ -171,7 +169,6 @@ def test_params_that_are_not_an_object_or_an_array_are_a_usage_error(
     # JSON-RPC params are structured: a scalar went out, was dropped by the conductor with
     # a warning, and a notification so dropped still exited 0.
     argv = ["call", "--chain", str(chain), "_ext/echo", params, *(["--notify"] if notify else [])]
-    done = subprocess.run(conductor_argv(*argv), capture_output=True, text=True,
-                          env=child_env(), timeout=60)
+    done = conductor(*argv)
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert "PARAMS must be a JSON object or array" in done.stderr

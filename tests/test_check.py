@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.conftest import REPO, child_env, conductor_argv
+from tests.in_process import conductor
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -23,9 +24,10 @@ CHAINS = sorted((REPO / "chains").glob("*.toml"))
 
 
 @functools.cache  # the same check of the same file, in two tests: run once a worker
-def check(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(conductor_argv("check", *args), capture_output=True, text=True,
-                          env=child_env(COLUMNS="160"), timeout=60, cwd=REPO)
+def check(*args: str, columns: str = "160") -> subprocess.CompletedProcess[str]:
+    """`acp-conductor check ARGS` in this process (tests/in_process.py); a terminal and
+    Ctrl-C are tested on a real process (below)."""
+    return conductor("check", *args, env={"COLUMNS": columns})
 
 
 @pytest.mark.parametrize("chain", CHAINS, ids=[c.name for c in CHAINS])
@@ -83,9 +85,7 @@ def test_the_failure_line_is_one_line_in_an_80_column_log(tmp_path: Path) -> Non
     chain = tmp_path / "missing.toml"
     chain.write_text('[agent]\ncommand = "no-such-agent-binary-with-a-long-name --flag"\n',
                      encoding="utf-8")
-    result = subprocess.run(conductor_argv("check", "--chain", str(chain)),
-                            capture_output=True, text=True, env=child_env(COLUMNS="80"),
-                            timeout=60, cwd=REPO)
+    result = check("--chain", str(chain), columns="80")
     assert result.returncode == 3
     assert "acp-conductor: check failed: agent: command not found: " \
            "no-such-agent-binary-with-a-long-name (No such file or directory)\n" in result.stderr

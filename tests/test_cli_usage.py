@@ -1,23 +1,23 @@
 """A new user's usage mistakes get an answer that says how to fix them.
 
-As processes: `run`, `check` and `call` claim the process's stdout for the wire first."""
+`run`, `check` and `call` claim the process's stdout for the wire first: they run in this
+process on fds of their own (tests/in_process.py)."""
 
 from __future__ import annotations
 
-import subprocess
 from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.conftest import child_env, conductor_argv
+from tests.in_process import conductor
 
 if TYPE_CHECKING:
+    import subprocess
     from pathlib import Path
 
 
 def in_folder(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(conductor_argv(*args), env=child_env(), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=30, cwd=folder)
+    return conductor(*args, cwd=folder)
 
 
 @pytest.mark.parametrize("command", [["run", "hi"], ["check"]])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from typing import TYPE_CHECKING
 
@@ -16,7 +15,7 @@ from conductor.cli.doctor import (
     file_findings,
 )
 from conductor.config import component_environment, load_chain
-from tests.conftest import child_env, conductor_argv
+from tests.in_process import conductor
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -99,13 +98,11 @@ def test_doctor_exits_1_when_a_check_fails_and_0_with_warnings_only(tmp_path: Pa
     chain = tmp_path / "chain.toml"
     chain.write_text('[agent]\ncommand = "true"\nsecret_env = ["SURELY_UNSET_TOKEN"]\n',
                      encoding="utf-8")
-    ok = subprocess.run(conductor_argv("doctor", "--chain", str(chain)), env=child_env(),
-                        capture_output=True, text=True, timeout=60, check=False)
+    ok = conductor("doctor", "--chain", str(chain))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "warn  SURELY_UNSET_TOKEN: not set" in ok.stdout
     chain.write_text('[agent]\ncommand = "no-such-agent-program"\n', encoding="utf-8")
-    failed = subprocess.run(conductor_argv("doctor", "--chain", str(chain)), env=child_env(),
-                            capture_output=True, text=True, timeout=60, check=False)
+    failed = conductor("doctor", "--chain", str(chain))
     assert failed.returncode == 1
     assert "fail  agent: `no-such-agent-program` is not on PATH" in failed.stdout
     assert failed.stdout.splitlines()[-1].startswith("1 failed, ")

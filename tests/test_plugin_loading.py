@@ -22,6 +22,7 @@ from conductor.plan import plan_chain as _plan
 from conductor.plugins.registry import find_plugin, installed, load_proxy
 from conductor.testing import open_process_client
 from tests.conftest import child_env, conductor_argv
+from tests.in_process import conductor
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -202,8 +203,9 @@ def test_a_plugin_file_path_loads_its_only_proxy_class(tmp_path: Path) -> None:
 
 
 def test_the_proxies_command_lists_installed_proxies_with_a_description() -> None:
-    out = subprocess.run(conductor_argv("proxies"), env=child_env(), capture_output=True,
-                         text=True, timeout=30, check=True).stdout
+    done = conductor("proxies")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     lines = {line.split()[0]: line for line in out.splitlines()}
     assert BUILT_INS <= set(lines)
     assert "Scrub secrets" in lines["redact"]
@@ -261,9 +263,7 @@ def test_serve_proxy_refuses_the_global_options_it_would_silently_ignore(
         tmp_path: Path, given: list[str], says: str) -> None:
     # Its --help lists them with the other commands' global options; a --trace that writes
     # nothing leaves a user looking for a file that never comes.
-    done = subprocess.run(conductor_argv("serve-proxy", "passthrough", *given),
-                          env=child_env(), capture_output=True, text=True, timeout=30,
-                          stdin=subprocess.DEVNULL, cwd=tmp_path)
+    done = conductor("serve-proxy", "passthrough", *given, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert says in done.stderr and done.stdout == ""
     assert not (tmp_path / "t.jsonl").exists()
@@ -476,6 +476,7 @@ def test_a_plugin_whose_constructor_raises_is_a_chain_error_naming_the_proxy_and
 def test_run_with_a_plugin_whose_constructor_raises_exits_2_without_an_internal_error(
         tmp_path: Path) -> None:
     chain = _plugin_chain(tmp_path, "mine.py", "mine.py:NeedsToken")
+    # A real process: in-process, this run leaves a memory stream unclosed (ResourceWarning).
     done = subprocess.run(conductor_argv("run", "--chain", str(chain), "hi"), env=child_env(),
                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert done.returncode == 2, done.stderr

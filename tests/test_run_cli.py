@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.conftest import BIN, REPO, child_env, conductor_argv
+from tests.in_process import conductor
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -23,10 +24,15 @@ if TYPE_CHECKING:
 DEMO = str(REPO / "chains" / "demo.toml")
 
 
-def run(*args: str, stdin: str | None = None, cwd: Path | None = None,
-        timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(conductor_argv(*args), input=stdin, capture_output=True, text=True,
-                          env=child_env(), timeout=timeout, cwd=cwd or REPO)
+def run(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`acp-conductor ARGS` in this process (tests/in_process.py): for what a command says
+    and exits with. What only a process shows is run as one (`process`, and below)."""
+    return conductor(*args, stdin=stdin)
+
+
+def process(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(conductor_argv(*args), capture_output=True, text=True,
+                          env=child_env(), timeout=30, cwd=REPO)
 
 
 def events(stdout: str) -> list[dict]:
@@ -42,7 +48,7 @@ def sdk_chain(tmp_path: Path) -> str:
 
 
 def test_plain_run_streams_only_the_agents_text_to_stdout_without_escape_codes() -> None:
-    result = run("run", "--chain", DEMO, "hello")
+    result = process("run", "--chain", DEMO, "hello")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "Hello from the demo agent. You said: hello \n"
     assert "\x1b" not in result.stdout + result.stderr
@@ -319,7 +325,7 @@ def test_timeout_covers_setup_and_names_the_request_a_mute_agent_never_answered(
         chain = f.read()
         f.seek(0)
         f.write("[conductor]\nshutdown_grace = 0.2\n\n" + chain)
-    result = run("run", "--chain", mute_chain, "hi", "--json", "--timeout", "0.5", timeout=30)
+    result = run("run", "--chain", mute_chain, "hi", "--json", "--timeout", "0.5")
     assert result.returncode == 124, result.stderr
     lines = events(result.stdout)
     assert any("never answered initialize" in e.get("message", "") for e in lines)
@@ -589,9 +595,7 @@ def test_with_stdin_closed_a_prompt_argument_runs_and_a_dash_prompt_is_empty() -
     (["ok", "--prompt", b"caf\xe9"], b"")])
 def test_a_prompt_that_is_not_utf8_is_a_usage_error_before_anything_is_sent(
         args: list[str | bytes], stdin: bytes) -> None:
-    argv = [*conductor_argv("run", "--chain", DEMO, "--json"), *args]
-    result = subprocess.run(argv, input=stdin, capture_output=True, env=child_env(),
-                            timeout=30, cwd=REPO)
+    result = conductor("run", "--chain", DEMO, "--json", *args, stdin=stdin, text=False)
     err = result.stderr.decode("utf-8", "replace")
     assert result.returncode == 2, err
     assert "not UTF-8" in err

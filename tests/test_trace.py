@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.conftest import BIN, REPO, child_env, conductor_argv
+from tests.conftest import BIN, REPO
+from tests.in_process import conductor
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -44,17 +45,12 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     trace.write_text("old\n", encoding="utf-8")
     trace.chmod(0o644)  # an existing file must end up owner-only too
     prompt = f"permission plan {SECRET} ticket-4711 Authorization: Bearer abc.def"
-    result = subprocess.run(
-        conductor_argv("--trace", str(trace), "run", "--chain", str(chain_file), prompt,
-                       "--approve", "all"),
-        capture_output=True, text=True, env=child_env(PYTHONPATH=str(REPO)), timeout=60,
-        cwd=REPO)
+    result = conductor("--trace", str(trace), "run", "--chain", str(chain_file), prompt,
+                       "--approve", "all", env={"PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr
     unredacted = tmp / "unredacted.jsonl"
-    result = subprocess.run(
-        conductor_argv("--trace", str(unredacted), "--trace-unredacted", "run", "--chain",
-                       str(chain_file), prompt, "--approve", "all"),
-        capture_output=True, text=True, env=child_env(), timeout=60, cwd=REPO)
+    result = conductor("--trace", str(unredacted), "--trace-unredacted", "run", "--chain",
+                       str(chain_file), prompt, "--approve", "all")
     assert result.returncode == 0, result.stderr
     return {"trace": trace, "unredacted": unredacted, "tmp": tmp, **logs}
 
@@ -160,10 +156,8 @@ def test_trace_files_are_owner_only(recorded: dict) -> None:
 
 
 def test_trace_show_draws_lanes_pairs_and_durations(recorded: dict) -> None:
-    result = subprocess.run(conductor_argv("trace", "show", str(recorded["trace"]),
-                                           "--method", "session/*"),
-                            capture_output=True, text=True, env=child_env(COLUMNS="200"),
-                            timeout=30)
+    result = conductor("trace", "show", str(recorded["trace"]), "--method", "session/*",
+                       env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     header = result.stdout.splitlines()[0]
     for lane in ("client", "conductor", "first", "second", "agent"):
@@ -171,11 +165,8 @@ def test_trace_show_draws_lanes_pairs_and_durations(recorded: dict) -> None:
     assert "session/prompt #3 request" in result.stdout
     assert " ms" in result.stdout
     assert "initialize" not in result.stdout
-    only_agent = subprocess.run(conductor_argv("trace", "show", str(recorded["trace"]),
-                                               "--component", "agent", "--session",
-                                               "demo-session-1"),
-                                capture_output=True, text=True, env=child_env(COLUMNS="200"),
-                                timeout=30)
+    only_agent = conductor("trace", "show", str(recorded["trace"]), "--component", "agent",
+                           "--session", "demo-session-1", env={"COLUMNS": "200"})
     assert only_agent.returncode == 0
     assert "first→second" not in only_agent.stdout
     assert "second→agent" in only_agent.stdout
@@ -186,10 +177,8 @@ def test_trace_show_marks_errors(tmp_path: Path) -> None:
     chain = tmp_path / "bad.toml"
     chain.write_text(f'[agent]\nname = "crashy"\ncommand = ["{sys.executable}", "-c", '
                      '"import sys; sys.stdin.readline(); sys.exit(9)"]\n', encoding="utf-8")
-    subprocess.run(conductor_argv("--trace", str(trace), "run", "--chain", str(chain), "x"),
-                   capture_output=True, env=child_env(), timeout=30)
-    result = subprocess.run(conductor_argv("trace", "show", str(trace)), capture_output=True,
-                            text=True, env=child_env(COLUMNS="200"), timeout=30)
+    conductor("--trace", str(trace), "run", "--chain", str(chain), "x")
+    result = conductor("trace", "show", str(trace), env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     assert "error" in result.stdout
     assert "crashy exited" in result.stdout
@@ -206,9 +195,7 @@ def test_trace_html_loads_in_headless_chromium_with_lanes_and_messages(recorded:
                                                                        tmp_path: Path) -> None:
     assert CHROMIUM is not None, "CI must have chromium: .ci/run installs it"
     page = tmp_path / "trace.html"
-    result = subprocess.run(conductor_argv("trace", "html", str(recorded["trace"]), "-o",
-                                           str(page)),
-                            capture_output=True, text=True, env=child_env(), timeout=30)
+    result = conductor("trace", "html", str(recorded["trace"]), "-o", str(page))
     assert result.returncode == 0, result.stderr
     html = page.read_text(encoding="utf-8")
     assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")
@@ -253,14 +240,12 @@ def _dump_dom(page: Path, profile: Path) -> str:
 def test_trace_html_renders_every_event_when_payloads_hold_markup(tmp_path: Path) -> None:
     assert CHROMIUM is not None, "CI must have chromium: .ci/run installs it"
     trace, page = tmp_path / "t.jsonl", tmp_path / "t.html"
-    done = subprocess.run(conductor_argv("--trace", str(trace), "run", "--chain",
-                                         str(REPO / "chains" / "demo.toml"), HOSTILE),
-                          capture_output=True, text=True, env=child_env(), timeout=60)
+    done = conductor("--trace", str(trace), "run", "--chain", str(REPO / "chains" / "demo.toml"),
+                     HOSTILE)
     assert done.returncode == 0, done.stderr
     events = _events(trace)
     assert sum(HOSTILE in json.dumps(e, ensure_ascii=False) for e in events) >= 2  # both ways
-    done = subprocess.run(conductor_argv("trace", "html", str(trace), "-o", str(page)),
-                          capture_output=True, text=True, env=child_env(), timeout=30)
+    done = conductor("trace", "html", str(trace), "-o", str(page))
     assert done.returncode == 0, done.stderr
     html = page.read_text(encoding="utf-8")
     start = html.index('id="trace-data">') + len('id="trace-data">')

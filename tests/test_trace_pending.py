@@ -20,7 +20,7 @@ from conductor.plugins import Proxy, ProxyContext, on
 from conductor.testing import ScriptedAgent, TestClient, open_test_chain
 from conductor.tracing.sink import JsonlTraceSink
 from conductor.tracing.view import load_trace, pending
-from tests.conftest import child_env, conductor_argv
+from tests.in_process import conductor
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -283,12 +283,10 @@ def test_a_hung_agent_is_found_in_the_trace_of_a_run_that_gave_up(tmp_path: Path
                      '[agent]\nname = "mute"\ncommand = ["sh", "-c", "cat >/dev/null"]\n',
                      encoding="utf-8")
     trace = tmp_path / "t.jsonl"
-    done = subprocess.run(conductor_argv("--trace", str(trace), "run", "--chain", str(chain),
-                                         "hi", "--timeout", "0.5"),
-                          capture_output=True, text=True, env=child_env(), timeout=60)
+    done = conductor("--trace", str(trace), "run", "--chain", str(chain), "hi", "--timeout",
+                     "0.5")
     assert done.returncode == 124, done.stderr
-    shown = subprocess.run(conductor_argv("trace", "show", str(trace), "--pending"),
-                           capture_output=True, text=True, env=child_env(), timeout=30)
+    shown = conductor("trace", "show", str(trace), "--pending")
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("1 of 1 requests never got an answer")
     assert "initialize #1  from client" in shown.stdout
@@ -308,8 +306,7 @@ def test_the_page_marks_where_requests_stopped_shows_the_silence_and_fits_every_
         stuck_trace: Path, tmp_path: Path) -> None:
     assert CHROMIUM is not None, "CI must have chromium: .ci/run installs it"
     page = tmp_path / "stuck.html"
-    done = subprocess.run(conductor_argv("trace", "html", str(stuck_trace), "-o", str(page)),
-                          capture_output=True, text=True, env=child_env(), timeout=30)
+    done = conductor("trace", "html", str(stuck_trace), "-o", str(page))
     assert done.returncode == 0, done.stderr
     dom = subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",

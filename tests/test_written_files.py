@@ -7,16 +7,17 @@ import contextlib
 import logging
 import os
 import stat
-import subprocess
 from typing import TYPE_CHECKING
 
 import anyio
 import pytest
 
-from tests.conftest import REPO, child_env, conductor_argv
+from tests.conftest import REPO
+from tests.in_process import conductor
 from tests.test_builtin_proxy_options import transcript_turn
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Iterator
     from pathlib import Path
 
@@ -24,9 +25,9 @@ DEMO = str(REPO / "chains" / "demo.toml")
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The conductor under umask 000: whatever it creates, it chose the mode itself."""
-    return subprocess.run(conductor_argv(*args), capture_output=True, text=True, cwd=cwd,
-                          env=child_env(), timeout=60, umask=0, stdin=subprocess.DEVNULL)
+    """The conductor under umask 000: whatever it creates, it chose the mode itself (run in
+    this process: tests/in_process.py)."""
+    return conductor(*args, cwd=cwd, umask=0)
 
 
 def mode(path: Path) -> int:

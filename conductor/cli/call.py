@@ -48,7 +48,7 @@ def call_command(ctx: click.Context, method: str, params: str | None, open_sessi
     acp-conductor call --chain chain.toml _ext/shout/count '{}'
     acp-conductor call --chain chain.toml _ext/index/search '{"q": "parser"}' --session
     """
-    out = claim_stdout()
+    out = claim_stdout(ctx)
     options = globals_of(ctx)
     leave_to_the_client(options.log_level)
     config = read_chain(options.chain())

@@ -126,7 +126,7 @@ def check_command(ctx: click.Context, as_json: bool, timeout: float) -> None:
     stand-in agent as its successor. Exits 0 when the chain initializes; 2 for a bad file;
     3 (with the component's stderr tail) when a component fails; 1 otherwise.
     """
-    out = claim_stdout()
+    out = claim_stdout(ctx)
     options = globals_of(ctx)
     leave_to_the_client(options.log_level)
     path = options.chain()

@@ -27,8 +27,10 @@ from conductor.plan import read_chain
 from conductor.tracing.sink import run_flushed
 
 
-def claim_stdout() -> TextIO:
-    """Our own stdout, as text; from now on fd 1 and `sys.stdout` are stderr."""
+def claim_stdout(ctx: click.Context) -> TextIO:
+    """Our own stdout, as text; from now on fd 1 and `sys.stdout` are stderr. It is closed
+    when the command (`ctx`) ends, as the exit would close it: run in-process (as tests
+    run commands), a command leaves no file open behind it."""
     from conductor.transport.claim import claim_stdout
 
     fd = claim_stdout()
@@ -36,7 +38,16 @@ def claim_stdout() -> TextIO:
         # Started with fd 0 closed (`<&-`): claim_stdout put /dev/null there; read it as an
         # empty stdin rather than failing on the missing `sys.stdin`.
         sys.stdin = open(os.devnull, encoding="utf-8")
-    return open(fd, "w", encoding="utf-8", buffering=1 if os.isatty(fd) else -1)
+    out = open(fd, "w", encoding="utf-8", buffering=1 if os.isatty(fd) else -1)
+    ctx.call_on_close(lambda: _close(out))
+    return out
+
+
+def _close(out: TextIO) -> None:
+    try:
+        out.close()
+    except BrokenPipeError:
+        pass  # the reader went away (`| head`): what is left is for nobody
 
 
 def flush(out: TextIO) -> None:
@@ -190,7 +201,7 @@ def run_command(ctx: click.Context, prompt: str | None, more_prompts: tuple[str,
     """
     from conductor.editor.render import JsonEvents, PlainEvents, QuietEvents
 
-    out = claim_stdout()
+    out = claim_stdout(ctx)
     options = globals_of(ctx)
     leave_to_the_client(options.log_level)
     config = read_chain(options.chain())

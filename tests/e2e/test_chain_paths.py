@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests import in_process
 from tests.conftest import child_env, conductor_argv
 
 if TYPE_CHECKING:
@@ -55,6 +56,13 @@ def project(root: Path, chain: str = CHAIN) -> Path:
 
 
 def conductor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Started in `cwd`, in this process (tests/in_process.py): the chain's components are
+    the real processes whose paths and folders these tests check."""
+    return in_process.conductor(*args, cwd=cwd)
+
+
+def process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    # In-process, a check that fails on a missing path shows a memory stream left unclosed.
     return subprocess.run(conductor_argv(*args), env=child_env(), cwd=cwd, capture_output=True,
                           text=True, stdin=subprocess.DEVNULL, timeout=60, check=False)
 
@@ -93,7 +101,7 @@ def test_a_component_runs_in_the_chain_files_folder_unless_cwd_says_otherwise(
 def test_a_relative_path_that_is_missing_is_reported_with_the_folder_it_was_taken_from(
         tmp_path: Path, entry: str, key: str) -> None:
     chain = project(tmp_path, entry + '[agent]\ncommand = ["${PYTHON}", "agent.py"]\n')
-    result = conductor("check", "--chain", str(chain), cwd=tmp_path / "elsewhere")
+    result = process("check", "--chain", str(chain), cwd=tmp_path / "elsewhere")
     assert result.returncode == 2, result.stderr
     assert key in result.stderr
     assert f"relative to {chain.parent}, the chain file's folder" in result.stderr

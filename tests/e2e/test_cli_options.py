@@ -19,6 +19,7 @@ import pytest
 
 from conductor.cli.app import main
 from tests.conftest import child_env, conductor_argv
+from tests.in_process import conductor
 from tests.wire_client import open_conductor, proxy_cmd
 
 if TYPE_CHECKING:
@@ -29,8 +30,9 @@ GLOBAL = {"--chain", "--log-level", "--log-file", "--max-frame-bytes", "--trace"
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(conductor_argv(*args), env=child_env(), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=60, check=False, cwd=cwd)
+    """In this process (tests/in_process.py): terminals and pipes are tested on real
+    processes (below)."""
+    return conductor(*args, cwd=cwd)
 
 
 def options_of(command: click.Command) -> set[str]:

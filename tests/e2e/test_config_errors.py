@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.conftest import child_env, conductor_argv
+from tests.in_process import conductor
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -48,13 +49,19 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=30, check=False)
 
 
+def refused(*args: str) -> subprocess.CompletedProcess[str]:
+    """A command line refused before anything starts: what it says and exits with is the
+    same in this process (tests/in_process.py); `run` shows it from a real one."""
+    return conductor(*args)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_a_bad_chain_file_exits_2_naming_the_file_the_key_and_a_fix(
         tmp_path: Path, case: str) -> None:
     text, fragments = CASES[case]
     path = tmp_path / "chain.toml"
     path.write_text(text, encoding="utf-8")
-    result = run("--chain", str(path))
+    result = refused("--chain", str(path))
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     assert str(path) in result.stderr
@@ -89,7 +96,7 @@ def test_help_is_written_for_a_new_user() -> None:
 def test_the_proxy_command_refuses_a_chain_with_an_agent(tmp_path: Path) -> None:
     path = tmp_path / "chain.toml"
     path.write_text(AGENT, encoding="utf-8")
-    result = run("--chain", str(path), "proxy")
+    result = refused("--chain", str(path), "proxy")
     assert result.returncode == 2
     assert "agent" in result.stderr
     assert "hint" in result.stderr

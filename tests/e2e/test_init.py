@@ -13,7 +13,7 @@ import pytest
 from conductor.cli.init import AGENTS, chain_text
 from conductor.config import parse_chain
 from conductor.plan import plan_chain as _plan
-from tests.conftest import child_env, conductor_argv
+from tests import in_process
 from tests.e2e.conftest import fresh_venv, user_env
 
 if TYPE_CHECKING:
@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
 
 def conductor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(conductor_argv(*args), env=child_env(), cwd=cwd, capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=60, check=False)
+    """In this process (tests/in_process.py); the installed package's commands are run as
+    a user runs them (below)."""
+    return in_process.conductor(*args, cwd=cwd)
 
 
 def with_examples_enabled(text: str) -> str:
