@@ -315,12 +315,7 @@ class ProxyHost:
         except BaseException as raised:
             # A plugin's hook: its failure fails the start naming it, as chain_started's
             # does (it was an "internal error" naming nobody).
-            e = plugin_failure(raised)
-            if e is None:
-                raise
-            self._log_failure(e, "mcp_servers", reaches_client=True)
-            raise ComponentStartError(self.name, f"mcp_servers failed: "
-                                                 f"{type(e).__name__}: {e}") from None
+            raise self._start_failure(raised, "mcp_servers") from None
         if declared or type(proxy).session_mcp_servers is not Proxy.session_mcp_servers:
             from conductor.plugins.tools import ToolServers
             self.tools = ToolServers(self, proxy.offered_mcp_servers())
@@ -948,6 +943,17 @@ class ProxyHost:
         for grace in self.graces:
             grace.cancel()
 
+    def _start_failure(self, raised: BaseException, hook: str) -> ComponentStartError:
+        """What `hook` raised, as the chain's start failure naming this proxy; what is no
+        failure of the plugin's (a cancellation) is raised as it is."""
+        e = plugin_failure(raised)
+        if e is None:
+            raise raised
+        # In-process, the start failure answers the editor's initialize, which
+        # run/check/call report: this line is theirs to hide (REACHES_CLIENT).
+        self._log_failure(e, hook, reaches_client=True)
+        return ComponentStartError(self.name, f"{hook} failed: {type(e).__name__}: {e}")
+
     async def start_chain(self) -> None:
         """`chain_started`, before the first message.
 
@@ -959,14 +965,7 @@ class ProxyHost:
             with anyio.move_on_after(START_HOOK_BOUND) as bound:
                 await self._proxy.chain_started()
         except BaseException as raised:
-            e = plugin_failure(raised)
-            if e is None:
-                raise
-            # In-process, the start failure answers the editor's initialize, which
-            # run/check/call report: this line is theirs to hide (REACHES_CLIENT).
-            self._log_failure(e, "chain_started", reaches_client=True)
-            raise ComponentStartError(self.name, f"chain_started failed: "
-                                                 f"{type(e).__name__}: {e}") from None
+            raise self._start_failure(raised, "chain_started") from None
         if bound.cancelled_caught:
             self._proxy.log.error("proxy %s: chain_started did not return within %gs",
                                   self.name, START_HOOK_BOUND, extra=REACHES_CLIENT)
