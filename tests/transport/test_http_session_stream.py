@@ -4,13 +4,16 @@ the endpoint's `HttpClient` with hand-made ASGI `send` and `receive`."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 
 from conductor.jsonrpc.message import Notification, Raw, Request, Response, raw
 from conductor.transport.http import AcpEndpoint, Gate, HttpClient, RemoteClient
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
 
 
 class Stream:
@@ -49,6 +52,14 @@ class Stream:
         return {"type": "http.disconnect"}
 
 
+async def open_streams(tg: TaskGroup, client: HttpClient, main: Stream, own: Stream) -> None:
+    """The connection's stream (`main`) and session s1's (`own`), both open."""
+    tg.start_soon(client.stream, None, main.send, main.receive)
+    tg.start_soon(client.stream, "s1", own.send, own.receive)
+    await main.opened.wait()
+    await own.opened.wait()
+
+
 def update(n: int) -> Notification:
     return Notification(method="session/update", params=raw({"sessionId": "s1", "n": n}))
 
@@ -59,10 +70,7 @@ async def test_a_newer_get_for_a_session_stream_takes_over_and_loses_no_queued_e
     first, second, main = Stream(), Stream(), Stream()
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(client.stream, None, main.send, main.receive)
-            tg.start_soon(client.stream, "s1", first.send, first.receive)
-            await first.opened.wait()
-            await main.opened.wait()
+            await open_streams(tg, client, main, first)
             first.stall()  # the first reader stopped reading: events queue up behind it
             for n in range(3):
                 await client.send(update(n))
@@ -190,10 +198,7 @@ async def test_a_session_stream_ends_once_its_session_close_is_answered() -> Non
     close = Request(id=raw(7), method="session/close", params=raw({"sessionId": "s1"}))
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(client.stream, None, main.send, main.receive)
-            tg.start_soon(client.stream, "s1", own.send, own.receive)
-            await main.opened.wait()
-            await own.opened.wait()
+            await open_streams(tg, client, main, own)
             await client.send(update(1))
             client.note_request(close, "s1")
             await client.send(Response(id=close.id, result=raw({})))
