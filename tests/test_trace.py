@@ -42,7 +42,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     chain_file = tmp / "chain.toml"
     chain_file.write_text(_toml(chain), encoding="utf-8")
     trace = tmp / "trace.jsonl"
-    trace.write_text("old\n", encoding="utf-8")
+    trace.write_text('{"seq":1,"type":"trace","version":1}\n', encoding="utf-8")  # an old one
     trace.chmod(0o644)  # an existing file must end up owner-only too
     prompt = f"permission plan {SECRET} ticket-4711 Authorization: Bearer abc.def"
     result = conductor("--trace", str(trace), "run", "--chain", str(chain_file), prompt,

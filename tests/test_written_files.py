@@ -79,6 +79,23 @@ def test_a_trace_given_the_chain_or_log_files_path_is_refused_and_that_file_kept
     assert not kept.read_bytes().startswith(b'{"seq"')
 
 
+def test_a_trace_given_a_file_that_is_not_a_trace_is_refused_and_the_file_kept(
+        tmp_path: Path) -> None:
+    # A trace is written from the start of its file: `--trace agent.py` (a slip for the
+    # script beside it) destroyed the script. An earlier trace is still replaced.
+    script = tmp_path / "agent.py"
+    script.write_text("print('mine')\n", encoding="utf-8")
+    done = run("--trace", str(script), "run", "--chain", DEMO, "hi", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"--trace: {script} is there and is not a trace" in done.stderr
+    assert script.read_text(encoding="utf-8") == "print('mine')\n"
+    trace = tmp_path / "t.jsonl"
+    for _ in range(2):
+        done = run("--trace", str(trace), "run", "--chain", DEMO, "hi", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    assert trace.read_bytes().count(b'"type":"trace"') == 1
+
+
 def test_a_log_file_given_the_chain_files_path_is_refused_and_the_chain_kept(
         tmp_path: Path) -> None:
     chain = tmp_path / "chain.toml"

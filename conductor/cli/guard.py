@@ -65,11 +65,12 @@ class Globals(Record):
             return nullcontext(None)
         from conductor.config import trace_redactor
         from conductor.output import refuse_overwriting
-        from conductor.tracing.sink import open_trace_sink
+        from conductor.tracing.sink import open_trace_sink, refuse_replacing
 
         refuse_overwriting(self.trace, option="--trace", inputs={
             "the chain file": config.source if config is not None else None,
             "the --log-file": self.log_file})
+        refuse_replacing(self.trace)
         return open_trace_sink(self.trace,
                                trace_redactor(config, unredacted=self.trace_unredacted))
 

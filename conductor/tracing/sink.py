@@ -381,6 +381,33 @@ async def run_flushed(sink: JsonlTraceSink | None, func: Callable[..., Awaitable
         return await func(*args)
 
 
+def refuse_replacing(path: str, *, option: str = "--trace") -> None:
+    """A trace file is written from its start: refuse a file that is there and is not a
+    trace (`--trace agent.py`, a typo for a script next to it, would destroy it).
+
+    Raises:
+        ConfigError: `path` is a non-empty regular file whose first line is no trace's.
+    """
+    from conductor.errors import ConfigError
+
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return  # not there (or a link, refused when it is opened)
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return
+    try:
+        with open(path, "rb") as f:
+            first = msgspec.json.decode(f.readline(64 * 1024))
+    except (OSError, msgspec.DecodeError):
+        first = None
+    if isinstance(first, dict) and first.get("type") == "trace":
+        return  # an earlier trace: replaced, as asked
+    raise ConfigError(f"{path} is there and is not a trace; writing the trace there would "
+                      "destroy it", field=option,
+                      hint="give a new file name (or remove that file first)")
+
+
 @contextmanager
 def open_trace_sink(path: str | None,
                     redactor: Redactor | None) -> Iterator[JsonlTraceSink | None]:
