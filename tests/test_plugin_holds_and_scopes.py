@@ -10,6 +10,7 @@ import anyio
 import msgspec
 import pytest
 
+import conductor.plugins.host as host_module
 from conductor.errors import RpcError
 from conductor.jsonrpc.message import Notification
 from conductor.plugins import CloseReason, Proxy, ProxyContext, SessionScope, on
@@ -640,3 +641,85 @@ async def test_the_editors_answer_routed_past_is_not_held_behind_an_agent_side_h
                 await agent.wait_for("_ext/status")  # the handler holds the agent side
                 gate.set()
             assert client.agent_text(sid) == "0"
+
+
+def said(sid: str, text: str) -> dict[str, Any]:
+    return {"sessionId": sid, "update": {"sessionUpdate": "agent_message_chunk",
+                                         "content": {"type": "text", "text": text}}}
+
+
+class AsksTheAgentToAnswer(Proxy):
+    """Nearer the editor: answers `_ext/ask` by asking the agent first."""
+
+    @on("_ext/ask", source="successor")
+    async def ask(self, ctx: ProxyContext, message: Any) -> object:
+        await ctx.request("_ext/status", {}, to="successor")
+        return {}
+
+
+class AsksBeforeForwarding(Proxy):
+    """Nearer the agent: asks its predecessor about each update before forwarding it."""
+
+    @on("session/update", source="successor")
+    async def relay(self, ctx: ProxyContext, message: Any) -> None:
+        await ctx.request("_ext/ask", {}, to="predecessor")
+        await ctx.forward()
+
+
+async def test_a_hold_waiting_for_what_only_comes_behind_it_gives_way_not_a_hang(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # The editor side must ask the agent before it can answer the holding handler: the
+    # agent's answer was held behind that handler, and nothing moved again.
+    monkeypatch.setattr(host_module, "HOLD_BOUND", 0.3)
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> object:
+        await agent.notify("session/update", said(message.params_value()["sessionId"], "0"))
+        return {"stopReason": "end_turn"}
+    agent = ScriptedAgent({"session/prompt": prompt, "_ext/status": {}})
+    async with open_test_chain([AsksTheAgentToAnswer(), AsksBeforeForwarding()],
+                               agent) as client:
+        with anyio.fail_after(10):
+            sid = await client.new_session()
+            await client.prompt(sid, "go")
+            await client.wait_for("session/update")  # behind the answer: order gave way
+    assert client.agent_text(sid) == "0"
+    assert "has not forwarded it for 0.3s; what the agent sent after it goes on now" \
+        in caplog.text
+
+
+async def test_messages_held_behind_a_handler_stop_at_a_bound_and_the_agent_waits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Held messages left the bounded inbox for a list without bound: 20,000 updates behind
+    # one slow handler were all held at once.
+    monkeypatch.setattr(host_module, "HELD_LIMIT", 16)
+    held: list[int] = []
+    hold = host_module.ProxyHost._hold
+
+    def counting(self: host_module.ProxyHost, item: Any, sides: Any) -> bool:
+        kept = hold(self, item, sides)
+        held.append(len(self._held))
+        return kept
+    monkeypatch.setattr(host_module.ProxyHost, "_hold", counting)
+
+    class SlowOnTheFirst(Proxy):
+        seen = 0
+
+        @on("session/update", source="successor")
+        async def relay(self, ctx: ProxyContext, message: Any) -> None:
+            self.seen += 1
+            if self.seen == 1:
+                ctx.release()
+                await anyio.sleep(0.2)  # the agent streams on meanwhile
+            await ctx.forward()
+
+    async def prompt(agent: ScriptedAgent, message: Any) -> object:
+        for _ in range(200):
+            await agent.notify("session/update", said(message.params_value()["sessionId"],
+                                                      "x"))
+        return {"stopReason": "end_turn"}
+    async with open_test_chain([SlowOnTheFirst()],
+                               ScriptedAgent({"session/prompt": prompt})) as client:
+        with anyio.fail_after(10):
+            turn = await client.prompt(await client.new_session(), "go")
+    assert turn.text == "x" * 200  # all of it, in order
+    assert max(held) == 16

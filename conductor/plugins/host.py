@@ -93,6 +93,12 @@ START_HOOK_BOUND = 60.0
 # How long `session_opened`, `session_closed` and `session_mcp_servers` may take: they run
 # inline, in the proxy's dispatch, so everything crossing the proxy waits for them.
 SESSION_HOOK_BOUND = 10.0
+# How long a handler of an agent-side notification may hold what the agent sends after it
+# (docs/writing-a-proxy.md, "Ordering"), before the hold gives way with a warning (a hold
+# must never become a hang), and how many held messages stop the proxy's inbox being read
+# until the drain makes room (nor an unbounded queue).
+HOLD_BOUND: Final = 5.0
+HELD_LIMIT: Final = 4 * INBOX_SIZE
 # How long a cancelled handler waits for the far end to answer a request it sent (so its
 # own answer follows what the far end streamed before answering).
 CANCELLED_ANSWER_GRACE: Final = 5.0
@@ -296,7 +302,11 @@ class ProxyHost:
         # it forwards or returns, and then dispatched by `_drain`. Answers its own requests
         # (and unowned ones) need are not held: it may be waiting for them.
         self._barriers: dict[ProxyContext, Side] = {}
-        self._held: list[tuple[frozenset[Side], Message | Callable[[], Awaitable[None]]]] = []
+        self._barrier_since: dict[ProxyContext, float] = {}  # for the bound (HOLD_BOUND)
+        self._watching_holds = False
+        self._room = anyio.Event()  # set when the drain has made room (`dispatch` waits)
+        self._held: deque[tuple[frozenset[Side], Message | Callable[[], Awaitable[None]]]] = \
+            deque()
         self._held_sides: dict[Side, int] = {}
         self._draining = False
         self._ordering = False  # any of the three above: checked on every message
@@ -436,6 +446,12 @@ class ProxyHost:
     async def dispatch(self, message: Message) -> None:
         """Handle one message from the conductor. A plugin's failure is answered, not raised."""
         if self._ordering and self._hold(message, self._sides_of(message)):
+            if len(self._held) >= HELD_LIMIT:
+                # Held messages leave the bounded inbox: so many wait that the inbox stops
+                # being read until the drain makes room (the agent then waits, as on a full
+                # pipe). A hold that never ends is let go by `_bound_holds`.
+                self._room = anyio.Event()
+                await self._room.wait()
             return
         await self._dispatch_now(message)
 
@@ -496,12 +512,41 @@ class ProxyHost:
     def _hold_back(self, ctx: ProxyContext) -> None:
         """`ctx`'s handler let dispatch go on before forwarding its notification."""
         self._barriers[ctx] = ctx.source
+        self._barrier_since[ctx] = anyio.current_time()
         self.queued += 1
         self._ordering = True
+        if not self._watching_holds and self.task_group is not None:
+            self._watching_holds = True
+            self.task_group.start_soon(self._bound_holds)
+
+    async def _bound_holds(self) -> None:
+        """A handler holding the agent's stream back for HOLD_BOUND lets it go: it may wait
+        for something that only comes behind what it holds (the editor side asking the
+        agent first), and a hold must never become a hang."""
+        try:
+            while self._barrier_since and not self.stopping:
+                oldest = next(iter(self._barrier_since.values()))
+                await anyio.sleep(max(0.0, oldest + HOLD_BOUND - anyio.current_time()))
+                now = anyio.current_time()
+                late = [c for c, since in self._barrier_since.items() if since + HOLD_BOUND <= now]
+                if late:
+                    self._give_up_holding(f"a handler of {late[0].message.method} has not "
+                                          f"forwarded it for {HOLD_BOUND:g}s", late)
+        finally:
+            self._watching_holds = False
+
+    def _give_up_holding(self, why: str, which: list[ProxyContext] | None = None) -> None:
+        log.warning("proxy %s: %s; what the agent sent after it goes on now, no longer in "
+                    "order behind it (docs/writing-a-proxy.md, Ordering)", self.name, why)
+        for ctx in list(self._barriers) if which is None else which:
+            self._let_go(ctx)
 
     def _let_go(self, ctx: ProxyContext) -> None:
-        """`ctx`'s handler forwarded its notification, or returned: what it held may go."""
-        del self._barriers[ctx]
+        """`ctx`'s handler forwarded its notification, or returned (or held too long): what
+        it held may go."""
+        if self._barriers.pop(ctx, None) is None:
+            return  # let go already, by the bound
+        del self._barrier_since[ctx]
         self.queued -= 1
         if self._held and not self._draining:
             assert self.task_group is not None
@@ -532,13 +577,20 @@ class ProxyHost:
                     else:
                         await item()
                 finally:
-                    del self._held[i]  # (meanwhile only appended to: `i` still holds)
+                    # (meanwhile only appended to: `i` still holds; usually the first)
+                    if i == 0:
+                        self._held.popleft()
+                    else:
+                        del self._held[i]
+                    if len(self._held) < HELD_LIMIT // 2:
+                        self._room.set()
                     for side in sides:
                         self._held_sides[side] -= 1
                     self.queued -= 1
         finally:
             self._draining = False
             self._ordering = bool(self._barriers or self._held)
+            self._room.set()
 
     async def _dispatch_now(self, message: Message) -> None:
         try:
