@@ -499,6 +499,11 @@ class Chain:
             await self.mcp_routes.receive(hop, msg, inner, env.params, source,
                                           down=src.role is Role.PROXY)
             return
+        if self.sessions.accepted_turns and src.role is Role.CLIENT \
+                and inner == acp.SESSION_UPDATE and isinstance(msg, Notification):
+            sid = acp.idle_session(env.params)  # our successor's idle: its turns end
+            if sid is not None and self._turns_ended(sid) == 0:
+                return  # its late idle, for turns the conductor ended: the editor was told
         await self._forward(hop, msg, inner, env.params, source, target, meta=env.any_meta)
 
     async def _refuse_envelope(self, hop: Hop, msg: Call, method: str) -> None:
@@ -853,7 +858,8 @@ class Chain:
         assert rule.session_id is not None
         turn = table.prompting(rule.session_id) if rule.step is Step.PROMPT else None
         # A v2 agent answers a prompt when it accepts it: the turn ends with its idle state.
-        v2 = target.role is Role.AGENT and (self.handshake.agent_version or 0) >= 2
+        # So does our successor in proxy mode (it was initialized with that version too).
+        v2 = (self.handshake.agent_version or 0) >= 2
         return self._ended_hook(rule, turn, v2=v2)
 
     def _opened_hook(self, rule: Lifecycle, source: Node,
@@ -970,7 +976,7 @@ class Chain:
             return  # it ended in time
         table, agent = self.sessions, self.topology.last
         if table.get(session_id) is not record or record.prompts != prompts \
-                or not table.accepted_turns.get(session_id) or agent.role is not Role.AGENT:
+                or not table.accepted_turns.get(session_id):
             return  # it ended, or another turn began since (its own deadline holds)
         table.timed_out(session_id)
         reason = f"{agent.name} did not end the turn of session {session_id} " \
@@ -985,10 +991,7 @@ class Chain:
             await self._originate(agent, self.topology.before(agent), acp.SESSION_UPDATE,
                                   acp.idle_update(session_id, {"acp-conductor": {"error": error}}),
                                   as_request=False)
-        if agent.hop.failure is None:
-            with anyio.move_on_after(CANCEL_WRITE_BOUND):
-                await self._send(agent.hop, Notification(
-                    method=acp.SESSION_CANCEL, params=payload({"sessionId": session_id})))
+        await self._stop_turn(session_id)
 
     async def _end_v2_turns(self, failed: Node, error: ComponentError) -> None:
         """A component failed with v2 turns running through it (the agent: all of them; a
@@ -1000,7 +1003,6 @@ class Chain:
         agent, still working, is told to stop (`session/cancel`), as for a v1 prompt, and
         its late idle is dropped."""
         rpc = failure_response(None, error, component=failed.name).error_value()
-        agent = self.topology.last
         for sid, count in list(self.sessions.accepted_turns.items()):
             if failed.role is Role.PROXY and (not count
                                               or self.sessions.rank(sid) >= failed.index):
@@ -1020,11 +1022,23 @@ class Chain:
                                       acp.SESSION_UPDATE,
                                       acp.idle_update(sid, {"acp-conductor": {"error": rpc}}),
                                       as_request=False)
-            if failed.role is Role.PROXY and agent.role is Role.AGENT \
-                    and agent.hop.failure is None:
-                with anyio.move_on_after(CANCEL_WRITE_BOUND):
-                    await self._send(agent.hop, Notification(
-                        method=acp.SESSION_CANCEL, params=payload({"sessionId": sid})))
+            if failed.role is Role.PROXY:
+                await self._stop_turn(sid)
+
+    async def _stop_turn(self, session_id: str) -> None:
+        """Tell the agent (in proxy mode: our successor, wrapped like the prompt was) to
+        stop the turn of `session_id` (`session/cancel`), if it is still there."""
+        agent = self.topology.last
+        if agent.hop.failure is not None:
+            return
+        params = payload({"sessionId": session_id})
+        with anyio.move_on_after(CANCEL_WRITE_BOUND):
+            if agent.role is Role.SUCCESSOR:  # plain, it would go up to the editor
+                await self._originate(self.topology.before(agent), agent, acp.SESSION_CANCEL,
+                                      params, as_request=False)
+            else:
+                await self._send(agent.hop, Notification(method=acp.SESSION_CANCEL,
+                                                         params=params))
 
     # -- releasing sessions ------------------------------------------------------------------
 
