@@ -148,6 +148,10 @@ class Chain:
         # v2 sessions -> the deadline of their accepted turn (prompt_timeout), cancelled
         # when the turn ends: one sleeping task per running turn, none per ended one.
         self._turn_timers: dict[str, anyio.CancelScope] = {}
+        # The names v2 elicitations were shown by to a proxy the request they are about
+        # was routed past (hop, name) -> that request's forward, until the proxy answers.
+        self._scoped_past: dict[tuple[Hop, str], Forward] = {}
+        self._past_names = 0
         self.recovery = Recovery(self)
         self._muted = self.recovery.muted  # the same set: one lookup on the hot path
 
@@ -539,10 +543,11 @@ class Chain:
             target = self.topology.nodes[target.index + (1 if downward else -1)]
         is_request = isinstance(msg, Request)
         out_method, out_params = method, params
+        hooks: list[ResponseHook] = []
         if method == acp.ELICITATION_CREATE and not downward \
                 and (self.handshake.version or 0) >= 2:
-            out_params = self._elicitation_scope(origin, target, params)
-        hooks: list[ResponseHook] = []
+            out_params = self._elicitation_scope(origin, target, params, hooks,
+                                                 is_request=is_request)
         after_resend: list[ResponseHook] | None = None  # a legacy resend's answer: these
         handshake_hooks = 0
         if method == acp.INITIALIZE and downward:
@@ -641,24 +646,48 @@ class Chain:
                                 log.debug("hooks of a forgotten %s: %s", method, e)
             raise
 
-    @staticmethod
-    def _elicitation_scope(origin: Hop, target: Node, params: Raw | UnsetType
+    def _elicitation_scope(self, origin: Hop, target: Node, params: Raw | UnsetType,
+                           hooks: list[ResponseHook], *, is_request: bool
                            ) -> Raw | UnsetType:
         """A request-scoped v2 elicitation names the request it is about by its id on
         `origin`'s hop (`requestId`), one the conductor sent there: going up to the hop that
         request came from, it names it by that hop's id instead, as every id is mapped per
-        hop. Any other `requestId` (one `target` never sent) crosses unchanged."""
+        hop. A proxy that handles elicitations but never saw the request (it was routed past
+        it) is shown a name of the conductor's for it (`routed-past:N`, a string: no id of
+        any hop), which it maps back when the proxy forwards the elicitation on up. Any
+        other `requestId` (one `target` never sent) crosses unchanged."""
         ident = acp.get_raw(params, "requestId")
         try:
             key = msgspec.json.decode(ident) if ident is not None else None
         except (msgspec.DecodeError, RecursionError):
             return params
-        outgoing = origin.pending.get(key) if type(key) is int else None
-        forward = outgoing.context if outgoing is not None else None
-        if not isinstance(forward, Forward) or forward.origin is not target.hop:
+        forward: object = None
+        if type(key) is int:
+            outgoing = origin.pending.get(key)
+            forward = outgoing.context if outgoing is not None else None
+        elif type(key) is str and self._scoped_past:
+            forward = self._scoped_past.get((origin, key))
+        if not isinstance(forward, Forward):
             return params
+        mapped = forward.origin_id
+        if forward.origin is not target.hop:
+            back = self._node_at(forward.origin, far=not forward.down)
+            if not is_request or target.role is not Role.PROXY or back is None \
+                    or back.index >= target.index or target.hop.failure is not None:
+                return params
+            # Routed past `target`: named for it until it answers this elicitation.
+            self._past_names += 1
+            name = (target.hop, f"routed-past:{self._past_names}")
+            mapped = Raw(msgspec.json.encode(name[1]))
+            self._scoped_past[name] = forward
+            scoped_past = self._scoped_past
+
+            async def forget(answer: Response) -> Response:
+                scoped_past.pop(name, None)
+                return answer
+            hooks.append(forget)
         try:
-            return acp.set_key(params, "requestId", forward.origin_id)
+            return acp.set_key(params, "requestId", mapped)
         except ValueError:
             return params
 
