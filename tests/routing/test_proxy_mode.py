@@ -117,8 +117,10 @@ class ProxyMode:
         assert self.client.sent.pop() == {"jsonrpc": "2.0", "id": f"e{n}", "result": result}
 
     def state(self, sid: str = "s1") -> object:
-        [record] = [r for r in self.chain.status()["sessions"]  # type: ignore[attr-defined]
-                    if r["sessionId"] == sid]
+        """The session's state as the conductor's status shows it (the session tools)."""
+        sessions = self.chain.status()["sessions"]
+        assert isinstance(sessions, list)
+        [record] = [r for r in sessions if r["sessionId"] == sid]
         return record["state"]
 
 
