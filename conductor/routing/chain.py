@@ -654,8 +654,9 @@ class Chain:
         request came from, it names it by that hop's id instead, as every id is mapped per
         hop. A proxy that handles elicitations but never saw the request (it was routed past
         it) is shown a name of the conductor's for it (`routed-past:N`, a string: no id of
-        any hop), which it maps back when the proxy forwards the elicitation on up. Any
-        other `requestId` (one `target` never sent) crosses unchanged."""
+        any hop), which becomes the request's id again when that proxy forwards the
+        elicitation on up, until it answers it. Any other `requestId` (one `target` never
+        sent) crosses unchanged."""
         ident = acp.get_raw(params, "requestId")
         try:
             key = msgspec.json.decode(ident) if ident is not None else None
