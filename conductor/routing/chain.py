@@ -148,6 +148,10 @@ class Chain:
         # v2 sessions -> the deadline of their accepted turn (prompt_timeout), cancelled
         # when the turn ends: one sleeping task per running turn, none per ended one.
         self._turn_timers: dict[str, anyio.CancelScope] = {}
+        # The names v2 elicitations were shown by to a proxy the request they are about
+        # was routed past (hop, name) -> that request's forward, until the proxy answers.
+        self._scoped_past: dict[tuple[Hop, str], Forward] = {}
+        self._past_names = 0
         self.recovery = Recovery(self)
         self._muted = self.recovery.muted  # the same set: one lookup on the hot path
 
@@ -499,6 +503,11 @@ class Chain:
             await self.mcp_routes.receive(hop, msg, inner, env.params, source,
                                           down=src.role is Role.PROXY)
             return
+        if self.sessions.accepted_turns and src.role is Role.CLIENT \
+                and inner == acp.SESSION_UPDATE and isinstance(msg, Notification):
+            sid = acp.idle_session(env.params)  # our successor's idle: its turns end
+            if sid is not None and self._turns_ended(sid) == 0:
+                return  # its late idle, for turns the conductor ended: the editor was told
         await self._forward(hop, msg, inner, env.params, source, target, meta=env.any_meta)
 
     async def _refuse_envelope(self, hop: Hop, msg: Call, method: str) -> None:
@@ -534,10 +543,11 @@ class Chain:
             target = self.topology.nodes[target.index + (1 if downward else -1)]
         is_request = isinstance(msg, Request)
         out_method, out_params = method, params
+        hooks: list[ResponseHook] = []
         if method == acp.ELICITATION_CREATE and not downward \
                 and (self.handshake.version or 0) >= 2:
-            out_params = self._elicitation_scope(origin, target, params)
-        hooks: list[ResponseHook] = []
+            out_params = self._elicitation_scope(origin, target, params, hooks,
+                                                 is_request=is_request)
         after_resend: list[ResponseHook] | None = None  # a legacy resend's answer: these
         handshake_hooks = 0
         if method == acp.INITIALIZE and downward:
@@ -636,24 +646,49 @@ class Chain:
                                 log.debug("hooks of a forgotten %s: %s", method, e)
             raise
 
-    @staticmethod
-    def _elicitation_scope(origin: Hop, target: Node, params: Raw | UnsetType
+    def _elicitation_scope(self, origin: Hop, target: Node, params: Raw | UnsetType,
+                           hooks: list[ResponseHook], *, is_request: bool
                            ) -> Raw | UnsetType:
         """A request-scoped v2 elicitation names the request it is about by its id on
         `origin`'s hop (`requestId`), one the conductor sent there: going up to the hop that
         request came from, it names it by that hop's id instead, as every id is mapped per
-        hop. Any other `requestId` (one `target` never sent) crosses unchanged."""
+        hop. A proxy that handles elicitations but never saw the request (it was routed past
+        it) is shown a name of the conductor's for it (`routed-past:N`, a string: no id of
+        any hop), which becomes the request's id again when that proxy forwards the
+        elicitation on up, until it answers it. Any other `requestId` (one `target` never
+        sent) crosses unchanged."""
         ident = acp.get_raw(params, "requestId")
         try:
             key = msgspec.json.decode(ident) if ident is not None else None
         except (msgspec.DecodeError, RecursionError):
             return params
-        outgoing = origin.pending.get(key) if type(key) is int else None
-        forward = outgoing.context if outgoing is not None else None
-        if not isinstance(forward, Forward) or forward.origin is not target.hop:
+        forward: object = None
+        if type(key) is int:
+            outgoing = origin.pending.get(key)
+            forward = outgoing.context if outgoing is not None else None
+        elif type(key) is str and self._scoped_past:
+            forward = self._scoped_past.get((origin, key))
+        if not isinstance(forward, Forward):
             return params
+        mapped = forward.origin_id
+        if forward.origin is not target.hop:
+            back = self._node_at(forward.origin, far=not forward.down)
+            if not is_request or target.role is not Role.PROXY or back is None \
+                    or back.index >= target.index or target.hop.failure is not None:
+                return params
+            # Routed past `target`: named for it until it answers this elicitation.
+            self._past_names += 1
+            name = (target.hop, f"routed-past:{self._past_names}")
+            mapped = Raw(msgspec.json.encode(name[1]))
+            self._scoped_past[name] = forward
+            scoped_past = self._scoped_past
+
+            async def forget(answer: Response) -> Response:
+                scoped_past.pop(name, None)
+                return answer
+            hooks.append(forget)
         try:
-            return acp.set_key(params, "requestId", forward.origin_id)
+            return acp.set_key(params, "requestId", mapped)
         except ValueError:
             return params
 
@@ -853,7 +888,8 @@ class Chain:
         assert rule.session_id is not None
         turn = table.prompting(rule.session_id) if rule.step is Step.PROMPT else None
         # A v2 agent answers a prompt when it accepts it: the turn ends with its idle state.
-        v2 = target.role is Role.AGENT and (self.handshake.agent_version or 0) >= 2
+        # So does our successor in proxy mode (it was initialized with that version too).
+        v2 = (self.handshake.agent_version or 0) >= 2
         return self._ended_hook(rule, turn, v2=v2)
 
     def _opened_hook(self, rule: Lifecycle, source: Node,
@@ -970,7 +1006,7 @@ class Chain:
             return  # it ended in time
         table, agent = self.sessions, self.topology.last
         if table.get(session_id) is not record or record.prompts != prompts \
-                or not table.accepted_turns.get(session_id) or agent.role is not Role.AGENT:
+                or not table.accepted_turns.get(session_id):
             return  # it ended, or another turn began since (its own deadline holds)
         table.timed_out(session_id)
         reason = f"{agent.name} did not end the turn of session {session_id} " \
@@ -985,10 +1021,7 @@ class Chain:
             await self._originate(agent, self.topology.before(agent), acp.SESSION_UPDATE,
                                   acp.idle_update(session_id, {"acp-conductor": {"error": error}}),
                                   as_request=False)
-        if agent.hop.failure is None:
-            with anyio.move_on_after(CANCEL_WRITE_BOUND):
-                await self._send(agent.hop, Notification(
-                    method=acp.SESSION_CANCEL, params=payload({"sessionId": session_id})))
+        await self._stop_turn(session_id)
 
     async def _end_v2_turns(self, failed: Node, error: ComponentError) -> None:
         """A component failed with v2 turns running through it (the agent: all of them; a
@@ -1000,7 +1033,6 @@ class Chain:
         agent, still working, is told to stop (`session/cancel`), as for a v1 prompt, and
         its late idle is dropped."""
         rpc = failure_response(None, error, component=failed.name).error_value()
-        agent = self.topology.last
         for sid, count in list(self.sessions.accepted_turns.items()):
             if failed.role is Role.PROXY and (not count
                                               or self.sessions.rank(sid) >= failed.index):
@@ -1020,11 +1052,23 @@ class Chain:
                                       acp.SESSION_UPDATE,
                                       acp.idle_update(sid, {"acp-conductor": {"error": rpc}}),
                                       as_request=False)
-            if failed.role is Role.PROXY and agent.role is Role.AGENT \
-                    and agent.hop.failure is None:
-                with anyio.move_on_after(CANCEL_WRITE_BOUND):
-                    await self._send(agent.hop, Notification(
-                        method=acp.SESSION_CANCEL, params=payload({"sessionId": sid})))
+            if failed.role is Role.PROXY:
+                await self._stop_turn(sid)
+
+    async def _stop_turn(self, session_id: str) -> None:
+        """Tell the agent (in proxy mode: our successor, wrapped like the prompt was) to
+        stop the turn of `session_id` (`session/cancel`), if it is still there."""
+        agent = self.topology.last
+        if agent.hop.failure is not None:
+            return
+        params = payload({"sessionId": session_id})
+        with anyio.move_on_after(CANCEL_WRITE_BOUND):
+            if agent.role is Role.SUCCESSOR:  # plain, it would go up to the editor
+                await self._originate(self.topology.before(agent), agent, acp.SESSION_CANCEL,
+                                      params, as_request=False)
+            else:
+                await self._send(agent.hop, Notification(method=acp.SESSION_CANCEL,
+                                                         params=params))
 
     # -- releasing sessions ------------------------------------------------------------------
 

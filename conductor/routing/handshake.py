@@ -149,8 +149,8 @@ class Handshake:
                 version = acp.protocol_version(params)
             except ProtocolVersionError:
                 version = None  # the agent judges a proxy's bad params itself
+            self.agent_version = version  # (in proxy mode: our successor's)
             if target.role is Role.AGENT:
-                self.agent_version = version
                 if version == 2:
                     asked = acp.result_protocol_version(params)  # raw: 3 is served as 2
                     out.hooks.append(self._require_v2(target, asked))

@@ -180,14 +180,48 @@ async def test_a_proxy_with_no_components_passes_everything_through_unchanged() 
 
 
 
-async def initialized_as_proxy(c: ConductorProcess) -> Json:
+async def initialized_as_proxy(c: ConductorProcess, version: int = 1) -> Json:
     """Initialize a conductor in proxy mode as its outer conductor would, answering the
     initialize it sends on through us for its successor; its answer to ours."""
     await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
-                  "params": {"protocolVersion": 1}})
+                  "params": {"protocolVersion": version}})
+    return await answered_as_successor(c, 0, {"protocolVersion": version})
+
+
+async def answered_as_successor(c: ConductorProcess, ident: Json, result: Json) -> Json:
+    """Answer, as its successor, what the conductor in proxy mode sends on for the request
+    `ident` it got; its answer to that request."""
     wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
-    await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": {"protocolVersion": 1}})
-    return await c.response(0)
+    await c.send({"jsonrpc": "2.0", "id": wrapped["id"], "result": result})
+    return await c.response(ident)
+
+
+async def test_as_a_proxy_a_v2_turn_its_successor_does_not_end_ends_at_prompt_timeout(
+        tmp_path: Path) -> None:
+    # The successor accepted the prompt (answered it) and never said the session is idle:
+    # the editor side is told it ended, and the successor to stop it, wrapped.
+    chain = write_chain(tmp_path, f"""
+[conductor]
+prompt_timeout = 0.5
+
+[[proxy]]
+command = {json.dumps(proxy_cmd())}
+""")
+    async with open_conductor("proxy", "--chain", chain) as c:
+        await initialized_as_proxy(c, version=2)
+        await c.send({"jsonrpc": "2.0", "id": 1, "method": "session/new",
+                      "params": {"cwd": "/", "mcpServers": []}})
+        assert (await answered_as_successor(c, 1, {"sessionId": "s"}))["result"] \
+            == {"sessionId": "s"}
+        await c.send({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+                      "params": {"sessionId": "s", "prompt": []}})
+        assert (await answered_as_successor(c, 2, {}))["result"] == {}
+        ended = await c.read_until(lambda m: m.get("method") == "session/update")
+        cancel = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
+    assert ended["params"]["update"]["state"] == "idle"
+    error = ended["params"]["update"]["_meta"]["acp-conductor"]["error"]
+    assert error["code"] == -33005 and error["data"]["component"] == "successor"
+    assert cancel["params"] == {"method": "session/cancel", "params": {"sessionId": "s"}}
 
 async def test_as_a_proxy_the_conductor_refuses_a_second_proxy_initialize() -> None:
     async with open_conductor("proxy", proxy_cmd()) as c:

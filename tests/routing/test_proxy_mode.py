@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
+import pytest
 
 from conductor.jsonrpc.message import Message, decode, encode
 from conductor.plugins import Proxy, on
@@ -71,27 +73,79 @@ class ProxyMode:
     async def from_proxy(self, i: int, message: Any) -> None:
         await self.line(self.wires[i], {"jsonrpc": "2.0", **message})
 
-    async def start(self) -> None:
+    async def start(self, version: int = 1) -> None:
         """Initialized as the outer conductor does it, through every proxy and back."""
-        await self.from_client({"id": 0, "method": "_proxy/initialize",
-                                "params": {"protocolVersion": 1}})
+        asked = {"protocolVersion": version}
+        await self.from_client({"id": 0, "method": "_proxy/initialize", "params": asked})
         for i, box in enumerate(self.boxes):
-            asked = box.sent.pop()
-            assert asked["method"] == "_proxy/initialize"
-            self.init_ids.append(asked["id"])
+            sent = box.sent.pop()
+            assert sent["method"] == "_proxy/initialize"
+            self.init_ids.append(sent["id"])
             await self.from_proxy(i, {"id": f"init-{i}", "method": "_proxy/successor",
-                                      "params": {"method": "initialize",
-                                                 "params": {"protocolVersion": 1}}})
+                                      "params": {"method": "initialize", "params": asked}})
         wrapped = self.client.sent.pop()
         assert wrapped["method"] == "_proxy/successor", wrapped
-        await self.from_client({"id": wrapped["id"], "result": {"protocolVersion": 1}})
+        await self.from_client({"id": wrapped["id"], "result": asked})
         for i in reversed(range(len(self.boxes))):
             assert self.boxes[i].sent.pop() == {"jsonrpc": "2.0", "id": f"init-{i}",
-                                                "result": {"protocolVersion": 1}}
-            await self.from_proxy(i, {"id": self.init_ids[i],
-                                      "result": {"protocolVersion": 1}})
-        assert self.client.sent.pop() == {"jsonrpc": "2.0", "id": 0,
-                                          "result": {"protocolVersion": 1}}
+                                                "result": asked}
+            await self.from_proxy(i, {"id": self.init_ids[i], "result": asked})
+        assert self.client.sent.pop() == {"jsonrpc": "2.0", "id": 0, "result": asked}
+
+    async def from_successor(self, method: str, params: Any) -> None:
+        """A notification of our successor's: wrapped, on the client's connection."""
+        await self.from_client({"method": "_proxy/successor",
+                                "params": {"method": method, "params": params}})
+
+    async def turn_accepted(self, sid: str = "s1") -> None:
+        """The editor's session `sid` opened at our successor, through proxy:0, and a turn
+        of it accepted there (answered): the outboxes are emptied."""
+        await self.across(0, "session/new", {"cwd": "/w", "mcpServers": []}, {"sessionId": sid})
+        await self.across(1, "session/prompt", {"sessionId": sid, "prompt": []}, {})
+        self.client.sent.clear()
+        self.boxes[0].sent.clear()
+
+    async def across(self, n: int, method: str, params: Any, result: Any) -> None:
+        """The editor's request `n` crosses proxy:0 to our successor, which answers it."""
+        await self.from_client({"id": f"e{n}", "method": method, "params": params})
+        got = self.boxes[0].sent.pop()
+        await self.from_proxy(0, {"id": f"p{n}", "method": "_proxy/successor",
+                                  "params": {"method": method, "params": params}})
+        await self.from_client({"id": self.client.sent.pop()["id"], "result": result})
+        assert self.boxes[0].sent.pop()["id"] == f"p{n}"
+        await self.from_proxy(0, {"id": got["id"], "result": result})
+        assert self.client.sent.pop() == {"jsonrpc": "2.0", "id": f"e{n}", "result": result}
+
+    def state(self, sid: str = "s1") -> object:
+        """The session's state as the conductor's status shows it (the session tools)."""
+        sessions = self.chain.status()["sessions"]
+        assert isinstance(sessions, list)
+        [record] = [r for r in sessions if r["sessionId"] == sid]
+        return record["state"]
+
+
+def idle(sid: str = "s1", **meta: Any) -> dict[str, Any]:
+    return {"sessionId": sid, "update": {"sessionUpdate": "state_update", "state": "idle",
+                                         "stopReason": "end_turn", **meta}}
+
+
+def wrapped(method: str, params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": "_proxy/successor",
+            "params": {"method": method, "params": params}}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_a_turn_at_the_successor_keeps_its_session_busy_until_it_ends_as_its_version_says(
+        version: int) -> None:
+    # v2: the prompt's answer only accepts it; the turn runs until our successor's idle
+    # state update. v1: the answer ends it, as it always did.
+    h = ProxyMode()
+    await h.start(version)
+    await h.turn_accepted()
+    assert h.state() == ("prompting" if version == 2 else "idle")
+    await h.from_successor("session/update", idle())
+    assert h.boxes[0].sent == [wrapped("session/update", idle())]  # passed on, unchanged
+    assert h.state() == "idle"
 
 
 async def test_a_turn_the_successor_holds_past_prompt_timeout_is_cancelled_at_the_successor(
@@ -297,3 +351,52 @@ async def test_a_session_setup_pipelined_behind_initialize_goes_on_to_the_succes
     initialize, setup = h.client.sent
     assert initialize["params"]["method"] == "initialize"
     assert setup["params"]["method"] == "session/new"
+
+
+async def test_a_v2_turn_the_successor_does_not_end_within_prompt_timeout_ends_naming_it(
+        ) -> None:
+    h = ProxyMode(timeouts=Timeouts(prompt=0.2))
+    await h.start(2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(h.chain.serve_timers)
+        with anyio.fail_after(5):
+            while h.chain._timers is None:  # its turns' deadlines start there
+                await anyio.lowlevel.checkpoint()
+        await h.turn_accepted()
+        with anyio.fail_after(5):
+            while not h.boxes[0].sent:
+                await h.boxes[0].changed.wait()
+        tg.cancel_scope.cancel()
+    [ended] = h.boxes[0].sent  # as from our successor: wrapped
+    assert ended["method"] == "_proxy/successor"
+    update = ended["params"]["params"]["update"]
+    assert update["state"] == "idle" and "stopReason" not in update
+    error = update["_meta"]["acp-conductor"]["error"]
+    assert error["code"] == -33005
+    assert error["data"] == {"component": "successor", "method": "session/prompt",
+                             "timeout": 0.2}
+    # The turn is stopped where it runs: at our successor, wrapped (plain, it went up).
+    assert h.client.sent == [wrapped("session/cancel", {"sessionId": "s1"})]
+    assert h.state() == "idle"
+    await h.from_successor("session/update", idle(stopReason="cancelled"))  # its late idle
+    assert len(h.boxes[0].sent) == 1  # dropped: proxy:0 was told the turn ended
+
+
+async def test_a_v2_turn_at_the_successor_ends_for_the_editor_when_an_inner_proxy_fails(
+        ) -> None:
+    from conductor.errors import ComponentExitedError
+
+    h = ProxyMode()
+    await h.start(2)
+    await h.turn_accepted()
+    with anyio.fail_after(5):
+        await h.chain.fail_hop(h.wires[0], ComponentExitedError("proxy:0", 7, []))
+    [ended, cancel] = h.client.sent
+    assert ended["method"] == "session/update"  # plain: from the failed proxy, going up
+    error = ended["params"]["update"]["_meta"]["acp-conductor"]["error"]
+    assert ended["params"]["update"]["state"] == "idle"
+    assert error["code"] == -33001 and error["data"]["component"] == "proxy:0"
+    assert cancel == wrapped("session/cancel", {"sessionId": "s1"})
+    assert h.state() == "idle"
+    await h.from_successor("session/update", idle(stopReason="cancelled"))
+    assert len(h.client.sent) == 2  # its late idle is dropped

@@ -74,3 +74,39 @@ async def test_an_elicitation_about_a_request_a_proxy_forwarded_names_the_editor
             assert not (await client.request("auth/login", {"methodId": "c"}, ident=77)).is_error
     [asked] = client.received_params("elicitation/create")
     assert asked["requestId"] == 77
+
+
+class Asks(Proxy):
+    """Handles (forwards) elicitations, and saw none of the requests they are about: those
+    were routed past it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[JsonValue] = []
+
+    @on("elicitation/create", source="successor")
+    async def ask(self, ctx: ProxyContext, message: Request) -> object:
+        self.seen.append(message.params_value()["requestId"])
+        return await ctx.forward()
+
+
+async def test_an_elicitation_about_a_request_routed_past_its_handling_proxy_names_the_editors_id(
+        ) -> None:
+    async def login(agent: ScriptedAgent, message: Request) -> JsonValue:
+        await agent.call("elicitation/create", elicitation(msgspec.json.decode(message.id)))
+        return {}
+
+    asks = Asks()
+    client = TestClient({"elicitation/create": {"action": "decline"}})
+    async with open_test_chain([asks], ScriptedAgent({"auth/login": login}), client=client,
+                               initialize=False):
+        with anyio.fail_after(5):
+            await client.initialize(2)
+            assert not (await client.request("auth/login", {"methodId": "c"}, ident=77)).is_error
+    # It went up through the proxy as the agent's own id (the proxy's successor side), and
+    # the editor was told that: an id it never sent, or one naming another of its requests.
+    [asked] = client.received_params("elicitation/create")
+    assert asked["requestId"] == 77
+    # The proxy never saw that request: it is named so no id on any hop is mistaken for it.
+    [seen] = asks.seen
+    assert isinstance(seen, str) and seen.startswith("routed-past:")
