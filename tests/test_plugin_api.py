@@ -453,6 +453,40 @@ async def test_a_proxy_prompting_its_own_v2_session_gets_the_whole_turn() -> Non
     assert agent.received_params("session/close") == [{"sessionId": "session-2"}]
 
 
+async def test_two_prompts_a_proxy_sends_its_own_v2_session_both_return_at_its_idle() -> None:
+    # One waiting slot a session: the second prompt took the first one's, which then
+    # waited for ever though the agent said the session was idle.
+    done: list[str] = []
+
+    class TwoAtOnce(Proxy):
+        @on("_ext/judge")
+        async def judge(self, ctx: ProxyContext, message: Message) -> object:
+            scope = await ctx.open_session({"cwd": "/", "mcpServers": []})
+
+            async def one(text: str) -> None:
+                await scope.prompt(text)
+                done.append(text)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, "a")
+                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(one, "b")
+            return {}
+
+    async def prompt(agent: ScriptedAgent, message: Message) -> object:
+        if len(agent.received_params("session/prompt")) == 2:  # one idle ends both turns
+            agent.after_reply("session/update", {
+                "sessionId": message.params_value()["sessionId"],  # type: ignore[index]
+                "update": {"sessionUpdate": "state_update", "state": "idle",
+                           "stopReason": "end_turn"}})
+        return {}
+    async with open_test_chain([TwoAtOnce()], ScriptedAgent({"session/prompt": prompt}),
+                               initialize=False) as client:
+        with anyio.fail_after(5):
+            await client.initialize(2)
+            await client.call("_ext/judge", {})
+    assert sorted(done) == ["a", "b"]
+
+
 async def test_typed_views_read_params_through_the_acp_sdk_models() -> None:
     from acp.schema import PromptRequest
 

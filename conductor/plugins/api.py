@@ -440,6 +440,9 @@ class SessionScope(Record, eq=False, dict=True, weakref=True):
     handlers: dict[tuple[Side, str], Handler] = field(default_factory=dict)
     host: ProxyHost | None = None
     closed_reason: CloseReason | None = None  # set when the session ends (session_closed)
+    # v2: the `prompt` calls waiting for the agent to say the session is idle (the host
+    # sets them); any of them until then
+    turns_waiting: set[Any] = field(default_factory=set)
 
     @property
     def cwd(self) -> str | None:
@@ -483,14 +486,16 @@ class SessionScope(Record, eq=False, dict=True, weakref=True):
 
         # Set by the host when the agent says the session is idle (v2: the turn's end),
         # which may come before this task sees the answer.
+        # Each prompt waiting has its own (a second prompt of the session must not take the
+        # first one's place: that one would wait for ever).
         idle = anyio.Event()
-        self._turn_idle: anyio.Event | None = idle
+        self.turns_waiting.add(idle)
         try:
             answer = await self._call(acp.SESSION_PROMPT,
                                       {"sessionId": self.session_id, "prompt": blocks, **extra})
             await idle.wait()
         finally:
-            self._turn_idle = None
+            self.turns_waiting.discard(idle)
         return answer
 
     async def close(self) -> Response:

@@ -244,10 +244,10 @@ class _CallbackSink:
 def _turn_update(scope: SessionScope, msg: Call) -> None:
     """A message from the successor for a session this proxy owns: the v2 idle state ends
     the turn its `SessionScope.prompt` waits for."""
-    idle = getattr(scope, "_turn_idle", None)
-    if idle is not None and msg.method == acp.SESSION_UPDATE \
+    if scope.turns_waiting and msg.method == acp.SESSION_UPDATE \
             and acp.idle_session(msg.params) == scope.session_id:
-        idle.set()
+        for idle in scope.turns_waiting:
+            idle.set()
 
 
 class ProxyHost:
