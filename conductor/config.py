@@ -14,6 +14,7 @@ report what resolving them finds in the same error.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import re
 import shlex
@@ -1052,9 +1053,21 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
     return server
 
 
-# A variable named like a credential (GH_TOKEN, OPENAI_API_KEY, DB_PASSWORD, ...).
-_SECRET_VARIABLE = re.compile(  # (not `pwd`: ${PWD} is the working directory)
-    r"(?i)token|secret|passw|api_?key|access_?key|private_?key|credential|auth(?!or)")
+# A variable named like a credential (GH_TOKEN, OPENAI_API_KEY, DB_PASSWORD, ...), by the
+# words of its name: MAX_TOKENS or TOKENIZERS_PARALLELISM are not (their values, 4096 and
+# false, were blanked wherever they appeared in a trace); not `pwd`: ${PWD} is a folder.
+_SECRET_ENDINGS = ("token", "secret", "password", "passwd", "passphrase", "apikey",
+                   "credential", "credentials")
+_SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"),
+                 ("client", "secret"), ("auth", "key")}
+SECRET_VALUE_MIN = 8  # shorter values of such a variable are not hidden (a flag, a number)
+
+
+def named_like_a_secret(name: str) -> bool:
+    words = name.lower().split("_")
+    return any(w.endswith(_SECRET_ENDINGS) or w in ("auth", "oauth")
+               or (w.startswith("auth") and not w.startswith("author")) for w in words) \
+        or any(pair in _SECRET_PAIRS for pair in itertools.pairwise(words))
 
 
 def _secret_variables(config: ChainConfig) -> set[str]:
@@ -1070,7 +1083,7 @@ def _secret_variables(config: ChainConfig) -> set[str]:
     names: set[str] = set()
     while texts:
         for name, default in variables(texts.pop()):
-            if _SECRET_VARIABLE.search(name):
+            if named_like_a_secret(name):
                 names.add(name)
             if default is not None:
                 texts.append(default)
@@ -1096,5 +1109,6 @@ def trace_redactor(config: ChainConfig | None, *, unredacted: bool = False) -> R
         except ConfigError:
             env = dict(os.environ)  # the run itself will report the unset variable
         secrets.extend(env[n] for n in spec.secret_env if env.get(n))
-    secrets.extend(os.environ[n] for n in _secret_variables(config) if os.environ.get(n))
+    secrets.extend(os.environ[n] for n in _secret_variables(config)
+                   if len(os.environ.get(n, "")) >= SECRET_VALUE_MIN)
     return Redactor(secrets, config.conductor.redact)
