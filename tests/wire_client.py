@@ -15,13 +15,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import psutil
 
 from tests.conftest import child_env, conductor_argv, py
+from tests.in_process import loggers_restored
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
 
     from conductor.config import ChainConfig
     from conductor.serve import RunOptions
+    from conductor.testing import TestClient
+    from conductor.transport.base import Incoming
 
 TIMEOUT = 10.0  # every wait on the conductor is bounded by this (per ConductorProcess)
 EXIT_TIMEOUT = 20.0
@@ -238,10 +243,25 @@ async def ended(conductor: ConductorProcess | ServedConductor, *, stdin_open: bo
 class ServedConductor(WireClient):
     """`serve_chain` running in this process, on the far ends of two OS pipes."""
 
-    def __init__(self, stdin: ByteSendStream, stdout: ByteReceiveStream) -> None:
+    def __init__(self, stdin: ByteSendStream, stdout: ByteReceiveStream, log: Path) -> None:
         super().__init__(stdin, stdout)
         self.code: int | None = None  # serve_chain's answer: the exit code of a process
         self.done = anyio.Event()
+        self._log = log
+
+    @property
+    def stdin(self) -> ByteSendStream:
+        return self._stdin
+
+    @property
+    def stdout(self) -> ByteReceiveStream:
+        return self._stdout
+
+    @property
+    def stderr_text(self) -> str:
+        """What the process would have written on stderr: its logs and its components'
+        stderr lines, as `configure_logging` formats them."""
+        return self._log.read_text(encoding="utf-8", errors="replace")
 
     async def wait(self) -> int:
         with anyio.fail_after(EXIT_TIMEOUT):
@@ -250,14 +270,15 @@ class ServedConductor(WireClient):
         return self.code
 
 
-def served_command(args: tuple[str, ...]) -> tuple[ChainConfig, RunOptions]:
-    """The chain and options `acp-conductor ARGS` serves (`agent`/`proxy` COMMANDS, `--chain`,
-    `--max-frame-bytes`). Any other option shows on the process (logs, traces): refused."""
+def served_command(args: tuple[str, ...]) -> tuple[ChainConfig, RunOptions, str]:
+    """The chain, options and log level `acp-conductor ARGS` serves with (`agent`/`proxy`
+    COMMANDS, `--chain`, `--max-frame-bytes`, `--log-level`). Any other option shows on the
+    process (log files, traces): refused."""
     from conductor.config import chain_from_commands
     from conductor.plan import read_chain
     from conductor.serve import RunOptions
 
-    rest, mode, chain_file, max_frame = list(args), "agent", None, None
+    rest, mode, chain_file, max_frame, level = list(args), "agent", None, None, "warning"
     while rest:
         if rest[0] in ("agent", "proxy") and mode == "agent" and chain_file is None:
             mode = rest.pop(0)
@@ -267,59 +288,103 @@ def served_command(args: tuple[str, ...]) -> tuple[ChainConfig, RunOptions]:
         elif rest[0] == "--max-frame-bytes":
             max_frame = int(rest[1])
             del rest[:2]
+        elif rest[0] == "--log-level":
+            level = rest[1]
+            del rest[:2]
         elif rest[0].startswith("-"):
             raise ValueError(f"{rest[0]}: only a conductor process shows it (open_conductor)")
         else:
             break
     config = read_chain(chain_file) if chain_file is not None \
         else chain_from_commands(rest, with_agent=mode == "agent")
-    return config, RunOptions(mode=mode, max_frame_bytes=max_frame, handle_signals=False)
+    return config, RunOptions(mode=mode, max_frame_bytes=max_frame, handle_signals=False), level
+
+
+@asynccontextmanager
+async def serving(*args: str, env: dict[str, str] | None = None, log: Path | None = None
+                  ) -> AsyncIterator[ServedConductor]:
+    """`acp-conductor ARGS`'s chain served by `serve_chain` in this process over real OS
+    pipes until the body ends (then cancelled, unless it ended): its components are real
+    processes, in the environment `child_env` gives a conductor process; its logs go to
+    `log` (else a file of its own: `stderr_text`) as `configure_logging` writes them."""
+    from conductor.cli.logs import configure_logging
+    from conductor.serve import serve_chain
+    from conductor.transport.stdio import FdReceiveStream, FdSendStream
+
+    config, options, level = served_command(args)
+    in_read, in_write = os.pipe()
+    out_read, out_write = os.pipe()
+    conductor_in, conductor_out = FdReceiveStream(in_read, owns_fd=True), FdSendStream(out_write)
+    saved_env = dict(os.environ)
+    with tempfile.TemporaryDirectory(prefix="acp-served-") as scratch, loggers_restored():
+        served = ServedConductor(FdSendStream(in_write), FdReceiveStream(out_read, owns_fd=True),
+                                 log or Path(scratch, "stderr"))
+        configure_logging(level, str(served._log))
+        os.environ.update(child_env(**(env or {})))  # what its components inherit
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def serve() -> None:
+                    try:
+                        served.code = await serve_chain(config, conductor_in, conductor_out,
+                                                        options)
+                    finally:
+                        with anyio.CancelScope(shield=True):  # as a process's exit closes them
+                            await conductor_in.aclose()
+                            await conductor_out.aclose()
+                        served.done.set()
+
+                tg.start_soon(serve)
+                try:
+                    yield served
+                finally:
+                    # A failed test: cancelled, serve_chain still stops every component.
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await served.close_stdin()
+                await served.stdout.aclose()
+            os.environ.clear()
+            os.environ.update(saved_env)
 
 
 @asynccontextmanager
 async def open_served(*args: str, env: dict[str, str] | None = None,
                       check_exit: bool = False) -> AsyncIterator[ServedConductor]:
-    """`open_conductor(*args)`'s chain served by `serve_chain` in this process over real OS
-    pipes, with the same stdin, stdout and exit code (`wait`); its components are real
-    processes, in the environment `child_env` gives a conductor process."""
-    from conductor.serve import serve_chain
-    from conductor.transport.stdio import FdReceiveStream, FdSendStream
+    """`open_conductor(*args)` without the process (`serving`): the same stdin, stdout and
+    exit code (`wait`), checked the same way on exit."""
+    async with serving(*args, env=env) as served:
+        yield served
+        code = await ended(served)
+        if check_exit:
+            assert code == 0, served.stderr_text
 
-    config, options = served_command(args)
-    in_read, in_write = os.pipe()
-    out_read, out_write = os.pipe()
-    conductor_in, conductor_out = FdReceiveStream(in_read, owns_fd=True), FdSendStream(out_write)
-    served = ServedConductor(FdSendStream(in_write), FdReceiveStream(out_read, owns_fd=True))
-    saved_env = dict(os.environ)
-    os.environ.update(child_env(**(env or {})))  # what its components inherit
-    try:
-        async with anyio.create_task_group() as tg:
 
-            async def serve() -> None:
-                try:
-                    served.code = await serve_chain(config, conductor_in, conductor_out,
-                                                    options)
-                finally:
-                    with anyio.CancelScope(shield=True):  # as a process's exit closes them
-                        await conductor_in.aclose()
-                        await conductor_out.aclose()
-                    served.done.set()
+@asynccontextmanager
+async def open_served_client(*args: str, env: dict[str, str] | None = None,
+                             log: Path | None = None, client: TestClient | None = None
+                             ) -> AsyncIterator[TestClient]:
+    """`serving(*args)` driven by the test kit's client, initialized; on exit it closes
+    the conductor's stdin and waits for the chain to end (what `open_process_client` does
+    with a conductor process)."""
+    from conductor.jsonrpc.message import Batch, Notification, Request, Response
+    from conductor.testing import TestClient
+    from conductor.transport.pipes import PipeSink, PipeSource
 
-            tg.start_soon(serve)
-            try:
-                yield served
-                code = await ended(served)
-                if check_exit:
-                    assert code == 0
-            finally:
-                # A failed test: cancelled, serve_chain still stops every component.
-                tg.cancel_scope.cancel()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await served.close_stdin()
-            await served._stdout.aclose()
-        os.environ.clear()
-        os.environ.update(saved_env)
+    client = client if client is not None else TestClient()
+    async with serving(*args, env=env, log=log) as served, anyio.create_task_group() as tg:
+
+        async def read(item: Incoming) -> None:
+            assert isinstance(item, Request | Notification | Response | Batch), item
+            await client.deliver(item)
+
+        client.connect(PipeSink(served.stdin), tg)
+        tg.start_soon(PipeSource(served.stdout).serve, read)
+        await client.initialize()
+        yield client
+        await served.close_stdin()
+        await served.wait()
+        tg.cancel_scope.cancel()
 
 
 def has_exited(proc: psutil.Process) -> bool:
