@@ -248,6 +248,7 @@ class ServedConductor(WireClient):
         self.code: int | None = None  # serve_chain's answer: the exit code of a process
         self.done = anyio.Event()
         self._log = log
+        self._logged: str | None = None  # the log, once serving has ended (and its file)
 
     @property
     def stdin(self) -> ByteSendStream:
@@ -261,7 +262,12 @@ class ServedConductor(WireClient):
     def stderr_text(self) -> str:
         """What the process would have written on stderr: its logs and its components'
         stderr lines, as `configure_logging` formats them."""
+        if self._logged is not None:
+            return self._logged
         return self._log.read_text(encoding="utf-8", errors="replace")
+
+    def keep_log(self) -> None:
+        self._logged = self.stderr_text
 
     async def wait(self) -> int:
         with anyio.fail_after(EXIT_TIMEOUT):
@@ -346,6 +352,7 @@ async def serving(*args: str, env: dict[str, str] | None = None, log: Path | Non
                 await served.stdout.aclose()
             os.environ.clear()
             os.environ.update(saved_env)
+            served.keep_log()
 
 
 @asynccontextmanager
