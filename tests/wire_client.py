@@ -47,9 +47,10 @@ def same_id(a: Json, b: Json) -> bool:
 
 
 class WireClient:
-    """The editor's end of a conductor's stdin and stdout, and the bytes it read."""
+    """The editor's end of a conductor's stdin and stdout (None: not a pipe of ours), and
+    the bytes it read."""
 
-    def __init__(self, stdin: ByteSendStream, stdout: ByteReceiveStream) -> None:
+    def __init__(self, stdin: ByteSendStream | None, stdout: ByteReceiveStream | None) -> None:
         self._stdin = stdin
         self._stdout = stdout
         self.lines: list[bytes] = []     # every stdout line, in order (purity check)
@@ -61,18 +62,21 @@ class WireClient:
     # -- writing ---------------------------------------------------------------------------
 
     async def send_raw(self, data: bytes) -> None:
+        assert self._stdin is not None
         await self._stdin.send(data)
 
     async def send(self, message: Json) -> None:
         await self.send_raw(json.dumps(message).encode() + b"\n")
 
     async def close_stdin(self) -> None:
+        assert self._stdin is not None
         await self._stdin.aclose()
 
     # -- reading ---------------------------------------------------------------------------
 
     async def read_raw(self) -> bytes:
         """The next stdout line (without its newline). Raises EOFError at end of output."""
+        assert self._stdout is not None
         with anyio.fail_after(self.timeout):
             while True:
                 nl = self._buf.find(b"\n")
@@ -152,8 +156,6 @@ class ConductorProcess(WireClient):
     """A running `acp-conductor` and the bytes it wrote."""
 
     def __init__(self, process: Process) -> None:
-        assert process.stdin is not None
-        assert process.stdout is not None
         super().__init__(process.stdin, process.stdout)
         self.process = process
         self.stderr = bytearray()
@@ -245,6 +247,7 @@ class ServedConductor(WireClient):
 
     def __init__(self, stdin: ByteSendStream, stdout: ByteReceiveStream, log: Path) -> None:
         super().__init__(stdin, stdout)
+        self._pipes = stdin, stdout
         self.code: int | None = None  # serve_chain's answer: the exit code of a process
         self.done = anyio.Event()
         self._log = log
@@ -252,11 +255,11 @@ class ServedConductor(WireClient):
 
     @property
     def stdin(self) -> ByteSendStream:
-        return self._stdin
+        return self._pipes[0]
 
     @property
     def stdout(self) -> ByteReceiveStream:
-        return self._stdout
+        return self._pipes[1]
 
     @property
     def stderr_text(self) -> str:
