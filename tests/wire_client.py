@@ -251,7 +251,7 @@ class ServedConductor(WireClient):
         self.code: int | None = None  # serve_chain's answer: the exit code of a process
         self.done = anyio.Event()
         self._log = log
-        self._logged: str | None = None  # the log, once serving has ended (and its file)
+        self._logged: str | None = None  # the log, kept once serving ended (its file goes)
 
     @property
     def stdin(self) -> ByteSendStream:
@@ -359,15 +359,13 @@ async def serving(*args: str, env: dict[str, str] | None = None, log: Path | Non
 
 
 @asynccontextmanager
-async def open_served(*args: str, env: dict[str, str] | None = None,
-                      check_exit: bool = False) -> AsyncIterator[ServedConductor]:
-    """`open_conductor(*args)` without the process (`serving`): the same stdin, stdout and
-    exit code (`wait`), checked the same way on exit."""
+async def open_served(*args: str, env: dict[str, str] | None = None
+                      ) -> AsyncIterator[ServedConductor]:
+    """`open_conductor(*args)` without the process (`serving`): the same stdin and stdout,
+    checked the same way on exit. (An exit code is a process's: tests of it stay there.)"""
     async with serving(*args, env=env) as served:
         yield served
-        code = await ended(served)
-        if check_exit:
-            assert code == 0, served.stderr_text
+        await ended(served)
 
 
 @asynccontextmanager
