@@ -106,11 +106,11 @@ def _as_a_process(argv: list[str], paths: list[str], cwd: Path, env: dict[str, s
     log file it opened closed, as its exit would."""
     saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
     saved_std = sys.stdin, sys.stdout, sys.stderr
-    saved_logs = {name: _logger_state(logging.getLogger(name)) for name in LOGGERS}
     for stream in saved_std[1:]:
         stream.flush()
     saved_fds = [os.dup(fd) for fd in (0, 1, 2)]
     with ExitStack() as stack:
+        stack.enter_context(loggers_restored())
         try:
             for fd, (path, flags) in enumerate(zip(paths, (os.O_RDONLY, os.O_WRONLY,
                                                            os.O_WRONLY), strict=True)):
@@ -148,8 +148,18 @@ def _as_a_process(argv: list[str], paths: list[str], cwd: Path, env: dict[str, s
             os.chdir(saved_cwd)
             os.environ.clear()
             os.environ.update(saved_env)
-            for name, state in saved_logs.items():
-                _restore_logger(logging.getLogger(name), state)
+
+
+@contextmanager
+def loggers_restored() -> Iterator[None]:
+    """The loggers a command configures as they were after the body, and the log file it
+    opened closed, as its exit would."""
+    saved = {name: _logger_state(logging.getLogger(name)) for name in LOGGERS}
+    try:
+        yield
+    finally:
+        for name, state in saved.items():
+            _restore_logger(logging.getLogger(name), state)
 
 
 def _logger_state(logger: logging.Logger) -> tuple[list[logging.Handler], int, bool]:

@@ -1,4 +1,4 @@
-"""Each built-in proxy, in-process and stand-alone, through a real conductor and a real agent."""
+"""Each built-in proxy, in-process and stand-alone, through the conductor and a real agent."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import anyio
 import pytest
 
 from acp_conductor_proxies.transcript import file_stem
-from conductor.testing import TestClient, open_process_client
-from tests.conftest import BIN, child_env, conductor_argv
+from conductor.testing import TestClient
+from tests.conftest import BIN
+from tests.wire_client import open_served_client
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -49,16 +50,14 @@ def write_chain(tmp_path: Path, proxy: str, options: dict[str, Any], mode: str,
 
 async def run_turns(tmp_path: Path, chain: Path, prompts: list[str], *, cwd: str = "/tmp",
                     client: TestClient | None = None, **env: str) -> tuple[TestClient, str]:
-    """Start the conductor on `chain`, run the prompts in one session; (client, stderr)."""
+    """Serve `chain`, run the prompts in one session; (client, what the conductor logged)."""
     log = tmp_path / "stderr.log"
-    with log.open("wb") as err:
-        async with open_process_client(conductor_argv("--chain", str(chain)),
-                                       env=child_env(**env), stderr=err,
-                                       client=client) as client:
-            with anyio.fail_after(20):
-                sid = await client.new_session(cwd)
-                for text in prompts:
-                    await client.prompt(sid, text)
+    async with open_served_client("--chain", str(chain), env=env, log=log,
+                                  client=client) as client:
+        with anyio.fail_after(20):
+            sid = await client.new_session(cwd)
+            for text in prompts:
+                await client.prompt(sid, text)
     return client, log.read_text(encoding="utf-8")
 
 

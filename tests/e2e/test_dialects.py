@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.conftest import REPO, conductor_argv
-from tests.wire_client import ConductorProcess, Json, agent_cmd, open_conductor, proxy_cmd
+from tests.wire_client import (
+    Json,
+    WireClient,
+    agent_cmd,
+    open_conductor,
+    open_served,
+    proxy_cmd,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -21,7 +28,7 @@ def methods(record: Path) -> list[str]:
             for x in record.read_text(encoding="utf-8").splitlines()]
 
 
-async def exercise(c: ConductorProcess) -> None:
+async def exercise(c: WireClient) -> None:
     """A whole conversation: initialize, session, prompt, a question back, a cancel."""
     await c.initialize()
     sid = await c.new_session()
@@ -49,8 +56,8 @@ def write_chain(tmp_path: Path, body: str) -> str:
 async def test_a_legacy_proxy_is_initialized_again_in_its_dialect_after_method_not_found(
         tmp_path: Path) -> None:
     record = tmp_path / "legacy.jsonl"
-    async with open_conductor("agent", proxy_cmd("--dialect", "legacy", "--record", str(record)),
-                              agent_cmd()) as c:
+    async with open_served("agent", proxy_cmd("--dialect", "legacy", "--record", str(record)),
+                           agent_cmd()) as c:
         await exercise(c)
     seen = methods(record)
     assert seen[:2] == ["_proxy/initialize", "initialize"]
@@ -66,8 +73,8 @@ async def test_the_agent_behind_a_legacy_proxy_is_not_told_it_is_a_proxy(
     # A legacy proxy forwards the initialize it was given, `_meta.proxy: true` included;
     # the agent must get plain initialize (protocol.md §3), or it may act as a proxy.
     record = tmp_path / "agent.jsonl"
-    async with open_conductor("agent", proxy_cmd("--dialect", "legacy"),
-                              agent_cmd("--record", str(record))) as c:
+    async with open_served("agent", proxy_cmd("--dialect", "legacy"),
+                           agent_cmd("--record", str(record))) as c:
         await c.initialize()
     init = json.loads(record.read_text(encoding="utf-8").splitlines()[0])
     assert init["method"] == "initialize"
@@ -86,16 +93,16 @@ dialect = "legacy"
 [agent]
 command = {json.dumps(agent_cmd())}
 """)
-    async with open_conductor("--chain", chain) as c:
+    async with open_served("--chain", chain) as c:
         await exercise(c)
     assert methods(record)[0] == "initialize"
 
 
 async def test_a_spec_dialect_proxy_is_answered_in_its_own_spelling(tmp_path: Path) -> None:
     record = tmp_path / "spec.jsonl"
-    async with open_conductor("agent", proxy_cmd("--dialect", "spec", "--record", str(record),
-                                                 "--envelope-meta", '{"from":"spec"}'),
-                              agent_cmd()) as c:
+    async with open_served("agent", proxy_cmd("--dialect", "spec", "--record", str(record),
+                                              "--envelope-meta", '{"from":"spec"}'),
+                           agent_cmd()) as c:
         await exercise(c)
     seen = methods(record)
     assert "proxy/successor" in seen
@@ -112,14 +119,14 @@ dialect = "spec"
 [agent]
 command = {json.dumps(agent_cmd())}
 """)
-    async with open_conductor("--chain", chain) as c:
+    async with open_served("--chain", chain) as c:
         await exercise(c)
     assert methods(record)[0] == "proxy/initialize"
 
 
 async def test_a_chain_mixing_all_three_dialects_works() -> None:
-    async with open_conductor("agent", proxy_cmd("--dialect", "legacy"),
-                              proxy_cmd("--dialect", "spec"), proxy_cmd(), agent_cmd()) as c:
+    async with open_served("agent", proxy_cmd("--dialect", "legacy"),
+                           proxy_cmd("--dialect", "spec"), proxy_cmd(), agent_cmd()) as c:
         await exercise(c)
 
 
@@ -129,8 +136,8 @@ async def test_a_conductor_nests_as_a_proxy_inside_another_conductor(
     record = tmp_path / "agent.jsonl"
     inner = shlex.join(conductor_argv("proxy", *[proxy_cmd()] * inner_proxies))
     odd = '{"b" : 1e2,"a":"\\u00e9", "n":null}'
-    async with open_conductor("agent", proxy_cmd(), inner,
-                              agent_cmd("--record", str(record))) as c:
+    async with open_served("agent", proxy_cmd(), inner,
+                           agent_cmd("--record", str(record))) as c:
         await exercise(c)
         await c.send_raw(f'{{"jsonrpc":"2.0","id":1,"method":"_test/echo","params":{odd}}}\n'
                          .encode())
@@ -141,7 +148,7 @@ async def test_a_conductor_nests_as_a_proxy_inside_another_conductor(
 
 async def test_as_a_proxy_the_conductor_carries_envelope_meta_to_its_predecessor() -> None:
     # The test plays the outer conductor: it speaks to `acp-conductor proxy` directly.
-    async with open_conductor("proxy", proxy_cmd("--envelope-meta", '{"hop":"inner"}')) as c:
+    async with open_served("proxy", proxy_cmd("--envelope-meta", '{"hop":"inner"}')) as c:
         await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
                       "params": {"protocolVersion": 1}})
         wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
@@ -159,7 +166,7 @@ async def test_as_a_proxy_the_conductor_carries_envelope_meta_to_its_predecessor
 async def test_a_proxy_with_no_components_passes_everything_through_unchanged() -> None:
     # Issue 10: `acp-conductor proxy` alone was refused; the Rust conductor tests that an
     # empty nested conductor is a transparent proxy. The test plays the outer conductor.
-    async with open_conductor("proxy") as c:
+    async with open_served("proxy") as c:
         await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
                       "params": {"protocolVersion": 1}})
         wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
@@ -180,7 +187,7 @@ async def test_a_proxy_with_no_components_passes_everything_through_unchanged() 
 
 
 
-async def initialized_as_proxy(c: ConductorProcess, version: int = 1) -> Json:
+async def initialized_as_proxy(c: WireClient, version: int = 1) -> Json:
     """Initialize a conductor in proxy mode as its outer conductor would, answering the
     initialize it sends on through us for its successor; its answer to ours."""
     await c.send({"jsonrpc": "2.0", "id": 0, "method": "_proxy/initialize",
@@ -188,7 +195,7 @@ async def initialized_as_proxy(c: ConductorProcess, version: int = 1) -> Json:
     return await answered_as_successor(c, 0, {"protocolVersion": version})
 
 
-async def answered_as_successor(c: ConductorProcess, ident: Json, result: Json) -> Json:
+async def answered_as_successor(c: WireClient, ident: Json, result: Json) -> Json:
     """Answer, as its successor, what the conductor in proxy mode sends on for the request
     `ident` it got; its answer to that request."""
     wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor")
@@ -224,7 +231,7 @@ command = {json.dumps(proxy_cmd())}
     assert cancel["params"] == {"method": "session/cancel", "params": {"sessionId": "s"}}
 
 async def test_as_a_proxy_the_conductor_refuses_a_second_proxy_initialize() -> None:
-    async with open_conductor("proxy", proxy_cmd()) as c:
+    async with open_served("proxy", proxy_cmd()) as c:
         assert (await initialized_as_proxy(c))["result"] == {"protocolVersion": 1}
         again = await c.request("_proxy/initialize", {"protocolVersion": 1}, ident=1)
         assert again["error"]["code"] == -32600
@@ -233,7 +240,7 @@ async def test_as_a_proxy_the_conductor_refuses_a_second_proxy_initialize() -> N
 
 async def test_as_a_proxy_the_conductor_answers_a_legacy_predecessor_in_the_legacy_dialect(
         ) -> None:
-    async with open_conductor("proxy", proxy_cmd()) as c:
+    async with open_served("proxy", proxy_cmd()) as c:
         await c.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
                       "params": {"protocolVersion": 1, "_meta": {"proxy": True}}})
         wrapped = await c.read_until(lambda m: m.get("method") == "_proxy/successor/request")
@@ -246,7 +253,7 @@ async def test_as_a_proxy_the_conductor_answers_a_legacy_predecessor_in_the_lega
 
 
 async def test_a_malformed_successor_envelope_is_answered_with_invalid_params() -> None:
-    async with open_conductor("proxy", proxy_cmd()) as c:
+    async with open_served("proxy", proxy_cmd()) as c:
         await initialized_as_proxy(c)
         await c.send({"jsonrpc": "2.0", "id": "bad", "method": "_proxy/successor",
                       "params": {"params": {}}})

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.bin.rawjson import members
-from tests.wire_client import chain_args, open_conductor
+from tests.wire_client import chain_args, open_served
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -56,7 +56,7 @@ async def test_initialize_params_and_result_cross_the_chain_byte_identical(
         tmp_path: Path, proxies: int, params: str, result: str) -> None:
     record = tmp_path / "agent.jsonl"
     args = chain_args(proxies, "--record", str(record), "--init-result", result)
-    async with open_conductor(*args) as c:
+    async with open_served(*args) as c:
         await c.send_raw(f'{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{params}}}\n'
                          .encode())
         line = await c.read_raw()
@@ -71,8 +71,8 @@ async def test_the_bridges_advertisement_changes_nothing_else(tmp_path: Path) ->
     record = tmp_path / "agent.jsonl"
     result = RESULT_V1.replace(',"mcpCapabilities":{"acp":true}', "")
     assert "acp" not in result
-    async with open_conductor(*chain_args(0, "--record", str(record), "--init-result",
-                                          result)) as c:
+    async with open_served(*chain_args(0, "--record", str(record), "--init-result",
+                                       result)) as c:
         await c.send_raw(f'{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{INIT_V1}}}\n'
                          .encode())
         line = await c.read_raw()
@@ -88,7 +88,7 @@ async def test_the_bridges_advertisement_changes_nothing_else(tmp_path: Path) ->
 async def test_request_params_and_result_cross_the_chain_byte_identical(
         tmp_path: Path, proxies: int) -> None:
     record = tmp_path / "agent.jsonl"
-    async with open_conductor(*chain_args(proxies, "--record", str(record))) as c:
+    async with open_served(*chain_args(proxies, "--record", str(record))) as c:
         await c.initialize()
         await c.send_raw(f'{{"jsonrpc":"2.0","id":5,"method":"_test/echo","params":{ODD}}}\n'
                          .encode())
@@ -102,7 +102,7 @@ async def test_request_params_and_result_cross_the_chain_byte_identical(
 async def test_notification_params_cross_the_chain_byte_identical_toward_the_agent(
         tmp_path: Path, proxies: int) -> None:
     record = tmp_path / "agent.jsonl"
-    async with open_conductor(*chain_args(proxies, "--record", str(record))) as c:
+    async with open_served(*chain_args(proxies, "--record", str(record))) as c:
         await c.initialize()
         await c.send_raw(f'{{"jsonrpc":"2.0","method":"_ext/note","params":{ODD}}}\n'.encode())
         # A request after it: answered only once the notification has been through.
@@ -115,7 +115,7 @@ async def test_notification_params_cross_the_chain_byte_identical_toward_the_age
 @CHAINS
 async def test_agent_notifications_reach_the_editor_byte_identical(proxies: int) -> None:
     note = f'{{"jsonrpc":"2.0","method":"session/update","params":{ODD}}}'
-    async with open_conductor(*chain_args(proxies)) as c:
+    async with open_served(*chain_args(proxies)) as c:
         await c.initialize()
         await c.send(
             {"jsonrpc": "2.0", "id": 1, "method": "_test/raw", "params": {"lines": [note]}})
@@ -127,7 +127,7 @@ async def test_agent_notifications_reach_the_editor_byte_identical(proxies: int)
 @CHAINS
 async def test_agent_request_and_editor_answer_cross_the_chain_byte_identical(
         proxies: int) -> None:
-    async with open_conductor(*chain_args(proxies)) as c:
+    async with open_served(*chain_args(proxies)) as c:
         await c.initialize()
         await c.send_raw(b'{"jsonrpc":"2.0","id":1,"method":"_test/ask","params":'
                          b'{"method":"fs/read_text_file","params":' + ODD.encode() + b"}}\n")
@@ -142,7 +142,7 @@ async def test_agent_request_and_editor_answer_cross_the_chain_byte_identical(
 
 @CHAINS
 async def test_agent_error_answers_reach_the_editor_byte_identical(proxies: int) -> None:
-    async with open_conductor(*chain_args(proxies)) as c:
+    async with open_served(*chain_args(proxies)) as c:
         await c.initialize()
         await c.send_raw(b'{"jsonrpc":"2.0","id":"x","method":"_nope/unknown","params":{}}\n')
         line = members((await c.read_raw()).decode())
@@ -156,7 +156,7 @@ IDS = ['"s"', '"\\u00fc-\\n"', "0", "-7", "123456789012345678901234567890", "1.5
 
 @pytest.mark.parametrize("proxies", [0, 2])
 async def test_editor_ids_of_any_json_type_come_back_exactly(proxies: int) -> None:
-    async with open_conductor(*chain_args(proxies)) as c:
+    async with open_served(*chain_args(proxies)) as c:
         await c.initialize()
         for ident in IDS:
             await c.send_raw(f'{{"jsonrpc":"2.0","id":{ident},"method":"_test/echo",'
@@ -167,7 +167,7 @@ async def test_editor_ids_of_any_json_type_come_back_exactly(proxies: int) -> No
 
 
 async def test_ids_that_are_equal_as_text_but_differ_in_type_stay_apart() -> None:
-    async with open_conductor(*chain_args(1)) as c:
+    async with open_served(*chain_args(1)) as c:
         await c.initialize()
         await c.send_raw(b'{"jsonrpc":"2.0","id":1,"method":"_test/echo","params":{"n":1}}\n'
                          b'{"jsonrpc":"2.0","id":"1","method":"_test/echo","params":{"s":1}}\n')

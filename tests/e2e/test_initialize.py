@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.wire_client import agent_cmd, chain_args, open_conductor, proxy_cmd
+from tests.wire_client import agent_cmd, chain_args, open_served, proxy_cmd
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -24,7 +24,7 @@ def init(version: object, ident: object = 0) -> dict[str, object]:
                          ids=lambda v: "missing" if v is ... else repr(v))
 async def test_an_invalid_protocol_version_is_answered_with_invalid_params(
         version: object) -> None:
-    async with open_conductor(*chain_args(1)) as c:
+    async with open_served(*chain_args(1)) as c:
         await c.send(init(version))
         answer = await c.response(0)
         assert answer["error"]["code"] == -32602
@@ -34,7 +34,7 @@ async def test_an_invalid_protocol_version_is_answered_with_invalid_params(
 
 
 async def test_protocol_version_zero_is_answered_with_invalid_request() -> None:
-    async with open_conductor(*chain_args(0)) as c:
+    async with open_served(*chain_args(0)) as c:
         await c.send(init(0))
         answer = await c.response(0)
         assert answer["error"]["code"] == -32600
@@ -45,7 +45,7 @@ async def test_protocol_version_zero_is_answered_with_invalid_request() -> None:
 async def test_protocol_version_one_selects_v1_and_two_or_later_selects_v2(
         tmp_path: Path, asked: int, expected: int) -> None:
     record = tmp_path / "agent.jsonl"
-    async with open_conductor(*chain_args(1, "--record", str(record))) as c:
+    async with open_served(*chain_args(1, "--record", str(record))) as c:
         await c.send(init(asked))
         answer = await c.response(0)
     # The agent echoes the version family it was asked for; the conductor accepted it.
@@ -56,7 +56,7 @@ async def test_protocol_version_one_selects_v1_and_two_or_later_selects_v2(
 @pytest.mark.parametrize("proxies", [0, 1])
 async def test_a_v2_client_gets_an_error_when_the_agent_answers_protocol_version_1(
         proxies: int) -> None:
-    async with open_conductor(*chain_args(proxies, "--version", "1")) as c:
+    async with open_served(*chain_args(proxies, "--version", "1")) as c:
         await c.send(init(2))
         answer = await c.response(0)
     error = answer["error"]
@@ -66,7 +66,7 @@ async def test_a_v2_client_gets_an_error_when_the_agent_answers_protocol_version
 
 
 async def test_a_v1_client_accepts_whatever_version_the_agent_answers() -> None:
-    async with open_conductor(*chain_args(0, "--version", "1")) as c:
+    async with open_served(*chain_args(0, "--version", "1")) as c:
         assert (await c.initialize(1))["protocolVersion"] == 1
 
 
@@ -74,7 +74,7 @@ async def test_a_v1_client_accepts_whatever_version_the_agent_answers() -> None:
 async def test_a_first_request_that_is_not_initialize_is_refused_and_serving_continues(
         tmp_path: Path, first: str) -> None:
     started = tmp_path / "agent.jsonl"  # the agent creates it as it starts
-    async with open_conductor(*chain_args(0, "--record", str(started))) as c:
+    async with open_served(*chain_args(0, "--record", str(started))) as c:
         await c.send({"jsonrpc": "2.0", "id": 9, "method": first, "params": {}})
         answer = await c.response(9)
         assert answer["error"]["code"] == -32600
@@ -85,7 +85,7 @@ async def test_a_first_request_that_is_not_initialize_is_refused_and_serving_con
 
 
 async def test_proxy_initialize_from_the_editor_after_start_is_invalid_request() -> None:
-    async with open_conductor(*chain_args(1)) as c:
+    async with open_served(*chain_args(1)) as c:
         await c.initialize()
         answer = await c.request("_proxy/initialize", {"protocolVersion": 1})
         assert answer["error"]["code"] == -32600
@@ -94,7 +94,7 @@ async def test_proxy_initialize_from_the_editor_after_start_is_invalid_request()
 
 
 async def test_proxy_initialize_inside_a_proxys_envelope_is_invalid_request() -> None:
-    async with open_conductor("agent", proxy_cmd(), agent_cmd()) as c:
+    async with open_served("agent", proxy_cmd(), agent_cmd()) as c:
         await c.initialize()
         for method in ("_proxy/initialize", "proxy/initialize"):
             answer = await c.request("_relay/wrap", {"method": method,
@@ -105,6 +105,6 @@ async def test_proxy_initialize_inside_a_proxys_envelope_is_invalid_request() ->
 
 
 async def test_repeated_initialize_goes_to_the_chain_again() -> None:
-    async with open_conductor(*chain_args(1)) as c:
+    async with open_served(*chain_args(1)) as c:
         await c.initialize()
         assert (await c.initialize())["protocolVersion"] == 1

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.bin.rawjson import members
-from tests.wire_client import Json, chain_args, open_conductor
+from tests.wire_client import Json, chain_args, open_served
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -23,7 +23,7 @@ def is_method(name: str):
 @CHAINS
 async def test_agent_requests_travel_up_every_proxy_and_the_answer_returns_to_the_asker(
         proxies: int) -> None:
-    async with open_conductor(*chain_args(proxies)) as c:
+    async with open_served(*chain_args(proxies)) as c:
         await c.initialize()
         for method in ("session/request_permission", "fs/read_text_file", "terminal/create",
                        "_vendor/anything"):
@@ -41,7 +41,7 @@ async def test_agent_requests_travel_up_every_proxy_and_the_answer_returns_to_th
 
 @CHAINS
 async def test_an_editor_error_answer_returns_to_the_asking_agent(proxies: int) -> None:
-    async with open_conductor(*chain_args(proxies)) as c:
+    async with open_served(*chain_args(proxies)) as c:
         await c.initialize()
         await c.send({"jsonrpc": "2.0", "id": 1, "method": "_test/ask",
                       "params": {"method": "fs/write_text_file", "params": {}}})
@@ -56,7 +56,7 @@ async def test_an_editor_error_answer_returns_to_the_asking_agent(proxies: int) 
 async def test_an_editor_cancel_reaches_the_agent_once_with_the_agents_own_id(
         tmp_path: Path, proxies: int) -> None:
     record = tmp_path / "agent.jsonl"
-    async with open_conductor(*chain_args(proxies, "--record", str(record))) as c:
+    async with open_served(*chain_args(proxies, "--record", str(record))) as c:
         await c.initialize()
         await c.send({"jsonrpc": "2.0", "id": "h1", "method": "_test/hang", "params": {}})
         await c.send({"jsonrpc": "2.0", "method": "$/cancel_request",
@@ -78,7 +78,7 @@ async def test_an_editor_cancel_reaches_the_agent_once_with_the_agents_own_id(
 @CHAINS
 async def test_an_agent_cancel_reaches_the_editor_once_with_the_editors_id(
         proxies: int) -> None:
-    async with open_conductor(*chain_args(proxies)) as c:
+    async with open_served(*chain_args(proxies)) as c:
         await c.initialize()
         await c.send({"jsonrpc": "2.0", "id": 7, "method": "_test/ask_cancel",
                       "params": {"method": "session/request_permission", "params": {}}})
@@ -97,7 +97,7 @@ async def test_an_agent_cancel_reaches_the_editor_once_with_the_editors_id(
 @CHAINS
 async def test_session_updates_sent_before_the_session_new_answer_reach_the_editor_in_order(
         proxies: int) -> None:
-    async with open_conductor(*chain_args(proxies, "--early-updates", "3")) as c:
+    async with open_served(*chain_args(proxies, "--early-updates", "3")) as c:
         await c.initialize()
         await c.send({"jsonrpc": "2.0", "id": "n", "method": "session/new",
                       "params": {"cwd": "/", "mcpServers": []}})
@@ -115,7 +115,7 @@ async def test_session_updates_sent_before_the_session_new_answer_reach_the_edit
 
 @CHAINS
 async def test_notifications_keep_their_order_across_every_hop(proxies: int) -> None:
-    async with open_conductor(*chain_args(proxies)) as c:
+    async with open_served(*chain_args(proxies)) as c:
         await c.initialize()
         sid = await c.new_session()
         await c.send({"jsonrpc": "2.0", "id": "n", "method": "_test/notify",
@@ -126,7 +126,7 @@ async def test_notifications_keep_their_order_across_every_hop(proxies: int) -> 
 
 
 async def test_a_prompt_streams_updates_then_ends_the_turn() -> None:
-    async with open_conductor(*chain_args(2, "--updates", "5")) as c:
+    async with open_served(*chain_args(2, "--updates", "5")) as c:
         await c.initialize()
         sid = await c.new_session()
         answer = await c.request("session/prompt", {"sessionId": sid,
@@ -142,7 +142,7 @@ async def send_line(c, line: bytes) -> None:
 
 
 async def test_a_batch_of_requests_is_answered_with_one_array() -> None:
-    async with open_conductor(*chain_args(1)) as c:
+    async with open_served(*chain_args(1)) as c:
         await c.initialize()
         await send_line(c, b'[{"jsonrpc":"2.0","id":1,"method":"_test/echo","params":{"a":1}},'
                            b'{"jsonrpc":"2.0","method":"_ext/note","params":{}},'
@@ -154,7 +154,7 @@ async def test_a_batch_of_requests_is_answered_with_one_array() -> None:
 
 
 async def test_a_batch_of_only_notifications_gets_no_answer() -> None:
-    async with open_conductor(*chain_args(1)) as c:
+    async with open_served(*chain_args(1)) as c:
         await c.initialize()
         await send_line(c, b'[{"jsonrpc":"2.0","method":"_ext/a"},'
                            b'{"jsonrpc":"2.0","method":"_ext/b","params":{}}]')
@@ -163,7 +163,7 @@ async def test_a_batch_of_only_notifications_gets_no_answer() -> None:
 
 
 async def test_an_empty_batch_gets_one_invalid_request_error() -> None:
-    async with open_conductor(*chain_args(0)) as c:
+    async with open_served(*chain_args(0)) as c:
         await c.initialize()
         await send_line(c, b"[]")
         reply = await c.read()
@@ -174,7 +174,7 @@ async def test_an_empty_batch_gets_one_invalid_request_error() -> None:
 
 
 async def test_invalid_items_in_a_batch_get_invalid_request_in_the_array() -> None:
-    async with open_conductor(*chain_args(0)) as c:
+    async with open_served(*chain_args(0)) as c:
         await c.initialize()
         await send_line(c, b'[1, {"jsonrpc":"2.0","id":5,"method":"_test/echo","params":{}}]')
         reply = await c.read()
@@ -187,7 +187,7 @@ async def test_invalid_items_in_a_batch_get_invalid_request_in_the_array() -> No
 # -- malformed input from the editor ------------------------------------------------------------
 
 async def test_non_json_from_the_editor_gets_a_parse_error_and_serving_continues() -> None:
-    async with open_conductor(*chain_args(1)) as c:
+    async with open_served(*chain_args(1)) as c:
         await send_line(c, b"this is not json")  # before initialize, too
         first = await c.read()
         await c.initialize()
@@ -202,7 +202,7 @@ async def test_non_json_from_the_editor_gets_a_parse_error_and_serving_continues
 
 
 async def test_call_shaped_junk_is_invalid_request_and_stray_responses_are_ignored() -> None:
-    async with open_conductor(*chain_args(0)) as c:
+    async with open_served(*chain_args(0)) as c:
         await c.initialize()
         await send_line(c, b'{"jsonrpc":"2.0","id":4,"method":5}')
         junk = await c.read()
@@ -215,7 +215,7 @@ async def test_call_shaped_junk_is_invalid_request_and_stray_responses_are_ignor
 
 async def test_envelope_members_reach_the_agent_only_once_unwrapped(tmp_path: Path) -> None:
     record = tmp_path / "agent.jsonl"
-    async with open_conductor(*chain_args(2, "--record", str(record))) as c:
+    async with open_served(*chain_args(2, "--record", str(record))) as c:
         await c.initialize()
         await c.request("_test/echo", {"x": 1})
     methods = [members(line)["method"] for line in record.read_text("utf-8").splitlines()]

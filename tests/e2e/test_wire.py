@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.wire_client import agent_cmd, chain_args, open_conductor, proxy_cmd
+from tests.wire_client import agent_cmd, chain_args, open_conductor, open_served, proxy_cmd
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,7 +33,7 @@ async def test_a_20_mib_frame_crosses_the_chain_each_way(proxies: int) -> None:
 
 
 async def test_an_oversized_editor_frame_is_refused_and_other_traffic_continues() -> None:
-    async with open_conductor("--max-frame-bytes", "65536", *chain_args(1)) as c:
+    async with open_served("--max-frame-bytes", "65536", *chain_args(1)) as c:
         await c.initialize()
         await c.send_raw(b'{"jsonrpc":"2.0","id":3,"method":"_test/echo","params":{"d":"'
                          + b"y" * 100_000 + b'"}}\n')
@@ -46,7 +46,7 @@ async def test_an_oversized_editor_frame_is_refused_and_other_traffic_continues(
 
 
 async def test_an_oversized_agent_answer_becomes_an_error_naming_the_agent() -> None:
-    async with open_conductor("--max-frame-bytes", "65536", *chain_args(0)) as c:
+    async with open_served("--max-frame-bytes", "65536", *chain_args(0)) as c:
         await c.initialize()
         answer = await c.request("_test/big", {"size": 100_000})
         assert answer["error"]["data"]["component"] == "agent"
@@ -56,7 +56,7 @@ async def test_an_oversized_agent_answer_becomes_an_error_naming_the_agent() -> 
 
 
 async def test_an_oversized_agent_notification_is_dropped_and_later_ones_arrive() -> None:
-    async with open_conductor("--max-frame-bytes", "65536", *chain_args(1)) as c:
+    async with open_served("--max-frame-bytes", "65536", *chain_args(1)) as c:
         await c.initialize()
         await c.request("_test/notify", {"sessionId": "s", "count": 1, "pad": 100_000})
         await c.request("_test/notify", {"sessionId": "s", "count": 1})
@@ -65,7 +65,7 @@ async def test_an_oversized_agent_notification_is_dropped_and_later_ones_arrive(
 
 
 async def test_an_oversized_answer_fails_only_the_request_its_top_level_id_names() -> None:
-    async with open_conductor("--max-frame-bytes", "65536", *chain_args(0)) as c:
+    async with open_served("--max-frame-bytes", "65536", *chain_args(0)) as c:
         await c.initialize()  # agent-hop id 1
         # `_test/raw` is agent-hop id 2. It makes the agent write an oversized answer whose
         # *result* mentions id 2 but which answers id 999, then answer id 2 itself with {}.
@@ -76,7 +76,7 @@ async def test_an_oversized_answer_fails_only_the_request_its_top_level_id_names
 
 
 async def test_an_oversized_notification_from_the_editor_is_never_answered() -> None:
-    async with open_conductor("--max-frame-bytes", "65536", *chain_args(0)) as c:
+    async with open_served("--max-frame-bytes", "65536", *chain_args(0)) as c:
         await c.initialize()
         await c.send_raw(b'{"jsonrpc":"2.0","method":"_test/note","params":{"id":5,"big":"'
                          + b"z" * 100_000 + b'"}}\n')
@@ -86,7 +86,7 @@ async def test_an_oversized_notification_from_the_editor_is_never_answered() -> 
 
 
 async def test_an_oversized_batch_from_the_editor_is_refused_as_a_whole() -> None:
-    async with open_conductor("--max-frame-bytes", "65536", *chain_args(0)) as c:
+    async with open_served("--max-frame-bytes", "65536", *chain_args(0)) as c:
         await c.initialize()
         await c.send_raw(b'[{"jsonrpc":"2.0","id":1,"method":"_test/echo","params":{"d":"'
                          + b"b" * 100_000 + b'"}}]\n')
@@ -97,7 +97,7 @@ async def test_an_oversized_batch_from_the_editor_is_refused_as_a_whole() -> Non
 
 
 async def test_an_oversized_answer_from_the_editor_fails_the_agents_question() -> None:
-    async with open_conductor("--max-frame-bytes", "65536", *chain_args(1)) as c:
+    async with open_served("--max-frame-bytes", "65536", *chain_args(1)) as c:
         await c.initialize()
         await c.send({"jsonrpc": "2.0", "id": "ask", "method": "_test/ask",
                       "params": {"method": "fs/read_text_file",
@@ -117,9 +117,9 @@ async def test_noise_on_a_components_stdout_is_logged_with_its_name_and_dropped(
         tmp_path: Path, proxies: int) -> None:
     record = tmp_path / "agent.jsonl"
     flags = ("--banner",)
-    async with open_conductor("--log-level", "debug",
-                              "agent", *[proxy_cmd(*flags) for _ in range(proxies)],
-                              agent_cmd("--banner", "--record", str(record))) as c:
+    async with open_served("--log-level", "debug",
+                           "agent", *[proxy_cmd(*flags) for _ in range(proxies)],
+                           agent_cmd("--banner", "--record", str(record))) as c:
         await c.initialize()
         await c.request("_test/raw", {"lines": ["\x1b[31mred alert\x1b[0m", "progress: 50%"]})
         assert not c.inbox  # nothing of it reached the editor
