@@ -233,6 +233,34 @@ def test_a_trace_into_a_named_pipe_whose_reader_is_behind_drops_counted_events_n
     assert note["count"] > 0 and len(seqs) + note["count"] == seqs[-1]
 
 
+def test_a_trace_pipe_found_full_is_not_tried_again_at_every_event(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each event behind a full pipe tried a write and copied the whole backlog (up to
+    # 4 MiB) back into the buffer: ~1.8 ms an event, for every routing task that traces.
+    from conductor.tracing import sink as sink_module
+
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader that never reads
+    tries = []
+    write = os.write
+
+    def counted(fd: int, data: bytes) -> int:
+        tries.append(fd)
+        return write(fd, data)
+    try:
+        sink = sink_module.JsonlTraceSink(fifo)
+        monkeypatch.setattr(sink_module.os, "write", counted)
+        monkeypatch.setattr(sink_module.time, "monotonic", lambda: 1000.0)  # one moment
+        for _ in range(2000):  # ~0.6 MB: the pipe (64 KiB) is full after a few hundred
+            sink.lifecycle("agent", "stderr", line="x" * 300)
+        monkeypatch.undo()
+        assert len(tries) < 10
+        sink.close()
+    finally:
+        os.close(reader)
+
+
 async def test_what_a_slow_pipe_reader_could_not_take_reaches_it_though_no_event_follows(
         tmp_path: Path) -> None:
     # The chain hangs after a burst: what waited for the reader must not wait for an event.

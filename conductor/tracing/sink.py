@@ -106,6 +106,7 @@ class JsonlTraceSink:
         self._dropped = 0  # events dropped since the reader was last caught up
         self._buffer = bytearray()
         self._last_flush = time.monotonic()
+        self._blocked_at: float | None = None  # when a write last found the pipe full
         self._filled: anyio.Event | None = None  # set when the buffer stops being empty
         self._redact = redactor
         self._seq = 0
@@ -249,16 +250,20 @@ class JsonlTraceSink:
                         event[key] = bytes(event[key]).decode("utf-8", "replace")
                 line = self._redact(msgspec.json.encode(event))
         was_empty = not self._buffer
+        now = time.monotonic()
+        # A pipe found full is tried again once a FLUSH_SECONDS, not at every event (each
+        # try costs a system call, and events come by the thousand a second).
+        blocked = self._blocked_at is not None and now - self._blocked_at < self.FLUSH_SECONDS
         if self._pipe and len(self._buffer) >= self.MAX_BEHIND:
-            self.flush()
+            if not blocked:
+                self.flush()
             if len(self._buffer) >= self.MAX_BEHIND:
                 self._drop()
                 return
         self._buffer += line
         self._buffer += b"\n"
-        now = time.monotonic()
-        if urgent or len(self._buffer) >= self.FLUSH_BYTES or \
-                now - self._last_flush >= self.FLUSH_SECONDS:
+        if not blocked and (urgent or len(self._buffer) >= self.FLUSH_BYTES
+                            or now - self._last_flush >= self.FLUSH_SECONDS):
             self.flush()
         elif was_empty and self._filled is not None:
             self._filled.set()  # no later event may come (a hang): the flusher writes it
@@ -306,16 +311,15 @@ class JsonlTraceSink:
             self._filled.set()
 
     def flush(self) -> None:
-        data, self._buffer = self._buffer, bytearray()
+        self._blocked_at = None
         try:
-            with memoryview(data) as view:
-                while view:
-                    try:
-                        written = os.write(self._fd, view)
-                    except BlockingIOError:  # a pipe whose reader is behind: the rest waits
-                        self._buffer[:0] = view
-                        break
-                    view = view[written:]
+            while self._buffer:
+                try:
+                    written = os.write(self._fd, self._buffer)
+                except BlockingIOError:  # a pipe whose reader is behind: the rest waits
+                    self._blocked_at = time.monotonic()
+                    break
+                del self._buffer[:written]  # in place: the backlog is not copied each try
             if self._dropped and not self._buffer:
                 self._say_dropped()
         except OSError as e:
