@@ -190,16 +190,18 @@ class Chain:
         plain = self._plain(hop, item)
         if plain is None:
             return False
-        if self.sessions.accepted_turns and self._late_idle(hop, item):
-            return False  # `receive` ends the turn and drops it
+        # While v2 turns run, the agent's idle ends them: read once (a scan of the params).
+        idle = self._idle_of(hop, item) if self.sessions.accepted_turns else None
+        if idle is not None and self.sessions.accepted_turns.get(idle) == 0:
+            return False  # the late idle of turns the conductor ended: `receive` drops it
         target = plain[0]
         if target.failure is None and not target.send_nowait(item):
             return False  # `receive` takes it, and its watchers see it there
         # The proxies on the way see it even when it goes nowhere, as a handler would have.
         for watch in plain[4]:
             watch(item, plain[2])
-        if self.sessions.accepted_turns:
-            self._turn_update(hop, item)
+        if idle is not None:
+            self._turns_ended(idle)
         return True  # sent, or as `receive` does: nowhere to go
 
     def _plain(self, hop: Hop, msg: Notification) -> _PlainRoute | None:
@@ -971,12 +973,6 @@ class Chain:
         if timer is not None:
             timer.cancel()
         return self.sessions.said_idle(session_id)
-
-    def _late_idle(self, hop: Hop, msg: Notification) -> bool:
-        """Whether `msg` is the agent's late idle for turns the conductor ended (it does
-        not change the table: `_turn_update` does, on the full route)."""
-        sid = self._idle_of(hop, msg)
-        return sid is not None and self.sessions.accepted_turns.get(sid) == 0
 
     def _idle_of(self, hop: Hop, msg: Notification) -> str | None:
         last = self.topology.last
