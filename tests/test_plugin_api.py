@@ -13,7 +13,7 @@ from msgspec import Raw
 from acp_conductor_proxies.passthrough import Passthrough
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.plugins import Proxy, ProxyContext, SessionScope, on, watch
+from conductor.plugins import Proxy, ProxyContext, SessionScope, Side, on, watch
 from conductor.testing import ScriptedAgent, open_test_chain, says
 
 if TYPE_CHECKING:
@@ -939,3 +939,41 @@ async def test_a_stand_alone_proxy_initialized_in_the_legacy_dialect_accepts_the
             tg.cancel_scope.cancel()
     assert answer["id"] == 7
     assert answer["result"] == {"protocolVersion": 1, "_meta": {"x": 1, "proxy": True}}
+
+
+@pytest.mark.parametrize(("decorate", "define", "says"), [
+    (on("session/prompt"), "async def prompt(self, ctx): ...",
+     "handler Bad.prompt for session/prompt takes (self, ctx, message), not (self, ctx): "
+     "write `async def prompt(self, ctx, message)`"),
+    (on("session/prompt"), "async def prompt(self, message): ...",
+     "takes (self, ctx, message), not (self, message)"),
+    (on("session/prompt"), "async def prompt(self, ctx, message, extra): ...",
+     "takes (self, ctx, message), not (self, ctx, message, extra)"),
+    (watch("session/update", source="successor"), "def seen(self, message): ...",
+     "watcher Bad.seen for session/update takes (self, ctx, message), not (self, message): "
+     "write `def seen(self, ctx, message)`"),
+])
+def test_a_handler_with_the_wrong_parameters_is_an_error_where_written(
+        decorate: Any, define: str, says: str) -> None:
+    # It was a TypeError at the first message ("takes 2 positional arguments but 3 were
+    # given"), answered to the editor, and `acp-conductor check` found nothing wrong.
+    namespace: dict[str, Any] = {}
+    exec(define, namespace)  # the function as a newcomer writes it
+    func = next(v for k, v in namespace.items() if k != "__builtins__")
+    func.__qualname__ = f"Bad.{func.__name__}"
+    with pytest.raises(TypeError) as caught:
+        decorate(func)
+    assert says in str(caught.value)
+
+
+def test_handlers_taking_extra_arguments_with_defaults_or_star_args_are_accepted() -> None:
+    class Fine(Proxy):
+        @on("session/prompt")
+        async def prompt(self, ctx: ProxyContext, message: Message, extra: int = 0) -> object:
+            return await ctx.forward()
+
+        @on("session/cancel")
+        async def cancel(self, *args: Any) -> None:
+            pass
+    assert set(Fine().handlers()) == {(Side.PREDECESSOR, "session/prompt"),
+                                      (Side.PREDECESSOR, "session/cancel")}

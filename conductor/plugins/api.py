@@ -118,6 +118,7 @@ def on(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[Any],
     def mark(func: Any) -> Any:
         if not inspect.iscoroutinefunction(func):
             raise TypeError(f"handler {func.__qualname__} for {method} must be `async def`")
+        _check_parameters(func, "handler", method, "async def")
         return _register(func, "on", _HANDLES, method, side, _never_arrives(method, side))
     return mark
 
@@ -140,6 +141,7 @@ def watch(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[An
         if inspect.iscoroutinefunction(func):
             raise TypeError(f"watcher {func.__qualname__} for {method} must be a plain `def`: "
                             "it runs inline and cannot wait (use @on for an async handler)")
+        _check_parameters(func, "watcher", method, "def")
         problem = _never_arrives(method, side)
         if problem is None and method in acp.AGENT_METHODS | acp.CLIENT_METHODS \
                 and method not in acp.NOTIFICATION_METHODS:
@@ -153,6 +155,24 @@ def _check_method(method: object, decorator: str, does: str) -> None:
     if not isinstance(method, str):
         raise TypeError(f"{decorator} needs the method it {does}: "
                         f"{decorator}(\"session/prompt\"), not {method!r}")
+
+
+def _check_parameters(func: Any, kind: str, method: str, define: str) -> None:
+    """A handler is called `(self, ctx, message)`: one that cannot take that (a forgotten
+    `ctx` or `message`, an extra parameter) would fail at every message, answered to the
+    editor as the plugin's failure; this says so where it is written, at import."""
+    try:
+        signature = inspect.signature(func)
+        signature.bind(None, None, None)
+    except TypeError:
+        pass
+    except ValueError:  # no signature to read (a builtin, a C callable): trust it
+        return
+    else:
+        return
+    written = ", ".join(str(p) for p in signature.parameters.values())
+    raise TypeError(f"{kind} {func.__qualname__} for {method} takes (self, ctx, message), "
+                    f"not ({written}): write `{define} {func.__name__}(self, ctx, message)`")
 
 
 def _register(func: Any, decorator: str, attr: str, method: str, side: Side,
