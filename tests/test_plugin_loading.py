@@ -415,6 +415,19 @@ def test_a_plugin_file_whose_code_raises_is_a_chain_error_naming_the_file_and_li
     assert caught.value.exit_code == 2
 
 
+def test_a_misspelt_source_in_a_plugin_file_is_reported_at_its_line_not_in_the_stdlib(
+        tmp_path: Path) -> None:
+    # It pointed at enum.py (where `Side` refuses the value), not at the plugin's @on.
+    code = ("from conductor.plugins import Proxy, on\nclass S(Proxy):\n"
+            "    @on('session/update', source='sucessor')\n"
+            "    async def up(self, ctx, message): ...\n")
+    chain = _plugin_chain(tmp_path, "mine.py", "mine.py:S", code)
+    with pytest.raises(PluginNotFoundError) as caught:
+        _plan(load_chain(chain), "agent")
+    assert f"({tmp_path / 'mine.py'}, line 3): ValueError: 'sucessor' is not a side" \
+        in str(caught.value)
+
+
 def test_a_plugin_module_whose_code_raises_names_the_module(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:

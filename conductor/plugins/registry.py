@@ -165,8 +165,12 @@ def _where(error: BaseException) -> str:
         return f" ({error.filename}, line {error.lineno})"
     skip = ("<frozen", str(Path(__file__).resolve().parents[1]),
             str(Path(importlib.__file__).parent))
+    # The standard library too (`Side("sucessor")` raises in enum.py), but not what is
+    # installed beside it (a plugin's dependencies may be at fault).
+    stdlib = str(Path(inspect.__file__).parent) + "/"
     frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not f.filename.startswith(skip)]
+              if not f.filename.startswith(skip)
+              and not (f.filename.startswith(stdlib) and "-packages/" not in f.filename)]
     return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
 
 
