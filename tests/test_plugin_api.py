@@ -977,3 +977,20 @@ def test_handlers_taking_extra_arguments_with_defaults_or_star_args_are_accepted
             pass
     assert set(Fine().handlers()) == {(Side.PREDECESSOR, "session/prompt"),
                                       (Side.PREDECESSOR, "session/cancel")}
+
+
+def test_a_proxy_whose_init_forgets_super_init_is_refused_when_made_saying_so() -> None:
+    # It was an AttributeError ('_Proxy__options') at its first message, or its options
+    # silently unread: `acp-conductor check` passed, the turn failed.
+    class Forgetful(Proxy):
+        def __init__(self, options: Any = None) -> None:
+            self.count = 0
+
+    class Careful(Forgetful):
+        def __init__(self, options: Any = None) -> None:
+            Proxy.__init__(self, options)
+
+    with pytest.raises(TypeError, match=r"Forgetful.__init__ \(.*test_plugin_api.py, line "
+                       r"\d+\) did not call super\(\).__init__\(options\): add it"):
+        Forgetful()
+    assert Careful().options is not None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import functools
 import inspect
 import itertools
 import logging
@@ -217,6 +218,24 @@ def _twice(klass: type, key: tuple[Side, str], first: str, second: str) -> None:
                   UserWarning, stacklevel=3)
 
 
+def _checked_init(init: Callable[..., None]) -> Callable[..., None]:
+    """A subclass's `__init__` that forgot `super().__init__(options)` left the proxy
+    without its options, name and log: an AttributeError at its first message (or options
+    never read). Said when it is made instead (at load, for a chain), with the fix."""
+
+    @functools.wraps(init)
+    def __init__(self: Proxy[Any], *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if "_Proxy__options" not in vars(self):
+            code = getattr(init, "__code__", None)
+            where = "" if code is None else f" ({code.co_filename}, line {code.co_firstlineno})"
+            raise TypeError(f"{init.__qualname__.rpartition('.<locals>.')[2]}{where} did not "
+                            "call super().__init__(options): add it as the first line of "
+                            "__init__")
+    setattr(__init__, "__acp_checked__", True)  # noqa: B010  # a mark on a function
+    return __init__
+
+
 class Proxy(Generic[OptionsT]):
     """Base class of every plugin proxy. Anything without a handler is forwarded untouched.
 
@@ -256,6 +275,9 @@ class Proxy(Generic[OptionsT]):
                     watchers[key] = attr
         cls._handler_table = table
         cls._watcher_table = watchers
+        init = vars(cls).get("__init__")
+        if init is not None and not hasattr(init, "__acp_checked__"):
+            type.__setattr__(cls, "__init__", _checked_init(init))
 
     @property
     def options(self) -> OptionsT:
