@@ -163,6 +163,36 @@ async def test_a_request_handler_that_returns_none_for_an_acp_method_is_answered
             "an object") in error["message"]
 
 
+class AnswersWith(Proxy):
+    """Answers the prompt itself with whatever it was given."""
+
+    def __init__(self, answer: object) -> None:
+        super().__init__()
+        self.answer = answer
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        return self.answer
+
+
+@pytest.mark.parametrize(("answer", "says"), [
+    ("ok", "with a str ('ok')"), (["end_turn"], "with a list (['end_turn'])"),
+    (0, "with an int (0)"),
+])
+async def test_a_request_handler_that_answers_an_acp_method_with_no_object_is_answered_an_error(
+        answer: object, says: str) -> None:
+    # It reached the editor as the result ("ok"), and `run` blamed the agent's answer.
+    async with open_test_chain([AnswersWith(answer)]) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            error = (await client.request("session/prompt",
+                                          {"sessionId": sid, "prompt": []})).error_value()
+    assert error["code"] == ErrorCode.HANDLER_FAILED
+    assert error["data"] == {"component": "answerswith", "method": "session/prompt"}
+    assert (f"AnswersWith.prompt answered session/prompt {says}, and an ACP answer is an "
+            "object: return a dict") in error["message"]
+
+
 class BrokenHook(Proxy):
     """Its session_opened hook raises."""
 
