@@ -179,6 +179,16 @@ def test_an_unknown_plugin_name_says_where_and_what_is_installed() -> None:
         _plan(config, "agent")
 
 
+def test_an_uninstalled_plugin_name_says_which_python_to_install_it_into() -> None:
+    # A package pip-installed into another Python than acp-conductor's (a pipx install, a
+    # project venv) is not found, and nothing said where it should have gone.
+    with pytest.raises(PluginNotFoundError) as caught:
+        find_plugin("my-first-proxy")
+    assert (f"a package installs into the Python acp-conductor runs on, {sys.executable} "
+            f"(`{sys.executable} -m pip install ...`; under pipx: `pipx inject acp-conductor "
+            "...`)") in str(caught.value)
+
+
 def test_a_plugin_that_is_not_a_proxy_is_refused() -> None:
     with pytest.raises(PluginValidationError, match="not a subclass"):
         find_plugin("conductor.config:ChainConfig")

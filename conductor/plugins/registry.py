@@ -93,7 +93,9 @@ def find_plugin(ref: str, *, base_dir: str | None = None) -> type[Proxy[Any]]:
             raise PluginNotFoundError(
                 f"no proxy named {ref!r} is installed ({guess + ' ' if guess else ''}installed: "
                 f"{', '.join(known) or 'none'}); give an installed name, "
-                "`package.module:Class`, or `path/to/file.py:Class`")
+                "`package.module:Class`, or `path/to/file.py:Class`; a package installs into "
+                f"the Python acp-conductor runs on, {sys.executable} (`{sys.executable} -m "
+                "pip install ...`; under pipx: `pipx inject acp-conductor ...`)")
         try:
             obj = ep.load()
         except (Exception, SystemExit) as e:  # the plugin's own code: whatever it raises
