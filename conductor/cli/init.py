@@ -312,6 +312,13 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
         if not re.fullmatch(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*", proxy_name):
             raise ConfigError(f"{proxy_name!r} is not a usable proxy name", field="--proxy",
                               hint="lower-case letters and digits, words joined by - or _")
+        from conductor.plugins.registry import installed
+
+        taken = next((p for p in installed() if p.name == proxy_name), None)
+        if taken is not None:  # `use = NAME` would then load whichever is found first
+            raise ConfigError(f"{proxy_name!r} is the name of an installed proxy "
+                              f"({taken.value}): `use = \"{proxy_name}\"` could load either",
+                              field="--proxy", hint="pick another name")
         root = output or Path(proxy_name)
         _refuse_existing(root)
         for relative, text in proxy_files(proxy_name).items():

@@ -99,6 +99,18 @@ def test_a_proxy_package_from_init_is_usable_by_name_once_installed(
     assert re.search(r"^[1-9][0-9]* passed in ", tests.stdout, re.M), tests.stdout
 
 
+@pytest.mark.parametrize("name", ["redact", "transcript"])
+def test_a_proxy_package_named_as_an_installed_proxy_is_refused_and_nothing_is_written(
+        tmp_path: Path, name: str) -> None:
+    # `init --proxy redact` wrote a package whose `use = "redact"` was then ambiguous with
+    # the built-in one: whichever entry point came first won, silently.
+    done = conductor("init", "--proxy", name, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"--proxy: {name!r} is the name of an installed proxy" in done.stderr
+    assert "acp_conductor_proxies." in done.stderr and "pick another name" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("args", [["--agent", "demo", "-o", "missing/chain.toml"],
                                   ["--agent", "demo", "-o", "a-file/chain.toml"],
                                   ["--proxy", "shout", "-o", "a-file/shout"]])
