@@ -268,3 +268,22 @@ async def test_a_process_that_exits_without_answering_fails_the_test_at_once_say
     assert "exited with code 2" in str(failure)
     assert "initialize unanswered" in str(failure)
     assert "its stderr says why" in str(failure)
+
+
+class Quiet(Proxy):
+    """Handles nothing."""
+
+
+@pytest.mark.parametrize(("proxies", "says"), [
+    ([Quiet], "proxies[0] is the class Quiet, not a proxy: write Quiet()"),
+    (Quiet(), "proxies is one proxy, not a list of them: write [Quiet()]"),
+    ([Quiet(), "quiet"], "proxies[1] is 'quiet', not a conductor.plugins.Proxy"),
+])
+async def test_a_chain_of_proxies_that_are_not_proxy_instances_is_refused_saying_what_to_write(
+        proxies: Any, says: str) -> None:
+    # `acp_proxies` returning [Upper] failed inside the router's task group with
+    # "type object 'Upper' has no attribute 'name'" (and a lone Upper() with "not iterable").
+    with pytest.raises(TypeError, match="open_test_chain") as caught:
+        async with open_test_chain(proxies):
+            pass
+    assert says in str(caught.value)

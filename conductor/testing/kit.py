@@ -437,6 +437,24 @@ def _turn(chunks: list[tuple[str, str]], stop_reason: str
 _end_turn = _turn([], "end_turn")
 
 
+def _check_proxies(proxies: Sequence[object]) -> None:
+    """The easy slips (`[Upper]`, a lone `Upper()`) failed deep in the router's task group
+    ("type object 'Upper' has no attribute 'name'"); said here, with what to write."""
+    from conductor.plugins.api import Proxy
+
+    if isinstance(proxies, Proxy):
+        name = type(proxies).__name__
+        raise TypeError(f"open_test_chain: proxies is one proxy, not a list of them: write "
+                        f"[{name}()] (the acp_proxies fixture returns a list)")
+    for i, proxy in enumerate(proxies):
+        if isinstance(proxy, type) and issubclass(proxy, Proxy):
+            raise TypeError(f"open_test_chain: proxies[{i}] is the class {proxy.__name__}, "
+                            f"not a proxy: write {proxy.__name__}()")
+        if not isinstance(proxy, Proxy):
+            raise TypeError(f"open_test_chain: proxies[{i}] is {proxy!r}, not a "
+                            "conductor.plugins.Proxy")
+
+
 @asynccontextmanager
 async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | None = None, *,
                           client: TestClient | None = None,
@@ -450,6 +468,7 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
     hop. `transport="pipes"` frames the client's and the agent's links as real pipes do.
     `timeouts` are the chain file's `request_timeout`, `prompt_timeout` and
     `session_idle_expiry` (`SettingsSpec.timeouts()`)."""
+    _check_proxies(proxies)
     agent = agent if agent is not None else ScriptedAgent()
     client = client if client is not None else TestClient()
     sinks: list[MessageSink] = []
