@@ -438,6 +438,21 @@ def test_a_misspelt_source_in_a_plugin_file_is_reported_at_its_line_not_in_the_s
         in str(caught.value)
 
 
+@pytest.mark.parametrize("sibling", ["helpers.py", "helpers/__init__.py"])
+def test_a_plugin_file_importing_a_module_beside_it_is_told_the_folder_is_not_on_the_path(
+        tmp_path: Path, sibling: str) -> None:
+    # `python mine.py` would find helpers.py; the conductor said only "No module named".
+    (tmp_path / sibling).parent.mkdir(exist_ok=True)
+    (tmp_path / sibling).write_text("SUFFIX = '!'\n", encoding="utf-8")
+    chain = _plugin_chain(tmp_path, "mine.py", "mine.py:S", "from helpers import SUFFIX\n")
+    with pytest.raises(PluginNotFoundError) as caught:
+        _plan(load_chain(chain), "agent")
+    assert ("No module named 'helpers'; helpers is next to mine.py, but a plugin file's "
+            "folder is not on the import path: install your code as a package (`acp-conductor "
+            f"init --proxy NAME`), or run acp-conductor with PYTHONPATH={tmp_path}") \
+        in str(caught.value)
+
+
 def test_a_plugin_module_whose_code_raises_names_the_module(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:

@@ -140,7 +140,7 @@ def _from_file(ref: str, path: Path, attr: str | None) -> object:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:
         sys.modules.pop(name, None)
-        raise _import_failed(ref, e) from e
+        raise _import_failed(ref, e, _beside(path, e)) from e
     if attr:
         return _from_loaded(module, attr, ref)
     candidates = [v for v in vars(module).values()
@@ -152,11 +152,25 @@ def _from_file(ref: str, path: Path, attr: str | None) -> object:
     return candidates[0]
 
 
-def _import_failed(ref: str, error: BaseException) -> PluginNotFoundError:
+def _import_failed(ref: str, error: BaseException, hint: str = "") -> PluginNotFoundError:
     """The plugin's own code raised while it was imported (a syntax error, a missing
     dependency, a misused `@on`): one line naming the plugin, where, and what."""
-    return PluginNotFoundError(
-        f"plugin {ref!r} failed to import{_where(error)}: {type(error).__name__}: {error}")
+    return PluginNotFoundError(f"plugin {ref!r} failed to import{_where(error)}: "
+                               f"{type(error).__name__}: {error}{hint}")
+
+
+def _beside(path: Path, error: BaseException) -> str:
+    """A plugin file importing a module next to it (as `python mine.py` could) fails: the
+    file is loaded by path, and its folder is not put on everyone's import path."""
+    if not isinstance(error, ModuleNotFoundError) or not error.name:
+        return ""
+    top = error.name.partition(".")[0]
+    folder = path.parent
+    if not ((folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file()):
+        return ""
+    return (f"; {top} is next to {path.name}, but a plugin file's folder is not on the "
+            "import path: install your code as a package (`acp-conductor init --proxy "
+            f"NAME`), or run acp-conductor with PYTHONPATH={folder.resolve()}")
 
 
 def _where(error: BaseException) -> str:
