@@ -478,6 +478,28 @@ def test_an_entry_point_whose_module_is_gone_says_so_without_pointing_into_impor
         "ModuleNotFoundError: No module named 'no_such_plugin_module_anywhere'")
 
 
+def test_an_entry_point_naming_a_class_its_module_lacks_says_to_fix_pyproject_and_reinstall(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The class renamed (Shout -> Shouter), the entry point not: "module has no attribute".
+    from importlib.metadata import EntryPoint
+
+    from conductor.plugins import registry
+
+    (tmp_path / "renamed_proxy_mod.py").write_text(
+        "from conductor.plugins import Proxy\nclass Shouter(Proxy):\n    pass\n",
+        encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = EntryPoint("shout", "renamed_proxy_mod:Shout", registry.GROUP)
+    monkeypatch.setattr(registry, "_entry_point", lambda name: entry)
+    with pytest.raises(PluginNotFoundError) as caught:
+        find_plugin("shout")
+    assert str(caught.value).endswith(
+        "AttributeError: module 'renamed_proxy_mod' has no attribute 'Shout'; the entry point "
+        "names a class the module does not have (did you mean 'Shouter'?): fix it under "
+        "[project.entry-points.\"acp_conductor.proxies\"] in the package's pyproject.toml, "
+        "then install the package again (`pip install -e .`)")
+
+
 RAISING_CONSTRUCTOR = """\
 from conductor.plugins import Proxy
 

@@ -101,8 +101,27 @@ def find_plugin(ref: str, *, base_dir: str | None = None) -> type[Proxy[Any]]:
         except (Exception, SystemExit) as e:  # the plugin's own code: whatever it raises
             # names it (SystemExit too: `sys.exit("needs X")` is a module refusing to load)
             raise PluginNotFoundError(f"proxy {ref!r} ({ep.value}) cannot be loaded"
-                                      f"{_where(e)}: {type(e).__name__}: {e}") from e
+                                      f"{_where(e)}: {type(e).__name__}: {e}"
+                                      f"{_stale_entry_point(ep.value, e)}") from e
     return validate_plugin(ref, obj)
+
+
+def _stale_entry_point(value: str, error: BaseException) -> str:
+    """The module imported, but lacks the class the entry point names (a class renamed, the
+    pyproject.toml not, or not installed again since): say where the name is kept."""
+    module_name, _, attr = value.partition(":")
+    module = sys.modules.get(module_name.strip())
+    if not isinstance(error, AttributeError) or module is None \
+            or hasattr(module, attr.strip().partition(".")[0]):
+        return ""
+    classes = [k for k, v in vars(module).items()
+               if inspect.isclass(v) and issubclass(v, Proxy) and v is not Proxy]
+    guess = did_you_mean(attr.strip(), classes) or (
+        f"did you mean {classes[0]!r}?" if len(classes) == 1 else "")
+    return ("; the entry point names a class the module does not have"
+            f"{f' ({guess})' if guess else ''}: fix it under "
+            "[project.entry-points.\"acp_conductor.proxies\"] in the package's pyproject.toml, "
+            "then install the package again (`pip install -e .`)")
 
 
 def _from_module(ref: str, module_name: str, attr: str, *, base_dir: str | None = None
