@@ -1024,3 +1024,26 @@ def test_a_proxy_whose_init_forgets_super_init_is_refused_when_made_saying_so() 
                        r"\d+\) did not call super\(\).__init__\(options\): add it"):
         Forgetful()
     assert Careful().options is not None
+
+
+@pytest.mark.parametrize(("define", "says"), [
+    ("def session_opened(self, session): ...",
+     "Bad.session_opened must be `async def session_opened(self, session)`: the conductor "
+     "awaits it"),
+    ("def chain_started(self): ...",
+     "Bad.chain_started must be `async def chain_started(self)`"),
+    ("async def session_closed(self): ...",
+     "Bad.session_closed must be `async def session_closed(self, session)`"),
+    ("async def chain_stopped(self, reason): ...",
+     "Bad.chain_stopped must be `async def chain_stopped(self)`"),
+])
+def test_a_hook_that_is_not_async_or_takes_other_parameters_is_an_error_where_defined(
+        define: str, says: str) -> None:
+    # It failed at the hook's moment ("object NoneType can't be used in 'await'
+    # expression", "takes 1 positional argument but 2 were given"): at the first session.
+    namespace: dict[str, Any] = {}
+    exec(define, namespace)  # the hook as a newcomer writes it
+    hook = next(v for k, v in namespace.items() if k != "__builtins__")
+    with pytest.raises(TypeError) as caught:
+        type("Bad", (Proxy,), {hook.__name__: hook})
+    assert says in str(caught.value)

@@ -28,7 +28,7 @@ import math
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Protocol, TypeVar
 
 from msgspec import UNSET, Raw, UnsetType, field
 
@@ -218,6 +218,31 @@ def _twice(klass: type, key: tuple[Side, str], first: str, second: str) -> None:
                   UserWarning, stacklevel=3)
 
 
+# The hooks the conductor awaits, and what it passes them (after self).
+_HOOKS: Final = {"chain_started": (), "chain_stopped": (), "session_opened": ("session",),
+                 "session_closed": ("session",), "session_mcp_servers": ("setup",)}
+
+
+def _check_hook(cls: type, hook: str, parameters: tuple[str, ...]) -> None:
+    """A hook written as a plain `def`, or with other parameters, failed at its moment (the
+    first session, the chain's start): "NoneType can't be used in 'await' expression".
+    Said when the class is defined instead, with the line to write."""
+    func = vars(cls).get(hook)
+    if not inspect.isfunction(func):
+        return
+    try:
+        inspect.signature(func).bind(None, *parameters)
+        fits = inspect.iscoroutinefunction(func)
+    except TypeError:
+        fits = False
+    except ValueError:
+        return
+    if not fits:
+        raise TypeError(f"{cls.__qualname__.rpartition('.<locals>.')[2]}.{hook} must be "
+                        f"`async def {hook}({', '.join(('self', *parameters))})`: the "
+                        "conductor awaits it")
+
+
 def _checked_init(init: Callable[..., None]) -> Callable[..., None]:
     """A subclass's `__init__` that forgot `super().__init__(options)` left the proxy
     without its options, name and log: an AttributeError at its first message (or options
@@ -262,6 +287,8 @@ class Proxy(Generic[OptionsT]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        for hook, parameters in _HOOKS.items():
+            _check_hook(cls, hook, parameters)
         table: dict[tuple[Side, str], str] = {}
         watchers: dict[tuple[Side, str], str] = {}
         for klass in reversed(cls.__mro__):
