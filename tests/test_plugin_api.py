@@ -1047,3 +1047,23 @@ def test_a_hook_that_is_not_async_or_takes_other_parameters_is_an_error_where_de
     with pytest.raises(TypeError) as caught:
         type("Bad", (Proxy,), {hook.__name__: hook})
     assert says in str(caught.value)
+
+
+def test_a_per_session_handler_that_is_not_async_or_takes_other_parameters_is_refused_at_the_call(
+) -> None:
+    # As at `@on`: it failed at the session's first update, answered as the proxy's failure.
+    scope = SessionScope("s-1", "session/new", owned=False)
+
+    def plain(ctx: ProxyContext, message: Message) -> None:
+        pass
+
+    async def one(message: Message) -> None:
+        pass
+
+    with pytest.raises(TypeError, match=r"session.on\('session/update', plain\): the handler "
+                                        r"must be `async def`, called with \(ctx, message\)"):
+        scope.on("session/update", plain)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"session.on\('session/update', one\): the handler is "
+                                        r"called with \(ctx, message\), not \(message\)"):
+        scope.on("session/update", one)  # type: ignore[arg-type]
+    assert scope.handlers == {}

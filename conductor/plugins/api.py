@@ -171,7 +171,7 @@ def _check_parameters(func: Any, kind: str, method: str, define: str) -> None:
         return
     else:
         return
-    written = ", ".join(str(p) for p in signature.parameters.values())
+    written = _written(signature)
     raise TypeError(f"{kind} {func.__qualname__} for {method} takes (self, ctx, message), "
                     f"not ({written}): write `{define} {func.__name__}(self, ctx, message)`")
 
@@ -216,6 +216,31 @@ def _twice(klass: type, key: tuple[Side, str], first: str, second: str) -> None:
     warnings.warn(f"{klass.__qualname__.rpartition('.<locals>.')[2]}: @on({method!r}"
                   f"{source_arg}) marks both {first} and {second}; only {second} is called",
                   UserWarning, stacklevel=3)
+
+
+def _written(signature: inspect.Signature) -> str:
+    """The parameters as written, without annotations or defaults: `self, ctx`."""
+    stars: dict[object, str] = {inspect.Parameter.VAR_POSITIONAL: "*",
+                                inspect.Parameter.VAR_KEYWORD: "**"}
+    return ", ".join(stars.get(p.kind, "") + p.name for p in signature.parameters.values())
+
+
+def _check_session_handler(method: str, handler: object) -> None:
+    """`session.on`'s handler is awaited as `handler(ctx, message)`: one that cannot be is
+    said at the call, as `@on` says it at the decorator."""
+    if not (inspect.isfunction(handler) or inspect.ismethod(handler)):
+        return  # a callable object, a partial: trusted
+    name = handler.__name__
+    if not inspect.iscoroutinefunction(handler):
+        raise TypeError(f"session.on({method!r}, {name}): the handler must be `async def`, "
+                        "called with (ctx, message)")
+    signature = inspect.signature(handler)
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        written = _written(signature)
+        raise TypeError(f"session.on({method!r}, {name}): the handler is called with "
+                        f"(ctx, message), not ({written})") from None
 
 
 # The hooks the conductor awaits, and what it passes them (after self).
@@ -522,6 +547,7 @@ class SessionScope(Record, eq=False, dict=True, weakref=True):
         A `method` that is not an ACP method, or never comes from `source`, is a
         UserWarning here, as it is at `@on`: the handler would never be called."""
         side = Side(source)
+        _check_session_handler(method, handler)
         problem = _never_arrives(method, side, "session.on({method}, handler{source})",
                                  Side.SUCCESSOR)
         if problem is not None:
