@@ -140,6 +140,33 @@ def test_a_proxy_that_takes_no_options_has_the_public_no_options_model() -> None
     assert isinstance(Plain().options, NoOptions)
 
 
+def test_a_proxy_of_an_options_model_takes_that_model_without_naming_it_again() -> None:
+    # `class P(Proxy[Opts])` without `options_model = Opts` took no options: the chain's
+    # were refused as unknown, and `self.options.prefix` failed at the first message.
+    from pydantic import BaseModel
+
+    from conductor.plugins import NoOptions, Proxy
+    from conductor.plugins.registry import make_proxy
+
+    class Opts(BaseModel):
+        prefix: str = ""
+
+    class Typed(Proxy[Opts]):
+        pass
+
+    class Sub(Typed):
+        pass
+
+    class Explicit(Proxy[NoOptions]):
+        pass
+
+    assert Typed.options_model is Opts and Sub.options_model is Opts and Typed.takes_options()
+    made = make_proxy(Typed, {"prefix": "Be brief."}, name="typed", file=None, where="proxy[0]")
+    assert made.options == Opts(prefix="Be brief.")
+    assert Typed().options == Opts()
+    assert not Explicit.takes_options()
+
+
 def test_a_plugin_that_keeps_its_own_underscore_options_still_reads_its_validated_options(
         ) -> None:
     # `_options` is a name a plugin may well use for its own state (a parsed form of its

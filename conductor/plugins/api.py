@@ -25,6 +25,7 @@ import inspect
 import itertools
 import logging
 import math
+import typing
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -243,6 +244,22 @@ def _check_session_handler(method: str, handler: object) -> None:
                         f"(ctx, message), not ({written})") from None
 
 
+def _options_of(cls: type) -> type[BaseModel] | None:
+    """The options model `cls` names as `Proxy[Model]` (or a generic subclass's `[Model]`),
+    if any: declaring it there and forgetting `options_model = Model` took no options (the
+    chain's refused as unknown, `self.options.x` failing at the first message)."""
+    for base in vars(cls).get("__orig_bases__", ()):
+        origin = typing.get_origin(base)
+        args = typing.get_args(base)
+        if not (inspect.isclass(origin) and issubclass(origin, Proxy) and args):
+            continue
+        model = args[0]
+        if inspect.isclass(model) and not (model.__name__ == "NoOptions" and
+                                           model.__module__ == "conductor.plugins.no_options"):
+            return typing.cast("type[BaseModel]", model)
+    return None
+
+
 # The hooks the conductor awaits, and what it passes them (after self).
 _HOOKS: Final = {"chain_started": (), "chain_stopped": (), "session_opened": ("session",),
                  "session_closed": ("session",), "session_mcp_servers": ("setup",)}
@@ -312,6 +329,9 @@ class Proxy(Generic[OptionsT]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        model = None if cls.takes_options() else _options_of(cls)
+        if model is not None:  # `class P(Proxy[Opts])` means `options_model = Opts`
+            cls.options_model = model
         for hook, parameters in _HOOKS.items():
             _check_hook(cls, hook, parameters)
         table: dict[tuple[Side, str], str] = {}
