@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -160,11 +160,14 @@ def test_a_proxy_of_an_options_model_takes_that_model_without_naming_it_again() 
     class Explicit(Proxy[NoOptions]):
         pass
 
+    class Untyped(Proxy[Any]):
+        pass
+
     assert Typed.options_model is Opts and Sub.options_model is Opts and Typed.takes_options()
     made = make_proxy(Typed, {"prefix": "Be brief."}, name="typed", file=None, where="proxy[0]")
     assert made.options == Opts(prefix="Be brief.")
     assert Typed().options == Opts()
-    assert not Explicit.takes_options()
+    assert not Explicit.takes_options() and not Untyped.takes_options()
 
 
 def test_a_plugin_that_keeps_its_own_underscore_options_still_reads_its_validated_options(

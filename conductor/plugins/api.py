@@ -254,8 +254,11 @@ def _options_of(cls: type) -> type[BaseModel] | None:
         if not (inspect.isclass(origin) and issubclass(origin, Proxy) and args):
             continue
         model = args[0]
-        if inspect.isclass(model) and not (model.__name__ == "NoOptions" and
-                                           model.__module__ == "conductor.plugins.no_options"):
+        # A pydantic model (known without importing pydantic), not `Proxy[Any]`, not the
+        # NoOptions a proxy that takes none has anyway.
+        if inspect.isclass(model) and hasattr(model, "model_validate") and not (
+                model.__name__ == "NoOptions"
+                and model.__module__ == "conductor.plugins.no_options"):
             return typing.cast("type[BaseModel]", model)
     return None
 
