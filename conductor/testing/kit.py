@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from conductor.routing.roles import Role
 from conductor.routing.topology import ComponentLink, Hop
 from conductor.rpc.endpoint import Endpoint
 from conductor.rpc.failure import raise_for_error
+from conductor.spelling import did_you_mean
 from conductor.transport.base import Unreadable
 from conductor.transport.memory import open_link
 from conductor.transport.pipes import PipeSink, PipeSource
@@ -338,6 +340,26 @@ class TestClient(TestPeer):
         return _chunks(self.updates(session_id), "agent_message_chunk")
 
 
+def _check_replies(replies: dict[str, Script]) -> None:
+    """The easy slips in a script: a text for `session/prompt` (meaning `says(text)`), a
+    method misspelt (the default answer is used, silently). Said when the agent is made."""
+    from conductor import acp
+
+    for method, script in replies.items():
+        if method in acp.AGENT_METHODS - acp.NOTIFICATION_METHODS and not callable(script) \
+                and not isinstance(script, dict):
+            fix = f" (to stream text: says({script!r}))" if isinstance(script, str) \
+                and method == "session/prompt" else ""
+            raise TypeError(f"ScriptedAgent: replies[{method!r}] is {script!r}, and an ACP "
+                            f"result is an object: a dict, or a script{fix}")
+        if not method.startswith(("_", "$/")) and method not in acp.AGENT_METHODS:
+            guess = did_you_mean(method, acp.AGENT_METHODS)
+            warnings.warn(f"ScriptedAgent: replies[{method!r}]: not an ACP method an agent "
+                          f"answers ({guess + ' ' if guess else ''}extension methods start "
+                          "with '_'); as written it would never be used", UserWarning,
+                          stacklevel=3)
+
+
 class ScriptedAgent(TestPeer):
     """An in-memory agent that answers from a script and records what it received.
 
@@ -350,6 +372,7 @@ class ScriptedAgent(TestPeer):
     def __init__(self, replies: dict[str, Script] | None = None, *,
                  timeout: float | None = DEFAULT_TIMEOUT) -> None:
         super().__init__("agent", timeout=timeout)
+        _check_replies(replies or {})
         self.protocol_version = 1  # as the last `initialize` it received asked
         self._sessions = itertools.count(1)
         self._after: list[tuple[str, JsonValue]] = []
