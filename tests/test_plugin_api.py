@@ -1067,3 +1067,19 @@ def test_a_per_session_handler_that_is_not_async_or_takes_other_parameters_is_re
                                         r"called with \(ctx, message\), not \(message\)"):
         scope.on("session/update", one)  # type: ignore[arg-type]
     assert scope.handlers == {}
+
+
+def test_a_hook_wrapped_by_a_decorator_of_the_authors_is_accepted() -> None:
+    import functools
+
+    def traced(hook: Any) -> Any:
+        @functools.wraps(hook)
+        def wrapper(*args: Any) -> Any:
+            return hook(*args)  # the coroutine, awaited by the conductor
+        return wrapper
+
+    class Traced(Proxy):
+        @traced
+        async def session_opened(self, session: SessionScope) -> None:
+            pass
+    assert Traced.session_opened.__wrapped__  # type: ignore[attr-defined]

@@ -277,7 +277,7 @@ def _check_hook(cls: type, hook: str, parameters: tuple[str, ...]) -> None:
         return
     try:
         inspect.signature(func).bind(None, *parameters)
-        fits = inspect.iscoroutinefunction(func)
+        fits = inspect.iscoroutinefunction(inspect.unwrap(func))  # (a decorator: its own)
     except TypeError:
         fits = False
     except ValueError:
