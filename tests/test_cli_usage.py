@@ -34,3 +34,15 @@ def test_without_chain_the_chain_toml_init_wrote_here_is_named(tmp_path: Path) -
     done = in_folder(tmp_path, "run", "hi")
     assert done.returncode == 2
     assert "--chain chain.toml" in done.stderr
+
+
+@pytest.mark.parametrize("command", [["check", "mine.toml"], ["run", "mine.toml", "hi"],
+                                     ["call", "mine.toml", "_ext/x", "{}", "more"]])
+def test_a_chain_file_given_as_an_argument_is_told_to_go_after_chain(
+        tmp_path: Path, command: list[str]) -> None:
+    # `acp-conductor check mine.toml` said only "Got unexpected extra argument (mine.toml)".
+    done = in_folder(tmp_path, *command)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "unexpected extra argument" in done.stderr
+    assert f"a chain file goes after --chain: acp-conductor {command[0]} --chain mine.toml" \
+        in done.stderr

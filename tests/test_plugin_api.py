@@ -13,7 +13,7 @@ from msgspec import Raw
 from acp_conductor_proxies.passthrough import Passthrough
 from conductor.errors import RpcError
 from conductor.jsonrpc.codes import ErrorCode
-from conductor.plugins import Proxy, ProxyContext, SessionScope, on, watch
+from conductor.plugins import Proxy, ProxyContext, SessionScope, Side, on, watch
 from conductor.testing import ScriptedAgent, open_test_chain, says
 
 if TYPE_CHECKING:
@@ -161,6 +161,36 @@ async def test_a_request_handler_that_returns_none_for_an_acp_method_is_answered
     assert error["data"] == {"component": "answersnothing", "method": "session/prompt"}
     assert ("AnswersNothing.prompt answered session/prompt with None, and an ACP answer is "
             "an object") in error["message"]
+
+
+class AnswersWith(Proxy):
+    """Answers the prompt itself with whatever it was given."""
+
+    def __init__(self, answer: object) -> None:
+        super().__init__()
+        self.answer = answer
+
+    @on("session/prompt")
+    async def prompt(self, ctx: ProxyContext, message: Message) -> object:
+        return self.answer
+
+
+@pytest.mark.parametrize(("answer", "says"), [
+    ("ok", "with a str ('ok')"), (["end_turn"], "with a list (['end_turn'])"),
+    (0, "with an int (0)"),
+])
+async def test_a_request_handler_that_answers_an_acp_method_with_no_object_is_answered_an_error(
+        answer: object, says: str) -> None:
+    # It reached the editor as the result ("ok"), and `run` blamed the agent's answer.
+    async with open_test_chain([AnswersWith(answer)]) as client:
+        with anyio.fail_after(5):
+            sid = await client.new_session()
+            error = (await client.request("session/prompt",
+                                          {"sessionId": sid, "prompt": []})).error_value()
+    assert error["code"] == ErrorCode.HANDLER_FAILED
+    assert error["data"] == {"component": "answerswith", "method": "session/prompt"}
+    assert (f"AnswersWith.prompt answered session/prompt {says}, and an ACP answer is an "
+            "object: return a dict") in error["message"]
 
 
 class BrokenHook(Proxy):
@@ -973,3 +1003,117 @@ async def test_a_stand_alone_proxy_initialized_in_the_legacy_dialect_accepts_the
             tg.cancel_scope.cancel()
     assert answer["id"] == 7
     assert answer["result"] == {"protocolVersion": 1, "_meta": {"x": 1, "proxy": True}}
+
+
+@pytest.mark.parametrize(("decorate", "define", "says"), [
+    (on("session/prompt"), "async def prompt(self, ctx): ...",
+     "handler Bad.prompt for session/prompt takes (self, ctx, message), not (self, ctx): "
+     "write `async def prompt(self, ctx, message)`"),
+    (on("session/prompt"), "async def prompt(self, message): ...",
+     "takes (self, ctx, message), not (self, message)"),
+    (on("session/prompt"), "async def prompt(self, ctx, message, extra): ...",
+     "takes (self, ctx, message), not (self, ctx, message, extra)"),
+    (watch("session/update", source="successor"), "def seen(self, message): ...",
+     "watcher Bad.seen for session/update takes (self, ctx, message), not (self, message): "
+     "write `def seen(self, ctx, message)`"),
+])
+def test_a_handler_with_the_wrong_parameters_is_an_error_where_written(
+        decorate: Any, define: str, says: str) -> None:
+    # It was a TypeError at the first message ("takes 2 positional arguments but 3 were
+    # given"), answered to the editor, and `acp-conductor check` found nothing wrong.
+    namespace: dict[str, Any] = {}
+    exec(define, namespace)  # the function as a newcomer writes it
+    func = next(v for k, v in namespace.items() if k != "__builtins__")
+    func.__qualname__ = f"Bad.{func.__name__}"
+    with pytest.raises(TypeError) as caught:
+        decorate(func)
+    assert says in str(caught.value)
+
+
+def test_handlers_taking_extra_arguments_with_defaults_or_star_args_are_accepted() -> None:
+    class Fine(Proxy):
+        @on("session/prompt")
+        async def prompt(self, ctx: ProxyContext, message: Message, extra: int = 0) -> object:
+            return await ctx.forward()
+
+        @on("session/cancel")
+        async def cancel(self, *args: Any) -> None:
+            pass
+    assert set(Fine().handlers()) == {(Side.PREDECESSOR, "session/prompt"),
+                                      (Side.PREDECESSOR, "session/cancel")}
+
+
+def test_a_proxy_whose_init_forgets_super_init_is_refused_when_made_saying_so() -> None:
+    # It was an AttributeError ('_Proxy__options') at its first message, or its options
+    # silently unread: `acp-conductor check` passed, the turn failed.
+    class Forgetful(Proxy):
+        def __init__(self, options: Any = None) -> None:
+            self.count = 0
+
+    class Careful(Forgetful):
+        def __init__(self, options: Any = None) -> None:
+            Proxy.__init__(self, options)
+
+    with pytest.raises(TypeError, match=r"Forgetful.__init__ \(.*test_plugin_api.py, line "
+                       r"\d+\) did not call super\(\).__init__\(options\): add it"):
+        Forgetful()
+    assert Careful().options is not None
+
+
+@pytest.mark.parametrize(("define", "says"), [
+    ("def session_opened(self, session): ...",
+     "Bad.session_opened must be `async def session_opened(self, session)`: the conductor "
+     "awaits it"),
+    ("def chain_started(self): ...",
+     "Bad.chain_started must be `async def chain_started(self)`"),
+    ("async def session_closed(self): ...",
+     "Bad.session_closed must be `async def session_closed(self, session)`"),
+    ("async def chain_stopped(self, reason): ...",
+     "Bad.chain_stopped must be `async def chain_stopped(self)`"),
+])
+def test_a_hook_that_is_not_async_or_takes_other_parameters_is_an_error_where_defined(
+        define: str, says: str) -> None:
+    # It failed at the hook's moment ("object NoneType can't be used in 'await'
+    # expression", "takes 1 positional argument but 2 were given"): at the first session.
+    namespace: dict[str, Any] = {}
+    exec(define, namespace)  # the hook as a newcomer writes it
+    hook = next(v for k, v in namespace.items() if k != "__builtins__")
+    with pytest.raises(TypeError) as caught:
+        type("Bad", (Proxy,), {hook.__name__: hook})
+    assert says in str(caught.value)
+
+
+def test_a_per_session_handler_that_is_not_async_or_takes_other_parameters_is_refused_at_the_call(
+) -> None:
+    # As at `@on`: it failed at the session's first update, answered as the proxy's failure.
+    scope = SessionScope("s-1", "session/new", owned=False)
+
+    def plain(ctx: ProxyContext, message: Message) -> None:
+        pass
+
+    async def one(message: Message) -> None:
+        pass
+
+    with pytest.raises(TypeError, match=r"session.on\('session/update', plain\): the handler "
+                                        r"must be `async def`, called with \(ctx, message\)"):
+        scope.on("session/update", plain)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"session.on\('session/update', one\): the handler is "
+                                        r"called with \(ctx, message\), not \(message\)"):
+        scope.on("session/update", one)  # type: ignore[arg-type]
+    assert scope.handlers == {}
+
+
+def test_a_hook_wrapped_by_a_decorator_of_the_authors_is_accepted() -> None:
+    import functools
+
+    def traced(hook: Any) -> Any:
+        @functools.wraps(hook)
+        def wrapper(*args: Any) -> Any:
+            return hook(*args)  # the coroutine, awaited by the conductor
+        return wrapper
+
+    class Traced(Proxy):
+        @traced
+        async def session_opened(self, session: SessionScope) -> None:
+            pass
+    assert Traced.session_opened.__wrapped__  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -140,6 +140,36 @@ def test_a_proxy_that_takes_no_options_has_the_public_no_options_model() -> None
     assert isinstance(Plain().options, NoOptions)
 
 
+def test_a_proxy_of_an_options_model_takes_that_model_without_naming_it_again() -> None:
+    # `class P(Proxy[Opts])` without `options_model = Opts` took no options: the chain's
+    # were refused as unknown, and `self.options.prefix` failed at the first message.
+    from pydantic import BaseModel
+
+    from conductor.plugins import NoOptions, Proxy
+    from conductor.plugins.registry import make_proxy
+
+    class Opts(BaseModel):
+        prefix: str = ""
+
+    class Typed(Proxy[Opts]):
+        pass
+
+    class Sub(Typed):
+        pass
+
+    class Explicit(Proxy[NoOptions]):
+        pass
+
+    class Untyped(Proxy[Any]):
+        pass
+
+    assert Typed.options_model is Opts and Sub.options_model is Opts and Typed.takes_options()
+    made = make_proxy(Typed, {"prefix": "Be brief."}, name="typed", file=None, where="proxy[0]")
+    assert made.options == Opts(prefix="Be brief.")
+    assert Typed().options == Opts()
+    assert not Explicit.takes_options() and not Untyped.takes_options()
+
+
 def test_a_plugin_that_keeps_its_own_underscore_options_still_reads_its_validated_options(
         ) -> None:
     # `_options` is a name a plugin may well use for its own state (a parsed form of its
@@ -177,6 +207,16 @@ def test_an_unknown_plugin_name_says_where_and_what_is_installed() -> None:
                          file="x.toml")
     with pytest.raises(PluginNotFoundError, match=r"x.toml: proxy\[0\].use: .*installed: .*redact"):
         _plan(config, "agent")
+
+
+def test_an_uninstalled_plugin_name_says_which_python_to_install_it_into() -> None:
+    # A package pip-installed into another Python than acp-conductor's (a pipx install, a
+    # project venv) is not found, and nothing said where it should have gone.
+    with pytest.raises(PluginNotFoundError) as caught:
+        find_plugin("my-first-proxy")
+    assert (f"a package installs into the Python acp-conductor runs on, {sys.executable} "
+            f"(`{sys.executable} -m pip install ...`; under pipx: `pipx inject acp-conductor "
+            "...`)") in str(caught.value)
 
 
 def test_a_plugin_that_is_not_a_proxy_is_refused() -> None:
@@ -415,6 +455,34 @@ def test_a_plugin_file_whose_code_raises_is_a_chain_error_naming_the_file_and_li
     assert caught.value.exit_code == 2
 
 
+def test_a_misspelt_source_in_a_plugin_file_is_reported_at_its_line_not_in_the_stdlib(
+        tmp_path: Path) -> None:
+    # It pointed at enum.py (where `Side` refuses the value), not at the plugin's @on.
+    code = ("from conductor.plugins import Proxy, on\nclass S(Proxy):\n"
+            "    @on('session/update', source='sucessor')\n"
+            "    async def up(self, ctx, message): ...\n")
+    chain = _plugin_chain(tmp_path, "mine.py", "mine.py:S", code)
+    with pytest.raises(PluginNotFoundError) as caught:
+        _plan(load_chain(chain), "agent")
+    assert f"({tmp_path / 'mine.py'}, line 3): ValueError: 'sucessor' is not a side" \
+        in str(caught.value)
+
+
+@pytest.mark.parametrize("sibling", ["helpers.py", "helpers/__init__.py"])
+def test_a_plugin_file_importing_a_module_beside_it_is_told_the_folder_is_not_on_the_path(
+        tmp_path: Path, sibling: str) -> None:
+    # `python mine.py` would find helpers.py; the conductor said only "No module named".
+    (tmp_path / sibling).parent.mkdir(exist_ok=True)
+    (tmp_path / sibling).write_text("SUFFIX = '!'\n", encoding="utf-8")
+    chain = _plugin_chain(tmp_path, "mine.py", "mine.py:S", "from helpers import SUFFIX\n")
+    with pytest.raises(PluginNotFoundError) as caught:
+        _plan(load_chain(chain), "agent")
+    assert ("No module named 'helpers'; helpers is next to mine.py, but a plugin file's "
+            "folder is not on the import path: install your code as a package (`acp-conductor "
+            f"init --proxy NAME`), or run acp-conductor with PYTHONPATH={tmp_path}") \
+        in str(caught.value)
+
+
 def test_a_plugin_module_whose_code_raises_names_the_module(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
@@ -438,6 +506,28 @@ def test_an_entry_point_whose_module_is_gone_says_so_without_pointing_into_impor
     assert str(caught.value) == (
         "proxy 'gone' (no_such_plugin_module_anywhere:P) cannot be loaded: "
         "ModuleNotFoundError: No module named 'no_such_plugin_module_anywhere'")
+
+
+def test_an_entry_point_naming_a_class_its_module_lacks_says_to_fix_pyproject_and_reinstall(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The class renamed (Shout -> Shouter), the entry point not: "module has no attribute".
+    from importlib.metadata import EntryPoint
+
+    from conductor.plugins import registry
+
+    (tmp_path / "renamed_proxy_mod.py").write_text(
+        "from conductor.plugins import Proxy\nclass Shouter(Proxy):\n    pass\n",
+        encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = EntryPoint("shout", "renamed_proxy_mod:Shout", registry.GROUP)
+    monkeypatch.setattr(registry, "_entry_point", lambda name: entry)
+    with pytest.raises(PluginNotFoundError) as caught:
+        find_plugin("shout")
+    assert str(caught.value).endswith(
+        "AttributeError: module 'renamed_proxy_mod' has no attribute 'Shout'; the entry point "
+        "names a class the module does not have (did you mean 'Shouter'?): fix it under "
+        "[project.entry-points.\"acp_conductor.proxies\"] in the package's pyproject.toml, "
+        "then install the package again (`pip install -e .`)")
 
 
 RAISING_CONSTRUCTOR = """\

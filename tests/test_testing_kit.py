@@ -268,3 +268,45 @@ async def test_a_process_that_exits_without_answering_fails_the_test_at_once_say
     assert "exited with code 2" in str(failure)
     assert "initialize unanswered" in str(failure)
     assert "its stderr says why" in str(failure)
+
+
+class Quiet(Proxy):
+    """Handles nothing."""
+
+
+@pytest.mark.parametrize(("proxies", "says"), [
+    ([Quiet], "proxies[0] is the class Quiet, not a proxy: write Quiet()"),
+    (Quiet(), "proxies is one proxy, not a list of them: write [Quiet()]"),
+    ([Quiet(), "quiet"], "proxies[1] is 'quiet', not a conductor.plugins.Proxy"),
+])
+async def test_a_chain_of_proxies_that_are_not_proxy_instances_is_refused_saying_what_to_write(
+        proxies: Any, says: str) -> None:
+    # `acp_proxies` returning [Upper] failed inside the router's task group with
+    # "type object 'Upper' has no attribute 'name'" (and a lone Upper() with "not iterable").
+    with pytest.raises(TypeError, match="open_test_chain") as caught:
+        async with open_test_chain(proxies):
+            pass
+    assert says in str(caught.value)
+
+
+@pytest.mark.parametrize(("replies", "says"), [
+    ({"session/prompt": "Done."}, "ScriptedAgent: replies['session/prompt'] is 'Done.', and "
+     "an ACP result is an object: a dict, or a script (to stream text: says('Done.'))"),
+    ({"session/new": ["s-1"]}, "replies['session/new'] is ['s-1'], and an ACP result is an "
+     "object"),
+])
+def test_a_scripted_agent_replying_to_an_acp_method_with_no_object_is_refused_when_made(
+        replies: dict[str, Any], says: str) -> None:
+    # `replies={"session/prompt": "Done."}` answered the prompt "Done.": the turn's text
+    # was '' and the test failed far from the slip.
+    with pytest.raises(TypeError) as caught:
+        ScriptedAgent(replies=replies)
+    assert says in str(caught.value)
+
+
+def test_a_scripted_agent_reply_for_a_method_acp_does_not_have_is_warned_about() -> None:
+    with pytest.warns(UserWarning, match=r"ScriptedAgent: replies\['session/promt'\]: not an "
+                      r"ACP method an agent answers \(did you mean 'session/prompt'\?"
+                      r".*never be used") as caught:
+        ScriptedAgent(replies={"session/promt": says("Done."), "_ext/mine": {}})
+    assert len(caught) == 1 and caught[0].filename == __file__

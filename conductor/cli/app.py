@@ -37,6 +37,26 @@ class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
 
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        ctx.meta["conductor.argv"] = list(args)  # the command's words, for invoke's hint
+        return super().resolve_command(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            # `check mine.toml`: "unexpected extra argument (mine.toml)" says nothing of
+            # --chain, where a chain file goes.
+            words = ctx.meta.get("conductor.argv") or []
+            chain = next((w for w in words[1:] if w.endswith(".toml")), None)
+            if chain is not None and "unexpected extra argument" in e.message \
+                    and not any(w.startswith("--chain") for w in words):
+                raise click.UsageError(f"{e.message} (a chain file goes after --chain: "
+                                       f"acp-conductor {words[0]} --chain {chain} ...)",
+                                       ctx=e.ctx) from None
+            raise
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         ref = LAZY_COMMANDS.get(cmd_name)
         if ref is None:

@@ -222,18 +222,24 @@ TESTS = '''\
 
 from __future__ import annotations
 
-import anyio
-import pytest
+from typing import TYPE_CHECKING, Any
 
-from conductor.testing import ScriptedAgent, open_test_chain
+import anyio
+
+from conductor.testing import ScriptedAgent
 from {module} import {cls}, {cls}Options
 
-pytestmark = pytest.mark.anyio  # async tests run on anyio (asyncio by default)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# `acp_chain` (acp-conductor's pytest plugin) runs a chain in memory; a test that uses it
+# runs on asyncio, as the conductor runs proxies, with nothing to configure.
 
 
-async def prompts_reaching_the_agent(proxy: {cls}, text: str) -> list[str]:
+async def prompts_reaching_the_agent(
+        acp_chain: Callable[..., Any], proxy: {cls}, text: str) -> list[str]:
     agent = ScriptedAgent(replies={{"session/prompt": {{"stopReason": "end_turn"}}}})
-    async with open_test_chain([proxy], agent) as client:
+    async with acp_chain([proxy], agent) as client:
         with anyio.fail_after(5):
             session = await client.new_session("/tmp")
             await client.prompt(session, text)
@@ -241,13 +247,17 @@ async def prompts_reaching_the_agent(proxy: {cls}, text: str) -> list[str]:
     return [block["text"] for block in params["prompt"]]
 
 
-async def test_the_prefix_goes_in_front_of_the_prompt() -> None:
+async def test_the_prefix_goes_in_front_of_the_prompt(
+        acp_chain: Callable[..., Any]) -> None:
     proxy = {cls}({cls}Options(prefix="Be brief."))
-    assert await prompts_reaching_the_agent(proxy, "hello") == ["Be brief.", "hello"]
+    prompts = await prompts_reaching_the_agent(acp_chain, proxy, "hello")
+    assert prompts == ["Be brief.", "hello"]
 
 
-async def test_without_a_prefix_the_prompt_reaches_the_agent_untouched() -> None:
-    assert await prompts_reaching_the_agent({cls}({cls}Options()), "hello") == ["hello"]
+async def test_without_a_prefix_the_prompt_reaches_the_agent_untouched(
+        acp_chain: Callable[..., Any]) -> None:
+    prompts = await prompts_reaching_the_agent(acp_chain, {cls}({cls}Options()), "hello")
+    assert prompts == ["hello"]
 '''
 
 README = """\
@@ -312,6 +322,13 @@ def init_command(agent: str | None, agent_command: str | None, proxy_name: str |
         if not re.fullmatch(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*", proxy_name):
             raise ConfigError(f"{proxy_name!r} is not a usable proxy name", field="--proxy",
                               hint="lower-case letters and digits, words joined by - or _")
+        from conductor.plugins.registry import installed
+
+        taken = next((p for p in installed() if p.name == proxy_name), None)
+        if taken is not None:  # `use = NAME` would then load whichever is found first
+            raise ConfigError(f"{proxy_name!r} is the name of an installed proxy "
+                              f"({taken.value}): `use = \"{proxy_name}\"` could load either",
+                              field="--proxy", hint="pick another name")
         root = output or Path(proxy_name)
         _refuse_existing(root)
         for relative, text in proxy_files(proxy_name).items():

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import functools
 import inspect
 import itertools
 import logging
 import math
+import typing
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Protocol, TypeVar
 
 from msgspec import UNSET, Raw, UnsetType, field
 
@@ -118,6 +120,7 @@ def on(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[Any],
     def mark(func: Any) -> Any:
         if not inspect.iscoroutinefunction(func):
             raise TypeError(f"handler {func.__qualname__} for {method} must be `async def`")
+        _check_parameters(func, "handler", method, "async def")
         return _register(func, "on", _HANDLES, method, side, _never_arrives(method, side))
     return mark
 
@@ -140,6 +143,7 @@ def watch(method: str, *, source: Side | str = Side.PREDECESSOR) -> Callable[[An
         if inspect.iscoroutinefunction(func):
             raise TypeError(f"watcher {func.__qualname__} for {method} must be a plain `def`: "
                             "it runs inline and cannot wait (use @on for an async handler)")
+        _check_parameters(func, "watcher", method, "def")
         problem = _never_arrives(method, side)
         if problem is None and method in acp.AGENT_METHODS | acp.CLIENT_METHODS \
                 and method not in acp.NOTIFICATION_METHODS:
@@ -153,6 +157,24 @@ def _check_method(method: object, decorator: str, does: str) -> None:
     if not isinstance(method, str):
         raise TypeError(f"{decorator} needs the method it {does}: "
                         f"{decorator}(\"session/prompt\"), not {method!r}")
+
+
+def _check_parameters(func: Any, kind: str, method: str, define: str) -> None:
+    """A handler is called `(self, ctx, message)`: one that cannot take that (a forgotten
+    `ctx` or `message`, an extra parameter) would fail at every message, answered to the
+    editor as the plugin's failure; this says so where it is written, at import."""
+    try:
+        signature = inspect.signature(func)
+        signature.bind(None, None, None)
+    except TypeError:
+        pass
+    except ValueError:  # no signature to read (a builtin, a C callable): trust it
+        return
+    else:
+        return
+    written = _written(signature)
+    raise TypeError(f"{kind} {func.__qualname__} for {method} takes (self, ctx, message), "
+                    f"not ({written}): write `{define} {func.__name__}(self, ctx, message)`")
 
 
 def _register(func: Any, decorator: str, attr: str, method: str, side: Side,
@@ -197,6 +219,93 @@ def _twice(klass: type, key: tuple[Side, str], first: str, second: str) -> None:
                   UserWarning, stacklevel=3)
 
 
+def _written(signature: inspect.Signature) -> str:
+    """The parameters as written, without annotations or defaults: `self, ctx`."""
+    stars: dict[object, str] = {inspect.Parameter.VAR_POSITIONAL: "*",
+                                inspect.Parameter.VAR_KEYWORD: "**"}
+    return ", ".join(stars.get(p.kind, "") + p.name for p in signature.parameters.values())
+
+
+def _check_session_handler(method: str, handler: object) -> None:
+    """`session.on`'s handler is awaited as `handler(ctx, message)`: one that cannot be is
+    said at the call, as `@on` says it at the decorator."""
+    if not (inspect.isfunction(handler) or inspect.ismethod(handler)):
+        return  # a callable object, a partial: trusted
+    name = handler.__name__
+    if not inspect.iscoroutinefunction(handler):
+        raise TypeError(f"session.on({method!r}, {name}): the handler must be `async def`, "
+                        "called with (ctx, message)")
+    signature = inspect.signature(handler)
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        written = _written(signature)
+        raise TypeError(f"session.on({method!r}, {name}): the handler is called with "
+                        f"(ctx, message), not ({written})") from None
+
+
+def _options_of(cls: type) -> type[BaseModel] | None:
+    """The options model `cls` names as `Proxy[Model]` (or a generic subclass's `[Model]`),
+    if any: declaring it there and forgetting `options_model = Model` took no options (the
+    chain's refused as unknown, `self.options.x` failing at the first message)."""
+    for base in vars(cls).get("__orig_bases__", ()):
+        origin = typing.get_origin(base)
+        args = typing.get_args(base)
+        if not (inspect.isclass(origin) and issubclass(origin, Proxy) and args):
+            continue
+        model = args[0]
+        # A pydantic model (known without importing pydantic), not `Proxy[Any]`, not the
+        # NoOptions a proxy that takes none has anyway.
+        if inspect.isclass(model) and hasattr(model, "model_validate") and not (
+                model.__name__ == "NoOptions"
+                and model.__module__ == "conductor.plugins.no_options"):
+            return typing.cast("type[BaseModel]", model)
+    return None
+
+
+# The hooks the conductor awaits, and what it passes them (after self).
+_HOOKS: Final = {"chain_started": (), "chain_stopped": (), "session_opened": ("session",),
+                 "session_closed": ("session",), "session_mcp_servers": ("setup",)}
+
+
+def _check_hook(cls: type, hook: str, parameters: tuple[str, ...]) -> None:
+    """A hook written as a plain `def`, or with other parameters, failed at its moment (the
+    first session, the chain's start): "NoneType can't be used in 'await' expression".
+    Said when the class is defined instead, with the line to write."""
+    func = vars(cls).get(hook)
+    if not inspect.isfunction(func):
+        return
+    try:
+        inspect.signature(func).bind(None, *parameters)
+        fits = inspect.iscoroutinefunction(inspect.unwrap(func))  # (a decorator: its own)
+    except TypeError:
+        fits = False
+    except ValueError:
+        return
+    if not fits:
+        raise TypeError(f"{cls.__qualname__.rpartition('.<locals>.')[2]}.{hook} must be "
+                        f"`async def {hook}({', '.join(('self', *parameters))})`: the "
+                        "conductor awaits it")
+
+
+def _checked_init(init: Callable[..., None]) -> Callable[..., None]:
+    """A subclass's `__init__` that forgot `super().__init__(options)` left the proxy
+    without its options, name and log: an AttributeError at its first message (or options
+    never read). Said when it is made instead (at load, for a chain), with the fix."""
+
+    @functools.wraps(init)
+    def __init__(self: Proxy[Any], *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if "_Proxy__options" not in vars(self):
+            code = getattr(init, "__code__", None)
+            where = "" if code is None else f" ({code.co_filename}, line {code.co_firstlineno})"
+            raise TypeError(f"{init.__qualname__.rpartition('.<locals>.')[2]}{where} did not "
+                            "call super().__init__(options): add it as the first line of "
+                            "__init__")
+    setattr(__init__, "__acp_checked__", True)  # noqa: B010  # a mark on a function
+    return __init__
+
+
 class Proxy(Generic[OptionsT]):
     """Base class of every plugin proxy. Anything without a handler is forwarded untouched.
 
@@ -223,6 +332,11 @@ class Proxy(Generic[OptionsT]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        model = None if cls.takes_options() else _options_of(cls)
+        if model is not None:  # `class P(Proxy[Opts])` means `options_model = Opts`
+            cls.options_model = model
+        for hook, parameters in _HOOKS.items():
+            _check_hook(cls, hook, parameters)
         table: dict[tuple[Side, str], str] = {}
         watchers: dict[tuple[Side, str], str] = {}
         for klass in reversed(cls.__mro__):
@@ -236,6 +350,9 @@ class Proxy(Generic[OptionsT]):
                     watchers[key] = attr
         cls._handler_table = table
         cls._watcher_table = watchers
+        init = vars(cls).get("__init__")
+        if init is not None and not hasattr(init, "__acp_checked__"):
+            type.__setattr__(cls, "__init__", _checked_init(init))
 
     @property
     def options(self) -> OptionsT:
@@ -456,6 +573,7 @@ class SessionScope(Record, eq=False, dict=True, weakref=True):
         A `method` that is not an ACP method, or never comes from `source`, is a
         UserWarning here, as it is at `@on`: the handler would never be called."""
         side = Side(source)
+        _check_session_handler(method, handler)
         problem = _never_arrives(method, side, "session.on({method}, handler{source})",
                                  Side.SUCCESSOR)
         if problem is not None:

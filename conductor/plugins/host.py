@@ -809,6 +809,15 @@ class ProxyHost:
                     raise TypeError(f"{name} answered {request.method} with None, and an ACP "
                                     "answer is an object: return the result (`{}` for an "
                                     "empty one) or `await ctx.forward()`")
+                if isinstance(reply, str | int | float | list | tuple) \
+                        and request.method in _OBJECT_ANSWERS:
+                    # It would reach the editor as the result, the agent's answer to blame.
+                    name = getattr(handler, "__qualname__", repr(handler))
+                    kind = type(reply).__name__
+                    raise TypeError(f"{name} answered {request.method} with "
+                                    f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} "
+                                    f"({reply!r:.60}), and an ACP answer is an object: return "
+                                    "a dict (`{}` for an empty one) or `await ctx.forward()`")
                 problem = None if isinstance(reply, Response | Raw) else not_json(reply)
                 if problem is not None:
                     name = getattr(handler, "__qualname__", repr(handler))

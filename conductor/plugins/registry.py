@@ -93,14 +93,35 @@ def find_plugin(ref: str, *, base_dir: str | None = None) -> type[Proxy[Any]]:
             raise PluginNotFoundError(
                 f"no proxy named {ref!r} is installed ({guess + ' ' if guess else ''}installed: "
                 f"{', '.join(known) or 'none'}); give an installed name, "
-                "`package.module:Class`, or `path/to/file.py:Class`")
+                "`package.module:Class`, or `path/to/file.py:Class`; a package installs into "
+                f"the Python acp-conductor runs on, {sys.executable} (`{sys.executable} -m "
+                "pip install ...`; under pipx: `pipx inject acp-conductor ...`)")
         try:
             obj = ep.load()
         except (Exception, SystemExit) as e:  # the plugin's own code: whatever it raises
             # names it (SystemExit too: `sys.exit("needs X")` is a module refusing to load)
             raise PluginNotFoundError(f"proxy {ref!r} ({ep.value}) cannot be loaded"
-                                      f"{_where(e)}: {type(e).__name__}: {e}") from e
+                                      f"{_where(e)}: {type(e).__name__}: {e}"
+                                      f"{_stale_entry_point(ep.value, e)}") from e
     return validate_plugin(ref, obj)
+
+
+def _stale_entry_point(value: str, error: BaseException) -> str:
+    """The module imported, but lacks the class the entry point names (a class renamed, the
+    pyproject.toml not, or not installed again since): say where the name is kept."""
+    module_name, _, attr = value.partition(":")
+    module = sys.modules.get(module_name.strip())
+    if not isinstance(error, AttributeError) or module is None \
+            or hasattr(module, attr.strip().partition(".")[0]):
+        return ""
+    classes = [k for k, v in vars(module).items()
+               if inspect.isclass(v) and issubclass(v, Proxy) and v is not Proxy]
+    guess = did_you_mean(attr.strip(), classes) or (
+        f"did you mean {classes[0]!r}?" if len(classes) == 1 else "")
+    return ("; the entry point names a class the module does not have"
+            f"{f' ({guess})' if guess else ''}: fix it under "
+            "[project.entry-points.\"acp_conductor.proxies\"] in the package's pyproject.toml, "
+            "then install the package again (`pip install -e .`)")
 
 
 def _from_module(ref: str, module_name: str, attr: str, *, base_dir: str | None = None
@@ -138,7 +159,7 @@ def _from_file(ref: str, path: Path, attr: str | None) -> object:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:
         sys.modules.pop(name, None)
-        raise _import_failed(ref, e) from e
+        raise _import_failed(ref, e, _beside(path, e)) from e
     if attr:
         return _from_loaded(module, attr, ref)
     candidates = [v for v in vars(module).values()
@@ -150,11 +171,25 @@ def _from_file(ref: str, path: Path, attr: str | None) -> object:
     return candidates[0]
 
 
-def _import_failed(ref: str, error: BaseException) -> PluginNotFoundError:
+def _import_failed(ref: str, error: BaseException, hint: str = "") -> PluginNotFoundError:
     """The plugin's own code raised while it was imported (a syntax error, a missing
     dependency, a misused `@on`): one line naming the plugin, where, and what."""
-    return PluginNotFoundError(
-        f"plugin {ref!r} failed to import{_where(error)}: {type(error).__name__}: {error}")
+    return PluginNotFoundError(f"plugin {ref!r} failed to import{_where(error)}: "
+                               f"{type(error).__name__}: {error}{hint}")
+
+
+def _beside(path: Path, error: BaseException) -> str:
+    """A plugin file importing a module next to it (as `python mine.py` could) fails: the
+    file is loaded by path, and its folder is not put on everyone's import path."""
+    if not isinstance(error, ModuleNotFoundError) or not error.name:
+        return ""
+    top = error.name.partition(".")[0]
+    folder = path.parent
+    if not ((folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file()):
+        return ""
+    return (f"; {top} is next to {path.name}, but a plugin file's folder is not on the "
+            "import path: install your code as a package (`acp-conductor init --proxy "
+            f"NAME`), or run acp-conductor with PYTHONPATH={folder.resolve()}")
 
 
 def _where(error: BaseException) -> str:
@@ -165,8 +200,12 @@ def _where(error: BaseException) -> str:
         return f" ({error.filename}, line {error.lineno})"
     skip = ("<frozen", str(Path(__file__).resolve().parents[1]),
             str(Path(importlib.__file__).parent))
+    # The standard library too (`Side("sucessor")` raises in enum.py), but not what is
+    # installed beside it (a plugin's dependencies may be at fault).
+    stdlib = str(Path(inspect.__file__).parent) + "/"
     frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not f.filename.startswith(skip)]
+              if not f.filename.startswith(skip)
+              and not (f.filename.startswith(stdlib) and "-packages/" not in f.filename)]
     return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
 
 

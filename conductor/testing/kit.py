@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from conductor.routing.roles import Role
 from conductor.routing.topology import ComponentLink, Hop
 from conductor.rpc.endpoint import Endpoint
 from conductor.rpc.failure import raise_for_error
+from conductor.spelling import did_you_mean
 from conductor.transport.base import Unreadable
 from conductor.transport.memory import open_link
 from conductor.transport.pipes import PipeSink, PipeSource
@@ -338,6 +340,26 @@ class TestClient(TestPeer):
         return _chunks(self.updates(session_id), "agent_message_chunk")
 
 
+def _check_replies(replies: dict[str, Script]) -> None:
+    """The easy slips in a script: a text for `session/prompt` (meaning `says(text)`), a
+    method misspelt (the default answer is used, silently). Said when the agent is made."""
+    from conductor import acp
+
+    for method, script in replies.items():
+        if method in acp.AGENT_METHODS - acp.NOTIFICATION_METHODS and not callable(script) \
+                and not isinstance(script, dict):
+            fix = f" (to stream text: says({script!r}))" if isinstance(script, str) \
+                and method == "session/prompt" else ""
+            raise TypeError(f"ScriptedAgent: replies[{method!r}] is {script!r}, and an ACP "
+                            f"result is an object: a dict, or a script{fix}")
+        if not method.startswith(("_", "$/")) and method not in acp.AGENT_METHODS:
+            guess = did_you_mean(method, acp.AGENT_METHODS)
+            warnings.warn(f"ScriptedAgent: replies[{method!r}]: not an ACP method an agent "
+                          f"answers ({guess + ' ' if guess else ''}extension methods start "
+                          "with '_'); as written it would never be used", UserWarning,
+                          stacklevel=3)
+
+
 class ScriptedAgent(TestPeer):
     """An in-memory agent that answers from a script and records what it received.
 
@@ -350,6 +372,7 @@ class ScriptedAgent(TestPeer):
     def __init__(self, replies: dict[str, Script] | None = None, *,
                  timeout: float | None = DEFAULT_TIMEOUT) -> None:
         super().__init__("agent", timeout=timeout)
+        _check_replies(replies or {})
         self.protocol_version = 1  # as the last `initialize` it received asked
         self._sessions = itertools.count(1)
         self._after: list[tuple[str, JsonValue]] = []
@@ -437,6 +460,24 @@ def _turn(chunks: list[tuple[str, str]], stop_reason: str
 _end_turn = _turn([], "end_turn")
 
 
+def _check_proxies(proxies: Sequence[object]) -> None:
+    """The easy slips (`[Upper]`, a lone `Upper()`) failed deep in the router's task group
+    ("type object 'Upper' has no attribute 'name'"); said here, with what to write."""
+    from conductor.plugins.api import Proxy
+
+    if isinstance(proxies, Proxy):
+        name = type(proxies).__name__
+        raise TypeError(f"open_test_chain: proxies is one proxy, not a list of them: write "
+                        f"[{name}()] (the acp_proxies fixture returns a list)")
+    for i, proxy in enumerate(proxies):
+        if isinstance(proxy, type) and issubclass(proxy, Proxy):
+            raise TypeError(f"open_test_chain: proxies[{i}] is the class {proxy.__name__}, "
+                            f"not a proxy: write {proxy.__name__}()")
+        if not isinstance(proxy, Proxy):
+            raise TypeError(f"open_test_chain: proxies[{i}] is {proxy!r}, not a "
+                            "conductor.plugins.Proxy")
+
+
 @asynccontextmanager
 async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | None = None, *,
                           client: TestClient | None = None,
@@ -450,6 +491,7 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
     hop. `transport="pipes"` frames the client's and the agent's links as real pipes do.
     `timeouts` are the chain file's `request_timeout`, `prompt_timeout` and
     `session_idle_expiry` (`SettingsSpec.timeouts()`)."""
+    _check_proxies(proxies)
     agent = agent if agent is not None else ScriptedAgent()
     client = client if client is not None else TestClient()
     sinks: list[MessageSink] = []

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from conductor.cli.init import AGENTS, chain_text
+from conductor.cli.init import AGENTS, chain_text, proxy_files
 from conductor.config import parse_chain
 from conductor.plan import plan_chain as _plan
 from tests import in_process
@@ -18,6 +18,8 @@ from tests.e2e.conftest import fresh_venv, user_env
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+pytest_plugins = ["pytester"]
 
 
 def conductor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -97,6 +99,18 @@ def test_a_proxy_package_from_init_is_usable_by_name_once_installed(
     tests = sh("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                cwd=tmp_path / "shout")
     assert re.search(r"^[1-9][0-9]* passed in ", tests.stdout, re.M), tests.stdout
+
+
+@pytest.mark.parametrize("name", ["redact", "transcript"])
+def test_a_proxy_package_named_as_an_installed_proxy_is_refused_and_nothing_is_written(
+        tmp_path: Path, name: str) -> None:
+    # `init --proxy redact` wrote a package whose `use = "redact"` was then ambiguous with
+    # the built-in one: whichever entry point came first won, silently.
+    done = conductor("init", "--proxy", name, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"--proxy: {name!r} is the name of an installed proxy" in done.stderr
+    assert "acp_conductor_proxies." in done.stderr and "pick another name" in done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("args", [["--agent", "demo", "-o", "missing/chain.toml"],
@@ -224,3 +238,15 @@ def test_the_commands_init_suggests_work_when_pasted_for_a_path_with_spaces_or_q
         assert output in shlex.split(command), command
     editor = re.search(r"starts `(acp-conductor --chain [^`]*)`", written)
     assert editor is not None and shlex.split(editor.group(1))[-1] == str(tmp_path / output)
+
+
+def test_the_tests_of_a_proxy_package_from_init_run_once_each_on_asyncio(
+        pytester: pytest.Pytester) -> None:
+    # They ran once per installed anyio backend (trio too): a proxy written for asyncio,
+    # as the conductor runs it, then failed its own generated tests.
+    for relative, text in proxy_files("shout").items():
+        (pytester.path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (pytester.path / relative).write_text(text, encoding="utf-8")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_the_prefix_goes_in_front_of_the_prompt?asyncio? PASSED*"])
