@@ -58,14 +58,13 @@ class Login(Proxy):
         return await ctx.forward()
 
 
-@pytest.mark.parametrize("chain", ["handled", "handled-behind-a-pass-through"])
-async def test_an_elicitation_about_a_request_a_proxy_forwarded_names_the_editors_id(
-        chain: str) -> None:
+async def elicitation_the_editor_gets(proxies: list[Proxy]) -> JsonValue:
+    """The v2 editor sends `auth/login` (its id 77) through `proxies`; the agent asks about
+    it with an elicitation naming its own id: the params the editor gets."""
     async def login(agent: ScriptedAgent, message: Request) -> JsonValue:
         await agent.call("elicitation/create", elicitation(msgspec.json.decode(message.id)))
         return {}
 
-    proxies: list[Proxy] = [Login()] if chain == "handled" else [Login(), PassThrough()]
     client = TestClient({"elicitation/create": {"action": "decline"}})
     async with open_test_chain(proxies, ScriptedAgent({"auth/login": login}), client=client,
                                initialize=False):
@@ -73,7 +72,15 @@ async def test_an_elicitation_about_a_request_a_proxy_forwarded_names_the_editor
             await client.initialize(2)
             assert not (await client.request("auth/login", {"methodId": "c"}, ident=77)).is_error
     [asked] = client.received_params("elicitation/create")
-    assert asked["requestId"] == 77
+    return asked
+
+
+@pytest.mark.parametrize("chain", ["handled", "handled-behind-a-pass-through"])
+async def test_an_elicitation_about_a_request_a_proxy_forwarded_names_the_editors_id(
+        chain: str) -> None:
+    proxies: list[Proxy] = [Login()] if chain == "handled" else [Login(), PassThrough()]
+    asked = await elicitation_the_editor_gets(proxies)
+    assert isinstance(asked, dict) and asked["requestId"] == 77
 
 
 class Asks(Proxy):
@@ -92,21 +99,11 @@ class Asks(Proxy):
 
 async def test_an_elicitation_about_a_request_routed_past_its_handling_proxy_names_the_editors_id(
         ) -> None:
-    async def login(agent: ScriptedAgent, message: Request) -> JsonValue:
-        await agent.call("elicitation/create", elicitation(msgspec.json.decode(message.id)))
-        return {}
-
     asks = Asks()
-    client = TestClient({"elicitation/create": {"action": "decline"}})
-    async with open_test_chain([asks], ScriptedAgent({"auth/login": login}), client=client,
-                               initialize=False):
-        with anyio.fail_after(5):
-            await client.initialize(2)
-            assert not (await client.request("auth/login", {"methodId": "c"}, ident=77)).is_error
+    asked = await elicitation_the_editor_gets([asks])
     # It went up through the proxy as the agent's own id (the proxy's successor side), and
     # the editor was told that: an id it never sent, or one naming another of its requests.
-    [asked] = client.received_params("elicitation/create")
-    assert asked["requestId"] == 77
+    assert isinstance(asked, dict) and asked["requestId"] == 77
     # The proxy never saw that request: it is named so no id on any hop is mistaken for it.
     [seen] = asks.seen
     assert isinstance(seen, str) and seen.startswith("routed-past:")
