@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import sys
 import textwrap
 from typing import TYPE_CHECKING, Any
 
@@ -142,19 +143,9 @@ async def test_a_session_new_answered_with_no_object_is_a_setup_failure_naming_i
         tmp_path: Path, answer: str) -> None:
     # `(opened or {}).get` raised AttributeError on a list or a string: an internal error
     # (exit 1) instead of the documented setup failure (exit 3).
-    (tmp_path / "answers.py").write_text(textwrap.dedent(f"""
-        from conductor.plugins import Proxy, on
-
-        class Answers(Proxy):
-            @on("session/new")
-            async def new(self, ctx, message):
-                await ctx.forward()
-                return {answer}
-        """), encoding="utf-8")
     chain = tmp_path / "chain.toml"
-    chain.write_text(f'[[proxy]]\nplugin = "{tmp_path / "answers.py"}:Answers"\n'
-                     '[agent]\ncommand = ["${PYTHON}", "-m", "conductor.demo_agent"]\n',
-                     encoding="utf-8")
+    argv = [sys.executable, str(BIN / "answering_agent.py"), "session/new", answer]
+    chain.write_text(f"[agent]\ncommand = {json.dumps(argv)}\n", encoding="utf-8")
     outcome = await call_chain(load_chain(str(chain)), CallOptions("_ext/echo", {},
                                                                    session=True, timeout=20))
     assert outcome.code is CallExit.COMPONENT

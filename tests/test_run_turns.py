@@ -4,6 +4,8 @@ first that does not end with end_turn; the session closed at the end; the prompt
 from __future__ import annotations
 
 import io
+import json
+import sys
 import textwrap
 from typing import TYPE_CHECKING, Any
 
@@ -130,21 +132,12 @@ async def test_a_turn_answered_with_an_error_is_reported_and_ends_the_run_with_e
     assert events.records[-1]["error"]["code"] == failed["error"]["code"]
 
 
-@pytest.mark.parametrize(("answer", "shown"), [("[1, 2]", "[1,2]"), ("'done'", '"done"')])
+@pytest.mark.parametrize(("answer", "shown"), [("[1, 2]", "[1,2]"), ('"done"', '"done"')])
 async def test_a_prompt_answered_with_something_not_an_object_fails_the_turn_saying_so(
         tmp_path: Path, answer: str, shown: str) -> None:
-    # A proxy that returns a set (encoded as a list), or forgets its `return`: `run` used
-    # to die with an internal error, or stop "failed" without a word why.
-    (tmp_path / "odd.py").write_text(textwrap.dedent(f"""
-        from conductor.plugins import Proxy, on
-
-        class Odd(Proxy):
-            @on("session/prompt")
-            async def prompt(self, ctx, message):
-                return {answer}
-        """), encoding="utf-8")
-    config = demo_chain(tmp_path, f'[[proxy]]\nplugin = "{tmp_path / "odd.py"}:Odd"')
-    code, events = await run(config, tmp_path, "one", "two")
+    # An agent answering a list or a string: `run` used to die with an internal error,
+    # or stop "failed" without a word why.
+    code, events = await run(answering_with(tmp_path, answer), tmp_path, "one", "two")
     assert code == RunExit.FAILED
     (failed,) = events.of("turn")
     assert failed["exitReason"] == "failed"
@@ -204,17 +197,13 @@ def test_a_jsonl_prompt_file_holds_strings_or_objects_and_refuses_anything_else(
 
 def answering_with(tmp_path: Path, answer: str, method: str = "session/prompt"
                    ) -> ChainConfig:
-    """The demo chain behind a plugin that answers every `method` request with `answer`."""
-    (tmp_path / "answers.py").write_text(textwrap.dedent(f"""
-        from conductor.plugins import Proxy, on
-
-        class Answers(Proxy):
-            @on("{method}")
-            async def prompt(self, ctx, message):
-                await ctx.forward()
-                return {answer}
-        """), encoding="utf-8")
-    return demo_chain(tmp_path, f'[[proxy]]\nplugin = "{tmp_path / "answers.py"}:Answers"')
+    """A chain whose agent (the demo agent) answers every `method` request with `answer`
+    (JSON text). The agent, not a plugin: a plugin's answer that is not an object is
+    refused at the plugin already."""
+    path = tmp_path / "chain.toml"
+    argv = [sys.executable, str(BIN / "answering_agent.py"), method, answer]
+    path.write_text(f"[agent]\ncommand = {json.dumps(argv)}\n", encoding="utf-8")
+    return load_chain(str(path))
 
 
 async def test_an_agent_that_wants_the_user_signed_in_is_reported_with_what_to_do(
@@ -264,7 +253,7 @@ async def test_a_generic_server_error_is_not_read_as_a_sign_in_request(tmp_path:
     assert events.records[-1]["error"]["message"] == "database is locked"
 
 
-@pytest.mark.parametrize("answer", ['"done"', "[1, 2]", "None", "7"])
+@pytest.mark.parametrize("answer", ['"done"', "[1, 2]", "null", "7"])
 async def test_a_prompt_answered_with_no_object_fails_the_turn_with_exit_1_and_reports_it(
         tmp_path: Path, answer: str) -> None:
     code, events = await run(answering_with(tmp_path, answer), tmp_path, "one", "two")
