@@ -6,7 +6,6 @@ import json
 import shlex
 import subprocess
 import sys
-import textwrap
 from typing import TYPE_CHECKING, Any
 
 import anyio
