@@ -94,10 +94,9 @@ START_HOOK_BOUND = 60.0
 # inline, in the proxy's dispatch, so everything crossing the proxy waits for them.
 SESSION_HOOK_BOUND = 10.0
 # How long a handler of an agent-side notification may hold what the agent sends after it
-# (docs/writing-a-proxy.md, "Ordering"), before the hold gives way with a warning (a hold
-# must never become a hang), and how many held messages stop the proxy's inbox being read
-# until the drain makes room (nor an unbounded queue).
-HOLD_BOUND: Final = 5.0
+# (docs/writing-a-proxy.md, "Ordering"), and how many it may hold, before the hold gives
+# way with a warning: a hold must never become a hang, nor an unbounded queue.
+HOLD_BOUND: Final = 30.0
 HELD_LIMIT: Final = 4 * INBOX_SIZE
 # How long a cancelled handler waits for the far end to answer a request it sent (so its
 # own answer follows what the far end streamed before answering).
@@ -304,7 +303,6 @@ class ProxyHost:
         self._barriers: dict[ProxyContext, Side] = {}
         self._barrier_since: dict[ProxyContext, float] = {}  # for the bound (HOLD_BOUND)
         self._watching_holds = False
-        self._room = anyio.Event()  # set when the drain has made room (`dispatch` waits)
         self._held: deque[tuple[frozenset[Side], Message | Callable[[], Awaitable[None]]]] = \
             deque()
         self._held_sides: dict[Side, int] = {}
@@ -446,12 +444,11 @@ class ProxyHost:
     async def dispatch(self, message: Message) -> None:
         """Handle one message from the conductor. A plugin's failure is answered, not raised."""
         if self._ordering and self._hold(message, self._sides_of(message)):
-            if len(self._held) >= HELD_LIMIT:
-                # Held messages leave the bounded inbox: so many wait that the inbox stops
-                # being read until the drain makes room (the agent then waits, as on a full
-                # pipe). A hold that never ends is let go by `_bound_holds`.
-                self._room = anyio.Event()
-                await self._room.wait()
+            if len(self._held) >= HELD_LIMIT and self._barriers:
+                # Held messages leave the bounded inbox. The inbox reader must never wait
+                # here (what it would read may be what frees the drain, or another proxy's
+                # inbox may wait on ours): past this many, order gives way instead.
+                self._give_up_holding(f"{len(self._held)} messages are held behind them")
             return
         await self._dispatch_now(message)
 
@@ -582,15 +579,12 @@ class ProxyHost:
                         self._held.popleft()
                     else:
                         del self._held[i]
-                    if len(self._held) < HELD_LIMIT // 2:
-                        self._room.set()
                     for side in sides:
                         self._held_sides[side] -= 1
                     self.queued -= 1
         finally:
             self._draining = False
             self._ordering = bool(self._barriers or self._held)
-            self._room.set()
 
     async def _dispatch_now(self, message: Message) -> None:
         try:
