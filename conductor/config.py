@@ -1054,17 +1054,19 @@ def _mcp_server(spec: McpServerSpec, config: ChainConfig, where: str) -> McpServ
 
 
 # A variable named like a credential (GH_TOKEN, OPENAI_API_KEY, DB_PASSWORD, ...), by the
-# words of its name: MAX_TOKENS or TOKENIZERS_PARALLELISM are not (their values, 4096 and
-# false, were blanked wherever they appeared in a trace); not `pwd`: ${PWD} is a folder.
-_SECRET_ENDINGS = ("token", "secret", "password", "passwd", "passphrase", "apikey",
-                   "credential", "credentials")
+# words of its name (split at `_` and at camelCase, digits at a word's end dropped):
+# MAX_TOKENS or TOKENIZERS_PARALLELISM are not (their values, 4096 and false, were blanked
+# wherever they appeared in a trace); nor `pwd`: ${PWD} is a folder.
+_SECRET_ENDINGS = ("token", "secret", "secrets", "password", "passwd", "passphrase",
+                   "apikey", "privatekey", "accesskey", "secretkey", "credential",
+                   "credentials")
 _SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"),
-                 ("client", "secret"), ("auth", "key")}
-SECRET_VALUE_MIN = 8  # shorter values of such a variable are not hidden (a flag, a number)
+                 ("client", "secret"), ("auth", "key"), ("access", "tokens")}
+_NAME_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 
 
 def named_like_a_secret(name: str) -> bool:
-    words = name.lower().split("_")
+    words = [w.lower() for w in _NAME_WORD.findall(name) if not w.isdigit()]
     return any(w.endswith(_SECRET_ENDINGS) or w in ("auth", "oauth")
                or (w.startswith("auth") and not w.startswith("author")) for w in words) \
         or any(pair in _SECRET_PAIRS for pair in itertools.pairwise(words))
@@ -1109,6 +1111,5 @@ def trace_redactor(config: ChainConfig | None, *, unredacted: bool = False) -> R
         except ConfigError:
             env = dict(os.environ)  # the run itself will report the unset variable
         secrets.extend(env[n] for n in spec.secret_env if env.get(n))
-    secrets.extend(os.environ[n] for n in _secret_variables(config)
-                   if len(os.environ.get(n, "")) >= SECRET_VALUE_MIN)
+    secrets.extend(os.environ[n] for n in _secret_variables(config) if os.environ.get(n))
     return Redactor(secrets, config.conductor.redact)

@@ -208,16 +208,16 @@ def test_a_variable_named_like_a_credential_is_redacted_wherever_the_chain_file_
     monkeypatch.setenv("DB_PASSWORD", "hunter2hunter2")
     monkeypatch.setenv("GIT_AUTHOR_NAME", "Ada Lovelace")
     monkeypatch.setenv("PWD", "/work/some/project")
-    # named so by a word, not a part of one, and not a short value: these were blanked
-    # wherever "4096" or "false" appeared in the trace
+    # named so by a word, not a part of one: these were blanked wherever "4096" or
+    # "false" appeared in the trace (a short value of a credential's name still is not)
     monkeypatch.setenv("MAX_TOKENS", "4096")
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
-    monkeypatch.setenv("API_TOKEN", "short")
+    monkeypatch.setenv("API_TOKEN2", "hunter2")
     chain = tmp_path / "chain.toml"
     chain.write_text(
         '[agent]\ncommand = ["agent", "--author", "${GIT_AUTHOR_NAME}", '
         '"--db", "${DB_URL:-postgres://${DB_PASSWORD}@h}", "--max", "${MAX_TOKENS}", '
-        '"${TOKENIZERS_PARALLELISM}", "${API_TOKEN}"]\n\n'
+        '"${TOKENIZERS_PARALLELISM}", "${API_TOKEN2}"]\n\n'
         '[[mcp_server]]\nname = "gh"\ncommand = "/bin/gh-mcp"\n'
         'args = ["--token", "${GH_TOKEN}", "--home", "${HOME}", "--in", "${PWD}"]\n',
         encoding="utf-8")
@@ -231,9 +231,10 @@ def test_a_variable_named_like_a_credential_is_redacted_wherever_the_chain_file_
     events = _traced(frame, redactor)
     assert events[1]["payload"]["params"]["mcpServers"][0]["args"] == [
         "--token", REDACTED, *args[2:]]
-    line = b'{"argv":["agent","--author","Ada Lovelace","--db","hunter2hunter2","4096 false"]}'
+    line = b'{"argv":["agent","--author","Ada Lovelace","--db","hunter2hunter2","4096 false",' \
+        b'"hunter2"]}'
     assert json.loads(redactor(line))["argv"] == ["agent", "--author", "Ada Lovelace", "--db",
-                                                  REDACTED, "4096 false"]
+                                                  REDACTED, "4096 false", REDACTED]
 
 
 def test_a_pattern_that_could_run_past_a_strings_end_leaves_the_line_valid() -> None:
