@@ -26,7 +26,7 @@ from conductor.plan import plan_chain
 from conductor.record import Record
 from conductor.serve import RunOptions, serve_connection
 from conductor.supervise.signals import EXIT_SIGNAL, first_stop_signal
-from conductor.tracing.sink import open_trace_sink
+from conductor.tracing.sink import open_trace_sink, refuse_replacing
 from conductor.transport.http import PATH, AcpEndpoint, Gate, serve_asgi
 
 if TYPE_CHECKING:
@@ -216,6 +216,8 @@ async def serve_listener(config: ChainConfig, settings: ListenSettings, *,
         number = next(numbers)
         path = _trace_path(settings.trace, number) if settings.trace else None
         try:
+            if path is not None:
+                refuse_replacing(path)  # a file there that is no trace is kept
             with open_trace_sink(path, redactor) as tracer:
                 options = RunOptions(mode=settings.mode, max_frame_bytes=max_frame,
                                      tracer=tracer, handle_signals=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import weakref
 from typing import TYPE_CHECKING, Any, cast
@@ -1058,6 +1059,38 @@ def test_a_proxy_whose_init_forgets_super_init_is_refused_when_made_saying_so() 
                        r"\d+\) did not call super\(\).__init__\(options\): add it"):
         Forgetful()
     assert Careful().options is not None
+
+    class Base(Proxy):
+        def __init__(self) -> None:
+            self.ready = True
+
+    class CallsBaseFirst(Base):  # Base's __init__, then Proxy's: the outermost one's to check
+        def __init__(self, options: Any = None) -> None:
+            Base.__init__(self)
+            Proxy.__init__(self, options)
+
+    assert CallsBaseFirst().ready
+
+
+def test_a_session_handler_given_as_a_lambda_or_through_a_plain_decorator_is_taken() -> None:
+    # The check for `async def` refused both, though each is awaited as it should be.
+    def logged(handler: Any) -> Any:
+        @functools.wraps(handler)
+        def wrapper(*args: Any) -> Any:
+            return handler(*args)
+        return wrapper
+
+    async def collect(ctx: Any, message: Any) -> None:
+        pass
+    session = SessionScope("s", "session/new", owned=False)
+    session.on("session/update", lambda ctx, message: collect(ctx, message))
+    session.on("session/update", logged(collect))
+    with pytest.raises(TypeError, match="the handler must be `async def`"):
+        session.on("session/update", lambda_free_plain_def)
+
+
+def lambda_free_plain_def(ctx: Any, message: Any) -> None:
+    """A handler a newcomer writes without `async`: still refused."""
 
 
 @pytest.mark.parametrize(("define", "says"), [

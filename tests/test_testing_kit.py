@@ -289,6 +289,25 @@ async def test_a_chain_of_proxies_that_are_not_proxy_instances_is_refused_saying
     assert says in str(caught.value)
 
 
+async def test_a_chain_of_proxies_given_as_a_generator_keeps_them() -> None:
+    # The check of what the proxies are used the generator up: the chain had none.
+    class Counts(Proxy):
+        def __init__(self) -> None:
+            super().__init__()
+            self.setups = 0
+
+        @on("session/new")
+        async def new(self, ctx: ProxyContext, message: Any) -> object:
+            self.setups += 1
+            return await ctx.forward()
+
+    counts = Counts()
+    async with open_test_chain(p for p in [counts]) as client:
+        with anyio.fail_after(5):
+            await client.new_session()
+    assert counts.setups == 1
+
+
 @pytest.mark.parametrize(("replies", "says"), [
     ({"session/prompt": "Done."}, "ScriptedAgent: replies['session/prompt'] is 'Done.', and "
      "an ACP result is an object: a dict, or a script (to stream text: says('Done.'))"),

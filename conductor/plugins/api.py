@@ -229,10 +229,11 @@ def _written(signature: inspect.Signature) -> str:
 def _check_session_handler(method: str, handler: object) -> None:
     """`session.on`'s handler is awaited as `handler(ctx, message)`: one that cannot be is
     said at the call, as `@on` says it at the decorator."""
-    if not (inspect.isfunction(handler) or inspect.ismethod(handler)):
-        return  # a callable object, a partial: trusted
+    if not (inspect.isfunction(handler) or inspect.ismethod(handler)) \
+            or handler.__name__ == "<lambda>":
+        return  # a callable object, a partial, a lambda returning a coroutine: trusted
     name = handler.__name__
-    if not inspect.iscoroutinefunction(handler):
+    if not inspect.iscoroutinefunction(inspect.unwrap(handler)):  # (a decorator: its own)
         raise TypeError(f"session.on({method!r}, {name}): the handler must be `async def`, "
                         "called with (ctx, message)")
     signature = inspect.signature(handler)
@@ -288,6 +289,9 @@ def _check_hook(cls: type, hook: str, parameters: tuple[str, ...]) -> None:
                         "conductor awaits it")
 
 
+_initialising: dict[int, int] = {}  # id of a proxy being made -> its `__init__`s running
+
+
 def _checked_init(init: Callable[..., None]) -> Callable[..., None]:
     """A subclass's `__init__` that forgot `super().__init__(options)` left the proxy
     without its options, name and log: an AttributeError at its first message (or options
@@ -295,8 +299,18 @@ def _checked_init(init: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(init)
     def __init__(self: Proxy[Any], *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        if "_Proxy__options" not in vars(self):
+        # Checked once the outermost `__init__` returns: a subclass may call a base's
+        # `__init__` before `Proxy.__init__`, which is then not the base's to call.
+        depth = _initialising.get(id(self), 0)
+        _initialising[id(self)] = depth + 1
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            if depth:
+                _initialising[id(self)] = depth
+            else:
+                del _initialising[id(self)]
+        if not depth and "_Proxy__options" not in vars(self):
             code = getattr(init, "__code__", None)
             where = "" if code is None else f" ({code.co_filename}, line {code.co_firstlineno})"
             raise TypeError(f"{init.__qualname__.rpartition('.<locals>.')[2]}{where} did not "

@@ -491,6 +491,10 @@ async def open_test_chain(proxies: Sequence[Proxy[Any]], agent: ScriptedAgent | 
     hop. `transport="pipes"` frames the client's and the agent's links as real pipes do.
     `timeouts` are the chain file's `request_timeout`, `prompt_timeout` and
     `session_idle_expiry` (`SettingsSpec.timeouts()`)."""
+    from conductor.plugins.api import Proxy
+
+    if not isinstance(proxies, Proxy):
+        proxies = list(proxies)  # a generator would be used up by the check
     _check_proxies(proxies)
     agent = agent if agent is not None else ScriptedAgent()
     client = client if client is not None else TestClient()

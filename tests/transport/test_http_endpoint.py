@@ -357,12 +357,15 @@ async def test_payload_bytes_cross_a_websocket_hop_unchanged(tmp_path: Any) -> N
     assert answer["id"] == "7"
 
 
-@pytest.mark.parametrize("transport", ["http", "ws"])
+@pytest.mark.parametrize(("transport", "planted"), [
+    ("http", "link"), ("ws", "link"), ("http", "file")])
 async def test_a_connection_whose_trace_file_is_a_planted_link_is_answered_and_the_next_served(
-        tmp_path: Any, transport: str, caplog: pytest.LogCaptureFixture) -> None:
-    victim = tmp_path / "victim.txt"
+        tmp_path: Any, transport: str, planted: str, caplog: pytest.LogCaptureFixture) -> None:
+    # where the first connection's trace goes: a link, or a file that is no trace
+    victim = tmp_path / ("victim.txt" if planted == "link" else "t.1.jsonl")
     victim.write_text("precious\n", encoding="utf-8")
-    (tmp_path / "t.1.jsonl").symlink_to(victim)  # where the first connection's trace goes
+    if planted == "link":
+        (tmp_path / "t.1.jsonl").symlink_to(victim)
     async with open_listener(trace=str(tmp_path / "t.jsonl")) as (ws_url, http_url), \
             http_client() as client:
         with anyio.fail_after(15):
@@ -379,7 +382,9 @@ async def test_a_connection_whose_trace_file_is_a_planted_link_is_answered_and_t
     assert str(tmp_path) not in refused["error"]["message"]  # server paths stay in its log
     assert served["result"]["protocolVersion"] == 1
     assert victim.read_text(encoding="utf-8") == "precious\n"
-    assert "Traceback" not in caplog.text and "is a symbolic link" in caplog.text
+    assert "Traceback" not in caplog.text
+    assert ("is a symbolic link" if planted == "link" else "is there and is not a trace") \
+        in caplog.text
 
 
 async def test_a_websocket_client_sending_binary_pings_and_oversized_frames_is_still_served(
