@@ -46,3 +46,13 @@ def test_a_chain_file_given_as_an_argument_is_told_to_go_after_chain(
     assert "unexpected extra argument" in done.stderr
     assert f"a chain file goes after --chain: acp-conductor {command[0]} --chain mine.toml" \
         in done.stderr
+
+
+def test_run_given_only_a_chain_file_says_it_goes_after_chain(tmp_path: Path) -> None:
+    # `acp-conductor run mine.toml` took the file name for the prompt, and said only
+    # "give --chain FILE" with a hint about the demo.
+    (tmp_path / "mine.toml").write_text("[agent]\ncommand = 'true'\n", encoding="utf-8")
+    done = in_folder(tmp_path, "run", "mine.toml")
+    assert done.returncode == 2 and done.stdout == ""
+    assert 'mine.toml is a chain file: acp-conductor run --chain mine.toml "your prompt"' \
+        in done.stderr

@@ -204,6 +204,13 @@ def run_command(ctx: click.Context, prompt: str | None, more_prompts: tuple[str,
     out = claim_stdout(ctx)
     options = globals_of(ctx)
     leave_to_the_client(options.log_level)
+    if not options.chain_file and prompt is not None and prompt.endswith(".toml") \
+            and os.path.isfile(prompt):
+        # `run mine.toml`: the chain file given where the prompt goes (it would have been
+        # sent to the agent as the prompt, had a --chain been given too)
+        raise ConfigError("give --chain FILE", field="--chain",
+                          hint=f"{prompt} is a chain file: acp-conductor run --chain "
+                               f"{prompt} \"your prompt\"")
     config = read_chain(options.chain())
     if as_json and output_format not in (None, "json"):
         raise ConfigError(f"--json is --format json: it contradicts --format {output_format}",
