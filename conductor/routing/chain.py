@@ -963,16 +963,28 @@ class Chain:
         return sid is not None and self._turns_ended(sid) == 0
 
     def _stop_turn_timer(self, event: str, record: SessionRecord) -> None:
-        if event == "closed" and (timer := self._turn_timers.pop(record.session_id, None)):
-            timer.cancel()  # its turns ended with it
+        if event == "closed":
+            self._cancel_turn_timer(record.session_id)  # its turns ended with it
+
+    def _cancel_turn_timer(self, session_id: str) -> None:
+        timer = self._turn_timers.pop(session_id, None)
+        if timer is not None:
+            timer.cancel()
 
     def _turns_ended(self, session_id: str) -> int | None:
         """The session's accepted v2 turns end (`SessionTable.said_idle`), and so does the
         deadline timing them."""
-        timer = self._turn_timers.pop(session_id, None)
-        if timer is not None:
-            timer.cancel()
+        self._cancel_turn_timer(session_id)
         return self.sessions.said_idle(session_id)
+
+    async def _tell_turn_ended(self, failed: Node, session_id: str, error: object) -> None:
+        """The editor side of `failed` is told `session_id`'s v2 turn ended (its idle state,
+        with why in `_meta`): only the agent could have said so, through `failed`."""
+        with anyio.move_on_after(CANCEL_WRITE_BOUND):
+            await self._originate(failed, self.topology.before(failed), acp.SESSION_UPDATE,
+                                  acp.idle_update(session_id,
+                                                  {"acp-conductor": {"error": error}}),
+                                  as_request=False)
 
     def _idle_of(self, hop: Hop, msg: Notification) -> str | None:
         last = self.topology.last
@@ -989,9 +1001,7 @@ class Chain:
         stop it (`session/cancel`); its own late idle is dropped."""
         prompts = record.prompts
         with anyio.CancelScope() as timer:
-            previous = self._turn_timers.pop(session_id, None)
-            if previous is not None:
-                previous.cancel()  # an earlier turn's: the newest turn's deadline holds
+            self._cancel_turn_timer(session_id)  # an earlier turn's: the newest one's holds
             self._turn_timers[session_id] = timer
             try:
                 await anyio.sleep(seconds)
@@ -1013,10 +1023,7 @@ class Chain:
         error = {"code": int(ErrorCode.REQUEST_TIMEOUT), "message": reason,
                  "data": {"component": agent.name, "method": acp.SESSION_PROMPT,
                           "timeout": seconds}}
-        with anyio.move_on_after(CANCEL_WRITE_BOUND):
-            await self._originate(agent, self.topology.before(agent), acp.SESSION_UPDATE,
-                                  acp.idle_update(session_id, {"acp-conductor": {"error": error}}),
-                                  as_request=False)
+        await self._tell_turn_ended(agent, session_id, error)
         await self._stop_turn(session_id)
 
     async def _end_v2_turns(self, failed: Node, error: ComponentError) -> None:
@@ -1033,21 +1040,15 @@ class Chain:
             if failed.role is Role.PROXY and (not count
                                               or self.sessions.rank(sid) >= failed.index):
                 continue  # ended already, or a session of the proxies after it
-            timer = self._turn_timers.pop(sid, None)
-            if timer is not None:
-                timer.cancel()
             if failed.role is Role.AGENT:
-                self.sessions.said_idle(sid)
+                self._turns_ended(sid)
                 if not count:
                     continue  # timed out: the editor was told already
             else:
+                self._cancel_turn_timer(sid)
                 self.sessions.timed_out(sid)
             log.warning("session %s: its turn ended with %s (%s)", sid, failed.name, error)
-            with anyio.move_on_after(CANCEL_WRITE_BOUND):
-                await self._originate(failed, self.topology.before(failed),
-                                      acp.SESSION_UPDATE,
-                                      acp.idle_update(sid, {"acp-conductor": {"error": rpc}}),
-                                      as_request=False)
+            await self._tell_turn_ended(failed, sid, rpc)
             if failed.role is Role.PROXY:
                 await self._stop_turn(sid)
 

@@ -249,29 +249,29 @@ class Recovery:
             if not wedged:
                 await self._suspect(in_flight, hop)
             raise failed[0]
-        if lost:
-            for sid, why in lost.items():
-                log.warning("session %s lost: %s restarted and %s", sid, hop.name, why)
-                self.lost[sid] = why
-                while len(self.lost) > MAX_LOST:
-                    del self.lost[next(iter(self.lost))]
-            await chain.end_sessions(list(lost), CloseReason.LOST)
+        await self._lose(lost, hop)
+
+    async def _lose(self, lost: dict[str, str], hop: Hop) -> None:
+        """These sessions (id -> why) cannot be reopened on the restarted `hop`: released,
+        and remembered to answer SESSION_LOST."""
+        if not lost:
+            return
+        for sid, why in lost.items():
+            log.warning("session %s lost: %s restarted and %s", sid, hop.name, why)
+            self.lost[sid] = why
+            while len(self.lost) > MAX_LOST:
+                del self.lost[next(iter(self.lost))]
+        await self._chain.end_sessions(list(lost), CloseReason.LOST)
 
     async def _suspect(self, session_ids: set[str], hop: Hop) -> None:
         """The agent failed while these sessions were being reopened."""
-        lost = []
+        lost = {}
         for sid in session_ids:
             self.suspects[sid] = self.suspects.get(sid, 0) + 1
             if self.suspects[sid] >= SUSPECT_LIMIT:
                 del self.suspects[sid]
-                why = f"it failed {SUSPECT_LIMIT} times while reopening this session"
-                log.warning("session %s lost: %s restarted and %s", sid, hop.name, why)
-                self.lost[sid] = why
-                lost.append(sid)
-        while len(self.lost) > MAX_LOST:
-            del self.lost[next(iter(self.lost))]
-        if lost:
-            await self._chain.end_sessions(lost, CloseReason.LOST)
+                lost[sid] = f"it failed {SUSPECT_LIMIT} times while reopening this session"
+        await self._lose(lost, hop)
 
     def restarting(self, name: str, error: ComponentError) -> None:
         """`name` failed and is started again after a wait: what is sent to it meanwhile
