@@ -230,6 +230,16 @@ def idle_session(params: Raw | UnsetType) -> str | None:
     return probe.sessionId
 
 
+def elicitation_request(params: Raw | UnsetType) -> object:
+    """The request a v2 request-scoped elicitation is about: its `requestId`, decoded
+    (an id on the hop it came from), or None."""
+    ident = get_raw(params, "requestId")
+    try:
+        return msgspec.json.decode(ident) if ident is not None else None
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
 def idle_update(session_id: str, meta: object = None) -> Raw:
     """The params of a v2 `session/update` saying `session_id` is idle (`meta`: its `_meta`)."""
     update: dict[str, object] = {"sessionUpdate": "state_update", "state": "idle"}

@@ -648,11 +648,7 @@ class ProxyHost:
         its id on this hop, `requestId`): when that request forwarded one from the
         predecessor, it is named by that one's id instead, as the router maps ids per hop.
         """
-        ident = acp.get_raw(msg.params, "requestId")
-        try:
-            key = msgspec.json.decode(ident) if ident is not None else None
-        except (msgspec.DecodeError, RecursionError):
-            return msg
+        key = acp.elicitation_request(msg.params)
         outgoing = self.endpoint.pending.get(key) if type(key) is int else None
         sent = outgoing.context if outgoing is not None else None
         origin = (sent.origin_id or sent.about) if isinstance(sent, _Sent) else None

@@ -659,11 +659,7 @@ class Chain:
         any hop), which becomes the request's id again when that proxy forwards the
         elicitation on up, until it answers it. Any other `requestId` (one `target` never
         sent) crosses unchanged."""
-        ident = acp.get_raw(params, "requestId")
-        try:
-            key = msgspec.json.decode(ident) if ident is not None else None
-        except (msgspec.DecodeError, RecursionError):
-            return params
+        key = acp.elicitation_request(params)
         forward: object = None
         if type(key) is int:
             outgoing = origin.pending.get(key)
